@@ -1,0 +1,3 @@
+from vramledger.cli import main
+
+raise SystemExit(main())

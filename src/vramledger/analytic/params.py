@@ -1,0 +1,112 @@
+"""Parameter counts: every weight tensor of a decoder, enumerated as the modeling code creates it.
+
+Legend: H hidden size, I MLP width, E experts, V vocabulary, Dq = heads × head_dim, Dkv = kv_heads × head_dim.
+
+The layout follows transformers 5.x ``modeling_<family>.py``: ``LlamaDecoderLayer`` (q/k/v/o_proj,
+gate/up/down_proj, input_layernorm, post_attention_layernorm), ``Qwen3Attention`` (q_norm/k_norm over
+head_dim), ``Gemma2DecoderLayer`` (four norms), ``Phi3Attention.qkv_proj`` / ``Phi3MLP.gate_up_proj``,
+``GPT2Block`` (Conv1D c_attn/c_proj/c_fc, LayerNorm with bias, learned ``wpe``), ``MixtralSparseMoeBlock`` and
+``Qwen3MoeSparseMoeBlock`` (router ``gate`` H→E without bias, E experts of gate/up/down).
+Tied embeddings (``tie_word_embeddings``) share one V×H matrix between input and output, counted once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from vramledger.specs.model import ModelSpec
+
+
+@dataclass(frozen=True, slots=True)
+class Linear:
+    """A linear layer inside each decoder layer (or ``per_layer`` copies of it, for experts)."""
+
+    name: str
+    """Module name as PEFT matches ``target_modules`` against it (``q_proj``, ``c_attn``, …)."""
+    in_features: int
+    out_features: int
+    bias: bool
+    per_layer: int = 1
+    """Copies per decoder layer: E for expert projections, 1 otherwise."""
+    lora_targetable: bool = True
+    """Whether PEFT's ``all-linear`` picks it (an ``nn.Linear``/``Conv1D``, not the output layer, not a fused
+    expert parameter)."""
+
+    @property
+    def numel(self) -> int:
+        return self.per_layer * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+
+
+@lru_cache(maxsize=256)
+def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The linear layers of one decoder layer."""
+    H, Dq, Dkv, I = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size
+    out: list[Linear] = []
+    if m.family == "gpt2":  # GPT2Attention.c_attn = Conv1D(3H, H); c_proj = Conv1D(H, H)
+        out += [Linear("c_attn", H, 3 * H, True), Linear("c_proj", H, H, True)]
+    elif m.fused_qkv:  # Phi3Attention.qkv_proj: Dq + 2·Dkv outputs
+        out += [Linear("qkv_proj", H, Dq + 2 * Dkv, m.qkv_bias), Linear("o_proj", Dq, H, m.o_bias)]
+    else:
+        out += [
+            Linear("q_proj", H, Dq, m.qkv_bias),
+            Linear("k_proj", H, Dkv, m.qkv_bias),
+            Linear("v_proj", H, Dkv, m.qkv_bias),
+            Linear("o_proj", Dq, H, m.o_bias),
+        ]
+    if m.is_moe:
+        E, Im = m.num_experts, m.moe_intermediate_size
+        # Router: nn.Linear(H, E, bias=False). Experts: in transformers 5 a fused 3-D parameter per projection
+        # (``MixtralExperts.gate_up_proj``/``down_proj``), which PEFT's all-linear does not pick.
+        out += [
+            Linear("gate", H, E, False),
+            Linear("experts.gate_proj", H, Im, False, per_layer=E, lora_targetable=False),
+            Linear("experts.up_proj", H, Im, False, per_layer=E, lora_targetable=False),
+            Linear("experts.down_proj", Im, H, False, per_layer=E, lora_targetable=False),
+        ]
+    elif m.family == "gpt2":  # GPT2MLP: c_fc = Conv1D(I, H), c_proj = Conv1D(H, I)
+        out += [Linear("c_fc", H, I, True), Linear("c_proj", I, H, True)]
+    elif m.fused_gate_up:  # Phi3MLP.gate_up_proj: 2I outputs
+        out += [Linear("gate_up_proj", H, 2 * I, m.mlp_bias), Linear("down_proj", I, H, m.mlp_bias)]
+    else:
+        out += [
+            Linear("gate_proj", H, I, m.mlp_bias),
+            Linear("up_proj", H, I, m.mlp_bias),
+            Linear("down_proj", I, H, m.mlp_bias),
+        ]
+    return tuple(out)
+
+
+def layer_norm_params(m: ModelSpec) -> int:
+    """Norm weights in one decoder layer (LayerNorm adds a bias; Qwen3/Gemma 3 add q_norm and k_norm)."""
+    per_norm = m.hidden_size * (2 if m.norm_bias else 1)
+    return m.norms_per_layer * per_norm + (2 * m.head_dim if m.qk_norm else 0)
+
+
+def layer_params(m: ModelSpec) -> int:
+    return sum(lin.numel for lin in layer_linears(m)) + layer_norm_params(m)
+
+
+def embedding_params(m: ModelSpec) -> int:
+    """Input embedding (V×H) plus learned positions (GPT-2 ``wpe``)."""
+    return m.vocab_size * m.hidden_size + m.learned_positions * m.hidden_size
+
+
+def head_params(m: ModelSpec) -> int:
+    """Final norm plus the output projection (0 extra when tied to the input embedding)."""
+    final_norm = m.hidden_size * (2 if m.norm_bias else 1)
+    return final_norm + (0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)
+
+
+def count_params(m: ModelSpec) -> int:
+    """Total parameters, each shared tensor once (as ``sum(p.numel() for p in model.parameters())``)."""
+    return embedding_params(m) + m.num_layers * layer_params(m) + head_params(m)
+
+
+def active_params(m: ModelSpec) -> int:
+    """Parameters touched per token: for MoE only ``experts_per_token`` of the experts."""
+    if not m.is_moe:
+        return count_params(m)
+    expert_numel = sum(lin.numel for lin in layer_linears(m) if lin.per_layer == m.num_experts)
+    idle = expert_numel * (m.num_experts - m.experts_per_token) // m.num_experts
+    return count_params(m) - m.num_layers * idle

@@ -1,0 +1,150 @@
+"""Turn a Hugging Face ``config.json`` mapping into a ModelSpec, without transformers and without remote code.
+
+The per-family facts below (which projections carry biases, how many norms a block has, which defaults a
+config may omit) are read from transformers 5.x ``models/<family>/modeling_<family>.py`` and
+``configuration_<family>.py``; each is cited where it is used.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from vramledger.errors import VramledgerError
+from vramledger.specs.model import ModelSpec
+
+# Families whose decoder we model, with the config defaults that matter when a key is absent
+# (configuration_<family>.py, transformers 5.x).
+_TIE_DEFAULT = {
+    "llama": False,
+    "mistral": False,
+    "mixtral": False,
+    "qwen2": False,
+    "qwen3": False,
+    "qwen3_moe": False,
+    "phi3": False,
+    "gemma": True,
+    "gemma2": True,
+    "gemma3_text": True,
+    "gpt2": True,
+}
+SUPPORTED_FAMILIES = tuple(sorted(_TIE_DEFAULT))
+
+
+def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
+    for k in keys:
+        if k in cfg and cfg[k] is not None:
+            return cfg[k]
+    return default
+
+
+def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None, where: str) -> int:
+    value = _get(cfg, *keys, default=default)
+    if value is None:
+        raise VramledgerError(f"{where}: missing {keys[0]!r}; is this a decoder LLM config.json?")
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise VramledgerError(f"{where}: {keys[0]!r} must be an integer (got {value!r})")
+    return value
+
+
+def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
+    """Read the fields that decide memory from a config.json mapping.
+
+    Multimodal configs with a ``text_config`` (Gemma 3) are read for their language model only.
+    """
+    where = f"config {source}"
+    if not isinstance(cfg, Mapping):
+        raise VramledgerError(f"{where}: expected a JSON object")
+    if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
+        text = dict(cfg["text_config"])
+        text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
+        for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
+            if key in cfg and key not in text:
+                text[key] = cfg[key]
+        cfg = text
+    family = str(_get(cfg, "model_type", default="")).lower()
+    if family == "gemma3":
+        family = "gemma3_text"
+    if family not in _TIE_DEFAULT:
+        raise VramledgerError(
+            f"{where}: model_type {family!r} is not modelled yet; supported: {', '.join(SUPPORTED_FAMILIES)}"
+        )
+    gpt2 = family == "gpt2"
+    hidden = _int(cfg, "hidden_size", "n_embd", where=where)
+    heads = _int(cfg, "num_attention_heads", "n_head", where=where)
+    kv_heads = _int(cfg, "num_key_value_heads", default=heads, where=where)
+    head_dim = _int(cfg, "head_dim", default=hidden // heads, where=where)
+    layers = _int(cfg, "num_hidden_layers", "n_layer", where=where)
+    vocab = _int(cfg, "vocab_size", where=where)
+    inter = _int(cfg, "intermediate_size", "n_inner", default=4 * hidden if gpt2 else None, where=where)
+
+    # Experts: Mixtral calls them num_local_experts, Qwen3-MoE num_experts (configuration_*.py).
+    experts = _int(cfg, "num_local_experts", "num_experts", default=0, where=where)
+    moe_inter = _int(cfg, "moe_intermediate_size", default=inter if experts else 0, where=where)
+    if family == "qwen3_moe" and (_get(cfg, "mlp_only_layers", default=[]) or _get(cfg, "decoder_sparse_step", default=1) != 1):
+        raise VramledgerError(f"{where}: Qwen3-MoE with dense layers (mlp_only_layers/decoder_sparse_step) is not modelled yet")
+
+    # Biases. LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses bias=config.attention_bias on all of
+    # q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o; GPT-2's Conv1D layers all have bias.
+    attention_bias = bool(_get(cfg, "attention_bias", default=False))
+    if family == "qwen2":
+        qkv_bias, o_bias = True, False
+    elif gpt2:
+        qkv_bias, o_bias = True, True
+    elif family in ("phi3", "mixtral"):
+        qkv_bias, o_bias = False, False
+    else:
+        qkv_bias = o_bias = attention_bias
+    mlp_bias = True if gpt2 else bool(_get(cfg, "mlp_bias", default=False)) if family == "llama" else False
+
+    # Sliding-window layers: transformers 5 writes `layer_types`; older configs give a pattern.
+    window = _int(cfg, "sliding_window", default=0, where=where) or 0
+    layer_types = _get(cfg, "layer_types", default=None)
+    if family == "qwen2" and not _get(cfg, "use_sliding_window", default=False):
+        window = 0
+    if not window:
+        sliding = 0
+    elif isinstance(layer_types, list):
+        sliding = sum(1 for t in layer_types if t == "sliding_attention")
+    elif family == "gemma2":  # Gemma2DecoderLayer: even-indexed layers slide
+        sliding = (layers + 1) // 2
+    elif family == "gemma3_text":  # every sliding_window_pattern-th layer is global
+        pattern = _int(cfg, "sliding_window_pattern", default=6, where=where)
+        sliding = layers - layers // pattern
+    else:
+        sliding = layers
+
+    dtype = str(_get(cfg, "torch_dtype", "dtype", default="float32"))
+    return ModelSpec(
+        name=name,
+        family=family,
+        vocab_size=vocab,
+        hidden_size=hidden,
+        intermediate_size=inter,
+        num_layers=layers,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", default=_TIE_DEFAULT[family])),
+        max_position_embeddings=_int(cfg, "max_position_embeddings", "n_positions", default=0, where=where),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"),
+        norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
+        norm_bias=gpt2,
+        gated_mlp=not gpt2,
+        fused_qkv=family in ("phi3", "gpt2"),
+        fused_gate_up=family == "phi3",
+        learned_positions=_int(cfg, "n_positions", default=1024, where=where) if gpt2 else 0,
+        num_experts=experts,
+        experts_per_token=_int(cfg, "num_experts_per_tok", default=2 if experts else 0, where=where) if experts else 0,
+        moe_intermediate_size=moe_inter,
+        sliding_window=window,
+        sliding_layers=sliding,
+        final_logit_softcapping=float(_get(cfg, "final_logit_softcapping", default=0.0) or 0.0),
+        attn_logit_softcapping=float(_get(cfg, "attn_logit_softcapping", default=0.0) or 0.0),
+        hidden_act=str(_get(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu")),
+        native_dtype=dtype,
+        source=source,
+    )

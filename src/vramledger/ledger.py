@@ -1,0 +1,208 @@
+"""The one result type: line items (category, phase, bytes, source) and the peaks derived from them.
+
+Semantics. A line item says: *at the moment this phase reaches its highest allocation, this many bytes of
+this category are live.* The lines of one phase therefore add up to that phase's peak allocated bytes, and
+the step's peak is the largest phase. Reserve and CUDA context are lines too, but outside "allocated":
+reserved = allocated + allocator reserve; device total = reserved + CUDA context (what nvidia-smi shows).
+
+Every engine (analytic, trace, measure) produces this type, so that predicted and measured breakdowns line up
+column by column.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+
+class Category(str, enum.Enum):
+    """The closed set of memory categories, shared by analytic, trace, measure and report."""
+
+    WEIGHTS = "weights"
+    MASTER_WEIGHTS = "master_weights"
+    GRADIENTS = "gradients"
+    OPTIMIZER_STATE = "optimizer_state"
+    ACTIVATIONS = "activations"
+    ATTENTION_SCORES = "attention_scores"
+    LOGITS_LOSS = "logits_loss"
+    KV_CACHE = "kv_cache"
+    TEMPORARIES = "temporaries"
+    WORKSPACE = "workspace"
+    ALLOCATOR_RESERVE = "allocator_reserve"
+    CUDA_CONTEXT = "cuda_context"
+
+    @property
+    def allocated(self) -> bool:
+        """Counted by ``torch.cuda.memory_allocated`` (live tensors handed out by the caching allocator)."""
+        return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT)
+
+    @property
+    def title(self) -> str:
+        return _TITLES[self]
+
+
+_TITLES = {
+    Category.WEIGHTS: "weights",
+    Category.MASTER_WEIGHTS: "fp32 master weights",
+    Category.GRADIENTS: "gradients",
+    Category.OPTIMIZER_STATE: "optimizer state",
+    Category.ACTIVATIONS: "activations (saved for backward)",
+    Category.ATTENTION_SCORES: "attention scores",
+    Category.LOGITS_LOSS: "logits and loss",
+    Category.KV_CACHE: "KV cache",
+    Category.TEMPORARIES: "temporaries",
+    Category.WORKSPACE: "library workspaces",
+    Category.ALLOCATOR_RESERVE: "allocator reserve",
+    Category.CUDA_CONTEXT: "CUDA context",
+}
+
+
+class Phase(str, enum.Enum):
+    """Phases of a training step (and of evaluation / generation), in time order."""
+
+    LOAD = "load"
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    OPTIMIZER = "optimizer"
+    EVAL = "eval"
+    GENERATE = "generate"
+
+
+class Basis(str, enum.Enum):
+    """Where a number comes from. We always say which."""
+
+    FORMULA = "formula"  # an analytic formula with a cited source
+    TRACE = "trace"  # counted from the real model code run on fake tensors
+    MEASUREMENT = "measurement"  # measured on a real GPU (committed data)
+    ASSUMPTION = "assumption"  # a stated assumption with its evidence, awaiting measurement
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LineItem:
+    """Bytes of one category live at the peak moment of one phase."""
+
+    category: Category
+    """Which line of the bill."""
+    phase: Phase
+    """The phase whose peak moment this describes."""
+    bytes: int
+    """Size in bytes (never negative)."""
+    label: str
+    """Short human description, e.g. ``"AdamW exp_avg + exp_avg_sq (bf16)"``."""
+    source: str
+    """The formula and its citation (upstream file and function, or paper and equation)."""
+    basis: Basis = Basis.FORMULA
+    """Whether this is a formula, a trace, a measurement or a stated assumption."""
+
+    def __post_init__(self) -> None:
+        assert self.bytes >= 0, f"negative line item {self.label}: {self.bytes}"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TimelineSample:
+    """Live allocated bytes after one event of a traced step (kept as data for the report to plot)."""
+
+    index: int
+    """Event number within the trace."""
+    phase: Phase
+    live_bytes: int
+    by_category: Mapping[Category, int]
+    op: str = ""
+    module: str = ""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Verdict:
+    """Whether the step fits on a GPU, with the headroom made explicit."""
+
+    gpu: str
+    capacity_bytes: int
+    headroom_fraction: float
+    usable_bytes: int
+    device_total_bytes: int
+    fits: bool
+    margin_bytes: int
+    """usable − device total: positive when it fits, negative by how much it misses."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Ledger:
+    """An itemised bill of GPU memory for one training step (and evaluation, when modelled)."""
+
+    model: str
+    params: int
+    trainable_params: int
+    items: tuple[LineItem, ...]
+    engine: str
+    """``analytic``, ``trace`` or ``measure``."""
+    moments: Mapping[Phase, str] = field(default_factory=lambda: MappingProxyType({}))
+    """For each phase, the moment within it that holds its peak (op and module, in words)."""
+    verdict: Verdict | None = None
+    advice: str = ""
+    """One sentence naming the biggest line and what would shrink it."""
+    warnings: tuple[str, ...] = ()
+    settings: Mapping[str, object] = field(default_factory=lambda: MappingProxyType({}))
+    """The resolved settings that produced this ledger (for display and JSON)."""
+    timeline: tuple[TimelineSample, ...] = ()
+    """Live bytes over the step, from a trace (empty for the analytic engine)."""
+
+    # -- derived -------------------------------------------------------------------------------------------
+    @property
+    def phases(self) -> tuple[Phase, ...]:
+        seen = {i.phase for i in self.items}
+        return tuple(p for p in Phase if p in seen)
+
+    def bytes_of(self, category: Category, phase: Phase) -> int:
+        return sum(i.bytes for i in self.items if i.category is category and i.phase is phase)
+
+    def allocated(self, phase: Phase) -> int:
+        """Peak allocated bytes within ``phase``: the sum of its allocated lines."""
+        return sum(i.bytes for i in self.items if i.phase is phase and i.category.allocated)
+
+    def reserved(self, phase: Phase) -> int:
+        return self.allocated(phase) + self.bytes_of(Category.ALLOCATOR_RESERVE, phase)
+
+    def device(self, phase: Phase) -> int:
+        return self.reserved(phase) + self.bytes_of(Category.CUDA_CONTEXT, phase)
+
+    @property
+    def peak_phase(self) -> Phase:
+        """The phase holding the peak device total (ties go to the earlier phase)."""
+        return max(self.phases, key=lambda p: (self.device(p), self.allocated(p), -list(Phase).index(p)))
+
+    @property
+    def peak_allocated(self) -> int:
+        return max((self.allocated(p) for p in self.phases), default=0)
+
+    @property
+    def peak_reserved(self) -> int:
+        return max((self.reserved(p) for p in self.phases), default=0)
+
+    @property
+    def device_total(self) -> int:
+        return max((self.device(p) for p in self.phases), default=0)
+
+    def categories(self) -> tuple[Category, ...]:
+        seen = {i.category for i in self.items}
+        return tuple(c for c in Category if c in seen)
+
+    def with_items(self, items: Iterable[LineItem]) -> Ledger:
+        from dataclasses import replace
+
+        return replace(self, items=tuple(items))
+
+
+def make_verdict(device_total: int, gpu_name: str, capacity: int, headroom_fraction: float) -> Verdict:
+    """Compare a device total with a GPU's capacity less the headroom."""
+    usable = int(capacity * (1.0 - headroom_fraction))
+    return Verdict(
+        gpu=gpu_name,
+        capacity_bytes=capacity,
+        headroom_fraction=headroom_fraction,
+        usable_bytes=usable,
+        device_total_bytes=device_total,
+        fits=device_total <= usable,
+        margin_bytes=usable - device_total,
+    )

@@ -1,0 +1,1 @@
+"""Terminal tables, JSON, plots, HTML: the only place that formats or prints."""

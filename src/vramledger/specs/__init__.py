@@ -1,0 +1,29 @@
+"""What the user asks about: the model, the training setup and the GPU, as frozen validated dataclasses."""
+
+from vramledger.specs.gpu import GPUSpec
+from vramledger.specs.model import ModelSpec
+from vramledger.specs.train import (
+    Attention,
+    DType,
+    LoraSpec,
+    Loss,
+    Method,
+    Optimizer,
+    Precision,
+    QuantSpec,
+    TrainSpec,
+)
+
+__all__ = [
+    "Attention",
+    "DType",
+    "GPUSpec",
+    "LoraSpec",
+    "Loss",
+    "Method",
+    "ModelSpec",
+    "Optimizer",
+    "Precision",
+    "QuantSpec",
+    "TrainSpec",
+]

@@ -1,0 +1,86 @@
+"""The architecture facts that decide memory, read from a Hugging Face ``config.json``."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramledger.errors import VramledgerError
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModelSpec:
+    """A decoder-only transformer's shape. Built by ``catalog.hfconfig.model_spec_from_config``."""
+
+    name: str
+    """Display name (hub id when known)."""
+    family: str
+    """``model_type`` from config.json: llama, mistral, qwen2, qwen3, qwen3_moe, mixtral, gemma2, gemma3_text,
+    phi3, gpt2, …"""
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    """MLP width (dense layers)."""
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    """Key/value heads (GQA/MQA); equal to ``num_heads`` for multi-head attention."""
+    head_dim: int
+    tie_word_embeddings: bool
+    max_position_embeddings: int = 0
+    qkv_bias: bool = False
+    """Biases on q/k/v projections (Qwen2, GPT-2)."""
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    """Per-head RMSNorm on queries and keys (Qwen3, Gemma 3)."""
+    norms_per_layer: int = 2
+    """2 for pre-norm blocks; 4 for Gemma 2/3 (pre and post norms around attention and MLP)."""
+    norm_bias: bool = False
+    """LayerNorm with bias (GPT-2) rather than RMSNorm."""
+    gated_mlp: bool = True
+    """SwiGLU/GeGLU (gate, up, down) rather than a plain two-layer MLP (GPT-2)."""
+    fused_qkv: bool = False
+    """One projection for q, k and v (Phi-3 ``qkv_proj``, GPT-2 ``c_attn``)."""
+    fused_gate_up: bool = False
+    """One projection for gate and up (Phi-3 ``gate_up_proj``)."""
+    learned_positions: int = 0
+    """Rows of a learned position embedding (GPT-2 ``wpe``); 0 for rotary models."""
+    num_experts: int = 0
+    """Routed experts per MoE layer (0: dense)."""
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    sliding_window: int = 0
+    """Window of sliding-window attention layers (0: none)."""
+    sliding_layers: int = 0
+    """How many of the layers use the sliding window."""
+    final_logit_softcapping: float = 0.0
+    attn_logit_softcapping: float = 0.0
+    hidden_act: str = "silu"
+    native_dtype: str = "bfloat16"
+    """``torch_dtype`` / ``dtype`` in config.json: the dtype the checkpoint is stored in."""
+    source: str = ""
+    """Where this config came from (catalog file and upstream URL, or a local path)."""
+
+    def __post_init__(self) -> None:
+        for fld in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "head_dim"):
+            if getattr(self, fld) <= 0:
+                raise VramledgerError(f"model config: {fld} must be a positive integer (got {getattr(self, fld)})")
+        if self.num_kv_heads <= 0 or self.num_heads % self.num_kv_heads:
+            raise VramledgerError(
+                f"model config: num_key_value_heads ({self.num_kv_heads}) must divide num_attention_heads "
+                f"({self.num_heads})"
+            )
+        if self.num_experts and not (0 < self.experts_per_token <= self.num_experts):
+            raise VramledgerError("model config: num_experts_per_tok must be between 1 and the number of experts")
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
+
+    @property
+    def q_dim(self) -> int:
+        return self.num_heads * self.head_dim
+
+    @property
+    def kv_dim(self) -> int:
+        return self.num_kv_heads * self.head_dim

@@ -1,0 +1,240 @@
+"""The training setup: method, precision, optimizer, shapes and switches. Frozen and validated on creation."""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+from vramledger.errors import VramledgerError
+
+
+class DType(str, enum.Enum):
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP16 = "fp16"
+
+    @property
+    def bytes(self) -> int:
+        return 4 if self is DType.FP32 else 2
+
+
+class Method(str, enum.Enum):
+    FULL = "full"
+    FREEZE = "freeze"
+    LORA = "lora"
+    QLORA = "qlora"
+
+
+class Precision(str, enum.Enum):
+    """How parameters are stored and how the forward computes.
+
+    ``*-mixed`` is torch autocast (AMP) as the HF Trainer and LLaMA-Factory run it: trainable parameters stay
+    fp32 (they are the master weights), frozen ones are loaded in the compute dtype, and matmuls run in the
+    compute dtype. ``*-true`` is "pure" (LLaMA-Factory's ``pure_bf16``): every parameter, gradient and optimizer
+    state in that dtype (Lightning's names for both).
+    """
+
+    FP32 = "fp32"
+    BF16_MIXED = "bf16-mixed"
+    FP16_MIXED = "fp16-mixed"
+    BF16 = "bf16-true"
+    FP16 = "fp16-true"
+
+    @property
+    def compute(self) -> DType:
+        return {
+            Precision.FP32: DType.FP32,
+            Precision.BF16_MIXED: DType.BF16,
+            Precision.BF16: DType.BF16,
+            Precision.FP16_MIXED: DType.FP16,
+            Precision.FP16: DType.FP16,
+        }[self]
+
+    @property
+    def mixed(self) -> bool:
+        return self in (Precision.BF16_MIXED, Precision.FP16_MIXED)
+
+    @property
+    def trainable(self) -> DType:
+        """dtype of trainable parameters (and so of their gradients and torch optimizer states)."""
+        return DType.FP32 if self in (Precision.FP32, Precision.BF16_MIXED, Precision.FP16_MIXED) else self.compute
+
+    @property
+    def frozen(self) -> DType:
+        """dtype of frozen parameters (loaded in the compute dtype)."""
+        return self.compute
+
+
+class Optimizer(str, enum.Enum):
+    """Optimizer names as the HF Trainer spells them (``TrainingArguments.optim``)."""
+
+    ADAMW = "adamw_torch"
+    """torch.optim.AdamW with its default implementation on CUDA: foreach."""
+    ADAMW_FUSED = "adamw_torch_fused"
+    ADAMW_FORLOOP = "adamw_torch_forloop"
+    """torch.optim.AdamW(foreach=False): one parameter at a time."""
+    ADAMW_8BIT = "adamw_8bit"
+    PAGED_ADAMW_8BIT = "paged_adamw_8bit"
+    PAGED_ADAMW_32BIT = "paged_adamw_32bit"
+    ADAFACTOR = "adafactor"
+    SGD = "sgd"
+    LION = "lion_32bit"
+    LION_8BIT = "lion_8bit"
+
+
+class Attention(str, enum.Enum):
+    EAGER = "eager"
+    SDPA = "sdpa"
+    FLASH2 = "flash_attention_2"
+
+
+class Loss(str, enum.Enum):
+    STANDARD = "standard"
+    """transformers' ForCausalLMLoss: full logits, upcast to fp32, cross-entropy."""
+    FUSED = "fused"
+    """Fused linear cross-entropy (Liger ``LigerFusedLinearCrossEntropyLoss``): logits never materialised whole."""
+    CHUNKED = "chunked"
+    """Logits and loss computed in chunks of tokens (e.g. TRL's chunked loss, LitGPT's ``chunked_cross_entropy``)."""
+
+
+_ALL = ("all",)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LoraSpec:
+    rank: int = 16
+    """``r``: the adapter's inner dimension."""
+    alpha: float = 32.0
+    """``lora_alpha`` (scales the update; no memory effect)."""
+    targets: tuple[str, ...] = _ALL
+    """Module names to adapt (``q_proj``, ``v_proj``, …) or ``("all",)`` for every linear layer but the output."""
+    dropout: float = 0.0
+    """``lora_dropout``: above 0 each adapted projection saves a dropout mask and a dropped copy of its input."""
+    dora: bool = False
+    """``use_dora``: weight-decomposed LoRA (a magnitude vector and a per-forward weight norm)."""
+    adapter_fp32: bool = True
+    """PEFT's ``autocast_adapter_dtype=True`` default keeps adapter weights fp32 over a bf16/fp16 base."""
+
+    def __post_init__(self) -> None:
+        if self.rank < 1:
+            raise VramledgerError(f"lora rank must be a positive integer (got {self.rank}); try --lora-rank 16")
+        if not 0.0 <= self.dropout < 1.0:
+            raise VramledgerError(f"lora dropout must be in [0, 1) (got {self.dropout})")
+        if not self.targets:
+            raise VramledgerError("lora targets are empty; pass --lora-targets all or e.g. q_proj,v_proj")
+
+    @property
+    def all_linear(self) -> bool:
+        return tuple(t.lower() for t in self.targets) in (("all",), ("all-linear",), ("all_linear",))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class QuantSpec:
+    """bitsandbytes quantisation of the frozen base (QLoRA)."""
+
+    bits: int = 4
+    """4 (``Linear4bit``) or 8 (``Linear8bitLt``)."""
+    quant_type: str = "nf4"
+    """``nf4`` or ``fp4`` (4-bit only)."""
+    double_quant: bool = True
+    """``bnb_4bit_use_double_quant``: quantise the absmax constants too."""
+    blocksize: int = 64
+    """bitsandbytes' 4-bit block size (64 by default in ``bitsandbytes.functional.quantize_4bit``)."""
+
+    def __post_init__(self) -> None:
+        if self.bits not in (4, 8):
+            raise VramledgerError(f"quantisation bits must be 4 or 8 (got {self.bits})")
+        if self.quant_type not in ("nf4", "fp4"):
+            raise VramledgerError(f"quant type must be nf4 or fp4 (got {self.quant_type!r})")
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class TrainSpec:
+    """One training setup. Variants via ``dataclasses.replace``."""
+
+    method: Method = Method.LORA
+    precision: Precision = Precision.BF16_MIXED
+    optimizer: Optimizer = Optimizer.ADAMW
+    micro_batch: int = 1
+    """Sequences per forward/backward (``per_device_train_batch_size``)."""
+    seq_len: int = 2048
+    """Tokens per sequence (padded or packed length of the longest batch)."""
+    grad_accum: int = 1
+    """Micro-batches per optimizer step. Costs time, not memory (beyond one micro-batch's activations)."""
+    grad_ckpt: bool = False
+    """Gradient checkpointing per decoder layer (transformers' ``gradient_checkpointing_enable``)."""
+    attn: Attention = Attention.SDPA
+    loss: Loss = Loss.STANDARD
+    loss_chunk_tokens: int = 1024
+    """Tokens per chunk for ``Loss.CHUNKED``."""
+    lora: LoraSpec | None = None
+    """Adapter settings (method lora/qlora); defaults applied when None."""
+    quant: QuantSpec | None = None
+    """Quantisation of the base (method qlora); nf4 with double quantisation when None."""
+    freeze_trainable_layers: int = 2
+    """For method ``freeze``: how many of the last decoder layers train (LLaMA-Factory's default is 2)."""
+    sgd_momentum: float = 0.0
+    """SGD momentum: above 0, one momentum buffer per parameter."""
+    packing: bool = False
+    """Sequences packed to ``seq_len`` (every micro-batch is full length)."""
+    # -- evaluation (the HF Trainer's eval loop) --------------------------------------------------------------
+    eval_batch: int | None = None
+    """``per_device_eval_batch_size``; None when no evaluation runs."""
+    eval_seq_len: int | None = None
+    """Evaluation sequence length (defaults to ``seq_len``)."""
+    eval_accumulation_steps: int | None = None
+    """HF ``eval_accumulation_steps``: None keeps every eval step's logits on the GPU until the end."""
+    eval_steps_total: int = 0
+    """Eval batches per evaluation (for logits accumulated on the GPU); 0 when unknown."""
+    predict_with_generate: bool = False
+    generation_max_new_tokens: int = 0
+    # -- several GPUs ------------------------------------------------------------------------------------------
+    world_size: int = 1
+    """Data-parallel ranks (GPUs) sharing ZeRO/FSDP shards."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (0-3); FSDP FULL_SHARD ≈ 3, SHARD_GRAD_OP ≈ 2."""
+    offload_optimizer: bool = False
+    """Optimizer states (and the fp32 master copy) on the CPU."""
+    offload_params: bool = False
+    warnings: tuple[str, ...] = field(default=(), compare=False)
+    """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
+
+    def __post_init__(self) -> None:
+        if self.micro_batch < 1:
+            raise VramledgerError(f"batch must be a positive integer (got {self.micro_batch}); try --batch 1")
+        if self.seq_len < 1:
+            raise VramledgerError(f"sequence length must be a positive integer (got {self.seq_len}); try --seq 2048")
+        if self.grad_accum < 1:
+            raise VramledgerError(f"gradient accumulation must be at least 1 (got {self.grad_accum})")
+        if self.loss_chunk_tokens < 1:
+            raise VramledgerError("loss chunk size must be a positive number of tokens")
+        if self.world_size < 1:
+            raise VramledgerError("world size must be at least 1")
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise VramledgerError(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero_stage})")
+        if self.eval_batch is not None and self.eval_batch < 1:
+            raise VramledgerError(f"eval batch must be a positive integer (got {self.eval_batch})")
+        if self.freeze_trainable_layers < 0:
+            raise VramledgerError("freeze: the number of trainable layers must be 0 or more")
+        if self.method is Method.QLORA and self.quant is None:
+            object.__setattr__(self, "quant", QuantSpec())
+        if self.method in (Method.LORA, Method.QLORA) and self.lora is None:
+            object.__setattr__(self, "lora", LoraSpec())
+        if self.quant is not None and self.method is not Method.QLORA:
+            raise VramledgerError(
+                f"a quantised base can only be trained with adapters: use --method qlora (got --method "
+                f"{self.method.value} with quantisation)"
+            )
+        if self.attn is Attention.FLASH2 and self.precision is Precision.FP32:
+            raise VramledgerError(
+                "flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa"
+            )
+
+    @property
+    def adapters(self) -> bool:
+        return self.method in (Method.LORA, Method.QLORA)
+
+    @property
+    def tokens(self) -> int:
+        """Tokens per micro-batch."""
+        return self.micro_batch * self.seq_len
