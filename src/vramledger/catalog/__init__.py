@@ -15,7 +15,7 @@ import difflib
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -73,7 +73,7 @@ def _name_index() -> dict[str, str]:
     return index
 
 
-@lru_cache(maxsize=None)
+@cache
 def _entry_spec(key: str) -> ModelSpec:
     entry = model_entries()[key]
     return model_spec_from_config(entry.config, name=entry.hub_id, source=f"catalog:{key} ({entry.config_source})")
