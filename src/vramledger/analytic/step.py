@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from vramledger.analytic.activations import (
     checkpoint_input_bytes_per_token,
+    dora_transient_bytes,
     final_norm_bytes_per_token,
     layer_activations,
     residual_bytes,
@@ -80,6 +81,9 @@ class StepParts:
     logits_backward: int
     logits_head: int
     layer_backward_temp: int
+    dora_temp: int
+    forward_layer_temp: int
+    """Largest transient inside one layer's forward (eager's pre-softmax scores, DoRA's weight norm)."""
     dequant_temp: int
     """QLoRA: bitsandbytes dequantises one frozen weight to the compute dtype per matmul (forward and backward)."""
     workspace_bytes: int
@@ -164,6 +168,9 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         logits_backward=lg.backward_peak,
         logits_head=lg.head_grad_moment,
         layer_backward_temp=layer_temp,
+        dora_temp=dora_transient_bytes(train, wb),
+        forward_layer_temp=dora_transient_bytes(train, wb)
+        + (c * m.num_heads * train.seq_len * train.seq_len * B if train.attn is Attention.EAGER and n_tl else 0),
         dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
         workspace_bytes=cublas_workspace_bytes(gpu),
         optimizer_source=opt.source,
@@ -225,7 +232,13 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     _persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(fwd, p, train)
     fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
-    out[Phase.FORWARD] = fwd
+    fwd_layer = _Moment(name="inside the last decoder layer's forward")
+    _persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
+    _activations(fwd_layer, p, train)
+    fwd_layer.add(Category.TEMPORARIES, "transients of one layer", p.forward_layer_temp + p.dequant_temp,
+                  "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
+                  "QLoRA dequantised weight")
+    out[Phase.FORWARD] = max((fwd, fwd_layer), key=lambda mo: mo.total)
 
     # Backward candidates.
     cands: list[_Moment] = []
@@ -245,6 +258,9 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
         b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, _sources()["acts"])
         b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
                   "analytic/activations.py")
+    if train.grad_ckpt:
+        b_top.add(Category.TEMPORARIES, "DoRA weight norm in the recomputed forward", p.dora_temp,
+                  "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)")
     b_top.add(Category.TEMPORARIES, "4-bit weight dequantised for one matmul", p.dequant_temp,
               "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time")
     b_top.add(Category.TEMPORARIES, "gradients of hidden states and MLP intermediates", p.layer_backward_temp,
