@@ -55,7 +55,8 @@ def _advice(ledger_items_by_cat: dict[Category, int], train: TrainSpec) -> str:
         else "a smaller model" if train.method is Method.QLORA
         else "QLoRA (4-bit base) or a smaller model",
         Category.MASTER_WEIGHTS: "ZeRO stage 1+ across more GPUs, or optimizer offload",
-        Category.TEMPORARIES: "the fused AdamW (--optimizer adamw_torch_fused)" if train.optimizer.value == "adamw_torch"
+        Category.TEMPORARIES: "the fused AdamW (--optimizer adamw_torch_fused)"
+        if train.optimizer.value == "adamw_torch"
         else "a smaller micro-batch",
         Category.KV_CACHE: "a smaller eval/generation batch or length",
     }

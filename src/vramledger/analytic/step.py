@@ -95,8 +95,10 @@ def _sources() -> dict[str, str]:
     return {
         "weights": "Σ parameters × dtype bytes (analytic/params.py, weights.py: transformers 5 modeling_*, PEFT, bnb)",
         "grads": "one gradient per trainable parameter, in its dtype (torch AccumulateGrad)",
-        "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, kept while autograd needs it",
-        "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, LlamaMLP, PEFT)",
+        "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, "
+        "kept while autograd needs it",
+        "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, "
+        "LlamaMLP, PEFT)",
         "ckpt": "torch.utils.checkpoint (non-reentrant): each layer keeps only its input hidden state",
     }
 
