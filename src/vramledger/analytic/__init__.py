@@ -63,7 +63,7 @@ def _advice(ledger_items_by_cat: dict[Category, int], train: TrainSpec) -> str:
     remedy = remedies.get(biggest, "a smaller micro-batch")
     if biggest is Category.LOGITS_LOSS and train.loss is Loss.FUSED:
         remedy = "a smaller micro-batch"
-    return f"The biggest line is {biggest.title} ({size}) at the peak; {remedy} would shrink it."
+    return f"The biggest line is {biggest.display} ({size}) at the peak; {remedy} would shrink it."
 
 
 def estimate(

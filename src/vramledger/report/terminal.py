@@ -37,17 +37,17 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
     for cat in ledger.categories():
         if not cat.allocated:
             continue
-        row = f"{cat.title:<{_W}}" + "".join(f"{_cell(ledger.bytes_of(cat, p)):>{_C}}" for p in phases)
+        row = f"{cat.display:<{_W}}" + "".join(f"{_cell(ledger.bytes_of(cat, p)):>{_C}}" for p in phases)
         lines.append(row)
     lines.append("-" * len(hdr))
     lines.append(f"{'peak allocated':<{_W}}" + "".join(f"{_cell(ledger.allocated(p)):>{_C}}" for p in phases))
     lines.append(
-        f"{'+ ' + Category.ALLOCATOR_RESERVE.title:<{_W}}"
+        f"{'+ ' + Category.ALLOCATOR_RESERVE.display:<{_W}}"
         + "".join(f"{_cell(ledger.bytes_of(Category.ALLOCATOR_RESERVE, p)):>{_C}}" for p in phases)
     )
     lines.append(f"{'= peak reserved':<{_W}}" + "".join(f"{_cell(ledger.reserved(p)):>{_C}}" for p in phases))
     lines.append(
-        f"{'+ ' + Category.CUDA_CONTEXT.title:<{_W}}"
+        f"{'+ ' + Category.CUDA_CONTEXT.display:<{_W}}"
         + "".join(f"{_cell(ledger.bytes_of(Category.CUDA_CONTEXT, p)):>{_C}}" for p in phases)
     )
     lines.append(f"{'= device total (nvidia-smi)':<{_W}}" + "".join(f"{_cell(ledger.device(p)):>{_C}}" for p in phases))
@@ -67,7 +67,7 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
         )
     if ledger.advice:
         lines.append(ledger.advice)
-    assumed = sorted({i.category.title for i in ledger.items if i.basis is Basis.ASSUMPTION})
+    assumed = sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})
     if assumed:
         lines.append(f"assumed, not yet measured: {', '.join(assumed)} (see README, Known limits)")
     for w in ledger.warnings:
