@@ -3,30 +3,31 @@
 Each method below names the ``DeviceCachingAllocator`` function it ports; the rules are theirs, line for line
 where it matters for how much memory is reserved:
 
-- ``malloc``: ``round_size`` → pool (small ≤ 1 MiB, else large) → ``get_free_block`` (best fit by (size,
-  address)) → on a miss: ``garbage_collect_cached_blocks`` (only with a memory fraction below 1), ``alloc_block``
-  (a new segment of ``get_allocation_size``), then ``release_available_cached_blocks`` + retry, then
-  ``release_cached_blocks`` + retry (the retry counted in ``num_alloc_retries``), else out of memory.
+- ``malloc``: ``round_size`` → pool (small ≤ 1 MiB, else large) → ``get_free_block`` (best fit by
+  (size, address)) → on a miss: ``garbage_collect_cached_blocks`` (only with a memory fraction below 1),
+  ``alloc_block`` (a new segment of ``get_allocation_size``), then ``release_available_cached_blocks`` +
+  retry, then ``release_cached_blocks`` + retry (counted in ``num_alloc_retries``), else out of memory.
 - ``should_split``: small pool or expandable segments: remainder ≥ 512 B; large pool: request below
   ``max_split_size`` and remainder > 1 MiB. ``get_free_block`` refuses oversize blocks (≥ ``max_split_size``)
   for smaller requests and oversize blocks more than ``max_non_split_rounding`` too big.
 - ``free_block`` merges a freed block with free neighbours of the same segment (``try_merge_blocks``).
-- ``expandable_segments``: one virtual segment per pool, mapped in pages of 2 MiB (small) or the large segment
-  size (20 MiB), grown at the lowest address that fits (``find_expandable_block``, ``map_block``) and unmapped page
-  by page when cached blocks are released (``unmap_block``).
+- ``expandable_segments``: one virtual segment per pool, mapped in pages of 2 MiB (small) or the large
+  segment size (20 MiB), grown at the lowest address that fits (``find_expandable_block``, ``map_block``)
+  and unmapped page by page when cached blocks are released (``unmap_block``).
 
-Simplifications, each harmless for reserved-memory accounting of a training step: one device and one stream
-(no cross-stream ``recordStream`` events, so no deferred frees); no CUDA graph private pools or ``MemPool``s; no
-``FreeCudaMemoryCallbacks`` (the registered IPC callback frees nothing in a single process); cudaMalloc segment
-addresses are synthetic and increasing, so ties between equal-size free blocks go to the older segment (real
-addresses are whatever the driver returns).
+Simplifications, each harmless for reserved-memory accounting of a training step: one device and one
+stream (no cross-stream ``recordStream`` events, so no deferred frees); no CUDA graph private pools or
+``MemPool``s; no ``FreeCudaMemoryCallbacks`` (the registered IPC callback frees nothing in a single
+process); cudaMalloc segment addresses are synthetic and increasing, so ties between equal-size free blocks
+go to the older segment (real addresses are whatever the driver returns).
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left, insort
+from bisect import bisect_left
 from dataclasses import dataclass
 
+from vramledger.trace.allocator_blocks import Block, BlockPool, splice
 from vramledger.trace.allocator_conf import (
     DEFAULT_CONF,
     K_MIN_BLOCK_SIZE,
@@ -42,73 +43,6 @@ _NO_CAPACITY = 1 << 62
 _VA_UNBOUNDED = 1 << 50
 
 
-class Block:
-    """``struct Block``: a contiguous range of a segment, free or handed out."""
-
-    __slots__ = ("size", "addr", "allocated", "prev", "next", "small", "mapped", "seg", "gc_base", "requested")
-
-    def __init__(self, size: int, addr: int, *, small: bool, seg: int, mapped: bool = True) -> None:
-        self.size = size
-        self.addr = addr
-        self.allocated = False
-        self.prev: Block | None = None
-        self.next: Block | None = None
-        self.small = small
-        self.mapped = mapped
-        self.seg = seg  # segment id; negative ids are expandable segments
-        self.gc_base = 0
-        self.requested = 0
-
-    @property
-    def expandable(self) -> bool:
-        return self.seg < 0
-
-    def is_split(self) -> bool:
-        return self.prev is not None or self.next is not None
-
-
-def _splice(block: Block, before: Block | None, after: Block | None) -> None:
-    """``Block::splice``: insert ``block`` between two neighbours."""
-    if before is not None:
-        before.next = block
-    block.prev = before
-    if after is not None:
-        after.prev = block
-    block.next = after
-
-
-class _Pool:
-    """``struct BlockPool``: free mapped blocks ordered by (size, address), unmapped ones by address."""
-
-    __slots__ = ("small", "keys", "blocks", "unmapped_addrs", "unmapped", "gc_calls")
-
-    def __init__(self, small: bool) -> None:
-        self.small = small
-        self.keys: list[tuple[int, int]] = []  # sorted (size, addr): BlockComparatorSize for one stream
-        self.blocks: dict[int, Block] = {}
-        self.unmapped_addrs: list[int] = []  # sorted: BlockComparatorAddress
-        self.unmapped: dict[int, Block] = {}
-        self.gc_calls = 0  # get_free_blocks_call_count
-
-    def insert(self, b: Block) -> None:
-        """``insert_into_blocks``: also stamps the block's age base for garbage collection."""
-        b.gc_base = self.gc_calls
-        insort(self.keys, (b.size, b.addr))
-        self.blocks[b.addr] = b
-
-    def remove(self, b: Block) -> None:
-        del self.keys[bisect_left(self.keys, (b.size, b.addr))]
-        del self.blocks[b.addr]
-
-    def add_unmapped(self, b: Block) -> None:
-        insort(self.unmapped_addrs, b.addr)
-        self.unmapped[b.addr] = b
-
-    def remove_unmapped(self, b: Block) -> None:
-        del self.unmapped_addrs[bisect_left(self.unmapped_addrs, b.addr)]
-        del self.unmapped[b.addr]
-
-
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OomState:
     """The allocator's state when an allocation failed even after releasing every cached block."""
@@ -116,7 +50,8 @@ class OomState:
     rounded_bytes: int
     """The request after ``round_size``."""
     alloc_bytes: int
-    """What ``alloc_block`` tried to obtain (``get_allocation_size``; with expandable segments the request)."""
+    """What ``alloc_block`` tried to obtain (``get_allocation_size``; with expandable segments the
+    request)."""
     allocated_bytes: int
     reserved_bytes: int
     largest_free_block_bytes: int
@@ -147,8 +82,8 @@ class CachingAllocatorModel:
             self.allowed = int(conf.per_process_memory_fraction * total)
         self._va_size = (total + total // 8) if total is not None else _VA_UNBOUNDED
         self._gc_on = self.allowed is not None and conf.garbage_collection_threshold > 0.0
-        self._small = _Pool(small=True)
-        self._large = _Pool(small=False)
+        self._small = BlockPool(small=True)
+        self._large = BlockPool(small=False)
         self._next_addr = 1 << 40
         self._next_seg = 1
         self._es_base: dict[int, int] = {}  # expandable segment id -> base address
@@ -164,7 +99,7 @@ class CachingAllocatorModel:
         self.num_device_free = 0
         self.last_oom: OomState | None = None
 
-    # ---- public ---------------------------------------------------------------------------------------------
+    # ---- public --------------------------------------------------------------------------------------------
     def malloc(self, orig_size: int) -> Block | None:
         """``DeviceCachingAllocator::malloc``; ``None`` where torch raises ``OutOfMemoryError``."""
         conf = self.conf
@@ -211,7 +146,7 @@ class CachingAllocatorModel:
         """cudaMalloc segments plus expandable segments with mapped pages."""
         return self.segments + sum(1 for v in self._es_mapped.values() if v > 0)
 
-    # ---- device memory --------------------------------------------------------------------------------------
+    # ---- device memory -------------------------------------------------------------------------------------
     def _grow(self, nbytes: int) -> bool:
         """cudaMalloc / cuMemCreate: fails when the device cannot supply ``nbytes`` more."""
         if self.reserved + nbytes > self.capacity:
@@ -226,8 +161,8 @@ class CachingAllocatorModel:
         self._next_addr += size + K_SMALL_BUFFER  # a gap keeps segments apart
         return addr
 
-    # ---- malloc path ----------------------------------------------------------------------------------------
-    def _get_free_block(self, pool: _Pool, size: int) -> Block | None:
+    # ---- malloc path ---------------------------------------------------------------------------------------
+    def _get_free_block(self, pool: BlockPool, size: int) -> Block | None:
         """``get_free_block``: smallest cached block ≥ size, with the oversize rules."""
         conf = self.conf
         if self._gc_on:
@@ -273,12 +208,12 @@ class CachingAllocatorModel:
             return remaining >= K_MIN_BLOCK_SIZE
         return size < self.conf.max_split_size and remaining > K_SMALL_SIZE
 
-    def _alloc_found_block(self, pool: _Pool, block: Block, size: int, orig: int, split: bool) -> Block:
+    def _alloc_found_block(self, pool: BlockPool, block: Block, size: int, orig: int, split: bool) -> Block:
         """``alloc_found_block``: cut ``size`` from the front of the block, return the rest to the pool."""
         if split:
             remaining = block
             block = Block(size, remaining.addr, small=pool.small, seg=remaining.seg)
-            _splice(block, remaining.prev, remaining)
+            splice(block, remaining.prev, remaining)
             remaining.addr += size
             remaining.size -= size
             pool.insert(remaining)
@@ -288,7 +223,7 @@ class CachingAllocatorModel:
         self.peak_allocated = max(self.peak_allocated, self.allocated)
         return block
 
-    def _alloc_block(self, pool: _Pool, size: int, alloc: int, *, is_retry: bool) -> Block | None:
+    def _alloc_block(self, pool: BlockPool, size: int, alloc: int, *, is_retry: bool) -> Block | None:
         """``alloc_block``: a new cudaMalloc segment, or growth of the expandable segment."""
         if is_retry:
             self.num_alloc_retries += 1
@@ -303,8 +238,8 @@ class CachingAllocatorModel:
         self._next_seg += 1
         return Block(alloc, self._new_addr(alloc), small=pool.small, seg=seg)
 
-    # ---- expandable segments ---------------------------------------------------------------------------------
-    def _find_expandable_block(self, pool: _Pool, size: int) -> Block:
+    # ---- expandable segments -------------------------------------------------------------------------------
+    def _find_expandable_block(self, pool: BlockPool, size: int) -> Block:
         """``find_expandable_block``: lowest address with enough free-or-unmapped room, else a new segment."""
 
         def room(b: Block | None) -> bool:
@@ -330,7 +265,7 @@ class CachingAllocatorModel:
         pool.add_unmapped(candidate)
         return candidate
 
-    def _map_block(self, pool: _Pool, to_map: Block, size: int) -> bool:
+    def _map_block(self, pool: BlockPool, to_map: Block, size: int) -> bool:
         """``map_block`` / ``ExpandableSegment::map``: map whole pages covering ``size``, all or nothing."""
         base, page = self._es_base[to_map.seg], self._es_page[to_map.seg]
         begin = (to_map.addr - base) // page
@@ -342,8 +277,10 @@ class CachingAllocatorModel:
         pool.remove_unmapped(to_map)
         to_map.mapped = True
         if mapped < to_map.size:
-            rest = Block(to_map.size - mapped, to_map.addr + mapped, small=pool.small, seg=to_map.seg, mapped=False)
-            _splice(rest, to_map, to_map.next)
+            rest = Block(
+                to_map.size - mapped, to_map.addr + mapped, small=pool.small, seg=to_map.seg, mapped=False
+            )
+            splice(rest, to_map, to_map.next)
             pool.add_unmapped(rest)
             to_map.size = mapped
         self._try_merge(pool, to_map, to_map.prev)
@@ -351,7 +288,7 @@ class CachingAllocatorModel:
         pool.insert(to_map)
         return True
 
-    def _try_allocate_expandable_block(self, pool: _Pool, size: int) -> Block | None:
+    def _try_allocate_expandable_block(self, pool: BlockPool, size: int) -> Block | None:
         """``try_allocate_expandable_block``."""
         c = self._find_expandable_block(pool, size)
         if not c.mapped and not self._map_block(pool, c, min(c.size, size)):
@@ -365,7 +302,7 @@ class CachingAllocatorModel:
         pool.remove(c)
         return c
 
-    def _unmap_block(self, pool: _Pool, block: Block) -> None:
+    def _unmap_block(self, pool: BlockPool, block: Block) -> None:
         """``unmap_block``: return the whole pages inside a free block to the driver."""
         base, page = self._es_base[block.seg], self._es_page[block.seg]
         begin = -(-(block.addr - base) // page)
@@ -377,12 +314,12 @@ class CachingAllocatorModel:
         before = start - block.addr
         if before > 0:
             bf = Block(before, block.addr, small=pool.small, seg=block.seg)
-            _splice(bf, block.prev, block)
+            splice(bf, block.prev, block)
             pool.insert(bf)
         after = block.size - (before + nbytes)
         if after > 0:
             af = Block(after, start + nbytes, small=pool.small, seg=block.seg)
-            _splice(af, block, block.next)
+            splice(af, block, block.next)
             pool.insert(af)
         block.addr, block.size, block.mapped = start, nbytes, False
         self._try_merge(pool, block, block.prev)
@@ -392,7 +329,7 @@ class CachingAllocatorModel:
         self._es_mapped[block.seg] -= nbytes
         self.num_device_free += 1
 
-    # ---- free path --------------------------------------------------------------------------------------------
+    # ---- free path -----------------------------------------------------------------------------------------
     def _free_block(self, block: Block) -> None:
         """``free_block``: merge with free neighbours, then cache."""
         pool = self._small if block.small else self._large
@@ -400,7 +337,7 @@ class CachingAllocatorModel:
             self._try_merge(pool, block, candidate)
         pool.insert(block)
 
-    def _try_merge(self, pool: _Pool, dst: Block, src: Block | None) -> int:
+    def _try_merge(self, pool: BlockPool, dst: Block, src: Block | None) -> int:
         """``try_merge_blocks``: absorb a free neighbour with the same mapped state."""
         if src is None or src.allocated or dst.mapped != src.mapped:
             return 0
@@ -420,8 +357,8 @@ class CachingAllocatorModel:
             pool.remove_unmapped(src)
         return src.size
 
-    # ---- releasing cached memory ---------------------------------------------------------------------------------
-    def _release_block(self, pool: _Pool, block: Block) -> None:
+    # ---- releasing cached memory ---------------------------------------------------------------------------
+    def _release_block(self, pool: BlockPool, block: Block) -> None:
         """``release_block``: cudaFree a whole cached segment."""
         assert not block.is_split() and not block.expandable
         pool.remove(block)
@@ -429,7 +366,7 @@ class CachingAllocatorModel:
         self.segments -= 1
         self.num_device_free += 1
 
-    def _release_blocks(self, pool: _Pool) -> None:
+    def _release_blocks(self, pool: BlockPool) -> None:
         """``release_blocks``: free every unsplit cached segment; unmap free pages of expandable segments."""
         to_unmap = []
         for _, addr in list(pool.keys):
@@ -450,8 +387,9 @@ class CachingAllocatorModel:
         self._release_blocks(self._small)
         return True
 
-    def _release_available_cached_blocks(self, pool: _Pool, size: int) -> bool:
-        """``release_available_cached_blocks``: free oversize cached blocks, largest first, to fit ``size``."""
+    def _release_available_cached_blocks(self, pool: BlockPool, size: int) -> bool:
+        """``release_available_cached_blocks``: free oversize cached blocks, largest first, to fit
+        ``size``."""
         mss = self.conf.max_split_size_bytes
         if mss is None:
             return False
@@ -478,7 +416,8 @@ class CachingAllocatorModel:
         return True
 
     def _garbage_collect_cached_blocks(self) -> None:
-        """``garbage_collect_cached_blocks``: free unsplit large blocks older than average until under target."""
+        """``garbage_collect_cached_blocks``: free unsplit large blocks older than average until under
+        target."""
         assert self.allowed is not None
         threshold = int(self.conf.garbage_collection_threshold * self.allowed)
         if self.reserved <= threshold:

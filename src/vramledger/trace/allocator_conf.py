@@ -1,10 +1,10 @@
 """PyTorch's CUDA caching-allocator settings (``PYTORCH_CUDA_ALLOC_CONF``) and its size rules.
 
 What is modelled is torch 2.13's native caching allocator. Sources (upstream, read for this module):
-``c10/core/AllocatorConfig.h`` (shipped in the torch 2.13.0 wheel under ``torch/include``: the constants and the
-config keys), ``c10/core/AllocatorConfig.cpp`` (``AcceleratorAllocatorConfig::parseArgs`` and its ``parse*``
-helpers: accepted values and their limits), ``c10/cuda/CUDAAllocatorConfig.h`` (the CUDA-only keys) and
-``c10/cuda/CUDACachingAllocator.cpp`` (``round_size``, ``roundup_power2_next_division``,
+``c10/core/AllocatorConfig.h`` (shipped in the torch 2.13.0 wheel under ``torch/include``: the constants and
+the config keys), ``c10/core/AllocatorConfig.cpp`` (``AcceleratorAllocatorConfig::parseArgs`` and its
+``parse*`` helpers: accepted values and their limits), ``c10/cuda/CUDAAllocatorConfig.h`` (the CUDA-only
+keys) and ``c10/cuda/CUDACachingAllocator.cpp`` (``round_size``, ``roundup_power2_next_division``,
 ``get_allocation_size``). The ``.cpp`` files were read from the pytorch main branch of the same era as 2.13
 (its headers match the 2.13 wheel's: ``large_segment_size``, ``max_non_split_rounding_size``,
 ``per_process_memory_fraction``); no 2.13-tagged copy of the ``.cpp`` was available offline.
@@ -26,7 +26,7 @@ K_MIN_LARGE_ALLOC = 10 * MiB  # kMinLargeAlloc: "allocations between 1 and 10 Mi
 K_ROUND_LARGE = 2 * MiB  # kRoundLarge: "round up large allocations to 2 MiB"
 K_LARGE_BUFFER = 20 * MiB  # large_segment_size_ default (kLargeBuffer): "20 MB by default"
 
-# c10/core/AllocatorConfig.cpp: roundup_power2_divisions covers 16 power-of-two intervals from 1 MiB to 64 GiB.
+# c10/core/AllocatorConfig.cpp: roundup_power2_divisions has 16 power-of-two intervals, 1 MiB to 64 GiB.
 _ROUNDUP_INTERVALS = 16
 _ROUNDUP_START_LOG2 = 20  # kRoundUpPowerOfTwoStart = 1 MB
 
@@ -61,17 +61,20 @@ class AllocatorConf:
     """The caching-allocator settings that change how much memory is reserved. Defaults are torch's."""
 
     expandable_segments: bool = False
-    """``expandable_segments:True``: one growing segment per pool, mapped in pages (Note [Expandable Segments])."""
+    """``expandable_segments:True``: one growing segment per pool, mapped in pages (Note [Expandable
+    Segments] in CUDACachingAllocator.cpp)."""
     max_split_size_bytes: int | None = None
-    """``max_split_size_mb``: blocks this large or larger are never split (``None``: unlimited, the default)."""
+    """``max_split_size_mb``: blocks this large or larger are never split (``None``: unlimited, the
+    default)."""
     max_non_split_rounding_bytes: int | None = None
     """``max_non_split_rounding_mb``: how much larger than an oversize request a cached oversize block may be
     (``None``: equal to the large segment size, as ``AcceleratorAllocatorConfig::parseArgs`` sets it)."""
     garbage_collection_threshold: float = 0.0
-    """``garbage_collection_threshold``: fraction of the allowed memory above which old cached blocks are freed.
-    Only active when a memory fraction below 1 is set (``malloc`` checks ``allowed_memory_maximum``)."""
+    """``garbage_collection_threshold``: fraction of the allowed memory above which old cached blocks are
+    freed. Only active with a memory fraction below 1 (``malloc`` checks ``allowed_memory_maximum``)."""
     large_segment_size_bytes: int = K_LARGE_BUFFER
-    """``large_segment_size_mb``: segment size for 1-10 MiB requests and page size of large expandable segments."""
+    """``large_segment_size_mb``: segment size for 1-10 MiB requests and page size of large expandable
+    segments."""
     roundup_power2_divisions: tuple[int, ...] = (0,) * _ROUNDUP_INTERVALS
     """``roundup_power2_divisions``: divisions per power-of-two interval (1 MiB ... 64 GiB); 0 disables."""
     per_process_memory_fraction: float = 1.0
@@ -82,7 +85,10 @@ class AllocatorConf:
     """The string this was parsed from, as given."""
 
     def __post_init__(self) -> None:
-        if self.max_split_size_bytes is not None and self.max_split_size_bytes < self.large_segment_size_bytes:
+        if (
+            self.max_split_size_bytes is not None
+            and self.max_split_size_bytes < self.large_segment_size_bytes
+        ):
             raise VramledgerError(
                 f"alloc conf: max_split_size_mb must be >= {self.large_segment_size_bytes // MiB} "
                 "(the large segment size); raise it or leave it unset"
@@ -159,20 +165,27 @@ def _bool(key: str, value: str) -> bool:
 
 
 def _roundup_divisions(tokens: list[str]) -> tuple[int, ...]:
-    """AcceleratorAllocatorConfig::parseRoundUpPower2Divisions: ``4`` or ``[64:8,256:4,>:1]`` (sizes in MB)."""
+    """AcceleratorAllocatorConfig::parseRoundUpPower2Divisions: ``4`` or ``[64:8,256:4,>:1]`` (sizes in
+    MB)."""
     divs = [0] * _ROUNDUP_INTERVALS
     if tokens[0] != "[":
         if len(tokens) != 1 or not tokens[0].isdigit() or not _is_pow2(int(tokens[0])):
-            raise VramledgerError("alloc conf: roundup_power2_divisions must be a power of 2 or a [size:div,...] list")
+            raise VramledgerError(
+                "alloc conf: roundup_power2_divisions must be a power of 2 or a [size:div,...] list"
+            )
         return (int(tokens[0]),) * _ROUNDUP_INTERVALS
     if tokens[-1] != "]":
         raise VramledgerError("alloc conf: roundup_power2_divisions list lacks its closing ']'")
     items = tokens[1:-1]
     # Entries are "size : divisions" triples separated by ",".
-    if len(items) % 4 != 3 or any(items[k] != ":" for k in range(1, len(items), 4)) or any(
-        items[k] != "," for k in range(3, len(items), 4)
+    if (
+        len(items) % 4 != 3
+        or any(items[k] != ":" for k in range(1, len(items), 4))
+        or any(items[k] != "," for k in range(3, len(items), 4))
     ):
-        raise VramledgerError("alloc conf: roundup_power2_divisions entries must read [size:div,size:div,...]")
+        raise VramledgerError(
+            "alloc conf: roundup_power2_divisions entries must read [size:div,size:div,...]"
+        )
     first, last_index = True, 0
     for k in range(0, len(items), 4):
         boundary, value = items[k], items[k + 2]
@@ -210,7 +223,9 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
     while i < len(tokens):
         key = tokens[i]
         if key in ",:[]":
-            raise VramledgerError(f"alloc conf: expected a key at {key!r} in {text!r}; write key:value,key:value")
+            raise VramledgerError(
+                f"alloc conf: expected a key at {key!r} in {text!r}; write key:value,key:value"
+            )
         j = i + 2
         if j >= len(tokens) or tokens[i + 1] != ":":
             raise VramledgerError(f"alloc conf: key {key!r} has no value; write {key}:VALUE")
@@ -236,7 +251,7 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
             raise VramledgerError(
                 f"alloc conf: unrecognized key {key!r}; known keys: {', '.join(sorted(known))}"
             )
-    # parseArgs reads large_segment_size_mb first: max_split_size_mb and max_non_split_rounding_mb are bounded by it.
+    # parseArgs reads large_segment_size_mb first: it bounds max_split_size_mb and max_non_split_rounding_mb.
     large = K_LARGE_BUFFER
     for key, value in pairs:
         if key == "large_segment_size_mb":
@@ -254,7 +269,9 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
         elif key == "garbage_collection_threshold":
             gc = _fraction(key, v)
             if not 0.0 < gc < 1.0:  # parseGarbageCollectionThreshold: "set it in (0.0, 1.0)"
-                raise VramledgerError(f"alloc conf: garbage_collection_threshold {v} is invalid; set it in (0.0, 1.0)")
+                raise VramledgerError(
+                    f"alloc conf: garbage_collection_threshold {v} is invalid; set it in (0.0, 1.0)"
+                )
             kwargs["garbage_collection_threshold"] = gc
         elif key == "roundup_power2_divisions":
             kwargs["roundup_power2_divisions"] = _roundup_divisions(value)
@@ -263,11 +280,13 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
         elif key == "per_process_memory_fraction":
             frac = _fraction(key, v)
             if not 0.0 <= frac <= 1.0:
-                raise VramledgerError(f"alloc conf: per_process_memory_fraction {v} is invalid; set it in [0.0, 1.0]")
+                raise VramledgerError(
+                    f"alloc conf: per_process_memory_fraction {v} is invalid; set it in [0.0, 1.0]"
+                )
             kwargs["per_process_memory_fraction"] = frac
         elif key == "backend" and v != "native":
             raise VramledgerError(
-                f"alloc conf: backend:{v} is not modelled (only the native caching allocator is); drop the key"
+                f"alloc conf: backend:{v} is not modelled (only the native caching allocator); drop the key"
             )
     return AllocatorConf(**kwargs, ignored_keys=tuple(ignored), text=text)  # type: ignore[arg-type]
 

@@ -1,8 +1,8 @@
 """Replay a trace's allocation/free events through the caching-allocator model, and a cheap reserve estimate.
 
-``replay`` answers: peak allocated and reserved (what ``torch.cuda.max_memory_allocated`` / ``_reserved`` report),
-fragmentation at the peak (reserved − allocated, the largest cached block), segments, retries, and for a given
-capacity the first allocation that fails, with the memory that was free but could not serve it.
+``replay`` answers: peak allocated and reserved (what ``torch.cuda.max_memory_allocated`` / ``_reserved``
+report), fragmentation at the peak (reserved − allocated, the largest cached block), segments, retries, and
+for a given capacity the first allocation that fails, with the memory that was free but could not serve it.
 
 ``reserve_for_blocks`` serves the analytic path, which knows only the tensors live at a peak.
 """
@@ -108,7 +108,8 @@ class AllocatorResult:
     """cudaMalloc and page-mapping calls (``memory_stats()['num_device_alloc']``)."""
     num_device_free: int
     num_alloc_retries: int
-    """Allocations that needed ``release_cached_blocks`` and a retry (``memory_stats()['num_alloc_retries']``)."""
+    """Allocations that needed ``release_cached_blocks`` and a retry
+    (``memory_stats()['num_alloc_retries']``)."""
     final_allocated_bytes: int
     final_reserved_bytes: int
     oom: OomReport | None
@@ -124,10 +125,10 @@ def replay(
 ) -> AllocatorResult:
     """Run ``events`` through :class:`CachingAllocatorModel`.
 
-    ``capacity_bytes`` is what the allocator can obtain from the driver: the GPU's memory less the CUDA context
-    and anything else outside PyTorch (``None``: unlimited). ``device_total_bytes`` (default: the capacity) is
-    only used for ``per_process_memory_fraction`` and ``garbage_collection_threshold``, which torch applies to
-    the device total.
+    ``capacity_bytes`` is what the allocator can obtain from the driver: the GPU's memory less the CUDA
+    context and anything else outside PyTorch (``None``: unlimited). ``device_total_bytes`` (default: the
+    capacity) is only used for ``per_process_memory_fraction`` and ``garbage_collection_threshold``, which
+    torch applies to the device total.
     """
     if capacity_bytes is not None and capacity_bytes <= 0:
         raise VramledgerError("replay: capacity_bytes must be positive; pass None for an unlimited device")
@@ -142,7 +143,9 @@ def replay(
         i = n - 1
         if ev.kind is EventKind.ALLOC:
             if ev.id in live:
-                raise VramledgerError(f"replay: event {i} allocates id {ev.id} which is still live; free it first")
+                raise VramledgerError(
+                    f"replay: event {i} allocates id {ev.id} which is still live; free it first"
+                )
             if ev.size < 0:
                 raise VramledgerError(f"replay: event {i} has negative size {ev.size}")
             if ev.size == 0:
@@ -152,7 +155,7 @@ def replay(
             if block is None:
                 st = model.last_oom
                 assert st is not None
-                # Without a capacity only the memory-fraction cap (allowed_memory_maximum) can fail an allocation.
+                # Without a capacity only the memory-fraction cap (allowed_memory_maximum) can fail.
                 cap = capacity_bytes if capacity_bytes is not None else (model.allowed or st.reserved_bytes)
                 oom = OomReport(
                     event_index=i,
@@ -203,7 +206,8 @@ def replay(
 
 
 def reserve_for_blocks(sizes: Sequence[int], conf: AllocatorConf = DEFAULT_CONF) -> int:
-    """Estimate reserved − live bytes for tensors of ``sizes`` live together, from rounding and segments alone.
+    """Estimate reserved − live bytes for tensors of ``sizes`` live together, from rounding and segments
+    alone.
 
     Assumption (stated, not measured): the live set is allocated in one pass, largest first, with no frees in
     between, so every cached block is reused best-fit and nothing fragments by churn. It counts what the
@@ -225,7 +229,7 @@ def reserve_for_blocks(sizes: Sequence[int], conf: AllocatorConf = DEFAULT_CONF)
     small.sort(reverse=True)
     large.sort(reverse=True)
     if conf.expandable_segments:
-        # One segment per pool; blocks tile it (split at any remainder ≥ 512 B) and pages are mapped as it grows.
+        # One segment per pool; blocks tile it (split at any remainder ≥ 512 B), pages mapped as it grows.
         page_l = conf.large_segment_size_bytes
         reserved = -(-sum(large) // page_l) * page_l + -(-sum(small) // K_SMALL_BUFFER) * K_SMALL_BUFFER
         return reserved - total
@@ -234,10 +238,18 @@ def reserve_for_blocks(sizes: Sequence[int], conf: AllocatorConf = DEFAULT_CONF)
     free: list[int] = []  # cached free block sizes of the large pool (addresses do not change the total)
     for r in large:
         i = bisect_left(free, r)
-        if i < len(free) and not (r < mss <= free[i]) and not (r >= mss and free[i] >= r + conf.max_non_split_rounding):
+        if (
+            i < len(free)
+            and not (r < mss <= free[i])
+            and not (r >= mss and free[i] >= r + conf.max_non_split_rounding)
+        ):
             block = free.pop(i)
         else:
-            block = conf.large_segment_size_bytes if r < K_MIN_LARGE_ALLOC else -(-r // K_ROUND_LARGE) * K_ROUND_LARGE
+            block = (
+                conf.large_segment_size_bytes
+                if r < K_MIN_LARGE_ALLOC
+                else -(-r // K_ROUND_LARGE) * K_ROUND_LARGE
+            )
             reserved += block
         if r < mss and block - r > K_SMALL_SIZE:  # should_split (large pool)
             insort(free, block - r)
