@@ -48,7 +48,7 @@ _TITLES = {
     Category.MASTER_WEIGHTS: "fp32 master weights",
     Category.GRADIENTS: "gradients",
     Category.OPTIMIZER_STATE: "optimizer state",
-    Category.ACTIVATIONS: "activations (saved for backward)",
+    Category.ACTIVATIONS: "activations (saved)",
     Category.ATTENTION_SCORES: "attention scores",
     Category.LOGITS_LOSS: "logits and loss",
     Category.KV_CACHE: "KV cache",
