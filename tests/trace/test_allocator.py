@@ -160,9 +160,7 @@ def test_best_fit_takes_the_smallest_block_that_fits() -> None:
             blocks[e.id] = m.malloc(e.size)
         else:
             m.free(blocks.pop(e.id))
-    assert (
-        blocks[3].seg == 3
-    )  # the 16 MiB segment (third cudaMalloc: 30 MiB, 2 MiB small, 16 MiB), not the 30
+    assert blocks[3].seg == 3  # the 16 MiB segment (third cudaMalloc: 30 MiB, 2 MiB small, 16 MiB), not the 30
 
 
 def test_peak_reserve_and_largest_free_block() -> None:
@@ -305,9 +303,7 @@ def test_replay_rejects_unknown_frees_and_ignores_empty_storages() -> None:
 
 _sizes = st.one_of(st.integers(1, 2 * MiB), st.integers(MiB, 12 * MiB), st.integers(10 * MiB, 64 * MiB))
 _ops = st.lists(st.tuples(st.booleans(), _sizes, st.integers(0, 1000)), min_size=1, max_size=60)
-_confs = st.sampled_from(
-    ["", "expandable_segments:True", "max_split_size_mb:32", "roundup_power2_divisions:4"]
-)
+_confs = st.sampled_from(["", "expandable_segments:True", "max_split_size_mb:32", "roundup_power2_divisions:4"])
 
 
 @settings(max_examples=60, deadline=None)
@@ -356,7 +352,5 @@ def test_reserve_for_blocks_is_cheap() -> None:
     t = time.perf_counter()
     reserve_for_blocks(sizes)
     elapsed = time.perf_counter() - t
-    print(
-        f"reserve_for_blocks, 1000 sizes: {elapsed * 1e3:.2f} ms (target < 1 ms, test allows 20 on a busy CI)"
-    )
+    print(f"reserve_for_blocks, 1000 sizes: {elapsed * 1e3:.2f} ms (target < 1 ms, test allows 20 on a busy CI)")
     assert elapsed < 0.02

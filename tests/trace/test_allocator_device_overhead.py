@@ -44,6 +44,8 @@ def test_unknown_arch_is_a_user_error() -> None:
 
 
 def test_workspaces_reserve_through_the_caching_allocator() -> None:
-    # Hopper: the 32 MiB cuBLAS workspace gets its own 32 MiB segment (>= 10 MiB, 2 MiB-rounded); the 1 MiB
-    # cuBLASLt workspace goes to the small pool's 2 MiB segment: 1 MiB of reserve in all.
-    assert reserve_for_blocks(device_overhead("hopper").workspace_sizes()) == 1 * MiB
+    # Hopper, forward and backward handles: two 32 MiB cuBLAS workspaces get a 32 MiB segment each (>= 10 MiB,
+    # 2 MiB-rounded, nothing to spare); the two 1 MiB cuBLASLt workspaces share one 2 MiB small segment.
+    assert reserve_for_blocks(device_overhead("hopper").workspace_sizes()) == 0
+    # Ampere, one handle: 8.125 MiB cut from a 20 MiB segment, 1 MiB in a 2 MiB segment.
+    assert reserve_for_blocks(device_overhead("ampere").workspace_sizes(handles=1)) == 22 * MiB - 8519680 - MiB

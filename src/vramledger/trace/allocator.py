@@ -277,9 +277,7 @@ class CachingAllocatorModel:
         pool.remove_unmapped(to_map)
         to_map.mapped = True
         if mapped < to_map.size:
-            rest = Block(
-                to_map.size - mapped, to_map.addr + mapped, small=pool.small, seg=to_map.seg, mapped=False
-            )
+            rest = Block(to_map.size - mapped, to_map.addr + mapped, small=pool.small, seg=to_map.seg, mapped=False)
             splice(rest, to_map, to_map.next)
             pool.add_unmapped(rest)
             to_map.size = mapped

@@ -85,10 +85,7 @@ class AllocatorConf:
     """The string this was parsed from, as given."""
 
     def __post_init__(self) -> None:
-        if (
-            self.max_split_size_bytes is not None
-            and self.max_split_size_bytes < self.large_segment_size_bytes
-        ):
+        if self.max_split_size_bytes is not None and self.max_split_size_bytes < self.large_segment_size_bytes:
             raise VramledgerError(
                 f"alloc conf: max_split_size_mb must be >= {self.large_segment_size_bytes // MiB} "
                 "(the large segment size); raise it or leave it unset"
@@ -170,9 +167,7 @@ def _roundup_divisions(tokens: list[str]) -> tuple[int, ...]:
     divs = [0] * _ROUNDUP_INTERVALS
     if tokens[0] != "[":
         if len(tokens) != 1 or not tokens[0].isdigit() or not _is_pow2(int(tokens[0])):
-            raise VramledgerError(
-                "alloc conf: roundup_power2_divisions must be a power of 2 or a [size:div,...] list"
-            )
+            raise VramledgerError("alloc conf: roundup_power2_divisions must be a power of 2 or a [size:div,...] list")
         return (int(tokens[0]),) * _ROUNDUP_INTERVALS
     if tokens[-1] != "]":
         raise VramledgerError("alloc conf: roundup_power2_divisions list lacks its closing ']'")
@@ -183,9 +178,7 @@ def _roundup_divisions(tokens: list[str]) -> tuple[int, ...]:
         or any(items[k] != ":" for k in range(1, len(items), 4))
         or any(items[k] != "," for k in range(3, len(items), 4))
     ):
-        raise VramledgerError(
-            "alloc conf: roundup_power2_divisions entries must read [size:div,size:div,...]"
-        )
+        raise VramledgerError("alloc conf: roundup_power2_divisions entries must read [size:div,size:div,...]")
     first, last_index = True, 0
     for k in range(0, len(items), 4):
         boundary, value = items[k], items[k + 2]
@@ -223,9 +216,7 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
     while i < len(tokens):
         key = tokens[i]
         if key in ",:[]":
-            raise VramledgerError(
-                f"alloc conf: expected a key at {key!r} in {text!r}; write key:value,key:value"
-            )
+            raise VramledgerError(f"alloc conf: expected a key at {key!r} in {text!r}; write key:value,key:value")
         j = i + 2
         if j >= len(tokens) or tokens[i + 1] != ":":
             raise VramledgerError(f"alloc conf: key {key!r} has no value; write {key}:VALUE")
@@ -248,9 +239,7 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
     known = set(_MODELLED_KEYS) | set(_IGNORED_KEYS)
     for key, _ in pairs:
         if key not in known:
-            raise VramledgerError(
-                f"alloc conf: unrecognized key {key!r}; known keys: {', '.join(sorted(known))}"
-            )
+            raise VramledgerError(f"alloc conf: unrecognized key {key!r}; known keys: {', '.join(sorted(known))}")
     # parseArgs reads large_segment_size_mb first: it bounds max_split_size_mb and max_non_split_rounding_mb.
     large = K_LARGE_BUFFER
     for key, value in pairs:
@@ -269,9 +258,7 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
         elif key == "garbage_collection_threshold":
             gc = _fraction(key, v)
             if not 0.0 < gc < 1.0:  # parseGarbageCollectionThreshold: "set it in (0.0, 1.0)"
-                raise VramledgerError(
-                    f"alloc conf: garbage_collection_threshold {v} is invalid; set it in (0.0, 1.0)"
-                )
+                raise VramledgerError(f"alloc conf: garbage_collection_threshold {v} is invalid; set it in (0.0, 1.0)")
             kwargs["garbage_collection_threshold"] = gc
         elif key == "roundup_power2_divisions":
             kwargs["roundup_power2_divisions"] = _roundup_divisions(value)
@@ -280,9 +267,7 @@ def parse_alloc_conf(text: str) -> AllocatorConf:
         elif key == "per_process_memory_fraction":
             frac = _fraction(key, v)
             if not 0.0 <= frac <= 1.0:
-                raise VramledgerError(
-                    f"alloc conf: per_process_memory_fraction {v} is invalid; set it in [0.0, 1.0]"
-                )
+                raise VramledgerError(f"alloc conf: per_process_memory_fraction {v} is invalid; set it in [0.0, 1.0]")
             kwargs["per_process_memory_fraction"] = frac
         elif key == "backend" and v != "native":
             raise VramledgerError(

@@ -75,16 +75,10 @@ CONFIGS: Mapping[str, GpuCheckConfig] = {
         GpuCheckConfig(name="mid-full", **_MID),
         GpuCheckConfig(name="mid-full-ckpt", **_MID, grad_ckpt=True),
         GpuCheckConfig(name="mid-lora16", **_MID, lora_rank=16),
-        GpuCheckConfig(
-            name="mid-lora16-expandable", **_MID, lora_rank=16, alloc_conf="expandable_segments:True"
-        ),
+        GpuCheckConfig(name="mid-lora16-expandable", **_MID, lora_rank=16, alloc_conf="expandable_segments:True"),
         GpuCheckConfig(name="mid-full-varlen", **_MID, seq_lens=_VAR),
-        GpuCheckConfig(
-            name="mid-full-varlen-expandable", **_MID, seq_lens=_VAR, alloc_conf="expandable_segments:True"
-        ),
-        GpuCheckConfig(
-            name="mid-full-varlen-roundup4", **_MID, seq_lens=_VAR, alloc_conf="roundup_power2_divisions:4"
-        ),
+        GpuCheckConfig(name="mid-full-varlen-expandable", **_MID, seq_lens=_VAR, alloc_conf="expandable_segments:True"),
+        GpuCheckConfig(name="mid-full-varlen-roundup4", **_MID, seq_lens=_VAR, alloc_conf="roundup_power2_divisions:4"),
         GpuCheckConfig(
             name="mid-full-varlen-gc",
             **_MID,
@@ -144,9 +138,7 @@ def _train(cfg: GpuCheckConfig) -> None:
         from peft import LoraConfig, get_peft_model
 
         targets = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
-        model = get_peft_model(
-            model, LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules=targets)
-        )
+        model = get_peft_model(model, LoraConfig(r=cfg.lora_rank, lora_alpha=2 * cfg.lora_rank, target_modules=targets))
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-5)
     g = torch.Generator(device="cuda").manual_seed(0)
     for seq in cfg.seq_lens:
@@ -168,9 +160,7 @@ def run_config(cfg: GpuCheckConfig) -> dict[str, Any]:
         raise RuntimeError("allocator_gpucheck needs a CUDA device")
     if cfg.memory_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction)
-    torch.cuda.memory._record_memory_history(
-        enabled="all", context=None, stacks="python", max_entries=_MAX_ENTRIES
-    )
+    torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=_MAX_ENTRIES)
     _train(cfg)
     snap = torch.cuda.memory._snapshot()
     stats = torch.cuda.memory_stats()
@@ -179,12 +169,8 @@ def run_config(cfg: GpuCheckConfig) -> dict[str, Any]:
     events, unmatched = events_from_snapshot(snap)
     conf_text = cfg.alloc_conf
     if cfg.memory_fraction is not None:
-        conf_text = ",".join(
-            x for x in (conf_text, f"per_process_memory_fraction:{cfg.memory_fraction}") if x
-        )
-    res = replay(
-        events, capacity_bytes=None, conf=parse_alloc_conf(conf_text), device_total_bytes=props.total_memory
-    )
+        conf_text = ",".join(x for x in (conf_text, f"per_process_memory_fraction:{cfg.memory_fraction}") if x)
+    res = replay(events, capacity_bytes=None, conf=parse_alloc_conf(conf_text), device_total_bytes=props.total_memory)
     torch_reserved = int(stats["reserved_bytes.all.peak"])
     return {
         "config": asdict(cfg),
@@ -210,9 +196,7 @@ def run_config(cfg: GpuCheckConfig) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] not in CONFIGS:
-        sys.stderr.write(
-            f"usage: python -m vramledger.trace.allocator_gpucheck {{{','.join(CONFIGS)}}} OUT.json\n"
-        )
+        sys.stderr.write(f"usage: python -m vramledger.trace.allocator_gpucheck {{{','.join(CONFIGS)}}} OUT.json\n")
         return 2
     result = run_config(CONFIGS[args[0]])
     with open(args[1], "w") as fh:

@@ -143,9 +143,7 @@ def replay(
         i = n - 1
         if ev.kind is EventKind.ALLOC:
             if ev.id in live:
-                raise VramledgerError(
-                    f"replay: event {i} allocates id {ev.id} which is still live; free it first"
-                )
+                raise VramledgerError(f"replay: event {i} allocates id {ev.id} which is still live; free it first")
             if ev.size < 0:
                 raise VramledgerError(f"replay: event {i} has negative size {ev.size}")
             if ev.size == 0:
@@ -238,18 +236,10 @@ def reserve_for_blocks(sizes: Sequence[int], conf: AllocatorConf = DEFAULT_CONF)
     free: list[int] = []  # cached free block sizes of the large pool (addresses do not change the total)
     for r in large:
         i = bisect_left(free, r)
-        if (
-            i < len(free)
-            and not (r < mss <= free[i])
-            and not (r >= mss and free[i] >= r + conf.max_non_split_rounding)
-        ):
+        if i < len(free) and not (r < mss <= free[i]) and not (r >= mss and free[i] >= r + conf.max_non_split_rounding):
             block = free.pop(i)
         else:
-            block = (
-                conf.large_segment_size_bytes
-                if r < K_MIN_LARGE_ALLOC
-                else -(-r // K_ROUND_LARGE) * K_ROUND_LARGE
-            )
+            block = conf.large_segment_size_bytes if r < K_MIN_LARGE_ALLOC else -(-r // K_ROUND_LARGE) * K_ROUND_LARGE
             reserved += block
         if r < mss and block - r > K_SMALL_SIZE:  # should_split (large pool)
             insort(free, block - r)

@@ -44,14 +44,17 @@ class DeviceOverhead:
     cuda_context: OverheadFigure
     """Outside PyTorch: add to reserved for the device total (what nvidia-smi shows)."""
     cublas_workspace: OverheadFigure
-    """Inside the caching allocator: one block per cuBLAS handle and stream."""
+    """Inside the caching allocator: one block per cuBLAS handle and stream (two handles in a training step)."""
     cublaslt_workspace: OverheadFigure
     """Inside the caching allocator: one block per cuBLASLt handle and stream."""
 
-    def workspace_sizes(self, streams: int = 1) -> tuple[int, ...]:
-        """Block sizes of the BLAS workspaces a loop on ``streams`` streams allocates (one each per
-        stream)."""
-        return (self.cublas_workspace.bytes, self.cublaslt_workspace.bytes) * streams
+    def workspace_sizes(self, handles: int = 2) -> tuple[int, ...]:
+        """Block sizes of the BLAS workspaces: one cuBLAS and one cuBLASLt workspace per (handle, stream).
+
+        Handles are per thread (``DeviceThreadHandlePool``), and autograd runs backward on its own device
+        thread, so a single-stream training step uses two handles: the forward's and the backward's.
+        """
+        return (self.cublas_workspace.bytes, self.cublaslt_workspace.bytes) * handles
 
 
 @lru_cache(maxsize=1)
@@ -74,9 +77,7 @@ def device_overhead(arch: str) -> DeviceOverhead:
     majors: dict[str, int] = raw["arch_compute_capability_major"]
     key = arch.strip().lower()
     if key not in majors:
-        raise VramledgerError(
-            f"no device overhead figures for GPU architecture {arch!r}; known: {', '.join(majors)}"
-        )
+        raise VramledgerError(f"no device overhead figures for GPU architecture {arch!r}; known: {', '.join(majors)}")
     major = majors[key]
     contexts = {c["arch"]: c for c in raw["cuda_context"]}
     ctx = contexts.get(key, contexts["*"])
@@ -92,6 +93,4 @@ def device_overhead(arch: str) -> DeviceOverhead:
             what=d.get("what", d.get("per", "")),
         )
 
-    return DeviceOverhead(
-        arch=key, cuda_context=fig(ctx), cublas_workspace=fig(blas), cublaslt_workspace=fig(lt)
-    )
+    return DeviceOverhead(arch=key, cuda_context=fig(ctx), cublas_workspace=fig(blas), cublaslt_workspace=fig(lt))
