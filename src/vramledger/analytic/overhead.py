@@ -33,15 +33,19 @@ def cuda_context_bytes(gpu: GPUSpec | None) -> int:
 
 
 def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:
-    """cuBLAS workspaces, allocated through torch's caching allocator (so counted as allocated).
+    """cuBLAS + cuBLASLt workspaces, allocated through torch's caching allocator (so counted as allocated).
 
-    torch ``aten/src/ATen/cuda/CublasHandlePool.cpp`` ``getChosenWorkspaceSize``: 32 MiB (``:4096:8``) on Hopper
-    and newer, ``4096·1024·2 + 16·1024·8`` bytes otherwise; one per (handle, stream), and the autograd engine's
-    backward thread has its own handle, so two.
+    Figures and sources in ``catalog/device_overhead.json`` (torch ``CublasHandlePool.cpp``
+    ``getChosenWorkspaceSize``: 32 MiB on Hopper and newer, 8.125 MiB before; cuBLASLt 1 MiB), one of each per
+    thread's handle: the forward thread and the autograd engine's backward thread.
     """
-    hopper_plus = gpu is None or gpu.arch in ("hopper", "blackwell")
-    per = 32 * MiB if hopper_plus else 4096 * 1024 * 2 + 16 * 1024 * 8
-    return 2 * per
+    from vramledger.errors import VramledgerError
+    from vramledger.trace.device_overhead import device_overhead
+
+    try:
+        return sum(device_overhead(gpu.arch if gpu is not None and gpu.arch else "hopper").workspace_sizes())
+    except VramledgerError:  # an architecture without figures (AMD): take the largest NVIDIA one
+        return sum(device_overhead("hopper").workspace_sizes())
 
 
 RESERVE_FRACTION = 0.05
