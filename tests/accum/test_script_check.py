@@ -100,6 +100,9 @@ ZERO = "optimizer.zero_grad()"
         pytest.param(
             "loss = model(**b, num_items_in_batch=n).loss", BWD, ZERO, "", [], id="num-items-in-batch"
         ),
+        pytest.param(
+            LOSS, "torch.autograd.backward(loss)", ZERO, "", [(3, "ACC002")], id="autograd-backward"
+        ),
         pytest.param(SCALED, BWD, "pass", "model.zero_grad()", [(7, "ACC003")], id="zero-grad-after-guard"),
         pytest.param(SCALED, BWD, "pass", "lr_sched.step()", [(7, "ACC001")], id="scheduler-after-guard"),
         pytest.param(SCALED, BWD, "warmup.step()", "", [], id="scheduler-in-guard"),

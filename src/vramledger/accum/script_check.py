@@ -23,7 +23,8 @@ Inside an accumulation loop, a statement that is not under an accumulation guard
   ``AcceleratedOptimizer.zero_grad`` (accelerate 1.15 ``optimizer.py``) only clears when
   ``sync_gradients``, so it is correct on a prepared optimizer (but not on the model).
 
-These are heuristics on names and structure; a loop built very differently is not recognised (and not
+Any division of the loss counts as scaling (the divisor's value is unknown before running). These are
+heuristics on names and structure; a loop built very differently is not recognised (and not
 flagged). The check reports the loops it recognised so that silence can be told apart from blindness.
 """
 
@@ -369,6 +370,8 @@ class _Checker:
                 call.kind = "backward"
                 if n.args and self._is_accelerator(recv):
                     call.loss, call.via_accelerator = n.args[0], True
+                elif n.args and _last(recv) == "autograd":  # torch.autograd.backward(loss)
+                    call.loss = n.args[0]
                 else:
                     call.loss = recv
                     # scaler.scale(loss).backward(): the AMP scale is not an accumulation scale.
