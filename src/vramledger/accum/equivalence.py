@@ -82,9 +82,7 @@ class EquivalenceConfig:
         if self.micro_batches < 1:
             raise VramledgerError(f"--micro-batches must be at least 1 (got {self.micro_batches})")
         if self.rows_per_micro_batch < 1:
-            raise VramledgerError(
-                f"rows_per_micro_batch must be at least 1 (got {self.rows_per_micro_batch})"
-            )
+            raise VramledgerError(f"rows_per_micro_batch must be at least 1 (got {self.rows_per_micro_batch})")
         if not 2 <= self.min_len <= self.max_len <= _TINY_SIZES["max_position_embeddings"]:
             raise VramledgerError(
                 f"sequence lengths must satisfy 2 <= min_len <= max_len <= "
@@ -161,9 +159,7 @@ def _tiny_model(cfg: EquivalenceConfig, torch: Any, transformers: Any) -> Any:
 
     entries = model_entries()
     if cfg.catalog_model not in entries:
-        raise VramledgerError(
-            f"catalog_model {cfg.catalog_model!r} is not in the catalog; see `vramledger models`"
-        )
+        raise VramledgerError(f"catalog_model {cfg.catalog_model!r} is not in the catalog; see `vramledger models`")
     raw = {k: v for k, v in entries[cfg.catalog_model].config.items() if k not in ("torch_dtype", "dtype")}
     raw.update(_TINY_SIZES)
     model_type = raw.pop("model_type")
@@ -223,9 +219,7 @@ def _take_grad(model: Any, torch: Any) -> torch.Tensor:
     return flat
 
 
-def _compare(
-    key: str, description: str, g: torch.Tensor, g_ref: torch.Tensor, tolerance: float
-) -> GradientComparison:
+def _compare(key: str, description: str, g: torch.Tensor, g_ref: torch.Tensor, tolerance: float) -> GradientComparison:
     ref_norm = float(g_ref.norm())
     rel = float((g - g_ref).norm()) / ref_norm
     cos = float(g.dot(g_ref)) / (float(g.norm()) * ref_norm)
@@ -295,9 +289,7 @@ def run_equivalence(cfg: EquivalenceConfig | None = None) -> EquivalenceResult:
     tol = ROUNDING_TOLERANCE[cfg.dtype]
     comparisons = (
         _compare("mean_of_means", f"mean of per-micro-batch mean losses / {m}", g_a, g_ref, tol),
-        _compare(
-            "global_token_mean", f"summed token loss / {total} targets (num_items_in_batch)", g_b, g_ref, tol
-        ),
+        _compare("global_token_mean", f"summed token loss / {total} targets (num_items_in_batch)", g_b, g_ref, tol),
     )
     return EquivalenceResult(
         config=cfg,

@@ -103,9 +103,7 @@ def check_script(path: str | Path) -> ScriptReport:
         source = p.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-        raise VramledgerError(
-            f"--script {path}: cannot read it ({reason}); give a Python training script"
-        ) from exc
+        raise VramledgerError(f"--script {path}: cannot read it ({reason}); give a Python training script") from exc
     return check_source(source, filename=str(path))
 
 
@@ -326,9 +324,7 @@ class _Checker:
                 return steps[0].node if steps else None
         return None
 
-    def _collect(
-        self, stmts: Sequence[ast.stmt], guard: ast.If | None, in_acc: bool, out: list[_Call]
-    ) -> None:
+    def _collect(self, stmts: Sequence[ast.stmt], guard: ast.If | None, in_acc: bool, out: list[_Call]) -> None:
         """Calls that run in this loop's iterations (not in nested loops or nested definitions)."""
         for st in stmts:
             if isinstance(st, (_SCOPES, _LOOPS)):
@@ -387,7 +383,7 @@ class _Checker:
 
     # -- rules ----------------------------------------------------------------------------------------------
     def _check_manual(
-        self, loop: ast.AST, calls: list[_Call], findings: list[Finding], *, divisor: str | None, where: str
+        self, loop: ast.stmt, calls: list[_Call], findings: list[Finding], *, divisor: str | None, where: str
     ) -> None:
         n = divisor or "gradient_accumulation_steps"
         at = f"the accumulation loop at line {loop.lineno}"
@@ -418,7 +414,7 @@ class _Checker:
                 )
                 findings.append(_finding(c, "ACC002", msg, fix))
 
-    def _check_accelerate(self, loop: ast.AST, calls: list[_Call], findings: list[Finding]) -> None:
+    def _check_accelerate(self, loop: ast.stmt, calls: list[_Call], findings: list[Finding]) -> None:
         at = f"the accumulate loop at line {loop.lineno}"
         for c in calls:
             if c.guard is not None:
