@@ -95,7 +95,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
     g.add_argument("--accum", type=int, help="gradient accumulation steps (default 1)")
     g.add_argument(
-        "--precision", help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)"
+        "--precision",
+        help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)",
     )
     g.add_argument("--optimizer", help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
                    "adafactor | sgd | lion_32bit | … (default adamw_torch)")
