@@ -13,9 +13,18 @@ CATALOG = Path(__file__).parents[2] / "src" / "vramledger" / "catalog" / "models
 
 # Qwen2-0.5B's config.json (https://huggingface.co/Qwen/Qwen2-0.5B/blob/main/config.json), the fields that matter.
 QWEN2_05B = {
-    "architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "hidden_size": 896, "intermediate_size": 4864,
-    "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2, "vocab_size": 151936,
-    "tie_word_embeddings": True, "max_position_embeddings": 131072, "torch_dtype": "bfloat16", "hidden_act": "silu",
+    "architectures": ["Qwen2ForCausalLM"],
+    "model_type": "qwen2",
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "vocab_size": 151936,
+    "tie_word_embeddings": True,
+    "max_position_embeddings": 131072,
+    "torch_dtype": "bfloat16",
+    "hidden_act": "silu",
 }
 
 

@@ -16,21 +16,51 @@ from vramledger.specs import Attention, LoraSpec, Loss, Method, Optimizer, Preci
 F = Path(__file__).parent / "fixtures"
 
 SPECS = {
-    "lora": TrainSpec(method=Method.LORA, lora=LoraSpec(rank=32, alpha=64.0, targets=("q_proj", "v_proj"),
-                                                        dropout=0.05), micro_batch=4, seq_len=4096, grad_accum=2,
-                      grad_ckpt=True, attn=Attention.FLASH2, optimizer=Optimizer.PAGED_ADAMW_8BIT),
-    "qlora": TrainSpec(method=Method.QLORA, quant=QuantSpec(bits=4), lora=LoraSpec(rank=8, alpha=16.0),
-                       packing=True, loss=Loss.FUSED, eval_batch=2, eval_accumulation_steps=4),
-    "full-zero3": TrainSpec(method=Method.FULL, precision=Precision.BF16, grad_ckpt=True, zero_stage=3,
-                            offload_optimizer=True, world_size=4, micro_batch=2, grad_accum=4),
+    "lora": TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=32, alpha=64.0, targets=("q_proj", "v_proj"), dropout=0.05),
+        micro_batch=4,
+        seq_len=4096,
+        grad_accum=2,
+        grad_ckpt=True,
+        attn=Attention.FLASH2,
+        optimizer=Optimizer.PAGED_ADAMW_8BIT,
+    ),
+    "qlora": TrainSpec(
+        method=Method.QLORA,
+        quant=QuantSpec(bits=4),
+        lora=LoraSpec(rank=8, alpha=16.0),
+        packing=True,
+        loss=Loss.FUSED,
+        eval_batch=2,
+        eval_accumulation_steps=4,
+    ),
+    "full-zero3": TrainSpec(
+        method=Method.FULL,
+        precision=Precision.BF16,
+        grad_ckpt=True,
+        zero_stage=3,
+        offload_optimizer=True,
+        world_size=4,
+        micro_batch=2,
+        grad_accum=4,
+    ),
     "full-fp32": TrainSpec(method=Method.FULL, precision=Precision.FP32, attn=Attention.EAGER),
 }
 # what each target can express (see writers.py for why the others are refused)
 CASES = [
-    ("llamafactory", "lora"), ("llamafactory", "qlora"), ("llamafactory", "full-zero3"),
+    ("llamafactory", "lora"),
+    ("llamafactory", "qlora"),
+    ("llamafactory", "full-zero3"),
     ("llamafactory", "full-fp32"),
-    ("trl", "lora"), ("trl", "qlora"), ("trl", "full-zero3"), ("trl", "full-fp32"),
-    ("axolotl", "lora"), ("axolotl", "qlora"), ("axolotl", "full-zero3"), ("axolotl", "full-fp32"),
+    ("trl", "lora"),
+    ("trl", "qlora"),
+    ("trl", "full-zero3"),
+    ("trl", "full-fp32"),
+    ("axolotl", "lora"),
+    ("axolotl", "qlora"),
+    ("axolotl", "full-zero3"),
+    ("axolotl", "full-fp32"),
 ]
 
 
@@ -58,8 +88,18 @@ def test_refuses_what_a_format_cannot_say() -> None:
 
 def test_cli_convert_from_another_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = tmp_path / "ax.yaml"
-    rc = main(["convert", "--config", str(F / "lf_llama3_qlora_otfq.yaml"), "cutoff_len=4096", "--to", "axolotl",
-               "--out", str(out)])
+    rc = main(
+        [
+            "convert",
+            "--config",
+            str(F / "lf_llama3_qlora_otfq.yaml"),
+            "cutoff_len=4096",
+            "--to",
+            "axolotl",
+            "--out",
+            str(out),
+        ]
+    )
     assert rc == 0
     back = load_config(out)
     src = load_config(F / "lf_llama3_qlora_otfq.yaml", overrides=["cutoff_len=4096"])
@@ -68,7 +108,23 @@ def test_cli_convert_from_another_format(tmp_path: Path, capsys: pytest.CaptureF
 
 
 def test_cli_convert_from_flags(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["convert", "llama-3-8b", "--method", "qlora", "--batch", "4", "--seq", "4096", "--grad-ckpt",
-                 "--to", "trl"]) == 0
+    assert (
+        main(
+            [
+                "convert",
+                "llama-3-8b",
+                "--method",
+                "qlora",
+                "--batch",
+                "4",
+                "--seq",
+                "4096",
+                "--grad-ckpt",
+                "--to",
+                "trl",
+            ]
+        )
+        == 0
+    )
     text = capsys.readouterr().out
     assert "load_in_4bit: true" in text and "max_length: 4096" in text and "model_name_or_path: llama-3-8b" in text

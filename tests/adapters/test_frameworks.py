@@ -98,8 +98,9 @@ def test_llamafactory_eval_defaults() -> None:
     assert rc.train.eval_batch == 8  # TrainingArguments per_device_eval_batch_size=8
     assert rc.train.eval_accumulation_steps is None  # unset: logits stay on the GPU
     assert "stay on the GPU" in rc.provenance["eval_accumulation_steps"]
-    rc = load_config(F / "lf_llama3_lora_sft.yaml",
-                     overrides=["do_eval=true", "val_size=0.1", "predict_with_generate=true"])
+    rc = load_config(
+        F / "lf_llama3_lora_sft.yaml", overrides=["do_eval=true", "val_size=0.1", "predict_with_generate=true"]
+    )
     assert rc.train.predict_with_generate is True
     assert rc.train.generation_max_new_tokens == 1024  # generating_args.py max_new_tokens=1024
 
@@ -111,8 +112,9 @@ def test_llamafactory_freeze() -> None:
 
 
 def test_llamafactory_unmodelled_keys_warn() -> None:
-    rc = load_config(F / "lf_llama3_lora_sft.yaml", overrides=["use_galore=true", "upcast_lmhead_output=true",
-                                                              "some_new_key=3"])
+    rc = load_config(
+        F / "lf_llama3_lora_sft.yaml", overrides=["use_galore=true", "upcast_lmhead_output=true", "some_new_key=3"]
+    )
     text = "\n".join(rc.warnings)
     assert "ignored: use_galore" in text and "ignored: upcast_lmhead_output" in text
     assert "ignored: some_new_key" in text
@@ -187,8 +189,7 @@ def test_axolotl_qlora_and_full() -> None:
 
 
 def test_axolotl_fsdp_offload() -> None:
-    rc = load_config(F / "axolotl_llama3_qlora_fsdp_70b.yaml",
-                     overrides=["base_model=NousResearch/Meta-Llama-3-8B"])
+    rc = load_config(F / "axolotl_llama3_qlora_fsdp_70b.yaml", overrides=["base_model=NousResearch/Meta-Llama-3-8B"])
     t = rc.train
     assert t.zero_stage == 3  # fsdp_sharding_strategy: FULL_SHARD
     assert t.offload_params is True and t.offload_optimizer is True  # fsdp_offload_params
@@ -210,8 +211,13 @@ def test_torchtune_lora() -> None:
     assert rc.format == "torchtune" and rc.model == "meta-llama/Meta-Llama-3-8B"
     assert t.method is Method.LORA
     # lora_attn_modules q/v/output_proj + apply_lora_to_mlp (w1/w2/w3 = gate/down/up); rank 8, alpha 16
-    assert t.lora == LoraSpec(rank=8, alpha=16.0, targets=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
-                                                           "down_proj"), dropout=0.0, adapter_fp32=False)
+    assert t.lora == LoraSpec(
+        rank=8,
+        alpha=16.0,
+        targets=("q_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"),
+        dropout=0.0,
+        adapter_fp32=False,
+    )
     assert t.precision is Precision.BF16  # dtype: bf16, no autocast
     assert t.optimizer is Optimizer.ADAMW_FUSED  # fused: True
     assert t.loss is Loss.CHUNKED  # LinearCrossEntropyLoss, 8 chunks of the micro-batch's tokens
@@ -221,8 +227,7 @@ def test_torchtune_lora() -> None:
 
 
 def test_torchtune_qlora() -> None:
-    t = load_config(F / "torchtune_llama3_8B_qlora_single_device.yaml",
-                    overrides=["tokenizer.max_seq_len=1024"]).train
+    t = load_config(F / "torchtune_llama3_8B_qlora_single_device.yaml", overrides=["tokenizer.max_seq_len=1024"]).train
     assert t.method is Method.QLORA and t.quant == QuantSpec(bits=4, quant_type="nf4", double_quant=True)
     assert t.seq_len == 1024
 

@@ -161,12 +161,7 @@ def load_config(
 
     # TRL: ZeRO-3 with a non-quantised PEFT model passes autocast_adapter_dtype=False (sft_trainer.py), so the
     # adapters stay in the model dtype.
-    if (
-        kind == "trl"
-        and fields.get("zero_stage") == 3
-        and fields.get("method") is Method.LORA
-        and fields.get("lora")
-    ):
+    if kind == "trl" and fields.get("zero_stage") == 3 and fields.get("method") is Method.LORA and fields.get("lora"):
         fields["lora"] = dataclasses.replace(fields["lora"], adapter_fp32=False)
         provenance["lora"] += "; default: trl (sft_trainer.py: ZeRO-3 + PEFT → autocast_adapter_dtype=False)"
 
@@ -188,7 +183,9 @@ def load_config(
     if train_fields.get("method") not in (Method.QLORA,):
         train_fields.pop("quant", None)
     try:
-        train = TrainSpec(**train_fields, warnings=tuple(warnings))
+        # warnings travel in ResolvedConfig (the CLI adds them to the result), not TrainSpec.warnings, so
+        # they are shown once
+        train = TrainSpec(**train_fields)
     except TypeError as exc:  # a value of the wrong type slipped through: still one clear line
         raise VramledgerError(f"{path}: a value has the wrong type ({exc}); check the file") from None
     provenance = {k: v for k, v in provenance.items() if k in _TRAIN_FIELDS or k == "model_dtype"}

@@ -27,9 +27,7 @@ def read_mapping(path: Path, what: str = "config") -> dict[str, Any]:
     except FileNotFoundError:
         raise VramledgerError(f"{what}: no file at {path}; check the path") from None
     except (OSError, UnicodeDecodeError) as exc:
-        raise VramledgerError(
-            f"{what}: cannot read {path} ({exc.__class__.__name__}); pass a text file"
-        ) from None
+        raise VramledgerError(f"{what}: cannot read {path} ({exc.__class__.__name__}); pass a text file") from None
     try:
         data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
     except json.JSONDecodeError as exc:
@@ -47,7 +45,8 @@ def read_mapping(path: Path, what: str = "config") -> dict[str, Any]:
         raise VramledgerError(f"{what}: {path} is empty; pass a training config")
     if not isinstance(data, dict):
         raise VramledgerError(
-            f"{what}: {path} must hold a mapping of keys to values (got a {type(data).__name__}); pass a training config"
+            f"{what}: {path} must hold a mapping of keys to values (got a {type(data).__name__}); pass a training "
+            "config"
         )
     return {str(k): v for k, v in data.items()}
 
@@ -64,9 +63,7 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> tuple[dict
     touched: set[str] = set()
     for item in overrides:
         if "=" not in item:
-            raise VramledgerError(
-                f"override {item!r}: expected KEY=VALUE (e.g. per_device_train_batch_size=2)"
-            )
+            raise VramledgerError(f"override {item!r}: expected KEY=VALUE (e.g. per_device_train_batch_size=2)")
         key, _, text = item.partition("=")
         key = key.strip().lstrip("-")
         if not key:
@@ -139,9 +136,7 @@ _MISSING = object()
 class Reader:
     """Typed access to one config mapping, recording what was used, what was set and why."""
 
-    def __init__(
-        self, raw: Mapping[str, Any], *, framework: str, source: str, overridden: Iterable[str] = ()
-    ) -> None:
+    def __init__(self, raw: Mapping[str, Any], *, framework: str, source: str, overridden: Iterable[str] = ()) -> None:
         self.raw = raw
         self.overridden = set(overridden)
         """Top-level keys given as ``key=value`` overrides (their provenance says ``override``)."""
@@ -164,9 +159,7 @@ class Reader:
         return self.raw.get(key)
 
     def _bad(self, key: str, want: str, got: Any) -> VramledgerError:
-        return VramledgerError(
-            f"{self.source}: {key} must be {want} (got {got!r}); fix the value in the file"
-        )
+        return VramledgerError(f"{self.source}: {key} must be {want} (got {got!r}); fix the value in the file")
 
     def bool(self, key: str, default: Any = _MISSING) -> Any:
         v = self.value(key)

@@ -127,17 +127,13 @@ def load(r: Reader) -> str | None:
     adapter = (r.str("adapter") or "").lower()
     four, eight = r.bool("load_in_4bit", False), r.bool("load_in_8bit", False)
     if adapter not in ("", "lora", "qlora"):
-        raise VramledgerError(
-            f"{r.source}: adapter {adapter!r} is not modelled; use lora or qlora (or none for full)"
-        )
+        raise VramledgerError(f"{r.source}: adapter {adapter!r} is not modelled; use lora or qlora (or none for full)")
     if four and eight:
         raise VramledgerError(f"{r.source}: load_in_4bit and load_in_8bit are both true; set one")
     if adapter == "qlora" and not four:
         raise VramledgerError(f"{r.source}: adapter: qlora needs load_in_4bit: true (axolotl's rule); add it")
     if not adapter and (four or eight):
-        raise VramledgerError(
-            f"{r.source}: a 4/8-bit base trains only with an adapter; add adapter: lora or qlora"
-        )
+        raise VramledgerError(f"{r.source}: a 4/8-bit base trains only with an adapter; add adapter: lora or qlora")
     if adapter:
         method = Method.QLORA if (four or eight) else Method.LORA
         r.set(
@@ -158,9 +154,7 @@ def load(r: Reader) -> str | None:
             )
         rank = r.int("lora_r")
         if rank is None:
-            raise VramledgerError(
-                f"{r.source}: lora_r is required with adapter: {adapter}; add e.g. lora_r: 16"
-            )
+            raise VramledgerError(f"{r.source}: lora_r is required with adapter: {adapter}; add e.g. lora_r: 16")
         targets = ("all",) if r.bool("lora_target_linear", False) else r.names("lora_target_modules")
         if targets is None:
             raise VramledgerError(
@@ -291,9 +285,7 @@ def load(r: Reader) -> str | None:
     r.ignore("activation_offloading", "offloaded activations are not modelled")
 
     if r.has("optimizer"):
-        r.set(
-            "optimizer", optimizer_from_name(r.value("optimizer"), "optimizer", r.source), r.file("optimizer")
-        )
+        r.set("optimizer", optimizer_from_name(r.value("optimizer"), "optimizer", r.source), r.file("optimizer"))
     else:
         r.set(
             "optimizer",
@@ -319,11 +311,7 @@ def load(r: Reader) -> str | None:
     r.ignore("eager_attention", "modelled as sdpa unless attn_implementation: eager")
 
     if r.bool("liger_fused_linear_cross_entropy", False) or r.bool("cut_cross_entropy", False):
-        key = (
-            "liger_fused_linear_cross_entropy"
-            if r.has("liger_fused_linear_cross_entropy")
-            else "cut_cross_entropy"
-        )
+        key = "liger_fused_linear_cross_entropy" if r.has("liger_fused_linear_cross_entropy") else "cut_cross_entropy"
         r.set("loss", Loss.FUSED, r.file(key))
     for key in (
         "liger_rope",

@@ -108,14 +108,10 @@ def _device(r: Reader, node: Any, key: str) -> str:
     if node is None:
         return "none"
     if not isinstance(node, dict):
-        raise VramledgerError(
-            f"{r.source}: zero_optimization.{key} must be a mapping with a device (got {node!r})"
-        )
+        raise VramledgerError(f"{r.source}: zero_optimization.{key} must be a mapping with a device (got {node!r})")
     dev = str(node.get("device", "none")).lower()
     if dev not in ("none", "cpu", "nvme"):
-        raise VramledgerError(
-            f"{r.source}: zero_optimization.{key}.device must be none, cpu or nvme (got {dev!r})"
-        )
+        raise VramledgerError(f"{r.source}: zero_optimization.{key}.device must be none, cpu or nvme (got {dev!r})")
     for sub, value in node.items():
         if sub != "device" and dev != "none":
             r.warn(f"ignored: deepspeed {key}.{sub}={value} (not modelled)")
@@ -131,9 +127,7 @@ def _enabled(r: Reader, section: str) -> bool | str | None:
     if node is None:
         return None
     if not isinstance(node, dict):
-        raise VramledgerError(
-            f'{r.source}: {section} must be a mapping like {{"enabled": true}} (got {node!r})'
-        )
+        raise VramledgerError(f'{r.source}: {section} must be a mapping like {{"enabled": true}} (got {node!r})')
     v = node.get("enabled", False)
     if _is_auto(v):
         return "auto"
@@ -157,15 +151,11 @@ def read(
         raise VramledgerError(f"{src}: zero_optimization must be a mapping (got {zero!r})")
     stage = as_int(zero.get("stage", 0))
     if stage is None or stage not in (0, 1, 2, 3):
-        raise VramledgerError(
-            f"{src}: zero_optimization.stage must be 0, 1, 2 or 3 (got {zero.get('stage')!r})"
-        )
+        raise VramledgerError(f"{src}: zero_optimization.stage must be 0, 1, 2 or 3 (got {zero.get('stage')!r})")
     r.set(
         "zero_stage",
         stage,
-        f"file: {src} zero_optimization.stage"
-        if "stage" in zero
-        else f"default: deepspeed ({DS_ZERO} stage=0)",
+        f"file: {src} zero_optimization.stage" if "stage" in zero else f"default: deepspeed ({DS_ZERO} stage=0)",
     )
     off_opt = _device(r, zero.get("offload_optimizer"), "offload_optimizer")
     off_par = _device(r, zero.get("offload_param"), "offload_param")
@@ -191,9 +181,7 @@ def read(
         if key in BUCKET_DEFAULTS:
             if _is_auto(value):
                 if key not in _AUTO_BUCKETS:
-                    raise VramledgerError(
-                        f'{src}: zero_optimization.{raw_key} cannot be "auto"; give a number'
-                    )
+                    raise VramledgerError(f'{src}: zero_optimization.{raw_key} cannot be "auto"; give a number')
                 formula, fn = _AUTO_BUCKETS[key]
                 if hidden_size:
                     buckets[key] = fn(hidden_size)
@@ -222,10 +210,7 @@ def read(
                 )
         elif key in ("overlap_comm", "contiguous_gradients"):
             if value is True:
-                r.warn(
-                    f"ignored: deepspeed zero_optimization.{raw_key} (its extra gradient buffers are not "
-                    "modelled)"
-                )
+                r.warn(f"ignored: deepspeed zero_optimization.{raw_key} (its extra gradient buffers are not modelled)")
         elif key not in _HARMLESS_ZERO:
             r.warn(f"ignored: deepspeed zero_optimization.{raw_key}={value} (not modelled)")
     for key, default in BUCKET_DEFAULTS.items():
@@ -266,18 +251,14 @@ def read(
     if tbs is not None and not _is_auto(tbs):
         n = as_int(tbs)
         if n is None or n < 1:
-            raise VramledgerError(
-                f'{src}: train_batch_size must be a positive integer or "auto" (got {tbs!r})'
-            )
+            raise VramledgerError(f'{src}: train_batch_size must be a positive integer or "auto" (got {tbs!r})')
         if mb and ga:
             if n % (mb * ga):
                 raise VramledgerError(
                     f"{src}: train_batch_size={n} is not micro batch ({mb}) × accumulation ({ga}) × GPUs; fix it "
                     'or use "auto"'
                 )
-            r.set(
-                "world_size", n // (mb * ga), f"file: {src} train_batch_size / (micro batch × accumulation)"
-            )
+            r.set("world_size", n // (mb * ga), f"file: {src} train_batch_size / (micro batch × accumulation)")
 
     opt = r.raw.get("optimizer")
     if opt is not None:
@@ -321,9 +302,7 @@ def read(
             )
         ):
             r.warn(f"ignored: deepspeed {key} (not a DeepSpeed setting vramledger knows)")
-    return DeepSpeedConfig(
-        stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=src
-    )
+    return DeepSpeedConfig(stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=src)
 
 
 def _batch_value(

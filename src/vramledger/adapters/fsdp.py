@@ -74,9 +74,7 @@ def _strip(cfg: dict[str, Any]) -> dict[str, Any]:
     return {(k[5:] if k.startswith("fsdp_") else k): v for k, v in cfg.items()}
 
 
-def apply_fsdp_config(
-    r: Reader, cfg: dict[str, Any], *, where: str, strategy_words: tuple[str, ...] = ()
-) -> None:
+def apply_fsdp_config(r: Reader, cfg: dict[str, Any], *, where: str, strategy_words: tuple[str, ...] = ()) -> None:
     """Map one FSDP config mapping (accelerate's ``fsdp_config`` or the Trainer's) onto ``r``."""
     c = _strip(cfg)
     version = as_int(c.get("version") or 1)
@@ -95,9 +93,7 @@ def apply_fsdp_config(
         s = c["sharding_strategy"]
         key = _STAGE_BY_NUMBER.get(as_int(s) or -1) if as_int(s) is not None else str(s).upper()
         if key not in _STAGE:
-            raise VramledgerError(
-                f"{r.source}: fsdp_sharding_strategy must be one of {', '.join(_STAGE)} (got {s!r})"
-            )
+            raise VramledgerError(f"{r.source}: fsdp_sharding_strategy must be one of {', '.join(_STAGE)} (got {s!r})")
         stage, how = _STAGE[key], f"file: {where}fsdp_sharding_strategy={key}"
         if key.startswith("HYBRID"):
             r.warn(f"fsdp {key}: shards within a node only; modelled as sharding over the whole world size")
@@ -184,9 +180,7 @@ def read_accelerate(r: Reader) -> None:
                 if dev in ("cpu", "nvme"):
                     r.set(field, True, f"file: {r.source} deepspeed_config.{key}={dev}")
     elif dist not in ("NO", "MULTI_GPU"):
-        r.warn(
-            f"ignored: distributed_type={dist} ({r.source}; only FSDP, DeepSpeed and multi-GPU DDP are modelled)"
-        )
+        r.warn(f"ignored: distributed_type={dist} ({r.source}; only FSDP, DeepSpeed and multi-GPU DDP are modelled)")
     for key in r.raw:
         if key not in _HARMLESS_ACCELERATE and r.raw[key] is not None:
             r.warn(f"ignored: {key} ({r.source}; not an accelerate setting vramledger knows)")

@@ -166,9 +166,7 @@ def read_trainer(
         if isinstance(kwargs, dict):
             for sub in ("every_n_layers", "offload"):
                 if kwargs.get(sub) not in (None, False, 1):
-                    r.warn(
-                        f"ignored: {key}.{sub}={kwargs[sub]} (partial or offloaded checkpointing not modelled)"
-                    )
+                    r.warn(f"ignored: {key}.{sub}={kwargs[sub]} (partial or offloaded checkpointing not modelled)")
 
     if r.has("optim"):
         r.set("optimizer", optimizer_from_name(r.value("optim"), "optim", r.source), r.file("optim"))
@@ -195,9 +193,7 @@ def read_trainer(
     _read_eval(r)
 
     r.ignore("torch_compile", "torch.compile changes activation memory; estimated without it")
-    r.ignore(
-        "auto_find_batch_size", "the Trainer halves the batch after an OOM; estimated at the given batch"
-    )
+    r.ignore("auto_find_batch_size", "the Trainer halves the batch after an OOM; estimated at the given batch")
     r.ignore("bf16_full_eval", "evaluation with weights cast to bf16 is not modelled")
     r.ignore("fp16_full_eval", "evaluation with weights cast to fp16 is not modelled")
     r.ignore("torch_empty_cache_steps", "periodic torch.cuda.empty_cache() is not modelled")
@@ -219,8 +215,7 @@ def read_trainer(
     if fsdp_config is not None and not isinstance(fsdp_config, dict):
         if isinstance(fsdp_config, str):
             r.warn(
-                f"ignored: fsdp_config={fsdp_config} (an FSDP config file path is not read; pass "
-                "--accelerate-config)"
+                f"ignored: fsdp_config={fsdp_config} (an FSDP config file path is not read; pass --accelerate-config)"
             )
         else:
             raise VramledgerError(f"{r.source}: fsdp_config must be a mapping (got {fsdp_config!r})")
@@ -269,9 +264,7 @@ def _read_eval(r: Reader) -> None:
         r.set("predict_with_generate", True, r.file("predict_with_generate"))
 
 
-def precision_from_flags(
-    flags: TrainerFlags, r: Reader, *, method: Method, weights_dtype: str | None
-) -> None:
+def precision_from_flags(flags: TrainerFlags, r: Reader, *, method: Method, weights_dtype: str | None) -> None:
     """HF autocast semantics: ``bf16``/``fp16`` autocast the forward; the parameters keep the dtype the model was
     loaded in. ``weights_dtype`` is that load dtype when the config states it (``dtype``/``torch_dtype``)."""
     src = r.file(*flags.precision_keys) if flags.precision_keys else r.provenance.get("precision", "")
@@ -300,9 +293,7 @@ def model_dtype(r: Reader) -> str | None:
                 "float": "float32",
             }.get(v, v)
             if v not in ("bfloat16", "float16", "float32", "auto"):
-                raise VramledgerError(
-                    f"{r.source}: {key} must be bfloat16, float16, float32 or auto (got {v!r})"
-                )
+                raise VramledgerError(f"{r.source}: {key} must be bfloat16, float16, float32 or auto (got {v!r})")
             r.used.update(("dtype", "torch_dtype"))
             return v
     return None

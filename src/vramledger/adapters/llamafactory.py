@@ -116,9 +116,7 @@ def load(r: Reader) -> str | None:
         else r.default("hparams/finetuning_args.py finetuning_type='lora'")
     )
     if ftype not in ("lora", "freeze", "full"):
-        raise VramledgerError(
-            f"{r.source}: finetuning_type {ftype!r} is not modelled; use lora, freeze or full"
-        )
+        raise VramledgerError(f"{r.source}: finetuning_type {ftype!r} is not modelled; use lora, freeze or full")
 
     bits = r.int("quantization_bit")
     qmethod = (r.str("quantization_method") or "bnb").lower()
@@ -129,9 +127,7 @@ def load(r: Reader) -> str | None:
                 f"{r.source}: quantization_method {qmethod!r} is not modelled; use bnb (bitsandbytes)"
             )
         if bits not in (4, 8):
-            raise VramledgerError(
-                f"{r.source}: quantization_bit must be 4 or 8 for bitsandbytes (got {bits})"
-            )
+            raise VramledgerError(f"{r.source}: quantization_bit must be 4 or 8 for bitsandbytes (got {bits})")
         if method is not Method.LORA:
             raise VramledgerError(
                 f"{r.source}: quantised models train only with finetuning_type: lora "
@@ -159,9 +155,7 @@ def load(r: Reader) -> str | None:
             "lora",
             LoraSpec(
                 rank=rank,
-                alpha=alpha
-                if alpha is not None
-                else 2.0 * rank,  # finetuning_args.py: lora_alpha or lora_rank * 2
+                alpha=alpha if alpha is not None else 2.0 * rank,  # finetuning_args.py: lora_alpha or lora_rank * 2
                 targets=r.names("lora_target") or ("all",),
                 dropout=r.float("lora_dropout", 0.0),
                 dora=r.bool("use_dora", False),
@@ -180,9 +174,7 @@ def load(r: Reader) -> str | None:
     if method is Method.FREEZE:
         n = r.int("freeze_trainable_layers", 2)
         if n < 0:
-            r.warn(
-                f"freeze_trainable_layers={n}: the first {-n} layers train; modelled as {-n} trainable layers"
-            )
+            r.warn(f"freeze_trainable_layers={n}: the first {-n} layers train; modelled as {-n} trainable layers")
         r.set(
             "freeze_trainable_layers",
             abs(n),
@@ -256,17 +248,13 @@ def load(r: Reader) -> str | None:
         r.set(
             "precision",
             Precision.BF16_MIXED if flags.bf16 else Precision.FP16_MIXED,
-            r.file(*flags.precision_keys)
-            + " (model/adapter.py: trainable params upcast to fp32 unless pure_bf16)",
+            r.file(*flags.precision_keys) + " (model/adapter.py: trainable params upcast to fp32 unless pure_bf16)",
         )
     elif method is Method.FULL:
         r.set(
             "precision",
             Precision.FP32,
-            r.default(
-                "no bf16/fp16: every parameter trains in fp32 "
-                "(model/adapter.py cast_trainable_params_to_fp32)"
-            ),
+            r.default("no bf16/fp16: every parameter trains in fp32 (model/adapter.py cast_trainable_params_to_fp32)"),
         )
     else:
         r.set(
@@ -290,9 +278,7 @@ def load(r: Reader) -> str | None:
     if r.has("packing"):
         r.set("packing", r.bool("packing"), r.file("packing"))
     else:
-        r.set(
-            "packing", stage == "pt", r.default(f"hparams/parser.py packing = stage == 'pt' (stage {stage})")
-        )
+        r.set("packing", stage == "pt", r.default(f"hparams/parser.py packing = stage == 'pt' (stage {stage})"))
     if r.bool("neat_packing", False):
         r.set("packing", True, r.file("neat_packing"))
 
@@ -318,11 +304,7 @@ def load(r: Reader) -> str | None:
     if r.bool("enable_liger_kernel", False):
         r.set("loss", Loss.FUSED, r.file("enable_liger_kernel"))
 
-    if (
-        r.fields.get("predict_with_generate")
-        or r.extras.get("evaluates")
-        and r.bool("predict_with_generate", False)
-    ):
+    if r.fields.get("predict_with_generate") or r.extras.get("evaluates") and r.bool("predict_with_generate", False):
         n = r.int("max_new_tokens", 1024, minimum=1)
         r.set(
             "generation_max_new_tokens",

@@ -91,9 +91,7 @@ def load(r: Reader) -> str | None:
         r.set("method", Method.QLORA if qlora else Method.LORA, r.file(f"model._component_={name}"))
         attn_mods = model.get("lora_attn_modules") or []
         if not isinstance(attn_mods, list) or not all(isinstance(m, str) for m in attn_mods):
-            raise VramledgerError(
-                f"{r.source}: model.lora_attn_modules must be a list of names (got {attn_mods!r})"
-            )
+            raise VramledgerError(f"{r.source}: model.lora_attn_modules must be a list of names (got {attn_mods!r})")
         targets = [_LORA_NAMES.get(m, m) for m in attn_mods]
         if model.get("apply_lora_to_mlp"):
             targets += ["gate_proj", "up_proj", "down_proj"]
@@ -111,9 +109,7 @@ def load(r: Reader) -> str | None:
         ):
             raise VramledgerError(f"{r.source}: model.lora_rank/lora_alpha/lora_dropout must be numbers")
         if not targets:
-            raise VramledgerError(
-                f"{r.source}: model.lora_attn_modules is empty and apply_lora_to_mlp is off"
-            )
+            raise VramledgerError(f"{r.source}: model.lora_attn_modules is empty and apply_lora_to_mlp is off")
         r.set(
             "lora",
             LoraSpec(
@@ -183,18 +179,12 @@ def load(r: Reader) -> str | None:
     )
     r.ignore("enable_activation_offloading", "offloaded activations are not modelled")
     r.ignore("compile", "torch.compile changes activation memory; estimated without it")
-    r.ignore(
-        "optimizer_in_bwd", "optimizer steps fused into backward (gradients freed early) are not modelled"
-    )
+    r.ignore("optimizer_in_bwd", "optimizer steps fused into backward (gradients freed early) are not modelled")
     r.ignore("fsdp_cpu_offload", "FSDP CPU offload: pass an accelerate config or world_size with care")
     r.ignore("tensor_parallel_dim", "tensor parallelism is not modelled")
 
     tok = r.raw.get("tokenizer")
-    seq = (
-        as_int(tok.get("max_seq_len"))
-        if isinstance(tok, dict) and tok.get("max_seq_len") is not None
-        else None
-    )
+    seq = as_int(tok.get("max_seq_len")) if isinstance(tok, dict) and tok.get("max_seq_len") is not None else None
     if seq is not None and seq < 1:
         raise VramledgerError(f"{r.source}: tokenizer.max_seq_len must be a positive integer")
     if seq is not None:
@@ -215,14 +205,10 @@ def load(r: Reader) -> str | None:
         else r.default("datasets: packed=False"),
     )
     if packed and seq is None:
-        raise VramledgerError(
-            f"{r.source}: dataset.packed needs tokenizer.max_seq_len (torchtune's rule); set it"
-        )
+        raise VramledgerError(f"{r.source}: dataset.packed needs tokenizer.max_seq_len (torchtune's rule); set it")
     r.used.add("dataset")
 
-    comp, opt = (
-        _component(r.value("optimizer"), "optimizer", r) if r.has("optimizer") else ("torch.optim.AdamW", {})
-    )
+    comp, opt = _component(r.value("optimizer"), "optimizer", r) if r.has("optimizer") else ("torch.optim.AdamW", {})
     r.set("optimizer", _optimizer(comp, opt, r), r.file(f"optimizer._component_={comp}"))
     if comp.endswith("SGD"):
         momentum = opt.get("momentum", 0.0)

@@ -99,9 +99,7 @@ def load(r: Reader, *, family: str | None) -> str | None:
                 dropout=r.float("lora_dropout", 0.05),
                 dora=r.bool("use_dora", False),
             ),
-            "; ".join(
-                p for p in (_present(r, "lora_r", "lora_alpha", "lora_dropout", "use_dora"), tprov) if p
-            )
+            "; ".join(p for p in (_present(r, "lora_r", "lora_alpha", "lora_dropout", "use_dora"), tprov) if p)
             + " (defaults: trainer/model_config.py lora_r=16, lora_alpha=32, lora_dropout=0.05)",
         )
         r.ignore("lora_modules_to_save", "fully trained extra modules are not modelled")
@@ -164,8 +162,7 @@ def load(r: Reader, *, family: str | None) -> str | None:
     if loss_type == "chunked_nll":
         if liger:
             raise VramledgerError(
-                f"{r.source}: loss_type chunked_nll is not compatible with use_liger_kernel "
-                "(sft_trainer.py); drop one"
+                f"{r.source}: loss_type chunked_nll is not compatible with use_liger_kernel (sft_trainer.py); drop one"
             )
         r.set("loss", Loss.CHUNKED, lprov)
         r.set(

@@ -268,9 +268,7 @@ def write_config(model: str, train: TrainSpec, fmt: str) -> tuple[dict[str, Any]
     elif fmt == "trl":
         out = to_trl(model, train)
         if train.loss is Loss.CHUNKED and train.loss_chunk_tokens != _TRL_CHUNK:
-            notes.append(
-                f"TRL's chunked_nll uses chunks of {_TRL_CHUNK} tokens (not {train.loss_chunk_tokens})"
-            )
+            notes.append(f"TRL's chunked_nll uses chunks of {_TRL_CHUNK} tokens (not {train.loss_chunk_tokens})")
     elif fmt == "axolotl":
         out = to_axolotl(model, train)
     else:

@@ -30,9 +30,7 @@ def _run(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args)
     model = _model_name(args, inputs.model.name)
     config, notes = write_config(model, inputs.train, fmt)
-    header = [
-        f"{fmt} config written by vramledger convert (memory-relevant keys only; add your dataset etc.)"
-    ]
+    header = [f"{fmt} config written by vramledger convert (memory-relevant keys only; add your dataset etc.)"]
     header += [f"note: {n}" for n in notes]
     text = dump(config, header)
     for w in inputs.warnings:
@@ -43,9 +41,7 @@ def _run(args: argparse.Namespace) -> int:
         try:
             args.out.write_text(text, encoding="utf-8")
         except OSError as exc:
-            raise VramledgerError(
-                f"--out: cannot write {args.out} ({exc.strerror}); pick another path"
-            ) from None
+            raise VramledgerError(f"--out: cannot write {args.out} ({exc.strerror}); pick another path") from None
         print(f"wrote {args.out}", file=sys.stderr)
     return 0
 
