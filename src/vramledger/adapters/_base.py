@@ -161,7 +161,7 @@ class Reader:
     def _bad(self, key: str, want: str, got: Any) -> VramledgerError:
         return VramledgerError(f"{self.source}: {key} must be {want} (got {got!r}); fix the value in the file")
 
-    def bool(self, key: str, default: Any = _MISSING) -> Any:
+    def flag(self, key: str, default: Any = _MISSING) -> Any:
         v = self.value(key)
         if v is None:
             return None if default is _MISSING else default
@@ -173,7 +173,7 @@ class Reader:
             return bool(v)
         raise self._bad(key, "true or false", v)
 
-    def int(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
+    def integer(self, key: str, default: Any = _MISSING, *, minimum: int | None = None) -> Any:
         v = self.value(key)
         if v is None:
             return None if default is _MISSING else default
@@ -184,7 +184,7 @@ class Reader:
             raise self._bad(key, f"an integer ≥ {minimum}", v)
         return out
 
-    def float(self, key: str, default: Any = _MISSING) -> Any:
+    def number(self, key: str, default: Any = _MISSING) -> Any:
         v = self.value(key)
         if v is None:
             return None if default is _MISSING else default
@@ -199,7 +199,7 @@ class Reader:
                 pass
         raise self._bad(key, "a number", v)
 
-    def str(self, key: str, default: Any = _MISSING) -> Any:
+    def text(self, key: str, default: Any = _MISSING) -> Any:
         v = self.value(key)
         if v is None:
             return None if default is _MISSING else default

@@ -123,9 +123,9 @@ AX = "axolotl"
 
 
 def load(r: Reader) -> str | None:
-    model = r.str("base_model")
-    adapter = (r.str("adapter") or "").lower()
-    four, eight = r.bool("load_in_4bit", False), r.bool("load_in_8bit", False)
+    model = r.text("base_model")
+    adapter = (r.text("adapter") or "").lower()
+    four, eight = r.flag("load_in_4bit", False), r.flag("load_in_8bit", False)
     if adapter not in ("", "lora", "qlora"):
         raise VramledgerError(f"{r.source}: adapter {adapter!r} is not modelled; use lora or qlora (or none for full)")
     if four and eight:
@@ -152,24 +152,24 @@ def load(r: Reader) -> str | None:
                 r.file("load_in_4bit" if four else "load_in_8bit") + " (loaders/model.py BitsAndBytesConfig: "
                 "nf4, double quant)",
             )
-        rank = r.int("lora_r")
+        rank = r.integer("lora_r")
         if rank is None:
             raise VramledgerError(f"{r.source}: lora_r is required with adapter: {adapter}; add e.g. lora_r: 16")
-        targets = ("all",) if r.bool("lora_target_linear", False) else r.names("lora_target_modules")
+        targets = ("all",) if r.flag("lora_target_linear", False) else r.names("lora_target_modules")
         if targets is None:
             raise VramledgerError(
                 f"{r.source}: set lora_target_linear: true or lora_target_modules (axolotl needs one)"
             )
         r.used.add("lora_target_modules")
-        alpha = r.float("lora_alpha")
+        alpha = r.number("lora_alpha")
         r.set(
             "lora",
             LoraSpec(
                 rank=rank,
                 alpha=alpha if alpha is not None else float(rank),
                 targets=targets,
-                dropout=r.float("lora_dropout", 0.0),
-                dora=bool(r.bool("peft_use_dora", False)),
+                dropout=r.number("lora_dropout", 0.0),
+                dora=bool(r.flag("peft_use_dora", False)),
             ),
             r.file(
                 *[
@@ -200,13 +200,13 @@ def load(r: Reader) -> str | None:
     # precision: resolve_dtype turns bf16: auto into true on a bf16-capable GPU; the model loads in cfg.torch_dtype
     # (bf16 → bfloat16) and the Trainer autocasts, so full fine-tuning keeps bf16 weights; PEFT adapters stay fp32.
     bf16 = r.value("bf16")
-    fp16 = r.bool("fp16", False)
+    fp16 = r.flag("fp16", False)
     if bf16 is None:
         bf16 = "auto"
     if bf16 != "auto":
-        bf16 = r.bool("bf16")
-    float32 = r.bool("float32", False)
-    bfloat16, float16 = r.bool("bfloat16", False), r.bool("float16", False)
+        bf16 = r.flag("bf16")
+    float32 = r.flag("float32", False)
+    bfloat16, float16 = r.flag("bfloat16", False), r.flag("float16", False)
     if bf16 == "auto":
         bf16 = not fp16
         bprov = (
@@ -232,7 +232,7 @@ def load(r: Reader) -> str | None:
 
     r.set(
         "micro_batch",
-        r.int("micro_batch_size", 1, minimum=1),
+        r.integer("micro_batch_size", 1, minimum=1),
         r.file("micro_batch_size")
         if r.has("micro_batch_size")
         else r.default("schemas/training.py micro_batch_size=1"),
@@ -240,11 +240,11 @@ def load(r: Reader) -> str | None:
     if r.has("gradient_accumulation_steps"):
         r.set(
             "grad_accum",
-            r.int("gradient_accumulation_steps", minimum=1),
+            r.integer("gradient_accumulation_steps", minimum=1),
             r.file("gradient_accumulation_steps"),
         )
     elif r.has("batch_size"):
-        total = r.int("batch_size", minimum=1)
+        total = r.integer("batch_size", minimum=1)
         r.set(
             "grad_accum",
             max(1, total // r.fields["micro_batch"]),
@@ -256,12 +256,12 @@ def load(r: Reader) -> str | None:
 
     r.set(
         "seq_len",
-        r.int("sequence_len", 512, minimum=1),
+        r.integer("sequence_len", 512, minimum=1),
         r.file("sequence_len") if r.has("sequence_len") else r.default("schemas/config.py sequence_len=512"),
     )
     r.set(
         "packing",
-        bool(r.bool("sample_packing", False)),
+        bool(r.flag("sample_packing", False)),
         r.file("sample_packing")
         if r.has("sample_packing")
         else r.default("schemas/config.py sample_packing=None (off)"),
@@ -277,7 +277,7 @@ def load(r: Reader) -> str | None:
     else:
         r.set(
             "grad_ckpt",
-            bool(r.bool("gradient_checkpointing", False)),
+            bool(r.flag("gradient_checkpointing", False)),
             r.file("gradient_checkpointing")
             if r.has("gradient_checkpointing")
             else r.default("schemas/config.py gradient_checkpointing=False"),
@@ -300,9 +300,9 @@ def load(r: Reader) -> str | None:
             attn_from_name(r.value("attn_implementation"), "attn_implementation", r.source),
             r.file("attn_implementation"),
         )
-    elif r.bool("flash_attention", False):
+    elif r.flag("flash_attention", False):
         r.set("attn", Attention.FLASH2, r.file("flash_attention"))
-    elif r.bool("sdp_attention", False):
+    elif r.flag("sdp_attention", False):
         r.set("attn", Attention.SDPA, r.file("sdp_attention"))
     else:
         r.set("attn", Attention.SDPA, "default: transformers (attn_implementation unset → sdpa)")
@@ -310,7 +310,7 @@ def load(r: Reader) -> str | None:
         r.ignore(key, "this attention implementation is not modelled")
     r.ignore("eager_attention", "modelled as sdpa unless attn_implementation: eager")
 
-    if r.bool("liger_fused_linear_cross_entropy", False) or r.bool("cut_cross_entropy", False):
+    if r.flag("liger_fused_linear_cross_entropy", False) or r.flag("cut_cross_entropy", False):
         key = "liger_fused_linear_cross_entropy" if r.has("liger_fused_linear_cross_entropy") else "cut_cross_entropy"
         r.set("loss", Loss.FUSED, r.file(key))
     for key in (
@@ -328,14 +328,14 @@ def load(r: Reader) -> str | None:
 
     # evaluation: val_set_size > 0 or test_datasets; eval_batch_size defaults to micro_batch_size
     # (utils/config normalize_config)
-    val = r.float("val_set_size", 0.0)
+    val = r.number("val_set_size", 0.0)
     evaluates = (val or 0) > 0 or r.has("test_datasets")
-    strategy = r.str("eval_strategy")
+    strategy = r.text("eval_strategy")
     if strategy is not None and strategy.lower() == "no":
         evaluates = False
     if evaluates:
         if r.has("eval_batch_size"):
-            r.set("eval_batch", r.int("eval_batch_size", minimum=1), r.file("eval_batch_size"))
+            r.set("eval_batch", r.integer("eval_batch_size", minimum=1), r.file("eval_batch_size"))
         else:
             r.set(
                 "eval_batch",
@@ -343,11 +343,11 @@ def load(r: Reader) -> str | None:
                 r.default("utils/config normalize_config eval_batch_size = micro_batch_size"),
             )
         if r.has("eval_sequence_len"):
-            r.set("eval_seq_len", r.int("eval_sequence_len", minimum=1), r.file("eval_sequence_len"))
+            r.set("eval_seq_len", r.integer("eval_sequence_len", minimum=1), r.file("eval_sequence_len"))
         if r.has("eval_accumulation_steps"):
             r.set(
                 "eval_accumulation_steps",
-                r.int("eval_accumulation_steps", minimum=1),
+                r.integer("eval_accumulation_steps", minimum=1),
                 r.file("eval_accumulation_steps"),
             )
     r.used.update(
@@ -392,7 +392,7 @@ def load(r: Reader) -> str | None:
     if fc is not None and not isinstance(fc, dict):
         raise VramledgerError(f"{r.source}: fsdp_config must be a mapping (got {fc!r})")
     if isinstance(fc, dict) and fc.get("fsdp_version") is None and r.has("fsdp_version"):
-        fc = {**fc, "fsdp_version": r.int("fsdp_version")}
+        fc = {**fc, "fsdp_version": r.integer("fsdp_version")}
     r.used.add("fsdp_version")
     half = prec.compute
     r.extras["trainer"] = TrainerFlags(

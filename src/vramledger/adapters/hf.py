@@ -138,7 +138,7 @@ def read_trainer(
     if r.has("per_device_train_batch_size"):
         r.set(
             "micro_batch",
-            r.int("per_device_train_batch_size", minimum=1),
+            r.integer("per_device_train_batch_size", minimum=1),
             r.file("per_device_train_batch_size"),
         )
     else:
@@ -146,7 +146,7 @@ def read_trainer(
     if r.has("gradient_accumulation_steps"):
         r.set(
             "grad_accum",
-            r.int("gradient_accumulation_steps", minimum=1),
+            r.integer("gradient_accumulation_steps", minimum=1),
             r.file("gradient_accumulation_steps"),
         )
     else:
@@ -156,7 +156,7 @@ def read_trainer(
     # when the new name is unset (TrainingArguments.__post_init__).
     for key in ("activation_checkpointing", "gradient_checkpointing"):
         if r.has(key):
-            r.set("grad_ckpt", r.bool(key), r.file(key))
+            r.set("grad_ckpt", r.flag(key), r.file(key))
             r.used.update(("activation_checkpointing", "gradient_checkpointing"))
             break
     else:
@@ -174,12 +174,12 @@ def read_trainer(
         r.set("optimizer", optimizer_from_name(optim_default, "optim", r.source), r.default(optim_cite))
     r.ignore("optim_args", "optimizer arguments are not modelled")
 
-    if r.bool("use_liger_kernel", False):
+    if r.flag("use_liger_kernel", False):
         r.set("loss", Loss.FUSED, r.file("use_liger_kernel"))
     r.ignore("liger_kernel_config", "per-kernel Liger switches are not modelled")
 
-    bf16 = r.bool("bf16")
-    fp16 = r.bool("fp16", False)
+    bf16 = r.flag("bf16")
+    fp16 = r.flag("fp16", False)
     keys = tuple(k for k in ("bf16", "fp16") if r.has(k))
     if bf16 is None:
         bf16 = bf16_default and not fp16
@@ -233,16 +233,16 @@ def read_trainer(
 def _read_eval(r: Reader) -> None:
     """Evaluation runs when do_eval/do_predict is set or eval_strategy is not "no" (TrainingArguments.__post_init__
     sets do_eval=True in that case)."""
-    strategy = r.str("eval_strategy") or r.str("evaluation_strategy")
+    strategy = r.text("eval_strategy") or r.text("evaluation_strategy")
     if strategy is not None and strategy.lower() not in ("no", "steps", "epoch"):
         raise VramledgerError(f"{r.source}: eval_strategy must be no, steps or epoch (got {strategy!r})")
-    do_eval = r.bool("do_eval", False)
-    do_predict = r.bool("do_predict", False)
+    do_eval = r.flag("do_eval", False)
+    do_predict = r.flag("do_predict", False)
     evaluates = do_eval or do_predict or (strategy is not None and strategy.lower() != "no")
     r.extras["evaluates"] = evaluates
-    batch = r.int("per_device_eval_batch_size", minimum=1)
-    acc = r.int("eval_accumulation_steps", minimum=1)
-    gen = r.bool("predict_with_generate", False)
+    batch = r.integer("per_device_eval_batch_size", minimum=1)
+    acc = r.integer("eval_accumulation_steps", minimum=1)
+    gen = r.flag("predict_with_generate", False)
     if not evaluates:
         return
     why = [k for k in ("do_eval", "do_predict", "eval_strategy") if r.has(k)]
@@ -284,7 +284,7 @@ def precision_from_flags(flags: TrainerFlags, r: Reader, *, method: Method, weig
 def model_dtype(r: Reader) -> str | None:
     for key in ("dtype", "torch_dtype"):
         if r.has(key):
-            v = r.str(key).lower().replace("torch.", "")
+            v = r.text(key).lower().replace("torch.", "")
             v = {
                 "bf16": "bfloat16",
                 "fp16": "float16",
@@ -321,6 +321,6 @@ def load(r: Reader) -> str | None:
             "(from_pretrained dtype='auto'); if that is bf16, pass --precision bf16-true"
         )
     r.extras["trainer"] = flags
-    model = r.str("model_name_or_path")
+    model = r.text("model_name_or_path")
     r.finish(HARMLESS_HF)
     return model

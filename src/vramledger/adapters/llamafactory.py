@@ -98,9 +98,9 @@ HARMLESS = hf.HARMLESS_HF | frozenset(
 
 
 def load(r: Reader) -> str | None:
-    model = r.str("model_name_or_path")
+    model = r.text("model_name_or_path")
 
-    stage = (r.str("stage") or "sft").lower()
+    stage = (r.text("stage") or "sft").lower()
     if stage not in ("pt", "sft", "rm", "ppo", "dpo", "kto"):
         raise VramledgerError(f"{r.source}: stage must be one of pt, sft, rm, ppo, dpo, kto (got {stage!r})")
     if stage in ("ppo", "dpo", "kto", "rm"):
@@ -109,7 +109,7 @@ def load(r: Reader) -> str | None:
             "supervised fine-tuning of one model"
         )
 
-    ftype = (r.str("finetuning_type") or "lora").lower()
+    ftype = (r.text("finetuning_type") or "lora").lower()
     prov_method = (
         r.file("finetuning_type")
         if r.has("finetuning_type")
@@ -118,8 +118,8 @@ def load(r: Reader) -> str | None:
     if ftype not in ("lora", "freeze", "full"):
         raise VramledgerError(f"{r.source}: finetuning_type {ftype!r} is not modelled; use lora, freeze or full")
 
-    bits = r.int("quantization_bit")
-    qmethod = (r.str("quantization_method") or "bnb").lower()
+    bits = r.integer("quantization_bit")
+    qmethod = (r.text("quantization_method") or "bnb").lower()
     method = {"lora": Method.LORA, "freeze": Method.FREEZE, "full": Method.FULL}[ftype]
     if bits is not None:
         if qmethod != "bnb":
@@ -134,10 +134,10 @@ def load(r: Reader) -> str | None:
                 "(model/adapter.py); remove quantization_bit or use lora"
             )
         method = Method.QLORA
-        qtype = (r.str("quantization_type") or "nf4").lower()
+        qtype = (r.text("quantization_type") or "nf4").lower()
         r.set(
             "quant",
-            QuantSpec(bits=bits, quant_type=qtype, double_quant=r.bool("double_quantization", True)),
+            QuantSpec(bits=bits, quant_type=qtype, double_quant=r.flag("double_quantization", True)),
             r.file("quantization_bit")
             + (" (defaults: hparams/model_args.py quantization_type='nf4', double_quantization=True)"),
         )
@@ -147,18 +147,18 @@ def load(r: Reader) -> str | None:
     r.set("method", method, prov_method + (" + file: quantization_bit" if bits is not None else ""))
     r.ignore("quantization_device_map", "device map of a quantised model is not modelled")
 
-    pure_bf16 = r.bool("pure_bf16", False)
+    pure_bf16 = r.flag("pure_bf16", False)
     if method in (Method.LORA, Method.QLORA):
-        rank = r.int("lora_rank", 8)
-        alpha = r.float("lora_alpha")
+        rank = r.integer("lora_rank", 8)
+        alpha = r.number("lora_alpha")
         r.set(
             "lora",
             LoraSpec(
                 rank=rank,
                 alpha=alpha if alpha is not None else 2.0 * rank,  # finetuning_args.py: lora_alpha or lora_rank * 2
                 targets=r.names("lora_target") or ("all",),
-                dropout=r.float("lora_dropout", 0.0),
-                dora=r.bool("use_dora", False),
+                dropout=r.number("lora_dropout", 0.0),
+                dora=r.flag("use_dora", False),
                 # model/adapter.py passes autocast_adapter_dtype=cast_trainable_params_to_fp32, False under pure_bf16
                 adapter_fp32=not pure_bf16,
             ),
@@ -172,7 +172,7 @@ def load(r: Reader) -> str | None:
         for key in ("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"):
             r.used.add(key)
     if method is Method.FREEZE:
-        n = r.int("freeze_trainable_layers", 2)
+        n = r.integer("freeze_trainable_layers", 2)
         if n < 0:
             r.warn(f"freeze_trainable_layers={n}: the first {-n} layers train; modelled as {-n} trainable layers")
         r.set(
@@ -228,7 +228,7 @@ def load(r: Reader) -> str | None:
     if r.has("disable_gradient_checkpointing"):
         r.set(
             "grad_ckpt",
-            not r.bool("disable_gradient_checkpointing"),
+            not r.flag("disable_gradient_checkpointing"),
             r.file("disable_gradient_checkpointing"),
         )
     elif r.has("gradient_checkpointing") or r.has("activation_checkpointing"):
@@ -272,18 +272,18 @@ def load(r: Reader) -> str | None:
 
     # sequence length and packing: data_args.py cutoff_len=2048; parser.py packing = stage == "pt" when unset
     if r.has("cutoff_len"):
-        r.set("seq_len", r.int("cutoff_len", minimum=1), r.file("cutoff_len"))
+        r.set("seq_len", r.integer("cutoff_len", minimum=1), r.file("cutoff_len"))
     else:
         r.set("seq_len", 2048, r.default("hparams/data_args.py cutoff_len=2048"))
     if r.has("packing"):
-        r.set("packing", r.bool("packing"), r.file("packing"))
+        r.set("packing", r.flag("packing"), r.file("packing"))
     else:
         r.set("packing", stage == "pt", r.default(f"hparams/parser.py packing = stage == 'pt' (stage {stage})"))
-    if r.bool("neat_packing", False):
+    if r.flag("neat_packing", False):
         r.set("packing", True, r.file("neat_packing"))
 
     # attention: hparams/model_args.py flash_attn='auto' leaves transformers' choice (sdpa)
-    fa = (r.str("flash_attn") or "auto").lower()
+    fa = (r.text("flash_attn") or "auto").lower()
     table = {
         "auto": Attention.SDPA,
         "sdpa": Attention.SDPA,
@@ -301,11 +301,11 @@ def load(r: Reader) -> str | None:
         else r.default("hparams/model_args.py flash_attn='auto' → transformers' default sdpa"),
     )
 
-    if r.bool("enable_liger_kernel", False):
+    if r.flag("enable_liger_kernel", False):
         r.set("loss", Loss.FUSED, r.file("enable_liger_kernel"))
 
-    if r.fields.get("predict_with_generate") or r.extras.get("evaluates") and r.bool("predict_with_generate", False):
-        n = r.int("max_new_tokens", 1024, minimum=1)
+    if r.fields.get("predict_with_generate") or r.extras.get("evaluates") and r.flag("predict_with_generate", False):
+        n = r.integer("max_new_tokens", 1024, minimum=1)
         r.set(
             "generation_max_new_tokens",
             n,

@@ -92,7 +92,7 @@ def load(r: Reader) -> str | None:
         attn_mods = model.get("lora_attn_modules") or []
         if not isinstance(attn_mods, list) or not all(isinstance(m, str) for m in attn_mods):
             raise VramledgerError(f"{r.source}: model.lora_attn_modules must be a list of names (got {attn_mods!r})")
-        targets = [_LORA_NAMES.get(m, m) for m in attn_mods]
+        targets: list[str] = [_LORA_NAMES.get(m) or m for m in attn_mods]
         if model.get("apply_lora_to_mlp"):
             targets += ["gate_proj", "up_proj", "down_proj"]
         if model.get("apply_lora_to_output"):
@@ -146,7 +146,7 @@ def load(r: Reader) -> str | None:
         ):
             r.warn(f"ignored: model.{key} (not modelled)")
 
-    dtype = (r.str("dtype") or "fp32").lower()
+    dtype = (r.text("dtype") or "fp32").lower()
     table = {"bf16": Precision.BF16, "fp32": Precision.FP32, "fp16": Precision.FP16}
     if dtype not in table:
         raise VramledgerError(f"{r.source}: dtype must be bf16, fp16 or fp32 (got {dtype!r})")
@@ -160,19 +160,19 @@ def load(r: Reader) -> str | None:
 
     r.set(
         "micro_batch",
-        r.int("batch_size", 1, minimum=1),
+        r.integer("batch_size", 1, minimum=1),
         r.file("batch_size") if r.has("batch_size") else r.default("recipes: cfg.batch_size"),
     )
     r.set(
         "grad_accum",
-        r.int("gradient_accumulation_steps", 1, minimum=1),
+        r.integer("gradient_accumulation_steps", 1, minimum=1),
         r.file("gradient_accumulation_steps")
         if r.has("gradient_accumulation_steps")
         else r.default("recipes: gradient_accumulation_steps=1"),
     )
     r.set(
         "grad_ckpt",
-        bool(r.bool("enable_activation_checkpointing", False)),
+        bool(r.flag("enable_activation_checkpointing", False)),
         r.file("enable_activation_checkpointing")
         if r.has("enable_activation_checkpointing")
         else r.default("recipes: enable_activation_checkpointing=False"),

@@ -54,9 +54,9 @@ HARMLESS = hf.HARMLESS_HF | frozenset(
 
 
 def load(r: Reader, *, family: str | None) -> str | None:
-    model = r.str("model_name_or_path")
-    use_peft = r.bool("use_peft", False)
-    four, eight = r.bool("load_in_4bit", False), r.bool("load_in_8bit", False)
+    model = r.text("model_name_or_path")
+    use_peft = r.flag("use_peft", False)
+    four, eight = r.flag("load_in_4bit", False), r.flag("load_in_8bit", False)
     if four and eight:
         raise VramledgerError(f"{r.source}: load_in_4bit and load_in_8bit are both true; set one")
     method = Method.LORA if use_peft else Method.FULL
@@ -65,13 +65,13 @@ def load(r: Reader, *, family: str | None) -> str | None:
         if not use_peft:
             raise VramledgerError(f"{r.source}: a 4/8-bit base trains only with adapters; add use_peft: true")
         method = Method.QLORA
-        qtype = (r.str("bnb_4bit_quant_type") or "nf4").lower()
+        qtype = (r.text("bnb_4bit_quant_type") or "nf4").lower()
         r.set(
             "quant",
             QuantSpec(
                 bits=4 if four else 8,
                 quant_type=qtype,
-                double_quant=bool(r.bool("use_bnb_nested_quant", False)) and four,
+                double_quant=bool(r.flag("use_bnb_nested_quant", False)) and four,
             ),
             r.file("load_in_4bit" if four else "load_in_8bit") + " (defaults: trainer/model_config.py "
             "bnb_4bit_quant_type='nf4', use_bnb_nested_quant=False)",
@@ -83,7 +83,7 @@ def load(r: Reader, *, family: str | None) -> str | None:
     r.set("method", method, prov)
 
     if method in (Method.LORA, Method.QLORA):
-        rank = r.int("lora_r", 16)
+        rank = r.integer("lora_r", 16)
         targets = r.names("lora_target_modules")
         if targets is None:
             targets = PEFT_DEFAULT_TARGETS.get(family or "", ("q_proj", "v_proj"))
@@ -94,10 +94,10 @@ def load(r: Reader, *, family: str | None) -> str | None:
             "lora",
             LoraSpec(
                 rank=rank,
-                alpha=r.float("lora_alpha", 32.0),
+                alpha=r.number("lora_alpha", 32.0),
                 targets=("all",) if [t.lower() for t in targets] == ["all-linear"] else targets,
-                dropout=r.float("lora_dropout", 0.05),
-                dora=r.bool("use_dora", False),
+                dropout=r.number("lora_dropout", 0.05),
+                dora=r.flag("use_dora", False),
             ),
             "; ".join(p for p in (_present(r, "lora_r", "lora_alpha", "lora_dropout", "use_dora"), tprov) if p)
             + " (defaults: trainer/model_config.py lora_r=16, lora_alpha=32, lora_dropout=0.05)",
@@ -134,15 +134,15 @@ def load(r: Reader, *, family: str | None) -> str | None:
         )
 
     if r.has("max_length"):
-        r.set("seq_len", r.int("max_length", minimum=1), r.file("max_length"))
+        r.set("seq_len", r.integer("max_length", minimum=1), r.file("max_length"))
     elif r.has("max_seq_length"):  # TRL < 0.20 spelling
-        r.set("seq_len", r.int("max_seq_length", minimum=1), r.file("max_seq_length"))
+        r.set("seq_len", r.integer("max_seq_length", minimum=1), r.file("max_seq_length"))
     else:
         r.set("seq_len", 1024, r.default("trainer/sft_config.py max_length=1024"))
     r.used.update(("max_length", "max_seq_length"))
     r.set(
         "packing",
-        bool(r.bool("packing", False)),
+        bool(r.flag("packing", False)),
         r.file("packing") if r.has("packing") else r.default("trainer/sft_config.py packing=False"),
     )
     r.ignore("padding_free", "padding-free batches are modelled as padded ones of max_length")
@@ -150,8 +150,8 @@ def load(r: Reader, *, family: str | None) -> str | None:
     r.ignore("activation_offloading", "offloaded activations are not modelled")
     r.ignore("pad_to_multiple_of", "padding to a multiple is not modelled")
 
-    loss_type = r.str("loss_type")
-    liger = bool(r.bool("use_liger_kernel", False))
+    loss_type = r.text("loss_type")
+    liger = bool(r.flag("use_liger_kernel", False))
     if loss_type is None:
         loss_type = "nll" if liger else "chunked_nll"
         lprov = r.default(
