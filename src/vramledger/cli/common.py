@@ -163,7 +163,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         overrides.insert(0, model_name)
         model_name = None
     base = TrainSpec()
-    if getattr(args, "config", None) is not None or getattr(args, "deepspeed", None) is not None:
+    if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
         resolved = load_config(
@@ -172,6 +172,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
             overrides=overrides,
             deepspeed=args.deepspeed,
             accelerate_config=args.accelerate_config,
+            require_model=not model_name,
         )
         base = resolved.train
         provenance.update(resolved.provenance)
