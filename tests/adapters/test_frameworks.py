@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vramledger.adapters import load_config
-from vramledger.specs import DType, Attention, LoraSpec, Loss, Method, Optimizer, Precision, QuantSpec
+from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, QuantSpec
 
 F = Path(__file__).parent / "fixtures"
 
