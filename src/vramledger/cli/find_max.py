@@ -30,6 +30,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="upper bound (default 1024 for batch; the model's context for seq)",
     )
     p.add_argument("--predicted", type=int, help="start from this value instead of the estimate's prediction")
+    p.add_argument(
+        "--margin",
+        type=float,
+        default=0.03,
+        help="start from the prediction for this fraction less memory, so that the first trial runs and "
+        "is measured (default 0.03)",
+    )
     p.set_defaults(run=_run)
 
 
@@ -49,48 +56,73 @@ def _probe_capacity(timeout_s: float) -> int:
 def _run(args: argparse.Namespace) -> int:
     from vramledger.measure.harness import measure, require_gpu
     from vramledger.measure.search import (
+        Outcome,
         estimate_device_total,
         find_max,
         find_max_plain,
         predicted_max,
+        value_predictor,
         with_value,
     )
     from vramledger.units import fmt_bytes
 
     inputs = resolve_inputs(args)
     require_gpu("find-max")
+    if not 0.0 <= args.margin < 0.5:
+        raise VramledgerError(
+            f"--margin must be a fraction in [0, 0.5) (got {args.margin}); e.g. --margin 0.03"
+        )
     dim = args.dim
     g = args.granularity or (1 if dim == "batch" else 256)
     upper = args.upper or (1024 if dim == "batch" else (inputs.model.max_position_embeddings or 131072))
+    capacity = _probe_capacity(args.timeout)
+    device_total = estimate_device_total(inputs.model)
     predicted = args.predicted
     source = "--predicted"
     if predicted is None:
-        device_total = estimate_device_total(inputs.model)
         if device_total is None:
             source = "none (no estimator available: plain search from 1)"
         else:
-            capacity = inputs.gpu.memory_bytes if inputs.gpu else _probe_capacity(args.timeout)
+            start_cap = int(capacity * (1.0 - args.margin))
             predicted = predicted_max(
-                device_total, inputs.train, dim=dim, capacity=capacity, upper=upper, granularity=g
+                device_total, inputs.train, dim=dim, capacity=start_cap, upper=upper, granularity=g
             )
-            source = f"estimate (capacity {fmt_bytes(capacity)})"
+            source = (
+                f"the estimate for {fmt_bytes(start_cap)}, {args.margin:.0%} below the GPU's "
+                f"{fmt_bytes(capacity)}"
+            )
     unit = "batch" if dim == "batch" else "tokens"
-    print(f"{inputs.model.name}: searching the largest {dim} that runs; prediction {predicted} from {source}")
+    print(
+        f"{inputs.model.name}: searching the largest {dim} that runs; starting at {predicted} from {source}"
+    )
 
-    def fits(value: int) -> bool:
+    def run(value: int) -> Outcome:
         m = measure(
             inputs.model, with_value(inputs.train, dim, value), steps=args.steps, timeout_s=args.timeout
         )
         ok = m.result.fits
-        peak = f" (peak allocated {fmt_bytes(m.ledger.peak_allocated)})" if m.ledger else ""
-        print(f"  trial: {unit} {value}: {'runs' + peak if ok else 'out of memory'}")
+        peak = None
+        if m.ledger is not None:
+            has_device = m.result.raw.get("phases", {}) and all(
+                f.get("device") is not None for f in m.result.raw["phases"].values()
+            )
+            peak = m.ledger.device_total if has_device else None
+        shown = f" (device total {fmt_bytes(peak)})" if peak is not None else ""
+        print(f"  trial: {unit} {value}: {'runs' + shown if ok else 'out of memory'}")
         sys.stdout.flush()
-        return ok
+        return Outcome(fits=ok, peak=peak)
 
     if predicted is None:
-        res = find_max_plain(fits, upper=upper, granularity=g)
+        res = find_max_plain(run, upper=upper, granularity=g)
     else:
-        res = find_max(fits, predicted=predicted, upper=upper, granularity=g)
+        res = find_max(
+            run,
+            predicted=predicted,
+            upper=upper,
+            granularity=g,
+            predict=value_predictor(device_total, inputs.train, dim) if device_total else None,
+            capacity=capacity,
+        )
     if res.best is None:
         print(f"even {dim} {g} does not fit ({res.n_trials} trials)")
         return 1
