@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
 
 from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
 from vramledger.errors import VramledgerError
@@ -48,26 +47,13 @@ def add_trial_options(p: argparse.ArgumentParser) -> None:
     )
 
 
-def predictions(inputs: Any) -> tuple[dict[str, Any], list[str]]:
-    """Ledgers of the available predictors (``estimate``, ``trace``) for the same setup, and notes."""
-    notes: list[str] = []
-    out: dict[str, Any] = {}
-    try:
-        from vramledger.analytic import estimate  # type: ignore[attr-defined]
-    except ImportError:
-        notes.append("no estimate: vramledger.analytic.estimate is not available in this version")
-    else:
-        out["estimate"] = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
-    return out, notes
-
-
 def _pct(e: float | None) -> str:
     return "" if e is None else f"{e * 100:+.1f}%"
 
 
 def _run(args: argparse.Namespace) -> int:
     from vramledger.measure.harness import measure, require_gpu
-    from vramledger.measure.results import FIGURES, ledger_figures, relative_error
+    from vramledger.measure.results import FIGURES, ledger_figures, predictions, relative_error
     from vramledger.units import fmt_bytes
 
     inputs = resolve_inputs(args)
@@ -81,7 +67,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         raise VramledgerError(f"measure: trial {m.result.status}: {m.result.error}{hint}", exit_code=1)
     ledger = m.ledger
-    preds, notes = predictions(inputs)
+    preds, notes = predictions(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
     measured = ledger_figures(ledger)
     if args.json:
         doc = {

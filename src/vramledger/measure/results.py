@@ -24,6 +24,7 @@ from typing import Any
 
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Ledger
+from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 
 SCHEMA = 1
 FIGURES = ("allocated", "reserved", "device")
@@ -46,6 +47,31 @@ def ledger_figures(ledger: Ledger) -> dict[str, Any]:
             for p in ledger.phases
         },
     }
+
+
+def predictions(
+    model: ModelSpec, train: TrainSpec, *, gpu: GPUSpec | None = None, headroom: float = 0.08
+) -> tuple[dict[str, Ledger], list[str]]:
+    """Ledgers of the predictors available in this version for one setup, and a note for each one missing.
+
+    ``estimate``: ``vramledger.analytic.estimate(model, train, gpu=, headroom=)``; ``trace``:
+    ``vramledger.trace.trace(model, train)`` (real model code on fake tensors; CPU only, no GPU needed).
+    """
+    out: dict[str, Ledger] = {}
+    notes: list[str] = []
+    try:
+        from vramledger.analytic import estimate  # type: ignore[attr-defined]
+    except ImportError:
+        notes.append("no estimate: vramledger.analytic.estimate is not in this version")
+    else:
+        out["estimate"] = estimate(model, train, gpu=gpu, headroom=headroom)
+    try:
+        from vramledger.trace import trace  # type: ignore[attr-defined]
+    except ImportError:
+        notes.append("no trace: vramledger.trace.trace is not in this version")
+    else:
+        out["trace"] = trace(model, train)
+    return out, notes
 
 
 def measured_figures(phases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
