@@ -297,10 +297,8 @@ def build_model(spec: dict[str, Any], train: Any, device: Any) -> tuple[Any, dic
     for name, q in model.named_parameters():
         if not q.is_floating_point():
             continue
-        if q.requires_grad:
-            want = compute if (adapters_keep and "lora_" in name) else trainable_dtype
-        else:
-            want = compute
+        lora_kept = adapters_keep and "lora_" in name
+        want = trainable_dtype if q.requires_grad and not lora_kept else compute
         if q.dtype != want:
             q.data = q.data.to(want)
     model.train()
