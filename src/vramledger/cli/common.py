@@ -225,10 +225,10 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         )
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
-    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
-        changes.setdefault("quant", None)
     for key in changes:
         provenance[key] = "flag"
+    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
+        changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(base, **changes)
 
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else None

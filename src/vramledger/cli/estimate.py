@@ -38,7 +38,7 @@ def run(args: argparse.Namespace) -> int:
         from vramledger.report.terminal import render_ledger, render_provenance, render_sources
 
         print(render_ledger(ledger))
-        if inputs.provenance:
+        if any(v != "flag" for v in inputs.provenance.values()):
             print()
             print(render_provenance(inputs.provenance))
         if args.sources:
