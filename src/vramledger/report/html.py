@@ -103,12 +103,12 @@ def ledger_table(ledger: Ledger) -> str:
 
     for cat in ledger.categories():
         if cat.allocated:
-            row(cat.title, [ledger.bytes_of(cat, p) for p in phases], swatch=cat)
+            row(cat.display, [ledger.bytes_of(cat, p) for p in phases], swatch=cat)
     row("peak allocated", [ledger.allocated(p) for p in phases], ' class="total"')
-    row("+ " + Category.ALLOCATOR_RESERVE.title, [ledger.bytes_of(Category.ALLOCATOR_RESERVE, p) for p in phases],
+    row("+ " + Category.ALLOCATOR_RESERVE.display, [ledger.bytes_of(Category.ALLOCATOR_RESERVE, p) for p in phases],
         ' class="overhead"', Category.ALLOCATOR_RESERVE)
     row("= peak reserved", [ledger.reserved(p) for p in phases])
-    row("+ " + Category.CUDA_CONTEXT.title, [ledger.bytes_of(Category.CUDA_CONTEXT, p) for p in phases],
+    row("+ " + Category.CUDA_CONTEXT.display, [ledger.bytes_of(Category.CUDA_CONTEXT, p) for p in phases],
         ' class="overhead"', Category.CUDA_CONTEXT)
     row("= device total (nvidia-smi)", [ledger.device(p) for p in phases], ' class="total"')
     rows.append("</tbody></table>")
@@ -121,7 +121,7 @@ def _sources(ledger: Ledger) -> str:
            "<th>basis</th><th>source</th></tr></thead><tbody>"]
     for i in ledger.items:
         out.append(
-            f"<tr><td>{_e(i.phase.value)}</td><td>{_e(i.category.title)}</td><td class=\"num\">"
+            f"<tr><td>{_e(i.phase.value)}</td><td>{_e(i.category.display)}</td><td class=\"num\">"
             f"{_e(fmt_bytes(i.bytes))}</td><td>{_e(i.label)}</td><td>{_e(i.basis.value)}</td>"
             f"<td>{_e(i.source)}</td></tr>"
         )
@@ -170,7 +170,7 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
         parts.append(f"<p>{_e(ledger.advice)}</p>")
     parts += ["<h2>The bill</h2>", ledger_table(ledger), _sources(ledger)]
     notes = [f"assumed, not yet measured: {c}" for c in
-             sorted({i.category.title for i in ledger.items if i.basis is Basis.ASSUMPTION})]
+             sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})]
     notes += [f"warning: {w}" for w in ledger.warnings]
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")

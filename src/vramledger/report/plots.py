@@ -123,7 +123,7 @@ def draw_bill(d: BillFigure) -> Figure:
     for cat, values in d.segments:
         heights = [_g(v) for v in values]
         ax.bar(x, heights, bottom=bottom, width=0.62, color=COLORS[cat], hatch=HATCH.get(cat),
-               edgecolor="white" if cat not in HATCH else "#666666", linewidth=0.6, label=cat.title, zorder=3)
+               edgecolor="white" if cat not in HATCH else "#666666", linewidth=0.6, label=cat.display, zorder=3)
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     p = d.peak_index
     # the peak: a heavy outline around its bar and its total in bold
@@ -269,7 +269,7 @@ def draw_timeline(d: TimelineFigure) -> Figure:
                 transform=ax.get_xaxis_transform())
         if k:
             ax.axvline(start - 0.5, color="#AAAAAA", lw=0.8, zorder=1)
-    ax.stackplot(d.index, *[[_g(v) for v in vals] for _, vals in d.layers], labels=[c.title for c, _ in d.layers],
+    ax.stackplot(d.index, *[[_g(v) for v in vals] for _, vals in d.layers], labels=[c.display for c, _ in d.layers],
                  colors=[COLORS[c] for c, _ in d.layers], zorder=2, step=None)
     ax.plot(d.index, [_g(v) for v in d.live], color=INK, lw=1.0, label="live (total)", zorder=3)
     ax.plot([d.peak_index], [_g(d.peak_bytes)], marker="v", ms=10, color=INK, zorder=6)

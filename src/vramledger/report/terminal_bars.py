@@ -82,7 +82,7 @@ def render_bill_bars(d: BillFigure, *, width: int = 100, ascii_only: bool = Fals
             f"   * peak"
         )
     shown = "".join(bars)
-    legend = [f"{glyphs[c]} {c.title}" for c, _ in d.segments if glyphs[c] in shown]
+    legend = [f"{glyphs[c]} {c.display}" for c, _ in d.segments if glyphs[c] in shown]
     row = " " * name_w
     for item in legend:
         if len(row) + len(item) + 3 > width:
