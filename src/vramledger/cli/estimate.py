@@ -45,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
 
         print(dumps(ledger))
     else:
-        from vramledger.report.terminal import render_ledger, render_sources
+        from vramledger.report.terminal import render_ledger, render_provenance, render_sources
 
         print(render_ledger(ledger))
         if show_bars(args):
@@ -53,6 +53,9 @@ def run(args: argparse.Namespace) -> int:
 
             print()
             print(render_bars(ledger))
+        if inputs.provenance:
+            print()
+            print(render_provenance(inputs.provenance))
         if args.sources:
             print()
             print(render_sources(ledger))

@@ -91,3 +91,13 @@ def render_sources(ledger: Ledger, phase: Phase | None = None) -> str:
             out.append(f"  {i.category.value:<18} {fmt_bytes(i.bytes):>11}  {i.label}")
             out.append(_wrap(f"      {i.basis.value}: {i.source}").replace("\n  ", "\n        "))
     return "\n".join(out)
+
+
+def render_provenance(provenance: dict[str, str]) -> str:
+    """Where each setting came from: the file, a framework default (with its source), or a flag."""
+    if not provenance:
+        return ""
+    out = ["settings:"]
+    for key in sorted(provenance):
+        out.append(_wrap(f"  {key:<12} {provenance[key]}").replace("\n  ", "\n" + " " * 16))
+    return "\n".join(out)
