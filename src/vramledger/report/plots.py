@@ -210,7 +210,7 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
         sec.set_yticks(range(len(d.lengths)),
                        [f"max batch {best[L]}" if L in best else "batch 1: OOM" for L in d.lengths])
         sec.tick_params(length=0, labelsize=8.5)
-    sub = (f"black line: OOM frontier for {d.gpu} (usable {_g(d.usable_bytes):.1f} GiB); cells in GiB; "
+    sub = (f"black line: OOM frontier for {d.gpu} (usable {_g(d.usable_bytes):.2f} GiB); cells in GiB; "
            if d.usable_bytes is not None else "")
     ax.set_title(d.title + "\n", loc="left")
     ax.text(0.0, 1.0, sub + "dashed box: your setting", transform=ax.transAxes, fontsize=8.5, color="#444444",
@@ -224,11 +224,11 @@ def _draw_curve(ax: Axes, c: Curve, d: CliffFigure, xlabel: str, current: int) -
             label=f"linear guess from {c.x[0]}: ×2 → memory ×2", zorder=3)
     k = c.x.index(current)
     ax.plot([current], [_g(c.device[k])], marker="o", ms=11, mfc="none", mec=INK, mew=2, zorder=5, ls="none",
-            label=f"your setting ({_g(c.device[k]):.1f} GiB)")
+            label=f"your setting ({_g(c.device[k]):.2f} GiB)")
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu, right_labels=False)
     if d.usable_bytes is not None:
-        ax.plot([], [], color=CAPACITY, lw=1.8, label=f"capacity {_g(d.capacity_bytes or 0):.1f} GiB")
-        ax.plot([], [], color=USABLE, lw=1.8, ls=(0, (6, 3)), label=f"usable {_g(d.usable_bytes):.1f} GiB")
+        ax.plot([], [], color=CAPACITY, lw=1.8, label=f"capacity {_g(d.capacity_bytes or 0):.2f} GiB")
+        ax.plot([], [], color=USABLE, lw=1.8, ls=(0, (6, 3)), label=f"usable {_g(d.usable_bytes):.2f} GiB")
     # log-log: the proportional guess stays a straight line (slope 1) and the fixed cost shows as the bend
     from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
 
@@ -297,7 +297,8 @@ def draw_remedies(d: RemedyFigure) -> Figure:
         ax.plot([p.step_seconds], [_g(p.device_bytes)], ls="none", marker="o" if ok else "X", ms=9,
                 color=FITS if ok else MISSES, zorder=4)
         ax.annotate(p.label, (p.step_seconds, _g(p.device_bytes)), xytext=(7, 4), textcoords="offset points",
-                    fontsize=9, color=INK, zorder=5)
+                    fontsize=9, color=INK, zorder=9,
+                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu)
     ax.plot([], [], ls="none", marker="o", color=FITS, label="fits")
     if any(p.fits is False for p in d.points):
