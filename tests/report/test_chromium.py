@@ -31,9 +31,13 @@ def chromium() -> str:
         return found
     if os.name != "posix" or os.geteuid() != 0 or not shutil.which("apt-get"):
         pytest.skip("chromium not found, and cannot install it here (needs root and apt-get)")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    install = ["apt-get", "install", "-y", "-q", "--no-install-recommends", "chromium"]
     try:
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], check=True, capture_output=True, timeout=600,
-                       env={**os.environ, "DEBIAN_FRONTEND": "noninteractive"})
+        if subprocess.run(install, capture_output=True, timeout=600, env=env).returncode != 0:
+            # a fresh machine may have no package lists yet
+            subprocess.run(["apt-get", "update", "-q"], check=True, capture_output=True, timeout=300, env=env)
+            subprocess.run(install, check=True, capture_output=True, timeout=600, env=env)
     except (subprocess.SubprocessError, OSError) as exc:
         pytest.skip(f"chromium not found and `apt-get install -y chromium` failed: {exc}")
     return _find() or pytest.skip("chromium installed but not on PATH")
