@@ -15,7 +15,7 @@ from vramledger import __version__
 from vramledger.errors import VramledgerError
 
 # Command modules, in the order `vramledger --help` lists them.
-COMMANDS: tuple[str, ...] = ("catalog_cmds",)
+COMMANDS: tuple[str, ...] = ("catalog_cmds", "trace")
 
 
 class _Parser(argparse.ArgumentParser):

@@ -39,11 +39,15 @@ def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
     new_bytes = {sid: quantised_weight_bytes(n, rows, quant) for sid, n, rows in result.quantised}
     if not new_bytes:
         return result.events
-    return [dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e
-            for e in result.events]
+    return [
+        dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e
+        for e in result.events
+    ]
 
 
-def _trace(model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None) -> tuple[TraceResult, list[Event]]:
+def _trace(
+    model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None
+) -> tuple[TraceResult, list[Event]]:
     result = run_trace(model, train, config=config)
     events = result.events
     if train.quant is not None:
@@ -82,7 +86,9 @@ def trace_step(
     source = f"traced on fake tensors ({result.versions}); vramledger.trace"
     items = line_items(peaks, source)
     moments = {
-        p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})" for p, pk in peaks.items() if p is not Phase.LOAD
+        p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})"
+        for p, pk in peaks.items()
+        if p is not Phase.LOAD
     }
     ledger = Ledger(
         model=model.name,
@@ -95,8 +101,14 @@ def trace_step(
         settings=MappingProxyType(_settings(train, result, events)),
         timeline=downsample(samples),
     )
-    biggest = max((i for i in ledger.items if i.phase is ledger.peak_phase), key=lambda i: i.bytes, default=None)
-    advice = f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.title}." if biggest else ""
+    biggest = max(
+        (i for i in ledger.items if i.phase is ledger.peak_phase), key=lambda i: i.bytes, default=None
+    )
+    advice = (
+        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.title}."
+        if biggest
+        else ""
+    )
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)

@@ -70,8 +70,12 @@ def _config_from_spec(m: ModelSpec) -> dict[str, Any]:
     if m.sliding_window:
         cfg["sliding_window"] = m.sliding_window
     if m.num_experts:
-        cfg.update(num_experts=m.num_experts, num_local_experts=m.num_experts,
-                   num_experts_per_tok=m.experts_per_token, moe_intermediate_size=m.moe_intermediate_size)
+        cfg.update(
+            num_experts=m.num_experts,
+            num_local_experts=m.num_experts,
+            num_experts_per_tok=m.experts_per_token,
+            moe_intermediate_size=m.moe_intermediate_size,
+        )
     if m.final_logit_softcapping:
         cfg["final_logit_softcapping"] = m.final_logit_softcapping
     if m.attn_logit_softcapping:
@@ -109,7 +113,9 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
         # flash-attn is a CUDA-only package. SDPA's CUDA flash backend keeps the same tensors (output and
         # log-sum-exp; flash_attn_interface.py _flash_attn_forward), so we trace sdpa in its place.
         attn = "sdpa"
-        warnings.append("flash_attention_2 traced as SDPA's flash backend (same saved tensors; flash-attn is CUDA-only)")
+        warnings.append(
+            "flash_attention_2 traced as SDPA's flash backend (same saved tensors; flash-attn is CUDA-only)"
+        )
     frozen_dt = torch_dtype(train.precision.frozen)
     trainable_dt = torch_dtype(train.precision.trainable)
     with torch.device("meta"):

@@ -29,9 +29,9 @@ class PhasePeak:
     step: int
 
 
-def replay(events: Sequence[Event], param_cast: frozenset[int] = frozenset()) -> tuple[
-    dict[Phase, PhasePeak], list[TimelineSample]
-]:
+def replay(
+    events: Sequence[Event], param_cast: frozenset[int] = frozenset()
+) -> tuple[dict[Phase, PhasePeak], list[TimelineSample]]:
     """Phase peaks and the full (not yet downsampled) timeline."""
     live: Counter[Category] = Counter()
     cast_live = 0
@@ -50,12 +50,25 @@ def replay(events: Sequence[Event], param_cast: frozenset[int] = frozenset()) ->
         best = peaks.get(e.phase)
         if e.kind == "alloc" and (best is None or total > best.live):
             peaks[e.phase] = PhasePeak(
-                phase=e.phase, index=i, live=total, by_category={c: b for c, b in live.items() if b},
-                param_cast_bytes=cast_live, op=e.op, module=e.module, step=e.step,
+                phase=e.phase,
+                index=i,
+                live=total,
+                by_category={c: b for c, b in live.items() if b},
+                param_cast_bytes=cast_live,
+                op=e.op,
+                module=e.module,
+                step=e.step,
             )
-        timeline.append(TimelineSample(index=i, phase=e.phase, live_bytes=total,
-                                       by_category=MappingProxyType({c: b for c, b in live.items() if b}),
-                                       op=e.op, module=e.module))
+        timeline.append(
+            TimelineSample(
+                index=i,
+                phase=e.phase,
+                live_bytes=total,
+                by_category=MappingProxyType({c: b for c, b in live.items() if b}),
+                op=e.op,
+                module=e.module,
+            )
+        )
     return peaks, timeline
 
 
@@ -87,13 +100,28 @@ def line_items(peaks: dict[Phase, PhasePeak], source: str) -> list[LineItem]:
         for cat in Category:
             b = peak.by_category.get(cat, 0)
             if cat is Category.WEIGHTS and peak.param_cast_bytes:
-                items.append(LineItem(category=cat, phase=phase, bytes=peak.param_cast_bytes,
-                                      label="autocast copies of fp32 weights (torch.autocast weight cache)",
-                                      source=source, basis=Basis.TRACE))
+                items.append(
+                    LineItem(
+                        category=cat,
+                        phase=phase,
+                        bytes=peak.param_cast_bytes,
+                        label="autocast copies of fp32 weights (torch.autocast weight cache)",
+                        source=source,
+                        basis=Basis.TRACE,
+                    )
+                )
                 b -= peak.param_cast_bytes
             if b:
-                items.append(LineItem(category=cat, phase=phase, bytes=b, label=_LABELS.get(cat, cat.title),
-                                      source=source, basis=Basis.TRACE))
+                items.append(
+                    LineItem(
+                        category=cat,
+                        phase=phase,
+                        bytes=b,
+                        label=_LABELS.get(cat, cat.title),
+                        source=source,
+                        basis=Basis.TRACE,
+                    )
+                )
     return items
 
 

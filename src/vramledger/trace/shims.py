@@ -26,14 +26,97 @@ from vramledger.specs import Optimizer
 
 # -- CUDA autocast op lists (aten/src/ATen/autocast_mode.cpp, torch 2.13: the CUDA KERNEL_* registrations) -------
 _LOWER = frozenset(
-    ["conv1d", "conv2d", "conv3d", "conv_tbc", "conv_transpose1d", "conv_transpose2d", "conv_transpose3d", "convolution", "prelu", "addmm", "addmv", "addr", "matmul", "einsum", "mm", "mv", "linalg_vecdot", "linear", "addbmm", "baddbmm", "bmm", "chain_matmul", "linalg_multi_dot", "scaled_dot_product_attention"]
+    [
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "convolution",
+        "prelu",
+        "addmm",
+        "addmv",
+        "addr",
+        "matmul",
+        "einsum",
+        "mm",
+        "mv",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "scaled_dot_product_attention",
+    ]
 )
 _FP32 = frozenset(
-    ["acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p", "reciprocal", "rsqrt", "sinh", "tan", "pow", "softplus", "layer_norm", "group_norm", "frobenius_norm", "nuclear_norm", "cosine_similarity", "poisson_nll_loss", "cosine_embedding_loss", "nll_loss", "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss", "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss", "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp", "cross_entropy"]
+    [
+        "acos",
+        "asin",
+        "cosh",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "sinh",
+        "tan",
+        "pow",
+        "softplus",
+        "layer_norm",
+        "group_norm",
+        "frobenius_norm",
+        "nuclear_norm",
+        "cosine_similarity",
+        "poisson_nll_loss",
+        "cosine_embedding_loss",
+        "nll_loss",
+        "hinge_embedding_loss",
+        "kl_div",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "mse_loss",
+        "margin_ranking_loss",
+        "multilabel_margin_loss",
+        "soft_margin_loss",
+        "triplet_margin_loss",
+        "multi_margin_loss",
+        "binary_cross_entropy_with_logits",
+        "dist",
+        "pdist",
+        "cdist",
+        "renorm",
+        "logsumexp",
+        "cross_entropy",
+    ]
 )
 # fp32_set_opt_dtype: run with dtype=float32 unless the caller gave a dtype.
-_FP32_OPT_DTYPE = frozenset(["prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm", "sum"])
-_PROMOTE = frozenset(["addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "grid_sampler", "index_put", "scatter_add", "tensordot"])
+_FP32_OPT_DTYPE = frozenset(
+    ["prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm", "sum"]
+)
+_PROMOTE = frozenset(
+    [
+        "addcdiv",
+        "addcmul",
+        "atan2",
+        "bilinear",
+        "cross",
+        "dot",
+        "grid_sampler",
+        "index_put",
+        "scatter_add",
+        "tensordot",
+    ]
+)
 _DUNDER = {"__matmul__": "matmul", "__rmatmul__": "matmul", "__pow__": "pow", "__rpow__": "pow"}
 
 
@@ -81,7 +164,11 @@ def autocast_as_cuda() -> Iterator[None]:
                 if isinstance(first, torch.Tensor) and first.is_floating_point():
                     kwargs = {**kwargs, "dtype": torch.float32}
             elif name in _PROMOTE:
-                floats = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()]
+                floats = [
+                    t
+                    for t in (*args, *kwargs.values())
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()
+                ]
                 if floats:
                     wide = max((t.dtype for t in floats), key=lambda d: torch.finfo(d).bits)
                     args, kwargs = tree_map(lambda t: cast(t, wide, cacheable=False), (args, kwargs))
@@ -118,7 +205,11 @@ def cuda_sdpa_backend(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, 
     same_heads = q.shape[-3] == k.shape[-3] if q.dim() >= 3 else True
     if low and attn_mask is None and d <= 256 and d % 8 == 0 and v.shape[-1] == d:
         return "flash"
-    if q.dtype in (torch.float16, torch.bfloat16, torch.float32) and same_heads and d % (8 if low else 4) == 0:
+    if (
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and same_heads
+        and d % (8 if low else 4) == 0
+    ):
         return "efficient"
     _ = dropout_p, enable_gqa
     return "math"
@@ -143,7 +234,11 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
             a = dict(zip(names, args, strict=False)) | kwargs
             q, k, v = a["query"], a["key"], a["value"]
             mask, p = a.get("attn_mask"), float(a.get("dropout_p", 0.0))
-            causal, scale, gqa = bool(a.get("is_causal", False)), a.get("scale"), bool(a.get("enable_gqa", False))
+            causal, scale, gqa = (
+                bool(a.get("is_causal", False)),
+                a.get("scale"),
+                bool(a.get("enable_gqa", False)),
+            )
             backend = cuda_sdpa_backend(q, k, v, mask, p, gqa)
             chosen.append(backend)
             if backend == "math":

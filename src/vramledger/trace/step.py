@@ -45,7 +45,9 @@ def _check_supported(train: TrainSpec) -> None:
             "use --loss standard or `vramledger estimate`"
         )
     if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
-        raise VramledgerError("trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several")
+        raise VramledgerError(
+            "trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several"
+        )
 
 
 def run_trace(
@@ -97,8 +99,10 @@ def run_trace(
         n_trainable = sum(p.numel() for p in trainable)
         quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
         stack.enter_context(module_hooks(rec, hf))
-        hooks = [p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value))
-                 for p in trainable]
+        hooks = [
+            p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value))
+            for p in trainable
+        ]
         opt = make_optimizer(trainable, train.optimizer, sgd_momentum=train.sgd_momentum)
         fused = bool(opt.defaults.get("fused"))
         b, L = train.micro_batch, train.seq_len
@@ -113,8 +117,14 @@ def run_trace(
             with amp:
                 out = hf(input_ids=input_ids, labels=labels, use_cache=False)
             if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
-                out = {k: (v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
-                           else v) for k, v in out.items()}
+                out = {
+                    k: (
+                        v.float()
+                        if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
+                        else v
+                    )
+                    for k, v in out.items()
+                }
             loss = out["loss"]
             del out, input_ids, labels
             rec.phase = Phase.BACKWARD
@@ -122,8 +132,15 @@ def run_trace(
             # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a torch
             # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they handle
             # a call, so the backward (and its checkpoint recomputes) would run without them.
-            _engine_run_backward((loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True,
-                                 accumulate_grad=True)
+            _engine_run_backward(
+                (loss,),
+                (torch.ones_like(loss),),
+                False,
+                False,
+                (),
+                allow_unreachable=True,
+                accumulate_grad=True,
+            )
             del loss
             rec.phase = Phase.OPTIMIZER
             opt.step()
@@ -170,7 +187,12 @@ def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
     out_emb = hf.get_output_embeddings()
     found = []
     for name, m in hf.named_modules():
-        if isinstance(m, torch.nn.Linear) and m is not out_emb and "lora_" not in name and not m.weight.requires_grad:
+        if (
+            isinstance(m, torch.nn.Linear)
+            and m is not out_emb
+            and "lora_" not in name
+            and not m.weight.requires_grad
+        ):
             sid = rec.sid_of(m.weight)
             if sid is not None:
                 found.append((sid, m.weight.numel(), int(m.weight.shape[0])))
