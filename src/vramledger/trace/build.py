@@ -119,7 +119,14 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     frozen_dt = torch_dtype(train.precision.frozen)
     trainable_dt = torch_dtype(train.precision.trainable)
     with torch.device("meta"):
-        hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=frozen_dt)
+        try:
+            hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=frozen_dt)
+        except ValueError as exc:
+            if attn != "sdpa" or "does not support" not in str(exc):
+                raise
+            # e.g. Gemma 2 in transformers 5.x: no SDPA (soft-capping); its default is eager, so trace that.
+            warnings.append(f"{model_type} has no SDPA attention in this transformers: traced with eager")
+            hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager", dtype=frozen_dt)
     hf.config.use_cache = False
     hf.train()
 
