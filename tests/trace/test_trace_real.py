@@ -54,9 +54,17 @@ def test_global_state_restored() -> None:
     import torch
     import transformers.masking_utils as mu
 
-    before = (torch.clear_autocast_cache, mu.find_packed_sequence_indices, torch._C._len_torch_function_stack())
+    before = (
+        torch.clear_autocast_cache,
+        mu.find_packed_sequence_indices,
+        torch._C._len_torch_function_stack(),
+    )
     trace_step(spec("llama"), CASES["full-sdpa"], config=TINY["llama"])
-    after = (torch.clear_autocast_cache, mu.find_packed_sequence_indices, torch._C._len_torch_function_stack())
+    after = (
+        torch.clear_autocast_cache,
+        mu.find_packed_sequence_indices,
+        torch._C._len_torch_function_stack(),
+    )
     assert before == after
     from torch.utils._python_dispatch import _get_current_dispatch_mode
 

@@ -7,9 +7,8 @@ import dataclasses
 import json
 from typing import Any
 
-from vramledger.ledger import Ledger, Phase
-
 from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options
+from vramledger.ledger import Ledger, Phase
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -127,7 +126,8 @@ def _print_table(ledger: Ledger, warnings: tuple[str, ...]) -> None:
         v = ledger.verdict
         word = "fits" if v.fits else "does not fit"
         print(
-            f"{v.gpu}: {word} (usable {fmt_bytes(v.usable_bytes)}, margin {fmt_bytes(v.margin_bytes, signed=True)}; "
+            f"{v.gpu}: {word} (usable {fmt_bytes(v.usable_bytes)}, "
+            f"margin {fmt_bytes(v.margin_bytes, signed=True)}; "
             "allocated only: allocator reserve and CUDA context not added)"
         )
     if ledger.advice:

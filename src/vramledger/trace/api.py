@@ -16,12 +16,14 @@ from vramledger.trace.step import TraceResult, run_trace
 def quantised_weight_bytes(numel: int, out_features: int, quant: QuantSpec) -> int:
     """Device bytes of one bitsandbytes-quantised weight, each tensor rounded to the allocator's 512 B.
 
-    4-bit (bitsandbytes/functional.py ``quantize_4bit``): ``(n + 1) // 2`` packed uint8 bytes and one fp32 absmax
+    4-bit (bitsandbytes/functional.py ``quantize_4bit``): ``(n + 1) // 2`` packed uint8 bytes and one fp32
+    absmax
     per ``blocksize`` elements; with double quantisation (``compress_statistics``) the absmax is itself
     block-quantised (``quantize_blockwise``, blocks of 256): one uint8 per block plus one fp32 per 256 blocks.
     8-bit (``Int8Params``): one int8 per element plus the fp32 row scales ``SCB`` (one per output row).
 
-    TODO(analytic): use the analytic engine's quantised-weights formula once ``vramledger.analytic`` lands on main,
+    TODO(analytic): use the analytic engine's quantised-weights formula once ``vramledger.analytic`` lands on
+    main,
     so that both engines share one figure.
     """
     if quant.bits == 8:
@@ -35,7 +37,8 @@ def quantised_weight_bytes(numel: int, out_features: int, quant: QuantSpec) -> i
 
 
 def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
-    """Replace the traced bytes of the quantised linears by the bitsandbytes figure (they cannot be traced)."""
+    """Replace the traced bytes of the quantised linears by the bitsandbytes figure (they cannot be
+    traced)."""
     new_bytes = {sid: quantised_weight_bytes(n, rows, quant) for sid, n, rows in result.quantised}
     if not new_bytes:
         return result.events
@@ -77,7 +80,8 @@ def trace_step(
 
         from vramledger.catalog import resolve_model
         from vramledger.specs import TrainSpec, Method
-        ledger = trace_step(resolve_model("llama-3-8b"), TrainSpec(method=Method.LORA, micro_batch=4, seq_len=4096))
+        ledger = trace_step(resolve_model("llama-3-8b"), TrainSpec(method=Method.LORA, micro_batch=4,
+        seq_len=4096))
         ledger.peak_allocated
     """
     result, events = _trace(model, train, config)

@@ -1,8 +1,10 @@
 """Build the Hugging Face model for a traced step: config, method, dtypes, checkpointing, with no real memory.
 
 The model is built on the ``meta`` device (no memory, no initialisation cost), the method is applied there
-(PEFT adapters, frozen layers, dtype casts as the loaders do them), and only then are the parameters converted,
-inside the fake-tensor mode, into fake CPU tensors (``materialise``). Building PEFT directly under fake mode fails
+(PEFT adapters, frozen layers, dtype casts as the loaders do them), and only then are the parameters
+converted,
+inside the fake-tensor mode, into fake CPU tensors (``materialise``). Building PEFT directly under fake mode
+fails
 (``Module.to()`` swaps tensors the fake converter holds a weakref to: tracing.md), and converting with
 ``_apply`` unties tied embeddings, so ``materialise`` re-links every shared parameter and checks the count.
 """
@@ -25,7 +27,8 @@ def torch_dtype(d: DType) -> Any:
 
 
 def hf_config(model: ModelSpec) -> dict[str, Any]:
-    """The config.json mapping a ModelSpec came from: the catalog entry, the file named in ``source``, or (for a
+    """The config.json mapping a ModelSpec came from: the catalog entry, the file named in ``source``, or (for
+    a
     spec built by hand) a mapping rebuilt from the spec's fields."""
     from vramledger.catalog import catalog_entry
 
@@ -131,12 +134,14 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     hf.train()
 
     if train.method is Method.FULL:
-        # LLaMA-Factory model/adapter.py _setup_full_tuning: trainable parameters upcast to fp32 unless pure_bf16.
+        # LLaMA-Factory model/adapter.py _setup_full_tuning: trainable parameters upcast to fp32 unless
+        # pure_bf16.
         for p in hf.parameters():
             p.requires_grad_(True)
         hf.to(trainable_dt)
     elif train.method is Method.FREEZE:
-        # LLaMA-Factory _setup_freeze_tuning: the last N decoder layers train (upcast to fp32 unless pure_bf16).
+        # LLaMA-Factory _setup_freeze_tuning: the last N decoder layers train (upcast to fp32 unless
+        # pure_bf16).
         layers = _decoder_layers(hf, model.num_layers)
         hf.requires_grad_(False)
         n = min(train.freeze_trainable_layers, len(layers))
@@ -145,7 +150,8 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
             layer.to(trainable_dt)
 
     if train.grad_ckpt:
-        # transformers modeling_utils.py _activation_checkpointing_enable: use_reentrant=False by default, and the
+        # transformers modeling_utils.py _activation_checkpointing_enable: use_reentrant=False by default, and
+        # the
         # input embeddings' output made to require grad (enable_input_require_grads).
         hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
@@ -202,7 +208,8 @@ def shared_parameters(model: Any) -> list[list[tuple[Any, str]]]:
 
 
 def materialise(model: Any) -> Any:
-    """Replace every meta parameter and buffer by an uninitialised tensor on the CPU. Call inside the fake mode:
+    """Replace every meta parameter and buffer by an uninitialised tensor on the CPU. Call inside the fake
+    mode:
     the tensors are then fake (no memory) and each one is an allocation the recorder sees."""
     import torch
 

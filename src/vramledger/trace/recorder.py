@@ -1,11 +1,14 @@
 """Record every allocation and free of a traced step: size, storage, phase, module and op.
 
-A ``TorchDispatchMode`` sits above the fake-tensor mode: every op's outputs pass through it, and each output whose
-storage we have not seen is an allocation. A ``weakref.finalize`` on that storage reports the free. Nothing here
+A ``TorchDispatchMode`` sits above the fake-tensor mode: every op's outputs pass through it, and each output
+whose
+storage we have not seen is an allocation. A ``weakref.finalize`` on that storage reports the free. Nothing
+here
 holds a tensor or a storage: the recorder must never extend a lifetime (tracing.md: ModTracker kept DoRA
 temporaries alive until the garbage collector ran).
 
-Module attribution. Forward: forward pre/post hooks on every module keep a stack of module paths (they also fire
+Module attribution. Forward: forward pre/post hooks on every module keep a stack of module paths (they also
+fire
 in the recompute of non-reentrant checkpointing). Backward: the autograd node being executed
 (``torch._C._current_autograd_node``) carries the sequence number it was created with in forward; the forward
 hooks log (sequence number, module) intervals, so a bisect maps a backward op back to its forward module.
@@ -74,7 +77,8 @@ class StorageInfo:
 
 
 class Recorder:
-    """Collects allocation events. Use ``recording(model)`` to attach the module hooks and the dispatch mode."""
+    """Collects allocation events. Use ``recording(model)`` to attach the module hooks and the dispatch
+    mode."""
 
     def __init__(self) -> None:
         self.events: list[Event] = []
@@ -90,7 +94,8 @@ class Recorder:
         self._seq_modules: list[str] = []
         self.param_names: dict[int, str] = {}
 
-    # -- module attribution ------------------------------------------------------------------------------------
+    # -- module attribution
+    # ------------------------------------------------------------------------------------
     def _log_seq(self) -> None:
         import torch
 
@@ -133,7 +138,8 @@ class Recorder:
                     return self._seq_modules[i], False
         return "", False
 
-    # -- allocations ---------------------------------------------------------------------------------------------
+    # -- allocations
+    # ---------------------------------------------------------------------------------------------
     def on_output(self, t: Any, op: str) -> None:
         storage = t.untyped_storage()
         key = storage._cdata

@@ -3,16 +3,17 @@ global state on exit and keeps no module-level state.
 
 Why each exists (tracing.md, checked again here with torch 2.13):
 - SDPA: on CPU, ``F.scaled_dot_product_attention`` picks ``_scaled_dot_product_flash_attention_for_cpu``
-  (output + log-sum-exp saved, the same as CUDA flash) in most cases, but falls back to math where CUDA would not
-  (dropout > 0) and runs flash where CUDA falls back to math (fp32 with ``enable_gqa``: CUDA's memory-efficient
-  kernel does not take grouped heads). ``sdpa_as_cuda`` applies CUDA's choice.
+  (output + log-sum-exp saved, as CUDA flash does) in most cases, but falls back to math where CUDA would
+  not (dropout > 0) and runs flash where CUDA falls back to math (fp32 with ``enable_gqa``: CUDA's
+  memory-efficient kernel does not take grouped heads). ``sdpa_as_cuda`` applies CUDA's choice.
 - Dropout: CPU's ``aten::dropout`` is ``empty_like(x).bernoulli_()`` (a mask in x's dtype); CUDA's is
   ``native_dropout`` with a bool mask (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``).
-- Autocast: CPU and CUDA autocast have different op lists (aten/src/ATen/autocast_mode.cpp). ``autocast_as_cuda``
-  applies CUDA's lists whenever CPU autocast is enabled (so checkpoint recomputes, which re-enter autocast with
-  the forward's state, follow them too), including the cast cache for leaf parameters.
+- Autocast: CPU and CUDA autocast have different op lists (aten/src/ATen/autocast_mode.cpp).
+  ``autocast_as_cuda`` applies CUDA's lists whenever CPU autocast is enabled (so checkpoint recomputes,
+  which re-enter autocast with the forward's state, follow them too), with the cast cache for parameters.
 - Optimizer: PyTorch defaults to foreach on CUDA and to single-tensor on CPU (torch/optim/optimizer.py
   ``_default_to_fused_or_foreach``): ``make_optimizer`` sets the implementation explicitly.
+- Packed sequences: see ``no_packed_sequences``.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs import Optimizer
 
-# -- CUDA autocast op lists (aten/src/ATen/autocast_mode.cpp, torch 2.13: the CUDA KERNEL_* registrations) -------
+# -- CUDA autocast op lists (aten/src/ATen/autocast_mode.cpp, torch 2.13: the CUDA KERNEL_* registrations)
 _LOWER = frozenset(
     [
         "conv1d",
@@ -135,8 +136,8 @@ def autocast_as_cuda() -> Iterator[None]:
     cache: dict[int, Any] = {}
 
     def cast(t: Any, dtype: Any, *, cacheable: bool) -> Any:
-        # autocast_mode.cpp cached_cast: floating tensors except double; fp32 leaves that require grad are cached
-        # (the cache lives until the outermost autocast exits: autocast_mode.py __exit__ clear_autocast_cache).
+        # autocast_mode.cpp cached_cast: floating tensors except double; fp32 leaves that require grad are
+        # cached until the outermost autocast exits (autocast_mode.py __exit__: clear_autocast_cache).
         if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype in (torch.float64, dtype):
             return t
         if cacheable and t.is_leaf and t.requires_grad and t.dtype == torch.float32 and not t._is_view():
@@ -191,11 +192,14 @@ def autocast_as_cuda() -> Iterator[None]:
 
 
 def cuda_sdpa_backend(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, enable_gqa: bool) -> str:
-    """The backend CUDA's ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) picks on an
+    """The backend CUDA's ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) picks
+    on an
     sm80+ GPU: ``flash``, ``efficient`` or ``math``, by the checks that differ between them here.
 
-    flash: fp16/bf16, no explicit mask, head_dim ≤ 256 and a multiple of 8 (check_head_dim_size_flash), grouped
-    heads allowed. efficient: fp16/bf16/fp32, a mask allowed, head_dim a multiple of 8 (4 for fp32), but the same
+    flash: fp16/bf16, no explicit mask, head_dim ≤ 256 and a multiple of 8 (check_head_dim_size_flash),
+    grouped
+    heads allowed. efficient: fp16/bf16/fp32, a mask allowed, head_dim a multiple of 8 (4 for fp32), but the
+    same
     number of query and key heads (check_batch_size_and_num_heads_dense<false>). Otherwise math.
     """
     import torch
@@ -218,7 +222,8 @@ def cuda_sdpa_backend(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, 
 @contextmanager
 def sdpa_as_cuda() -> Iterator[list[str]]:
     """Route ``F.scaled_dot_product_attention`` as CUDA would: flash/efficient (no length² tensor; traced with
-    the CPU flash kernel, which saves the same output and log-sum-exp) or math. Yields the list of choices made."""
+    the CPU flash kernel, which saves the same output and log-sum-exp) or math. Yields the list of choices
+    made."""
     import torch
     from torch.overrides import TorchFunctionMode
 
@@ -242,7 +247,8 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
             backend = cuda_sdpa_backend(q, k, v, mask, p, gqa)
             chosen.append(backend)
             if backend == "math":
-                # sdp_utils: math is the composite aten::_scaled_dot_product_attention_math (device independent).
+                # sdp_utils: math is the composite aten::_scaled_dot_product_attention_math (device
+                # independent).
                 return torch.ops.aten._scaled_dot_product_attention_math(
                     q, k, v, mask, p, causal, None, scale=scale, enable_gqa=gqa
                 )[0]
@@ -280,7 +286,8 @@ def dropout_as_cuda() -> Iterator[None]:
 
 
 def make_optimizer(params: list[Any], optimizer: Optimizer, *, sgd_momentum: float = 0.0) -> Any:
-    """The optimizer the HF Trainer builds for ``optim`` (trainer.py ``get_optimizer_cls_and_kwargs``), with the
+    """The optimizer the HF Trainer builds for ``optim`` (trainer.py ``get_optimizer_cls_and_kwargs``), with
+    the
     implementation PyTorch picks on CUDA made explicit (foreach by default, fused when asked)."""
     import torch
 

@@ -4,7 +4,8 @@ The loop is the HF Trainer's (trainer.py ``training_step`` / ``compute_loss`` wi
 ``prepare_model``): under mixed precision the forward runs in ``torch.autocast`` and accelerate converts the
 bf16/fp16 outputs to fp32 (accelerate/utils/operations.py ``convert_outputs_to_fp32``); the loss comes from
 transformers' ``ForCausalLMLoss`` via ``labels``; then ``backward``, ``optimizer.step()`` and
-``model.zero_grad()`` (set_to_none=True). Two steps: optimizer states exist only from the first step on, so the
+``model.zero_grad()`` (set_to_none=True). Two steps: optimizer states exist only from the first step on, so
+the
 second step's backward is where full fine-tuning peaks (tracing.md).
 """
 
@@ -53,7 +54,8 @@ def _check_supported(train: TrainSpec) -> None:
 def run_trace(
     model: ModelSpec, train: TrainSpec, *, config: dict[str, Any] | None = None, fake: bool = True
 ) -> TraceResult:
-    """Trace ``STEPS`` training steps; returns the categorised events. ``fake=False`` runs the same loop on real
+    """Trace ``STEPS`` training steps; returns the categorised events. ``fake=False`` runs the same loop on
+    real
     (uninitialised) CPU tensors, for tests that compare the fake trace with a real run."""
     try:
         import torch
@@ -129,8 +131,10 @@ def run_trace(
             del out, input_ids, labels
             rec.phase = Phase.BACKWARD
             backward_start[step] = len(rec.events)
-            # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a torch
-            # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they handle
+            # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a
+            # torch
+            # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they
+            # handle
             # a call, so the backward (and its checkpoint recomputes) would run without them.
             _engine_run_backward(
                 (loss,),
@@ -147,7 +151,8 @@ def run_trace(
             for state in opt.state.values():
                 for key, t in state.items():
                     if isinstance(t, torch.Tensor):
-                        # torch/optim/adamw.py _init_group: 'step' is a host tensor unless fused or capturable.
+                        # torch/optim/adamw.py _init_group: 'step' is a host tensor unless fused or
+                        # capturable.
                         cat = "host" if key == "step" and not fused else Category.OPTIMIZER_STATE.value
                         rec.mark(t, cat)
             hf.zero_grad(set_to_none=True)
@@ -179,8 +184,10 @@ def run_trace(
 
 
 def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
-    """(storage id, numel, out_features) of the linears bitsandbytes would quantise: every frozen ``nn.Linear``
-    weight except the output layer (transformers integrations/bitsandbytes.py ``get_keys_to_not_convert`` keeps
+    """(storage id, numel, out_features) of the linears bitsandbytes would quantise: every frozen
+    ``nn.Linear``
+    weight except the output layer (transformers integrations/bitsandbytes.py ``get_keys_to_not_convert``
+    keeps
     lm_head)."""
     import torch
 
