@@ -39,7 +39,7 @@ class Category(str, enum.Enum):
         return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT)
 
     @property
-    def title(self) -> str:
+    def display(self) -> str:
         return _TITLES[self]
 
 
@@ -48,7 +48,7 @@ _TITLES = {
     Category.MASTER_WEIGHTS: "fp32 master weights",
     Category.GRADIENTS: "gradients",
     Category.OPTIMIZER_STATE: "optimizer state",
-    Category.ACTIVATIONS: "activations (saved for backward)",
+    Category.ACTIVATIONS: "activations (saved)",
     Category.ATTENTION_SCORES: "attention scores",
     Category.LOGITS_LOSS: "logits and loss",
     Category.KV_CACHE: "KV cache",

@@ -6,8 +6,13 @@ The layout follows transformers 5.x ``modeling_<family>.py``: ``LlamaDecoderLaye
 gate/up/down_proj, input_layernorm, post_attention_layernorm), ``Qwen3Attention`` (q_norm/k_norm over
 head_dim), ``Gemma2DecoderLayer`` (four norms), ``Phi3Attention.qkv_proj`` / ``Phi3MLP.gate_up_proj``,
 ``GPT2Block`` (Conv1D c_attn/c_proj/c_fc, LayerNorm with bias, learned ``wpe``), ``MixtralSparseMoeBlock`` and
-``Qwen3MoeSparseMoeBlock`` (router ``gate`` H→E without bias, E experts of gate/up/down).
+``Qwen3MoeSparseMoeBlock`` (router ``gate`` H→E without bias, E experts as fused 3-D ``gate_up_proj`` and
+``down_proj`` parameters). Gemma's RMSNorm stores ``weight`` (applied as 1 + weight) of H elements, like the
+others.
 Tied embeddings (``tie_word_embeddings``) share one V×H matrix between input and output, counted once.
+Every catalog model's count is checked against its published figure in tests/catalog/test_params.py and was
+cross-checked against ``sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())`` on
+the meta device (transformers 5.23).
 """
 
 from __future__ import annotations
@@ -35,13 +40,14 @@ class Linear:
 
     @property
     def numel(self) -> int:
-        return self.per_layer * (self.in_features * self.out_features + (self.out_features if self.bias else 0))
+        per_copy = self.in_features * self.out_features + (self.out_features if self.bias else 0)
+        return self.per_layer * per_copy
 
 
 @lru_cache(maxsize=256)
 def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
     """The linear layers of one decoder layer."""
-    H, Dq, Dkv, I = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size
+    H, Dq, Dkv, I = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size  # noqa: E741 (legend: I = MLP width)
     out: list[Linear] = []
     if m.family == "gpt2":  # GPT2Attention.c_attn = Conv1D(3H, H); c_proj = Conv1D(H, H)
         out += [Linear("c_attn", H, 3 * H, True), Linear("c_proj", H, H, True)]
@@ -56,12 +62,14 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
         ]
     if m.is_moe:
         E, Im = m.num_experts, m.moe_intermediate_size
-        # Router: nn.Linear(H, E, bias=False). Experts: in transformers 5 a fused 3-D parameter per projection
-        # (``MixtralExperts.gate_up_proj``/``down_proj``), which PEFT's all-linear does not pick.
+        # transformers 5.x modeling_mixtral.py / modeling_qwen3_moe.py: the router ``gate`` is a
+        # ``MixtralTopKRouter``/``Qwen3MoeTopKRouter`` holding a bare ``nn.Parameter(E, H)`` (no bias) applied
+        # with F.linear, and the experts are ``MixtralExperts``/``Qwen3MoeExperts`` with two 3-D parameters,
+        # ``gate_up_proj`` (E, 2·Im, H) and ``down_proj`` (E, H, Im). None of them is an nn.Linear, so PEFT's
+        # ``all-linear`` picks none of them.
         out += [
-            Linear("gate", H, E, False),
-            Linear("experts.gate_proj", H, Im, False, per_layer=E, lora_targetable=False),
-            Linear("experts.up_proj", H, Im, False, per_layer=E, lora_targetable=False),
+            Linear("gate", H, E, False, lora_targetable=False),
+            Linear("experts.gate_up_proj", H, 2 * Im, False, per_layer=E, lora_targetable=False),
             Linear("experts.down_proj", Im, H, False, per_layer=E, lora_targetable=False),
         ]
     elif m.family == "gpt2":  # GPT2MLP: c_fc = Conv1D(I, H), c_proj = Conv1D(H, I)

@@ -1,8 +1,9 @@
 """Bundled model configs and GPU facts, stored as data files, and the one module that loads them.
 
 Model files: ``catalog/models/<alias>.json`` with keys ``hub_id``, ``aliases``, ``published_params``,
-``params_source``, ``config_source`` and ``config`` (the fields of the upstream config.json that matter,
-copied verbatim). GPUs: ``catalog/gpus.json``.
+``params_source``, ``config_source`` and ``config`` (the upstream config.json's fields, copied verbatim), and
+optionally ``published_counts_tied_head_twice`` / ``published_includes_vision_tower`` where the published
+figure counts more than the language model's parameters. GPUs: ``catalog/gpus.json``.
 
 A model name resolves, in order, to: a path (a config.json file or a directory holding one), a catalog entry
 (hub id or alias, case-insensitive), or a snapshot in the local Hugging Face cache. Nothing is downloaded and
@@ -15,7 +16,7 @@ import difflib
 import json
 import os
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -34,9 +35,16 @@ class CatalogEntry:
     hub_id: str
     aliases: tuple[str, ...]
     published_params: int | None
+    """The exact count as published (the model page's safetensors count, or the model card)."""
     params_source: str
     config_source: str
     config: dict[str, Any]
+    published_counts_tied_head_twice: bool = False
+    """The published checkpoint stores ``lm_head.weight`` as well as the embedding it is tied to (Qwen3-0.6B
+    and -1.7B), so the published figure exceeds the model's parameter count by vocab_size × hidden_size."""
+    published_includes_vision_tower: bool = False
+    """Multimodal checkpoint (Gemma 3 4B/12B/27B): the published figure includes the vision tower and
+    projector; the spec, and our count, cover the language model only."""
 
     def spec(self) -> ModelSpec:
         return _entry_spec(self.key)
@@ -60,6 +68,8 @@ def model_entries() -> dict[str, CatalogEntry]:
             params_source=raw.get("params_source", ""),
             config_source=raw.get("config_source", ""),
             config=raw["config"],
+            published_counts_tied_head_twice=bool(raw.get("published_counts_tied_head_twice", False)),
+            published_includes_vision_tower=bool(raw.get("published_includes_vision_tower", False)),
         )
     return out
 
@@ -73,10 +83,11 @@ def _name_index() -> dict[str, str]:
     return index
 
 
-@lru_cache(maxsize=None)
+@cache
 def _entry_spec(key: str) -> ModelSpec:
     entry = model_entries()[key]
-    return model_spec_from_config(entry.config, name=entry.hub_id, source=f"catalog:{key} ({entry.config_source})")
+    source = f"catalog:{key} ({entry.config_source})"
+    return model_spec_from_config(entry.config, name=entry.hub_id, source=source)
 
 
 def _hf_cache_dirs() -> list[Path]:
@@ -90,8 +101,8 @@ def _from_hf_cache(name: str) -> Path | None:
     if "/" not in name:
         return None
     folder = "models--" + name.replace("/", "--")
-    for cache in _hf_cache_dirs():
-        snapshots = cache / folder / "snapshots"
+    for hub in _hf_cache_dirs():
+        snapshots = hub / folder / "snapshots"
         if snapshots.is_dir():
             for snap in sorted(snapshots.iterdir(), key=lambda p: p.stat().st_mtime, reverse=True):
                 if (snap / "config.json").is_file():
@@ -108,14 +119,19 @@ def load_config_file(path: Path) -> ModelSpec:
     try:
         raw = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VramledgerError(f"model: {path} is not valid JSON ({exc}); fix the file or pass another config.json")
-    return model_spec_from_config(raw, name=str(raw.get("_name_or_path") or path.parent.name), source=str(path))
+        raise VramledgerError(
+            f"model: {path} is not valid JSON ({exc}); fix the file or pass another config.json"
+        ) from None
+    name = raw.get("_name_or_path") if isinstance(raw, dict) else None
+    return model_spec_from_config(raw, name=str(name or path.parent.name), source=str(path))
 
 
 def resolve_model(name: str) -> ModelSpec:
-    """A ModelSpec from a path, a catalog name, or the local HF cache. Unknown names get the closest matches."""
+    """A ModelSpec from a path, a catalog name or the local HF cache; unknown names get close matches."""
     if not name or not name.strip():
-        raise VramledgerError("model: empty name; pass a catalog name (see `vramledger models`) or a config.json")
+        raise VramledgerError(
+            "model: empty name; pass a catalog name (see `vramledger models`) or a config.json"
+        )
     path = Path(name).expanduser()
     if name.endswith(".json") or path.exists():
         return load_config_file(path)
@@ -160,7 +176,7 @@ def _gpu_index() -> dict[str, str]:
 
 
 def resolve_gpu(name: str) -> GPUSpec:
-    """A GPU from the catalog by key, name or alias; or ``NAME:24GiB`` / ``24GiB`` / ``24GB`` for a custom size."""
+    """A GPU from the catalog by key, name or alias; or a size (``24GiB``, ``NAME:80GB``) for a custom GPU."""
     from vramledger.units import parse_size
 
     norm = _norm(name)
@@ -183,5 +199,6 @@ def resolve_gpu(name: str) -> GPUSpec:
     close = difflib.get_close_matches(norm, list(_gpu_index()), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise VramledgerError(
-        f"gpu: {name!r} is not in the catalog{hint} (or give a size such as --gpu 24GiB; `vramledger gpus` lists them)"
+        f"gpu: {name!r} is not in the catalog{hint} "
+        "(or give a size such as --gpu 24GiB; `vramledger gpus` lists them)"
     )

@@ -30,6 +30,24 @@ _TIE_DEFAULT = {
 }
 SUPPORTED_FAMILIES = tuple(sorted(_TIE_DEFAULT))
 
+# Shape defaults that published configs rely on by omitting the key. Gemma 3's multimodal checkpoints
+# (gemma-3-4b/12b/27b) give only the overrides in ``text_config`` and leave vocab_size, head counts and
+# head_dim to ``Gemma3TextConfig``'s class defaults (configuration_gemma3.py, transformers 5.x).
+_FAMILY_DEFAULTS: dict[str, dict[str, Any]] = {
+    "gemma3_text": {
+        "vocab_size": 262_208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "head_dim": 256,
+        "max_position_embeddings": 131_072,
+        "sliding_window": 4096,
+        "hidden_activation": "gelu_pytorch_tanh",
+    },
+}
+
 
 def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     for k in keys:
@@ -69,6 +87,8 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         raise VramledgerError(
             f"{where}: model_type {family!r} is not modelled yet; supported: {', '.join(SUPPORTED_FAMILIES)}"
         )
+    if family in _FAMILY_DEFAULTS:
+        cfg = {**_FAMILY_DEFAULTS[family], **cfg}
     gpt2 = family == "gpt2"
     hidden = _int(cfg, "hidden_size", "n_embd", where=where)
     heads = _int(cfg, "num_attention_heads", "n_head", where=where)
@@ -81,11 +101,16 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     # Experts: Mixtral calls them num_local_experts, Qwen3-MoE num_experts (configuration_*.py).
     experts = _int(cfg, "num_local_experts", "num_experts", default=0, where=where)
     moe_inter = _int(cfg, "moe_intermediate_size", default=inter if experts else 0, where=where)
-    if family == "qwen3_moe" and (_get(cfg, "mlp_only_layers", default=[]) or _get(cfg, "decoder_sparse_step", default=1) != 1):
-        raise VramledgerError(f"{where}: Qwen3-MoE with dense layers (mlp_only_layers/decoder_sparse_step) is not modelled yet")
+    sparse_step = _get(cfg, "decoder_sparse_step", default=1)
+    dense_layers = _get(cfg, "mlp_only_layers", default=[]) or sparse_step != 1
+    if family == "qwen3_moe" and dense_layers:
+        raise VramledgerError(
+            f"{where}: Qwen3-MoE with dense layers (mlp_only_layers/decoder_sparse_step) is not modelled yet"
+        )
 
-    # Biases. LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses bias=config.attention_bias on all of
-    # q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o; GPT-2's Conv1D layers all have bias.
+    # Biases. LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses bias=config.attention_bias on all
+    # of q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o; GPT-2's Conv1D layers all have
+    # bias.
     attention_bias = bool(_get(cfg, "attention_bias", default=False))
     if family == "qwen2":
         qkv_bias, o_bias = True, False
@@ -100,12 +125,16 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     # Sliding-window layers: transformers 5 writes `layer_types`; older configs give a pattern.
     window = _int(cfg, "sliding_window", default=0, where=where) or 0
     layer_types = _get(cfg, "layer_types", default=None)
-    if family == "qwen2" and not _get(cfg, "use_sliding_window", default=False):
+    qwen = family in ("qwen2", "qwen3", "qwen3_moe")
+    # Qwen2Config/Qwen3Config/Qwen3MoeConfig.__post_init__ drop sliding_window unless use_sliding_window.
+    if qwen and not _get(cfg, "use_sliding_window", default=False):
         window = 0
     if not window:
         sliding = 0
     elif isinstance(layer_types, list):
         sliding = sum(1 for t in layer_types if t == "sliding_attention")
+    elif family in ("qwen2", "qwen3"):  # Qwen2Config.__post_init__: layers i >= max_window_layers slide
+        sliding = layers - min(layers, _int(cfg, "max_window_layers", default=28, where=where))
     elif family == "gemma2":  # Gemma2DecoderLayer: even-indexed layers slide
         sliding = (layers + 1) // 2
     elif family == "gemma3_text":  # every sliding_window_pattern-th layer is global
@@ -138,7 +167,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         fused_gate_up=family == "phi3",
         learned_positions=_int(cfg, "n_positions", default=1024, where=where) if gpt2 else 0,
         num_experts=experts,
-        experts_per_token=_int(cfg, "num_experts_per_tok", default=2 if experts else 0, where=where) if experts else 0,
+        experts_per_token=_int(cfg, "num_experts_per_tok", default=2, where=where) if experts else 0,
         moe_intermediate_size=moe_inter,
         sliding_window=window,
         sliding_layers=sliding,

@@ -15,7 +15,7 @@ from vramledger import __version__
 from vramledger.errors import VramledgerError
 
 # Command modules, in the order `vramledger --help` lists them.
-COMMANDS: tuple[str, ...] = ("catalog_cmds", "trace")
+COMMANDS: tuple[str, ...] = ("estimate", "trace", "catalog_cmds", "accum_check", "convert")
 
 
 class _Parser(argparse.ArgumentParser):

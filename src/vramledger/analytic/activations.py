@@ -1,0 +1,186 @@
+"""Activations saved for backward, per decoder layer, per token (and the length² terms per sequence).
+
+Legend: H hidden, I MLP width, Dq = heads·head_dim, Dkv = kv_heads·head_dim, nh heads, L length, B batch,
+c bytes of the compute dtype (2 for bf16/fp16, 4 for fp32), s bytes of the residual stream.
+
+What autograd keeps is decided by PyTorch's derivative formulas (tools/autograd/derivatives.yaml): an op saves an
+input only when the gradient of another input that requires grad needs it. So a frozen linear (LoRA base, QLoRA)
+saves nothing for its weight's sake, and an RMSNorm whose weight is frozen does not save its normalised input.
+
+Model code read (transformers 5.23):
+- ``LlamaRMSNorm.forward``: ``x.to(float32)`` (saved by ``pow`` and ``mul``: 4H), ``h.to(input_dtype)`` (saved by
+  ``weight * h`` when the weight trains: s·H). ``Gemma2RMSNorm`` multiplies by ``1 + weight`` in fp32 (4H).
+  GPT-2 ``nn.LayerNorm`` saves its input (s·H).
+- ``LlamaAttention`` + ``sdpa_attention_forward``: q/k after RoPE and v are saved by SDPA with its output and an
+  fp32 logsumexp (B·nh·L). ``use_gqa_in_sdpa`` is true only without a mask: a padded batch (B > 1, no packing)
+  builds a boolean 4-D mask, ``repeat_kv`` copies K and V to nh heads, and torch's
+  ``convert_boolean_attn_mask`` (aten/src/ATen/native/transformers/attention.cpp) turns the mask into an additive
+  tensor of the query dtype in every layer's call, which the memory-efficient kernel saves (c·B·L·⌈L⌉₁₆).
+- ``eager_attention_forward``: ``repeat_kv`` copies, ``softmax(dtype=float32)`` output (saved: 4·nh·L per token)
+  and its cast to the compute dtype (saved by the matmul with V: c·nh·L), Gemma 2's softcap adds a tanh output.
+- ``LlamaMLP``: ``down(act(gate(x)) * up(x))`` saves gate (for SiLU), act and up (for the product) and the
+  product (for down's weight gradient) — 4·c·I when trained, 3·c·I with a frozen down projection.
+  GPT-2's ``NewGELUActivation`` is Python arithmetic that saves x, tanh(·), 0.5·x and 1 + tanh(·): 4·c·I.
+- Autocast (torch ``autocast_mode.cpp`` ``cached_cast``): each linear casts its fp32 input to bf16 itself, and
+  only leaf parameters' casts are cached, so q/k/v under AMP save three 2H copies where pure bf16 saves one.
+- PEFT ``lora.Linear.forward``: ``x.to(lora_A.weight.dtype)`` per adapter (an fp32 copy when adapters are fp32),
+  ``lora_dropout`` (CUDA ``native_dropout`` saves a bool mask, 1 byte/element, and lora_A saves the dropped copy),
+  lora_A's output (r) saved by lora_B. Under autocast lora_A re-casts its input to bf16 (2 bytes saved).
+
+Checked against ``shared/notes/tracing.md`` (Llama-3-8B shape, pure bf16, sdpa without mask): full fine-tuning
+16H + 4Dq + 4Dkv + 8I = 200,704 bytes per token per layer (+ 4·nh logsumexp), matching the traced figure.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from vramledger.analytic.weights import WeightBudget
+from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class LayerActivations:
+    """Saved bytes of one trained decoder layer."""
+
+    per_token: int
+    """Bytes per token that grow with B·L."""
+    scores_per_seq: int
+    """Bytes per sequence that grow with L² (eager scores; the additive mask of padded SDPA)."""
+    detail: tuple[tuple[str, int], ...]
+    """(part, bytes per token) for the breakdown shown to users."""
+
+
+def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+    """Bytes per element of the residual stream. Under AMP with an fp32 (trainable) embedding the stream is fp32,
+    since bf16 linear outputs added to an fp32 residual promote to fp32."""
+    if train.precision.compute is DType.FP32:
+        return 4
+    if train.precision.mixed and wb.embedding_trainable:
+        return 4
+    return train.precision.compute.bytes
+
+
+def padded_sdpa(train: TrainSpec) -> bool:
+    """Whether SDPA gets an explicit mask: a padded batch (more than one sequence, not packed)."""
+    return train.attn is Attention.SDPA and train.micro_batch > 1 and not train.packing
+
+
+def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int) -> int:
+    if m.norm_bias:  # nn.LayerNorm saves its input
+        return s * width
+    if m.norms_per_layer == 4:  # Gemma: fp32 upcast and fp32 normalised value
+        return 4 * width + (4 * width if trainable else 0)
+    return 4 * width + (s * width if trainable else 0)
+
+
+def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int) -> int:
+    """Saved by one LoRA adapter per token: its input cast (and dropout mask), and lora_A's output.
+
+    DoRA (PEFT ``tuners/lora/dora.py`` ``DoraLinearLayer.forward``): ``(m - 1) * base_result + m * lora_result``
+    with a trainable magnitude m saves the base result (c·out) and the adapter result (out in the adapter's
+    compute dtype).
+    """
+    assert train.lora is not None
+    lora = train.lora
+    c = train.precision.compute.bytes
+    if train.precision.mixed:
+        cast = 2  # autocast re-casts lora_A's input to the compute dtype
+        mid = 2
+    else:
+        cast = 4 if (lora.adapter_fp32 or c == 4) else c
+        mid = cast
+    mask = in_features if lora.dropout > 0 else 0
+    dora = (c + mid) * out_features if lora.dora else 0
+    return cast * in_features + mask + mid * lora.rank + dora
+
+
+def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+    """DoRA's per-forward weight norm, for the largest adapted layer (PEFT ``get_lora_weight`` multiplies an
+    in×in fp32 identity through the adapter to get the out×in update; ``get_weight_norm`` adds it to an fp32
+    copy of the base weight): about in² + 4·in·out fp32 elements live at once."""
+    if train.lora is None or not train.lora.dora or not wb.adapted:
+        return 0
+    return max(4 * (a.linear.in_features ** 2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
+
+
+def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> LayerActivations:
+    """Saved activations of one decoder layer whose weights (or adapters) train."""
+    H, I, Dq, Dkv, nh = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim, m.num_heads
+    c = train.precision.compute.bytes
+    s = residual_bytes(train, wb)
+    amp = train.precision.mixed
+    base_trains = train.method in (Method.FULL, Method.FREEZE)
+    L = train.seq_len
+    parts: list[tuple[str, int]] = []
+
+    # Norms around attention and MLP (Gemma's post-norms act on sublayer outputs of the same width).
+    parts.append(("norms (fp32 upcast)", m.norms_per_layer * _norm_bytes(m, s, base_trains, H)))
+
+    # Inputs saved by trained linears. Pure precision: one shared tensor. AMP: one bf16 cast per consumer.
+    if base_trains:
+        qkv_consumers = 1 if m.fused_qkv else 3
+        mlp_consumers = 1 if (m.fused_gate_up or not m.gated_mlp or m.is_moe) else 2
+        if amp:
+            parts.append(("linear inputs (autocast copies)", 2 * H * (qkv_consumers + mlp_consumers)))
+        else:
+            parts.append(("linear inputs", c * H * 2))
+
+    # Adapters.
+    if train.adapters:
+        adapter = 0
+        for a in wb.adapted:
+            adapter += a.linear.per_layer * _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
+        parts.append(("LoRA inputs and dropout masks", adapter))
+
+    # Attention.
+    if m.qk_norm:
+        parts.append(("q/k norms", _norm_bytes(m, c, base_trains, Dq + Dkv)))
+    scores = 0
+    if train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA):
+        # q, repeated k and v, and the contiguous output copy saved by o_proj (or by the PEFT adapter).
+        parts.append(("q, repeated k/v, output", c * 4 * Dq))
+        probs = 4 + (c if c != 4 else 0)
+        softcap = c if m.attn_logit_softcapping else 0
+        scores = (probs + softcap) * nh * L * L
+    else:
+        repeat = padded_sdpa(train) and m.num_kv_heads != m.num_heads
+        kv = 2 * (Dq if repeat else Dkv)
+        parts.append(("q, k, v, output" + (" (k/v repeated: padded batch)" if repeat else ""), c * (2 * Dq + kv)))
+        parts.append(("attention logsumexp (fp32)", 4 * nh))
+        if padded_sdpa(train):
+            scores = c * L * (-(-L // 16) * 16)
+
+    # MLP.
+    if m.is_moe:
+        k, Im, E = m.experts_per_token, m.moe_intermediate_size, m.num_experts
+        per_route = (4 if base_trains else 3) * c * Im + c * H + (c * H if base_trains else 0)
+        parts.append(("experts (routed tokens)", k * per_route))
+        parts.append(("router logits and softmax", (c + 4) * E))
+    elif not m.gated_mlp:  # GPT-2: c_fc → NewGELU (4 saved) → c_proj input
+        parts.append(("MLP activation", c * I * (5 if base_trains else 4)))
+    else:
+        parts.append(("MLP gate/act/up/product", c * I * (4 if base_trains else 3)))
+
+    return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
+
+
+def checkpoint_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Per layer under gradient checkpointing: only the layer's input hidden state is kept
+    (torch.utils.checkpoint, non-reentrant, as transformers' ``GradientCheckpointingLayer`` calls it)."""
+    return residual_bytes(train, wb) * m.hidden_size
+
+
+def final_norm_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """The final norm's saved tensors, plus lm_head's input when lm_head trains."""
+    s = residual_bytes(train, wb)
+    c = train.precision.compute.bytes
+    head_input = (2 if train.precision.mixed else c) * m.hidden_size if wb.head_trainable else 0
+    return _norm_bytes(m, s, wb.norms_trainable and wb.head_trainable, m.hidden_size) + head_input
+
+
+def rope_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """cos and sin, computed once per forward and shared by every layer (``LlamaRotaryEmbedding``)."""
+    if m.learned_positions:
+        return 0
+    return 2 * residual_bytes(train, wb) * m.head_dim

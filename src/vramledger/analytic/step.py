@@ -1,0 +1,304 @@
+"""Compose the components into the ledger of one steady-state training step.
+
+The step modelled is the HF Trainer's (and LLaMA-Factory's, TRL's): ``model(**batch)`` with labels under
+autocast for AMP, ``compute_loss`` returning only the loss, ``accelerator.backward(loss)``, ``optimizer.step()``,
+``zero_grad(set_to_none=True)``. We model step ≥ 2: optimizer states exist from the first step on (they are
+created inside it), so they are live through forward and backward of every later step — the true peak.
+
+Each phase's peak is the largest of a few candidate moments (named in ``moments``):
+- forward: inside the loss (logits, fp32 copy, log-softmax) with every layer's saved activations;
+- backward: the log-softmax backward (12·V·T), lm_head's backward, the top layer's backward (with its recompute
+  under checkpointing), or the end (every gradient allocated);
+- optimizer: weights + gradients + states + the step's temporaries.
+Gradients are absent in forward unless gradient accumulation keeps them across micro-steps.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramledger.analytic.activations import (
+    checkpoint_input_bytes_per_token,
+    dora_transient_bytes,
+    final_norm_bytes_per_token,
+    layer_activations,
+    residual_bytes,
+    rope_bytes_per_token,
+)
+from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.optimizer import optimizer_bytes
+from vramledger.analytic.overhead import (
+    CONTEXT_SOURCE,
+    RESERVE_SOURCE,
+    allocator_reserve_bytes,
+    cublas_workspace_bytes,
+    cuda_context_bytes,
+)
+from vramledger.analytic.weights import WeightBudget, weight_budget
+from vramledger.ledger import Basis, Category, LineItem, Phase
+from vramledger.specs import Attention, GPUSpec, ModelSpec, TrainSpec
+
+
+@dataclass(kw_only=True, slots=True)
+class _Moment:
+    """Bytes by category at one instant, with the sources of each line."""
+
+    name: str
+    lines: dict[Category, list[tuple[str, int, str, Basis]]] = field(default_factory=dict)
+
+    def add(self, cat: Category, label: str, n: int, source: str, basis: Basis = Basis.FORMULA) -> None:
+        if n > 0:
+            self.lines.setdefault(cat, []).append((label, int(n), source, basis))
+
+    @property
+    def total(self) -> int:
+        return sum(n for items in self.lines.values() for _, n, _, _ in items)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepParts:
+    """The quantities every moment is assembled from (exposed for tests and the planner)."""
+
+    weights: WeightBudget
+    frozen_bytes: int
+    trainable_bytes: int
+    master_bytes: int
+    grad_bytes: int
+    autocast_copy_bytes: int
+    state_bytes: int
+    step_temp_bytes: int
+    saved_layers_bytes: int
+    """Saved activations of all trained layers (or their checkpointed inputs)."""
+    layer_bytes: int
+    """Saved activations of one trained layer (recomputed in backward under checkpointing)."""
+    scores_bytes: int
+    """Length² bytes of all trained layers (0 under checkpointing, where one layer's is recomputed)."""
+    layer_scores_bytes: int
+    extra_saved_bytes: int
+    """Final norm, RoPE tables and other once-per-model saved tensors."""
+    logits_forward: int
+    logits_saved: int
+    logits_backward: int
+    logits_head: int
+    layer_backward_temp: int
+    dora_temp: int
+    forward_layer_temp: int
+    """Largest transient inside one layer's forward (eager's pre-softmax scores, DoRA's weight norm)."""
+    dequant_temp: int
+    """QLoRA: bitsandbytes dequantises one frozen weight to the compute dtype per matmul (forward and backward)."""
+    workspace_bytes: int
+    optimizer_source: str
+    logits_source: str
+
+
+def _sources() -> dict[str, str]:
+    return {
+        "weights": "Σ parameters × dtype bytes (analytic/params.py, weights.py: transformers 5 modeling_*, PEFT, bnb)",
+        "grads": "one gradient per trainable parameter, in its dtype (torch AccumulateGrad)",
+        "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, "
+        "kept while autograd needs it",
+        "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, "
+        "LlamaMLP, PEFT)",
+        "ckpt": "torch.utils.checkpoint (non-reentrant): each layer keeps only its input hidden state",
+    }
+
+
+def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
+    wb = weight_budget(m, train)
+    T, B = train.tokens, train.micro_batch
+    c = train.precision.compute.bytes
+    n_tl = wb.trainable_layers
+    la = layer_activations(m, train, wb)
+    layer_bytes = la.per_token * T
+    layer_scores = la.scores_per_seq * B
+    if train.grad_ckpt:
+        saved_layers = n_tl * checkpoint_input_bytes_per_token(m, train, wb) * T
+        scores = 0
+    else:
+        saved_layers = n_tl * layer_bytes
+        scores = n_tl * layer_scores
+    extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
+    lg = logits_bytes(m, train, T)
+
+    # Under AMP, trainable fp32 matrices get a bf16 copy in the autocast cache (and saved by autograd).
+    autocast_copies = wb.trainable_matrix_params * 2 if (train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0
+
+    frozen, trainable = wb.frozen_bytes, wb.trainable_bytes
+    grads = wb.trainable_params * wb.trainable_dtype.bytes
+    opt = optimizer_bytes(m, train, wb)
+    states, step_temp = opt.states, opt.step_temporaries
+    master = 0
+    if train.offload_optimizer and train.zero_stage == 0:
+        # Optimizer offload (DeepSpeed ZeRO-Offload's CPU Adam): states and the step live in host memory; the GPU
+        # keeps weights and gradients (copied to the host each step).
+        states, step_temp = 0, 0
+    if train.zero_stage > 0:
+        # DeepSpeed ZeRO (runtime/zero/stage_1_and_2.py, stage3.py): bf16/fp16 model weights and gradients, an
+        # fp32 master copy and fp32 Adam states in the optimizer, partitioned over ranks by stage.
+        N = train.world_size
+        p = wb.trainable_params
+        lowp = 2 if c == 2 else 4
+        trainable = p * lowp // (N if train.zero_stage == 3 else 1)
+        grads = p * lowp // (N if train.zero_stage >= 2 else 1)
+        master = 0 if (train.offload_optimizer or c == 4) else 4 * p // N
+        states = 0 if train.offload_optimizer else 8 * p // N
+        step_temp = 0
+        autocast_copies = 0
+
+    # Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates.
+    H, I = m.hidden_size, (m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size)
+    s = residual_bytes(train, wb)
+    layer_temp = (2 * s * H + 3 * c * I) * T if n_tl else 0
+    if train.attn is Attention.EAGER and n_tl:
+        layer_temp += (c + 4) * m.num_heads * train.seq_len * train.seq_len * B
+    return StepParts(
+        weights=wb,
+        frozen_bytes=frozen,
+        trainable_bytes=trainable,
+        master_bytes=master,
+        grad_bytes=grads,
+        autocast_copy_bytes=autocast_copies,
+        state_bytes=states,
+        step_temp_bytes=step_temp,
+        saved_layers_bytes=saved_layers,
+        layer_bytes=layer_bytes,
+        scores_bytes=scores,
+        layer_scores_bytes=layer_scores,
+        extra_saved_bytes=extra,
+        logits_forward=lg.forward_peak,
+        logits_saved=lg.saved,
+        logits_backward=lg.backward_peak,
+        logits_head=lg.head_grad_moment,
+        layer_backward_temp=layer_temp,
+        dora_temp=dora_transient_bytes(train, wb),
+        forward_layer_temp=dora_transient_bytes(train, wb)
+        + (c * m.num_heads * train.seq_len * train.seq_len * B if train.attn is Attention.EAGER and n_tl else 0),
+        dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
+        workspace_bytes=cublas_workspace_bytes(gpu),
+        optimizer_source=opt.source,
+        logits_source=lg.source,
+    )
+
+
+def _persistent(mo: _Moment, p: StepParts, train: TrainSpec, *, grads: int, autocast: bool, states: bool) -> None:
+    src = _sources()
+    if p.frozen_bytes:
+        label = "frozen base" + (" (quantised)" if train.quant is not None else "")
+        mo.add(Category.WEIGHTS, label, p.frozen_bytes, src["weights"])
+    if p.trainable_bytes:
+        label = "adapters" if train.adapters else "trainable"
+        mo.add(Category.WEIGHTS, f"{label} ({p.weights.trainable_dtype.value})", p.trainable_bytes, src["weights"])
+    if p.master_bytes:
+        mo.add(Category.MASTER_WEIGHTS, "fp32 master copy (ZeRO shard)", p.master_bytes,
+               "DeepSpeed bf16/fp16 optimizer: fp32 master partition, 4·P/N")
+    if autocast and p.autocast_copy_bytes:
+        mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, src["autocast"])
+    if states and p.state_bytes:
+        mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
+    if grads:
+        mo.add(Category.GRADIENTS, "gradients", grads, src["grads"])
+    mo.add(Category.WORKSPACE, "cuBLAS workspaces", p.workspace_bytes,
+           "torch CublasHandlePool.cpp getChosenWorkspaceSize, one per handle (forward and backward threads)")
+
+
+def _activations(mo: _Moment, p: StepParts, train: TrainSpec, *, saved_logits: bool = False) -> None:
+    src = _sources()
+    if p.saved_layers_bytes:
+        label = "layer inputs (checkpointed)" if train.grad_ckpt else "saved by every trained layer"
+        mo.add(Category.ACTIVATIONS, label, p.saved_layers_bytes, src["ckpt"] if train.grad_ckpt else src["acts"])
+    if p.extra_saved_bytes:
+        mo.add(Category.ACTIVATIONS, "final norm, RoPE tables", p.extra_saved_bytes, src["acts"])
+    if p.scores_bytes:
+        mo.add(Category.ATTENTION_SCORES, "length² tensors of every layer", p.scores_bytes,
+               "eager softmax fp32 + cast probs (or padded SDPA's additive mask), analytic/activations.py")
+    if saved_logits and p.logits_saved:
+        mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, p.logits_source)
+
+
+def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, _Moment]:
+    """The peak moment of each phase, as lines by category."""
+    p = step_parts(m, train, gpu)
+    accum = train.grad_accum > 1
+    grads_prev = p.grad_bytes if accum else 0
+    out: dict[Phase, _Moment] = {}
+
+    load = _Moment(name="weights loaded, before the first step")
+    if p.frozen_bytes:
+        load.add(Category.WEIGHTS, "frozen base", p.frozen_bytes, _sources()["weights"])
+    if p.trainable_bytes:
+        load.add(Category.WEIGHTS, "trainable", p.trainable_bytes, _sources()["weights"])
+    out[Phase.LOAD] = load
+
+    # Forward: the loss with everything saved so far.
+    fwd = _Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)")
+    _persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
+    _activations(fwd, p, train)
+    fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
+    fwd_layer = _Moment(name="inside the last decoder layer's forward")
+    _persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
+    _activations(fwd_layer, p, train)
+    fwd_layer.add(Category.TEMPORARIES, "transients of one layer", p.forward_layer_temp + p.dequant_temp,
+                  "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
+                  "QLoRA dequantised weight")
+    out[Phase.FORWARD] = max((fwd, fwd_layer), key=lambda mo: mo.total)
+
+    # Backward candidates.
+    cands: list[_Moment] = []
+    b_loss = _Moment(name="log-softmax backward (_log_softmax_backward_data)")
+    _persistent(b_loss, p, train, grads=grads_prev, autocast=True, states=True)
+    _activations(b_loss, p, train)
+    b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
+    cands.append(b_loss)
+
+    b_top = _Moment(name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""))
+    head_grad = 0
+    if p.weights.head_trainable and not accum:
+        head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    _persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=True, states=True)
+    _activations(b_top, p, train)
+    if train.grad_ckpt and p.weights.trainable_layers:
+        b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, _sources()["acts"])
+        b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
+                  "analytic/activations.py")
+    if train.grad_ckpt:
+        b_top.add(Category.TEMPORARIES, "DoRA weight norm in the recomputed forward", p.dora_temp,
+                  "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)")
+    b_top.add(Category.TEMPORARIES, "4-bit weight dequantised for one matmul", p.dequant_temp,
+              "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time")
+    b_top.add(Category.TEMPORARIES, "gradients of hidden states and MLP intermediates", p.layer_backward_temp,
+              "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)")
+    cands.append(b_top)
+
+    b_end = _Moment(name="end of backward (every gradient allocated)")
+    _persistent(b_end, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    if p.weights.embedding_trainable and (m.tie_word_embeddings or accum):
+        b_end.add(Category.TEMPORARIES, "embedding gradient before accumulation",
+                  p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
+                  "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
+                  "(tied lm_head, or an earlier micro-step)")
+    cands.append(b_end)
+    out[Phase.BACKWARD] = max(cands, key=lambda mo: mo.total)
+
+    opt = _Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""))
+    _persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
+    out[Phase.OPTIMIZER] = opt
+    return out
+
+
+def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[tuple[LineItem, ...], dict[Phase, str]]:
+    """Line items for every phase, including the allocator reserve and the CUDA context."""
+    items: list[LineItem] = []
+    names: dict[Phase, str] = {}
+    for phase, mo in moments(m, train, gpu).items():
+        names[phase] = mo.name
+        for cat, lines in mo.lines.items():
+            for label, n, source, basis in lines:
+                items.append(LineItem(category=cat, phase=phase, bytes=n, label=label, source=source, basis=basis))
+        if phase is not Phase.LOAD:
+            items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase,
+                                  bytes=allocator_reserve_bytes(mo.total), label="cached, not allocated",
+                                  source=RESERVE_SOURCE, basis=Basis.ASSUMPTION))
+        items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=cuda_context_bytes(gpu),
+                              label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
+    return tuple(items), names

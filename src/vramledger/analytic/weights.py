@@ -1,0 +1,201 @@
+"""Which parameters exist, which train, and how many bytes each group takes.
+
+Legend: P parameters; r LoRA rank; in/out a linear layer's features; bytes per element from the dtype.
+
+Sources:
+- PEFT 0.21 ``tuners/lora/layer.py`` ``LoraLayer.update_layer``: lora_A is Linear(in, r), lora_B Linear(r, out),
+  no biases; DoRA adds ``lora_magnitude_vector`` of size out. ``tuners_utils.cast_adapter_dtype``: with
+  ``autocast_adapter_dtype=True`` (the default) bf16/fp16 adapter weights are upcast to fp32.
+  ``target_modules="all-linear"`` picks every ``nn.Linear``/``Conv1D`` except the output layer
+  (``_maybe_include_all_linear_layers``).
+- bitsandbytes ``functional.quantize_4bit``: two 4-bit codes per byte and one fp32 absmax per ``blocksize``
+  (64) elements; with double quantisation (``compress_statistics``) the absmax are stored as uint8 with one fp32
+  absmax per 256 of them. ``Linear8bitLt`` / ``Int8Params``: int8 weights plus one fp32 scale (SCB) per row.
+  transformers' bnb quantizer leaves the output layer (lm_head) unquantised (``get_keys_to_not_convert``).
+- LLaMA-Factory ``model/adapter.py`` ``_setup_freeze_tuning``: method freeze trains the last
+  ``freeze_trainable_layers`` decoder layers (all their modules), nothing else.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import lru_cache
+
+from vramledger.analytic.params import (
+    Linear,
+    count_params,
+    embedding_params,
+    head_params,
+    layer_linears,
+    layer_norm_params,
+    layer_params,
+)
+from vramledger.errors import VramledgerError
+from vramledger.specs import DType, Method, ModelSpec, QuantSpec, TrainSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Adapted:
+    """One LoRA-adapted linear layer (per decoder layer)."""
+
+    linear: Linear
+    params: int
+    """Adapter parameters for one copy: r·(in + out), plus out for DoRA's magnitude."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WeightBudget:
+    total_params: int
+    trainable_params: int
+    frozen_bytes: int
+    """Bytes of parameters that do not train (quantised storage included)."""
+    trainable_bytes: int
+    """Bytes of trainable parameters in their storage dtype."""
+    trainable_dtype: DType
+    trainable_layers: int
+    """Decoder layers whose weights or adapters train (activations are saved only from the first of them on)."""
+    adapted: tuple[Adapted, ...]
+    """LoRA-adapted projections of one decoder layer."""
+    trainable_matrix_params: int
+    """Trainable parameters that are matmul weights (autocast caches a low-precision copy of each)."""
+    largest_trainable_numel: int
+    """Largest single trainable tensor (for per-tensor optimizer temporaries)."""
+    largest_frozen_matrix_numel: int
+    """Largest frozen matmul weight of a decoder layer (QLoRA dequantises one at a time)."""
+    embedding_trainable: bool
+    head_trainable: bool
+    norms_trainable: bool
+    lm_head_weight_numel: int
+
+
+def _matches(name: str, targets: tuple[str, ...]) -> bool:
+    # PEFT check_target_module_exists: a target matches the module's name or a dotted suffix of it.
+    leaf = name.split(".")[-1]
+    return any(t in (name, leaf) for t in targets)
+
+
+def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
+    assert train.lora is not None
+    lora = train.lora
+    linears = layer_linears(m)
+    if lora.all_linear:
+        picked = [lin for lin in linears if lin.lora_targetable]
+    else:
+        picked = [lin for lin in linears if _matches(lin.name, lora.targets)]
+        unknown = [t for t in lora.targets if not any(_matches(lin.name, (t,)) for lin in linears)]
+        if unknown:
+            names = ", ".join(sorted({lin.name.split(".")[-1] for lin in linears}))
+            raise VramledgerError(
+                f"lora targets: {', '.join(unknown)} not found in {m.family} layers; choose from {names} or 'all'"
+            )
+        if any(not lin.lora_targetable for lin in picked):
+            raise VramledgerError(
+                "lora targets: expert projections are fused 3-D parameters in transformers 5, not nn.Linear; "
+                "target the attention projections or 'all'"
+            )
+    out = []
+    for lin in picked:
+        p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
+        out.append(Adapted(linear=lin, params=p * lin.per_layer))
+    return tuple(out)
+
+
+def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
+    """Storage of one bitsandbytes-quantised weight (see module docstring)."""
+    if q.bits == 8:
+        return numel + 4 * out_features
+    blocks = -(-numel // q.blocksize)
+    packed = -(-numel // 2)
+    if q.double_quant:
+        return packed + blocks + 4 * -(-blocks // 256)
+    return packed + 4 * blocks
+
+
+@lru_cache(maxsize=4096)
+def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
+    total = count_params(m)
+    prec = train.precision
+    frozen_dt, train_dt = prec.frozen, prec.trainable
+    linears = layer_linears(m)
+    lm_head_numel = m.vocab_size * m.hidden_size
+    largest_frozen = max(lin.in_features * lin.out_features for lin in linears)
+
+    if train.method is Method.FULL:
+        largest = max(embedding_params(m), max(lin.in_features * lin.out_features for lin in linears))
+        matrix = total - m.num_layers * layer_norm_params(m) - head_params(m) + (
+            0 if m.tie_word_embeddings else lm_head_numel
+        )
+        matrix -= m.num_layers * sum(lin.out_features * lin.per_layer for lin in linears if lin.bias)
+        return WeightBudget(
+            total_params=total,
+            trainable_params=total,
+            frozen_bytes=0,
+            trainable_bytes=total * train_dt.bytes,
+            trainable_dtype=train_dt,
+            trainable_layers=m.num_layers,
+            adapted=(),
+            trainable_matrix_params=matrix,
+            largest_trainable_numel=largest,
+            largest_frozen_matrix_numel=0,
+            embedding_trainable=True,
+            head_trainable=True,
+            norms_trainable=True,
+            lm_head_weight_numel=lm_head_numel,
+        )
+
+    if train.method is Method.FREEZE:
+        k = min(train.freeze_trainable_layers, m.num_layers)
+        trainable = k * layer_params(m)
+        matrix = k * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
+        return WeightBudget(
+            total_params=total,
+            trainable_params=trainable,
+            frozen_bytes=(total - trainable) * frozen_dt.bytes,
+            trainable_bytes=trainable * train_dt.bytes,
+            trainable_dtype=train_dt,
+            trainable_layers=k,
+            adapted=(),
+            trainable_matrix_params=matrix,
+            largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
+            largest_frozen_matrix_numel=largest_frozen,
+            embedding_trainable=False,
+            head_trainable=False,
+            norms_trainable=k > 0,
+            lm_head_weight_numel=lm_head_numel,
+        )
+
+    # LoRA / QLoRA: adapters train; the base is frozen (quantised for QLoRA).
+    assert train.lora is not None
+    adapted = adapted_linears(m, train)
+    adapter_params = m.num_layers * sum(a.params for a in adapted)
+    adapter_dt = DType.FP32 if (train.lora.adapter_fp32 or prec.compute is DType.FP32) else frozen_dt
+    if train.quant is not None:
+        q = train.quant
+        layer_bytes = sum(
+            lin.per_layer * quantised_bytes(lin.in_features * lin.out_features, lin.out_features, q)
+            + (lin.out_features * lin.per_layer * frozen_dt.bytes if lin.bias else 0)
+            for lin in linears
+        )
+        other = embedding_params(m) + head_params(m) + m.num_layers * layer_norm_params(m)
+        frozen_bytes = m.num_layers * layer_bytes + other * frozen_dt.bytes
+    else:
+        frozen_bytes = total * frozen_dt.bytes
+    largest_adapter = max(
+        (train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted), default=0
+    )
+    return WeightBudget(
+        total_params=total + adapter_params,
+        trainable_params=adapter_params,
+        frozen_bytes=frozen_bytes,
+        trainable_bytes=adapter_params * adapter_dt.bytes,
+        trainable_dtype=adapter_dt,
+        trainable_layers=m.num_layers if adapted else 0,
+        adapted=adapted,
+        trainable_matrix_params=adapter_params,
+        largest_trainable_numel=largest_adapter,
+        largest_frozen_matrix_numel=largest_frozen,
+        embedding_trainable=False,
+        head_trainable=False,
+        norms_trainable=False,
+        lm_head_weight_numel=lm_head_numel,
+    )

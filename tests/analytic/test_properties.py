@@ -1,0 +1,61 @@
+"""Invariants that must hold for every input (hypothesis)."""
+
+import dataclasses
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from vramledger.analytic import estimate
+from vramledger.catalog import resolve_model
+from vramledger.ledger import Category
+from vramledger.specs import Attention, LoraSpec, Method, Optimizer, Precision, TrainSpec
+
+MODELS = ["gpt2", "llama-3-8b"]
+
+specs = st.builds(
+    TrainSpec,
+    method=st.sampled_from([Method.FULL, Method.LORA, Method.QLORA, Method.FREEZE]),
+    precision=st.sampled_from([Precision.BF16_MIXED, Precision.BF16, Precision.FP32]),
+    optimizer=st.sampled_from(list(Optimizer)),
+    micro_batch=st.integers(1, 16),
+    seq_len=st.integers(1, 8192),
+    grad_accum=st.integers(1, 8),
+    grad_ckpt=st.booleans(),
+    attn=st.sampled_from([Attention.EAGER, Attention.SDPA]),
+    lora=st.builds(LoraSpec, rank=st.integers(1, 128), dropout=st.sampled_from([0.0, 0.05])),
+)
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=specs, model=st.sampled_from(MODELS), db=st.integers(0, 8), dl=st.integers(0, 4096))
+def test_peak_never_falls_as_batch_or_length_grows(spec: TrainSpec, model: str, db: int, dl: int) -> None:
+    m = resolve_model(model)
+    base = estimate(m, spec)
+    more = estimate(m, dataclasses.replace(spec, micro_batch=spec.micro_batch + db, seq_len=spec.seq_len + dl))
+    assert more.peak_allocated >= base.peak_allocated
+    assert more.device_total >= base.device_total
+
+
+@settings(max_examples=150, deadline=None)
+@given(spec=specs, model=st.sampled_from(MODELS))
+def test_checkpointing_never_raises_activations(spec: TrainSpec, model: str) -> None:
+    m = resolve_model(model)
+    on = estimate(m, dataclasses.replace(spec, grad_ckpt=True))
+    off = estimate(m, dataclasses.replace(spec, grad_ckpt=False))
+    for phase in on.phases:
+        saved_on = on.bytes_of(Category.ACTIVATIONS, phase) + on.bytes_of(Category.ATTENTION_SCORES, phase)
+        saved_off = off.bytes_of(Category.ACTIVATIONS, phase) + off.bytes_of(Category.ATTENTION_SCORES, phase)
+        # under checkpointing backward also holds one recomputed layer: never more than all layers saved
+        assert saved_on <= saved_off
+    assert on.peak_allocated <= off.peak_allocated
+
+
+@settings(max_examples=100, deadline=None)
+@given(spec=specs, model=st.sampled_from(MODELS))
+def test_lines_add_up(spec: TrainSpec, model: str) -> None:
+    led = estimate(resolve_model(model), spec)
+    for phase in led.phases:
+        assert sum(i.bytes for i in led.items if i.phase is phase and i.category.allocated) == led.allocated(phase)
+        assert led.device(phase) == sum(i.bytes for i in led.items if i.phase is phase)
+    assert led.peak_allocated == max(led.allocated(p) for p in led.phases)
+    assert led.device_total >= led.peak_reserved >= led.peak_allocated
