@@ -106,7 +106,7 @@ def _print_table(ledger: Ledger, warnings: tuple[str, ...]) -> None:
                 sum(i.bytes for i in ledger.items if i.category is cat and i.phase is p and i.label == label)
                 for p in phases
             ]
-            name = cat.title if len(labels) == 1 else f"{cat.title}: {label[:20]}"
+            name = cat.display if len(labels) == 1 else f"{cat.display}: {label[:20]}"
             print(f"{name[:34]:<34}" + "".join(f"{fmt_bytes(b):>14}" for b in row))
     print(
         f"{'allocated at the phase peak':<34}"

@@ -109,7 +109,7 @@ def trace_step(
         (i for i in ledger.items if i.phase is ledger.peak_phase), key=lambda i: i.bytes, default=None
     )
     advice = (
-        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.title}."
+        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."
         if biggest
         else ""
     )

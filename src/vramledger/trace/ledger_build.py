@@ -118,7 +118,7 @@ def line_items(peaks: dict[Phase, PhasePeak], source: str) -> list[LineItem]:
                         category=cat,
                         phase=phase,
                         bytes=b,
-                        label=_LABELS.get(cat, cat.title),
+                        label=_LABELS.get(cat, cat.display),
                         source=source,
                         basis=Basis.TRACE,
                     )
