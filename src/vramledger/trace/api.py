@@ -29,10 +29,8 @@ def quantised_weight_bytes(numel: int, out_features: int, quant: QuantSpec) -> i
     if quant.bits == 8:
         return round_block(numel) + round_block(4 * out_features)
     blocks = -(-numel // quant.blocksize)
-    if quant.double_quant:
-        stats = round_block(blocks) + round_block(4 * -(-blocks // 256))
-    else:
-        stats = round_block(4 * blocks)
+    double = round_block(blocks) + round_block(4 * -(-blocks // 256))
+    stats = double if quant.double_quant else round_block(4 * blocks)
     return round_block((numel + 1) // 2) + stats
 
 
