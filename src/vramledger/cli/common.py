@@ -106,6 +106,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", help="no gradient checkpointing")
     g.add_argument("--attn", help="eager | sdpa | flash_attention_2 (default sdpa)")
     g.add_argument("--loss", help="standard | fused (Liger) | chunked (default standard)")
+    g.add_argument("--packing", action="store_true", default=None,
+                   help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
     g.add_argument("--eval-batch", type=int, help="evaluation batch size (adds an eval phase)")
     g.add_argument("--eval-seq", type=int, help="evaluation sequence length (default: --seq)")
 
@@ -203,6 +205,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         ("grad_ckpt", "grad_ckpt"),
         ("freeze_layers", "freeze_trainable_layers"),
         ("sgd_momentum", "sgd_momentum"),
+        ("packing", "packing"),
         ("eval_batch", "eval_batch"),
         ("eval_seq", "eval_seq_len"),
     ):
