@@ -15,7 +15,7 @@ from vramledger import __version__
 from vramledger.errors import VramledgerError
 
 # Command modules, in the order `vramledger --help` lists them.
-COMMANDS: tuple[str, ...] = ("estimate", "catalog_cmds")
+COMMANDS: tuple[str, ...] = ("estimate", "fit", "plan", "accum", "catalog_cmds")
 
 
 class _Parser(argparse.ArgumentParser):
