@@ -116,7 +116,12 @@ def divisors(n: int) -> tuple[int, ...]:
 def precision_variants(m: ModelSpec, t: TrainSpec, gpu: GPUSpec) -> list[Variant]:
     half = Precision.BF16_MIXED if gpu.supports_bf16 else Precision.FP16_MIXED
     if t.precision is Precision.FP32:
-        return [_v(m, t, "precision", "precision", t.precision.value, half.value, precision=half)]
+        out = [_v(m, t, "precision", "precision", t.precision.value, half.value, precision=half)]
+        if t.method in (Method.FULL, Method.FREEZE) and gpu.supports_bf16:
+            # AMP keeps fp32 weights and adds bf16 autocast copies: with short sequences it can use more memory
+            # than fp32 (the planner drops a variant that saves nothing); pure bf16 always saves.
+            out.append(_v(m, t, "precision", "precision", t.precision.value, "bf16-true", precision=Precision.BF16))
+        return out
     if t.precision.mixed and t.method in (Method.FULL, Method.FREEZE) and gpu.supports_bf16:
         # LLaMA-Factory ``pure_bf16``: no fp32 master weights, bf16 optimizer states (updates rounded to bf16).
         return [_v(m, t, "precision", "precision", t.precision.value, "bf16-true", precision=Precision.BF16)]
@@ -161,9 +166,12 @@ def optimizer_variants(m: ModelSpec, t: TrainSpec, *, include_paged: bool = True
 
 
 def adapter_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
-    """Full/freeze → LoRA r16 or QLoRA r16 (nf4); LoRA → QLoRA; a rank above 8 → half of it."""
+    """Full → LoRA r16 or QLoRA r16 (nf4); LoRA → QLoRA; a rank above 8 → half of it. Not from method freeze:
+    it saves activations only for its few trained layers, where LoRA on every layer saves them for all."""
     out: list[Variant] = []
-    if t.method in (Method.FULL, Method.FREEZE):
+    if t.method is Method.FREEZE:
+        return out
+    if t.method is Method.FULL:
         lora = LoraSpec(rank=16, alpha=32.0, adapter_fp32=t.precision is not Precision.BF16)
         out.append(_v(m, t, "adapters", "method", t.method.value, "lora r16", method=Method.LORA, lora=lora))
         out.append(_v(m, t, "adapters", "method", t.method.value, "qlora r16 nf4", method=Method.QLORA, lora=lora,
