@@ -15,7 +15,18 @@ from vramledger import __version__
 from vramledger.errors import VramledgerError
 
 # Command modules, in the order `vramledger --help` lists them.
-COMMANDS: tuple[str, ...] = ("estimate", "fit", "plan", "accum", "catalog_cmds")
+COMMANDS: tuple[str, ...] = (
+    "estimate",
+    "trace",
+    "fit",
+    "plan",
+    "accum",
+    "measure",
+    "find_max",
+    "catalog_cmds",
+    "accum_check",
+    "convert",
+)
 
 
 class _Parser(argparse.ArgumentParser):

@@ -95,7 +95,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
     g.add_argument("--accum", type=int, help="gradient accumulation steps (default 1)")
     g.add_argument(
-        "--precision", help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)"
+        "--precision",
+        help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)",
     )
     g.add_argument("--optimizer", help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
                    "adafactor | sgd | lion_32bit | … (default adamw_torch)")
@@ -162,7 +163,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         overrides.insert(0, model_name)
         model_name = None
     base = TrainSpec()
-    if getattr(args, "config", None) is not None or getattr(args, "deepspeed", None) is not None:
+    if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
         resolved = load_config(
@@ -171,6 +172,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
             overrides=overrides,
             deepspeed=args.deepspeed,
             accelerate_config=args.accelerate_config,
+            require_model=not model_name,
         )
         base = resolved.train
         provenance.update(resolved.provenance)
@@ -210,7 +212,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     method = changes.get("method", base.method)
     if method in (Method.LORA, Method.QLORA):
         lora = _lora_from_flags(args, base.lora)
-        if lora is not None:
+        if lora is not None and lora is not base.lora:
             changes["lora"] = lora
     if args.quant is not None or args.no_double_quant is not None:
         q = args.quant.lower() if args.quant else "nf4"
@@ -223,10 +225,10 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         )
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
-    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
-        changes.setdefault("quant", None)
     for key in changes:
         provenance[key] = "flag"
+    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
+        changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(base, **changes)
 
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else None
@@ -241,3 +243,59 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         provenance=provenance,
         warnings=tuple(warnings),
     )
+
+
+# -- report outputs (HTML page, PNG figures, text bars), shared by estimate, trace, fit and plan ---------------------
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    """``--html FILE``, ``--png DIR`` and ``--bars`` (figures need the ``report`` extra: matplotlib)."""
+    g = p.add_argument_group("reports")
+    g.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML report (table + figures)")
+    g.add_argument("--png", type=Path, metavar="DIR", help="write the figures as PNG files into DIR")
+    g.add_argument("--bars", action="store_true", default=None,
+                   help="show text bars of the bill (default: when the output is a terminal)")
+
+
+def show_bars(args: argparse.Namespace) -> bool:
+    """Whether to print the text bars: ``--bars``, or stdout is a terminal and no ``--json``."""
+    import sys
+
+    if getattr(args, "json", False):
+        return False
+    return bool(getattr(args, "bars", None)) or sys.stdout.isatty()
+
+
+def write_outputs(
+    args: argparse.Namespace,
+    ledger: Any,
+    *,
+    inputs: Inputs | None = None,
+    remedies: Any = None,
+) -> list[Path]:
+    """Write what ``--html`` and ``--png`` ask for; return the paths written (the caller reports them).
+
+    ``inputs`` (the resolved specs) adds the OOM-cliff figures; ``remedies`` (a plan's results: objects with
+    ``label``, ``device_bytes``, ``step_seconds``, or such triples) adds the remedies figure.
+    """
+    html_path, png_dir = getattr(args, "html", None), getattr(args, "png", None)
+    if html_path is None and png_dir is None:
+        return []
+    from vramledger.report.figures import all_figures
+
+    figs = all_figures(
+        ledger,
+        model=None if inputs is None else inputs.model,
+        train=None if inputs is None else inputs.train,
+        gpu=None if inputs is None else inputs.gpu,
+        headroom=DEFAULT_HEADROOM if inputs is None else inputs.headroom,
+        remedies=remedies,
+    )
+    written: list[Path] = []
+    if html_path is not None:
+        from vramledger.report.html import write_html
+
+        written.append(write_html(html_path, ledger, figs))
+    if png_dir is not None:
+        from vramledger.report.png import write_pngs
+
+        written.extend(write_pngs(png_dir, figs))
+    return written

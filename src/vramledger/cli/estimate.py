@@ -3,8 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.cli.common import (
+    add_gpu_options,
+    add_model_options,
+    add_output_options,
+    add_train_options,
+    resolve_inputs,
+    show_bars,
+    write_outputs,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -18,6 +27,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_gpu_options(p)
     p.add_argument("--json", action="store_true", help="print the ledger as JSON")
     p.add_argument("--sources", action="store_true", help="list every line of the peak with its formula and source")
+    add_output_options(p)
     p.set_defaults(run=run)
 
 
@@ -35,12 +45,22 @@ def run(args: argparse.Namespace) -> int:
 
         print(dumps(ledger))
     else:
-        from vramledger.report.terminal import render_ledger, render_sources
+        from vramledger.report.terminal import render_ledger, render_provenance, render_sources
 
         print(render_ledger(ledger))
+        if show_bars(args):
+            from vramledger.report.terminal_bars import render_bars
+
+            print()
+            print(render_bars(ledger))
+        if any(v != "flag" for v in inputs.provenance.values()):
+            print()
+            print(render_provenance(inputs.provenance))
         if args.sources:
             print()
             print(render_sources(ledger))
+    for path in write_outputs(args, ledger, inputs=inputs):
+        print(f"wrote {path}", file=sys.stderr)
     if ledger.verdict is not None and not ledger.verdict.fits:
         return 3
     return 0

@@ -1,0 +1,135 @@
+"""The public entry points of the trace engine."""
+
+from __future__ import annotations
+
+import dataclasses
+from types import MappingProxyType
+from typing import Any
+
+from vramledger.ledger import Category, Ledger, Phase, make_verdict
+from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
+from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
+from vramledger.trace.recorder import Event, round_block
+from vramledger.trace.step import TraceResult, run_trace
+
+
+def quantised_weight_bytes(numel: int, out_features: int, quant: QuantSpec) -> int:
+    """Device bytes of one bitsandbytes-quantised weight, each tensor rounded to the allocator's 512 B.
+
+    4-bit (bitsandbytes/functional.py ``quantize_4bit``): ``(n + 1) // 2`` packed uint8 bytes and one fp32
+    absmax
+    per ``blocksize`` elements; with double quantisation (``compress_statistics``) the absmax is itself
+    block-quantised (``quantize_blockwise``, blocks of 256): one uint8 per block plus one fp32 per 256 blocks.
+    8-bit (``Int8Params``): one int8 per element plus the fp32 row scales ``SCB`` (one per output row).
+
+    TODO(analytic): use the analytic engine's quantised-weights formula once ``vramledger.analytic`` lands on
+    main,
+    so that both engines share one figure.
+    """
+    if quant.bits == 8:
+        return round_block(numel) + round_block(4 * out_features)
+    blocks = -(-numel // quant.blocksize)
+    double = round_block(blocks) + round_block(4 * -(-blocks // 256))
+    stats = double if quant.double_quant else round_block(4 * blocks)
+    return round_block((numel + 1) // 2) + stats
+
+
+def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
+    """Replace the traced bytes of the quantised linears by the bitsandbytes figure (they cannot be
+    traced)."""
+    new_bytes = {sid: quantised_weight_bytes(n, rows, quant) for sid, n, rows in result.quantised}
+    if not new_bytes:
+        return result.events
+    return [
+        dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e
+        for e in result.events
+    ]
+
+
+def _trace(
+    model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None
+) -> tuple[TraceResult, list[Event]]:
+    result = run_trace(model, train, config=config)
+    events = result.events
+    if train.quant is not None:
+        events = _apply_quantisation(result, train.quant)
+    return result, events
+
+
+def trace_events(model: ModelSpec, train: TrainSpec, *, config: dict[str, Any] | None = None) -> list[Event]:
+    """Every allocation and free of two traced training steps, in order: ``Event(kind, storage, bytes, phase,
+    step, module, op, category)`` with bytes rounded to 512 B. ``category`` ``host`` marks tensors a CUDA run
+    keeps on the CPU (skip them when replaying device memory)."""
+    return _trace(model, train, config)[1]
+
+
+def trace_step(
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    gpu: GPUSpec | None = None,
+    headroom: float = 0.08,
+    config: dict[str, Any] | None = None,
+) -> Ledger:
+    """Trace two training steps of the real transformers/PEFT code on fake CPU tensors and itemise the memory.
+
+    ``config``: the config.json mapping to build from (by default the catalog entry or the file in
+    ``model.source``). Example::
+
+        from vramledger.catalog import resolve_model
+        from vramledger.specs import TrainSpec, Method
+        ledger = trace_step(resolve_model("llama-3-8b"), TrainSpec(method=Method.LORA, micro_batch=4,
+        seq_len=4096))
+        ledger.peak_allocated
+    """
+    result, events = _trace(model, train, config)
+    casts = frozenset(sid for sid, info in result.storages.items() if info.param_cast)
+    peaks, samples = replay(events, casts)
+    source = f"traced on fake tensors ({result.versions}); vramledger.trace"
+    items = line_items(peaks, source)
+    moments = {
+        p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})"
+        for p, pk in peaks.items()
+        if p is not Phase.LOAD
+    }
+    ledger = Ledger(
+        model=model.name,
+        params=result.params,
+        trainable_params=result.trainable_params,
+        items=tuple(items),
+        engine="trace",
+        moments=MappingProxyType(moments),
+        warnings=tuple(result.warnings) + tuple(train.warnings),
+        settings=MappingProxyType(_settings(train, result, events)),
+        timeline=downsample(samples),
+    )
+    biggest = max(
+        (i for i in ledger.items if i.phase is ledger.peak_phase), key=lambda i: i.bytes, default=None
+    )
+    advice = (
+        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."
+        if biggest
+        else ""
+    )
+    verdict = None
+    if gpu is not None:
+        verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
+    return dataclasses.replace(ledger, verdict=verdict, advice=advice)
+
+
+def _settings(train: TrainSpec, result: TraceResult, events: list[Event]) -> dict[str, object]:
+    return {
+        "method": train.method.value,
+        "precision": train.precision.value,
+        "optimizer": train.optimizer.value,
+        "micro_batch": train.micro_batch,
+        "seq_len": train.seq_len,
+        "grad_ckpt": train.grad_ckpt,
+        "attn": train.attn.value,
+        "steps_traced": 2,
+        "sdpa_backends": sorted(set(result.sdpa_backends)),
+        "versions": result.versions,
+        "top_modules": top_modules(events),
+        "events": len(events),
+        "categories": sorted({c.value for c in Category if any(e.category == c.value for e in events)}),
+    }

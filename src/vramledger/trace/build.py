@@ -1,0 +1,228 @@
+"""Build the Hugging Face model for a traced step: config, method, dtypes, checkpointing, with no real memory.
+
+The model is built on the ``meta`` device (no memory, no initialisation cost), the method is applied there
+(PEFT adapters, frozen layers, dtype casts as the loaders do them), and only then are the parameters
+converted,
+inside the fake-tensor mode, into fake CPU tensors (``materialise``). Building PEFT directly under fake mode
+fails
+(``Module.to()`` swaps tensors the fake converter holds a weakref to: tracing.md), and converting with
+``_apply`` unties tied embeddings, so ``materialise`` re-links every shared parameter and checks the count.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from vramledger.errors import MissingDependencyError, VramledgerError
+from vramledger.specs import Attention, DType, Method, ModelSpec, Precision, TrainSpec
+
+
+def torch_dtype(d: DType) -> Any:
+    import torch
+
+    return {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}[d]
+
+
+def hf_config(model: ModelSpec) -> dict[str, Any]:
+    """The config.json mapping a ModelSpec came from: the catalog entry, the file named in ``source``, or (for
+    a
+    spec built by hand) a mapping rebuilt from the spec's fields."""
+    from vramledger.catalog import catalog_entry
+
+    entry = catalog_entry(model.name)
+    if entry is not None and entry.hub_id == model.name:
+        return dict(entry.config)
+    src = Path(model.source) if model.source else None
+    if src is not None and src.suffix == ".json" and src.is_file():
+        raw = json.loads(src.read_text())
+        return dict(raw.get("text_config", raw)) if "text_config" in raw else raw
+    return _config_from_spec(model)
+
+
+def _config_from_spec(m: ModelSpec) -> dict[str, Any]:
+    if m.family == "gpt2":
+        return {
+            "model_type": "gpt2",
+            "vocab_size": m.vocab_size,
+            "n_embd": m.hidden_size,
+            "n_layer": m.num_layers,
+            "n_head": m.num_heads,
+            "n_inner": m.intermediate_size,
+            "n_positions": m.learned_positions or m.max_position_embeddings or 1024,
+            "activation_function": m.hidden_act,
+            "tie_word_embeddings": m.tie_word_embeddings,
+        }
+    cfg: dict[str, Any] = {
+        "model_type": m.family,
+        "vocab_size": m.vocab_size,
+        "hidden_size": m.hidden_size,
+        "intermediate_size": m.intermediate_size,
+        "num_hidden_layers": m.num_layers,
+        "num_attention_heads": m.num_heads,
+        "num_key_value_heads": m.num_kv_heads,
+        "head_dim": m.head_dim,
+        "tie_word_embeddings": m.tie_word_embeddings,
+        "max_position_embeddings": m.max_position_embeddings or 4096,
+        "hidden_act": m.hidden_act,
+        "attention_bias": m.qkv_bias,
+        "mlp_bias": m.mlp_bias,
+    }
+    if m.sliding_window:
+        cfg["sliding_window"] = m.sliding_window
+    if m.num_experts:
+        cfg.update(
+            num_experts=m.num_experts,
+            num_local_experts=m.num_experts,
+            num_experts_per_tok=m.experts_per_token,
+            moe_intermediate_size=m.moe_intermediate_size,
+        )
+    if m.final_logit_softcapping:
+        cfg["final_logit_softcapping"] = m.final_logit_softcapping
+    if m.attn_logit_softcapping:
+        cfg["attn_logit_softcapping"] = m.attn_logit_softcapping
+    return cfg
+
+
+def _decoder_layers(model: Any, num_layers: int) -> Any:
+    """The ModuleList of decoder layers (``model.layers`` for Llama-likes, ``transformer.h`` for GPT-2)."""
+    import torch
+
+    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
+    if not lists:
+        raise VramledgerError(f"trace: could not find the {num_layers} decoder layers in the model")
+    return lists[0]
+
+
+def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any]) -> tuple[Any, list[str]]:
+    """The HF model with the method applied, on the meta device. Returns (model, warnings)."""
+    try:
+        import torch
+        from transformers import AutoConfig, AutoModelForCausalLM
+    except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
+        raise MissingDependencyError(exc.name or "transformers", "trace") from exc
+
+    warnings: list[str] = []
+    cfg_dict = {k: v for k, v in dict(config).items() if k not in ("architectures", "torch_dtype", "dtype")}
+    model_type = str(cfg_dict.pop("model_type", model.family))
+    if model_type == "gemma3":
+        model_type = "gemma3_text"
+    hf_cfg = AutoConfig.for_model(model_type, **cfg_dict)
+    hf_cfg.use_cache = False  # the Trainer / LLaMA-Factory train with use_cache=False
+    attn = train.attn.value
+    if train.attn is Attention.FLASH2:
+        # flash-attn is a CUDA-only package. SDPA's CUDA flash backend keeps the same tensors (output and
+        # log-sum-exp; flash_attn_interface.py _flash_attn_forward), so we trace sdpa in its place.
+        attn = "sdpa"
+        warnings.append(
+            "flash_attention_2 traced as SDPA's flash backend (same saved tensors; flash-attn is CUDA-only)"
+        )
+    frozen_dt = torch_dtype(train.precision.frozen)
+    trainable_dt = torch_dtype(train.precision.trainable)
+    with torch.device("meta"):
+        try:
+            hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=frozen_dt)
+        except ValueError as exc:
+            if attn != "sdpa" or "does not support" not in str(exc):
+                raise
+            # e.g. Gemma 2 in transformers 5.x: no SDPA (soft-capping); its default is eager, so trace that.
+            warnings.append(f"{model_type} has no SDPA attention in this transformers: traced with eager")
+            hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager", dtype=frozen_dt)
+    hf.config.use_cache = False
+    hf.train()
+
+    if train.method is Method.FULL:
+        # LLaMA-Factory model/adapter.py _setup_full_tuning: trainable parameters upcast to fp32 unless
+        # pure_bf16.
+        for p in hf.parameters():
+            p.requires_grad_(True)
+        hf.to(trainable_dt)
+    elif train.method is Method.FREEZE:
+        # LLaMA-Factory _setup_freeze_tuning: the last N decoder layers train (upcast to fp32 unless
+        # pure_bf16).
+        layers = _decoder_layers(hf, model.num_layers)
+        hf.requires_grad_(False)
+        n = min(train.freeze_trainable_layers, len(layers))
+        for layer in list(layers)[len(layers) - n :]:
+            layer.requires_grad_(True)
+            layer.to(trainable_dt)
+
+    if train.grad_ckpt:
+        # transformers modeling_utils.py _activation_checkpointing_enable: use_reentrant=False by default, and
+        # the
+        # input embeddings' output made to require grad (enable_input_require_grads).
+        hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+
+    if train.adapters:
+        hf = _apply_lora(hf, train, trainable_dt, warnings)
+    if train.method is Method.QLORA:
+        warnings.append(
+            "bitsandbytes quantised layers do not run on fake tensors: the base was traced in "
+            f"{train.precision.frozen.value} and its quantised weight bytes replaced by the analytic figure"
+        )
+    return hf, warnings
+
+
+def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str]) -> Any:
+    import torch
+
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as exc:  # pragma: no cover
+        raise MissingDependencyError("peft", "trace") from exc
+    lora = train.lora
+    assert lora is not None
+    targets: str | list[str] = "all-linear" if lora.all_linear else list(lora.targets)
+    cfg = LoraConfig(
+        r=lora.rank,
+        lora_alpha=lora.alpha,
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        use_dora=lora.dora,
+        task_type="CAUSAL_LM",
+    )
+    try:
+        peft_model = get_peft_model(hf, cfg, autocast_adapter_dtype=lora.adapter_fp32)
+    except ValueError as exc:
+        raise VramledgerError(f"--lora-targets: PEFT rejected the targets ({exc})") from exc
+    # LLaMA-Factory model/adapter.py: trainable adapter weights are cast to fp32 unless pure_bf16; PEFT's
+    # autocast_adapter_dtype (tuners_utils.py cast_adapter_dtype) already upcasts bf16/fp16 adapters.
+    if train.precision.mixed or train.precision is Precision.FP32:
+        for p in peft_model.parameters():
+            if p.requires_grad and p.dtype != trainable_dt:
+                p.data = p.data.to(trainable_dt)
+    _ = torch
+    return peft_model
+
+
+def shared_parameters(model: Any) -> list[list[tuple[Any, str]]]:
+    """Groups of (module, attribute) that hold the same Parameter (tied embeddings)."""
+    groups: dict[int, list[tuple[Any, str]]] = {}
+    for module in model.modules():
+        for name, p in module._parameters.items():
+            if p is not None:
+                groups.setdefault(id(p), []).append((module, name))
+    return [g for g in groups.values() if len(g) > 1]
+
+
+def materialise(model: Any) -> Any:
+    """Replace every meta parameter and buffer by an uninitialised tensor on the CPU. Call inside the fake
+    mode:
+    the tensors are then fake (no memory) and each one is an allocation the recorder sees."""
+    import torch
+
+    tied = shared_parameters(model)
+    before = sum(p.numel() for p in model.parameters())
+    for group in tied:  # unlink the copies first so that ``_apply`` converts each shared tensor once
+        for module, name in group[1:]:
+            module._parameters[name] = None
+    model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu"))
+    for group in tied:
+        first_module, first_name = group[0]
+        for module, name in group[1:]:
+            module._parameters[name] = first_module._parameters[first_name]
+    after = sum(p.numel() for p in model.parameters())
+    assert before == after, f"parameter count changed while materialising: {before} -> {after}"
+    return model

@@ -1,0 +1,326 @@
+"""Make a fake-CPU run take the code paths a CUDA run takes. Each shim is a context manager that restores all
+global state on exit and keeps no module-level state.
+
+Why each exists (tracing.md, checked again here with torch 2.13):
+- SDPA: on CPU, ``F.scaled_dot_product_attention`` picks ``_scaled_dot_product_flash_attention_for_cpu``
+  (output + log-sum-exp saved, as CUDA flash does) in most cases, but falls back to math where CUDA would
+  not (dropout > 0) and runs flash where CUDA falls back to math (fp32 with ``enable_gqa``: CUDA's
+  memory-efficient kernel does not take grouped heads). ``sdpa_as_cuda`` applies CUDA's choice.
+- Dropout: CPU's ``aten::dropout`` is ``empty_like(x).bernoulli_()`` (a mask in x's dtype); CUDA's is
+  ``native_dropout`` with a bool mask (aten/src/ATen/native/Dropout.cpp ``is_fused_kernel_acceptable``).
+- Autocast: CPU and CUDA autocast have different op lists (aten/src/ATen/autocast_mode.cpp).
+  ``autocast_as_cuda`` applies CUDA's lists whenever CPU autocast is enabled (so checkpoint recomputes,
+  which re-enter autocast with the forward's state, follow them too), with the cast cache for parameters.
+- Optimizer: PyTorch defaults to foreach on CUDA and to single-tensor on CPU (torch/optim/optimizer.py
+  ``_default_to_fused_or_foreach``): ``make_optimizer`` sets the implementation explicitly.
+- Packed sequences: see ``no_packed_sequences``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from vramledger.errors import VramledgerError
+from vramledger.specs import Optimizer
+
+# -- CUDA autocast op lists (aten/src/ATen/autocast_mode.cpp, torch 2.13: the CUDA KERNEL_* registrations)
+_LOWER = frozenset(
+    [
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "conv_tbc",
+        "conv_transpose1d",
+        "conv_transpose2d",
+        "conv_transpose3d",
+        "convolution",
+        "prelu",
+        "addmm",
+        "addmv",
+        "addr",
+        "matmul",
+        "einsum",
+        "mm",
+        "mv",
+        "linalg_vecdot",
+        "linear",
+        "addbmm",
+        "baddbmm",
+        "bmm",
+        "chain_matmul",
+        "linalg_multi_dot",
+        "scaled_dot_product_attention",
+    ]
+)
+_FP32 = frozenset(
+    [
+        "acos",
+        "asin",
+        "cosh",
+        "erfinv",
+        "exp",
+        "expm1",
+        "log",
+        "log10",
+        "log2",
+        "log1p",
+        "reciprocal",
+        "rsqrt",
+        "sinh",
+        "tan",
+        "pow",
+        "softplus",
+        "layer_norm",
+        "group_norm",
+        "frobenius_norm",
+        "nuclear_norm",
+        "cosine_similarity",
+        "poisson_nll_loss",
+        "cosine_embedding_loss",
+        "nll_loss",
+        "hinge_embedding_loss",
+        "kl_div",
+        "l1_loss",
+        "smooth_l1_loss",
+        "huber_loss",
+        "mse_loss",
+        "margin_ranking_loss",
+        "multilabel_margin_loss",
+        "soft_margin_loss",
+        "triplet_margin_loss",
+        "multi_margin_loss",
+        "binary_cross_entropy_with_logits",
+        "dist",
+        "pdist",
+        "cdist",
+        "renorm",
+        "logsumexp",
+        "cross_entropy",
+    ]
+)
+# fp32_set_opt_dtype: run with dtype=float32 unless the caller gave a dtype.
+_FP32_OPT_DTYPE = frozenset(
+    ["prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm", "sum"]
+)
+_PROMOTE = frozenset(
+    [
+        "addcdiv",
+        "addcmul",
+        "atan2",
+        "bilinear",
+        "cross",
+        "dot",
+        "grid_sampler",
+        "index_put",
+        "scatter_add",
+        "tensordot",
+    ]
+)
+_DUNDER = {"__matmul__": "matmul", "__rmatmul__": "matmul", "__pow__": "pow", "__rpow__": "pow"}
+
+
+def _op_name(func: Any) -> str:
+    name = getattr(func, "__name__", "")
+    return _DUNDER.get(name, name)
+
+
+@contextmanager
+def autocast_as_cuda() -> Iterator[None]:
+    """While CPU autocast is enabled, apply CUDA autocast's op lists instead of CPU's."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._pytree import tree_map
+
+    cache: dict[int, Any] = {}
+
+    def cast(t: Any, dtype: Any, *, cacheable: bool) -> Any:
+        # autocast_mode.cpp cached_cast: floating tensors except double; fp32 leaves that require grad are
+        # cached until the outermost autocast exits (autocast_mode.py __exit__: clear_autocast_cache).
+        if not isinstance(t, torch.Tensor) or not t.is_floating_point() or t.dtype in (torch.float64, dtype):
+            return t
+        if cacheable and t.is_leaf and t.requires_grad and t.dtype == torch.float32 and not t._is_view():
+            hit = cache.get(id(t))
+            if hit is not None and hit[0] is t:
+                return hit[1]
+            out = t.to(dtype)
+            cache[id(t)] = (t, out)
+            return out
+        return t.to(dtype)
+
+    class _Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if not torch.is_autocast_enabled("cpu"):
+                return func(*args, **kwargs)
+            name = _op_name(func)
+            if name in _LOWER:
+                low = torch.get_autocast_dtype("cpu")
+                args, kwargs = tree_map(lambda t: cast(t, low, cacheable=True), (args, kwargs))
+            elif name in _FP32:
+                args, kwargs = tree_map(lambda t: cast(t, torch.float32, cacheable=False), (args, kwargs))
+            elif name in _FP32_OPT_DTYPE and kwargs.get("dtype") is None:
+                first = args[0] if args else None
+                if isinstance(first, torch.Tensor) and first.is_floating_point():
+                    kwargs = {**kwargs, "dtype": torch.float32}
+            elif name in _PROMOTE:
+                floats = [
+                    t
+                    for t in (*args, *kwargs.values())
+                    if isinstance(t, torch.Tensor) and t.is_floating_point()
+                ]
+                if floats:
+                    wide = max((t.dtype for t in floats), key=lambda d: torch.finfo(d).bits)
+                    args, kwargs = tree_map(lambda t: cast(t, wide, cacheable=False), (args, kwargs))
+            with torch._C._DisableAutocast():
+                return func(*args, **kwargs)
+
+    original_clear = torch.clear_autocast_cache
+
+    def clear() -> None:
+        cache.clear()
+        original_clear()
+
+    torch.clear_autocast_cache = clear
+    try:
+        with _Mode():
+            yield
+    finally:
+        torch.clear_autocast_cache = original_clear
+        cache.clear()
+
+
+def cuda_sdpa_backend(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, enable_gqa: bool) -> str:
+    """The backend CUDA's ``select_sdp_backend`` (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp) picks
+    on an
+    sm80+ GPU: ``flash``, ``efficient`` or ``math``, by the checks that differ between them here.
+
+    flash: fp16/bf16, no explicit mask, head_dim ≤ 256 and a multiple of 8 (check_head_dim_size_flash),
+    grouped
+    heads allowed. efficient: fp16/bf16/fp32, a mask allowed, head_dim a multiple of 8 (4 for fp32), but the
+    same
+    number of query and key heads (check_batch_size_and_num_heads_dense<false>). Otherwise math.
+    """
+    import torch
+
+    d = q.shape[-1]
+    low = q.dtype in (torch.float16, torch.bfloat16)
+    same_heads = q.shape[-3] == k.shape[-3] if q.dim() >= 3 else True
+    if low and attn_mask is None and d <= 256 and d % 8 == 0 and v.shape[-1] == d:
+        return "flash"
+    if (
+        q.dtype in (torch.float16, torch.bfloat16, torch.float32)
+        and same_heads
+        and d % (8 if low else 4) == 0
+    ):
+        return "efficient"
+    _ = dropout_p, enable_gqa
+    return "math"
+
+
+@contextmanager
+def sdpa_as_cuda() -> Iterator[list[str]]:
+    """Route ``F.scaled_dot_product_attention`` as CUDA would: flash/efficient (no length² tensor; traced with
+    the CPU flash kernel, which saves the same output and log-sum-exp) or math. Yields the list of choices
+    made."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    chosen: list[str] = []
+    sdpa = torch.nn.functional.scaled_dot_product_attention
+
+    class _Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func is not sdpa:
+                return func(*args, **kwargs)
+            names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
+            a = dict(zip(names, args, strict=False)) | kwargs
+            q, k, v = a["query"], a["key"], a["value"]
+            mask, p = a.get("attn_mask"), float(a.get("dropout_p", 0.0))
+            causal, scale, gqa = (
+                bool(a.get("is_causal", False)),
+                a.get("scale"),
+                bool(a.get("enable_gqa", False)),
+            )
+            backend = cuda_sdpa_backend(q, k, v, mask, p, gqa)
+            chosen.append(backend)
+            if backend == "math":
+                # sdp_utils: math is the composite aten::_scaled_dot_product_attention_math (device
+                # independent).
+                return torch.ops.aten._scaled_dot_product_attention_math(
+                    q, k, v, mask, p, causal, None, scale=scale, enable_gqa=gqa
+                )[0]
+            return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+                q, k, v, p, causal, attn_mask=mask, scale=scale
+            )[0]
+
+    with _Mode():
+        yield chosen
+
+
+@contextmanager
+def dropout_as_cuda() -> Iterator[None]:
+    """``F.dropout`` in training as CUDA runs it: ``native_dropout`` with a bool mask (Dropout.cpp)."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+
+    targets = (torch.nn.functional.dropout, torch.dropout)
+
+    class _Mode(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            kwargs = kwargs or {}
+            if func not in targets:
+                return func(*args, **kwargs)
+            names = ("input", "p", "training", "inplace") if func is targets[0] else ("input", "p", "train")
+            a = dict(zip(names, args, strict=False)) | kwargs
+            p = float(a.get("p", 0.5))
+            training = bool(a.get("training", a.get("train", True)))
+            if not training or p <= 0.0 or p >= 1.0 or a.get("inplace", False):
+                return func(*args, **kwargs)
+            return torch.ops.aten.native_dropout(a["input"], p, True)[0]
+
+    with _Mode():
+        yield
+
+
+def make_optimizer(params: list[Any], optimizer: Optimizer, *, sgd_momentum: float = 0.0) -> Any:
+    """The optimizer the HF Trainer builds for ``optim`` (trainer.py ``get_optimizer_cls_and_kwargs``), with
+    the
+    implementation PyTorch picks on CUDA made explicit (foreach by default, fused when asked)."""
+    import torch
+
+    if optimizer is Optimizer.ADAMW:
+        return torch.optim.AdamW(params, lr=1e-5, foreach=True)
+    if optimizer is Optimizer.ADAMW_FUSED:
+        return torch.optim.AdamW(params, lr=1e-5, fused=True)
+    if optimizer is Optimizer.ADAMW_FORLOOP:
+        return torch.optim.AdamW(params, lr=1e-5, foreach=False)
+    if optimizer is Optimizer.SGD:
+        return torch.optim.SGD(params, lr=1e-3, momentum=sgd_momentum, foreach=True)
+    if optimizer is Optimizer.ADAFACTOR:
+        from transformers.optimization import Adafactor
+
+        # trainer.py: optim "adafactor" -> Adafactor(scale_parameter=False, relative_step=False)
+        return Adafactor(params, lr=1e-5, scale_parameter=False, relative_step=False)
+    raise VramledgerError(
+        f"trace: optimizer {optimizer.value} needs bitsandbytes, which does not run on fake tensors; "
+        "use `vramledger estimate`, or trace with --optimizer adamw_torch"
+    )
+
+
+@contextmanager
+def no_packed_sequences() -> Iterator[None]:
+    """transformers masking_utils.py ``find_packed_sequence_indices`` reads the position ids' values to detect
+    packed sequences, and on fake tensors (``is_tracing``) cannot, so it assumes packing and builds a 4-D mask
+    (which also pushes SDPA off its flash kernel). We trace one unpadded sequence per row with the default
+    positions, for which a real run finds no packing: say so."""
+    import transformers.masking_utils as mu
+
+    original = mu.find_packed_sequence_indices
+    mu.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = original

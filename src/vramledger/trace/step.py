@@ -1,0 +1,206 @@
+"""Run two training steps of the real model code on fake CPU tensors and record every allocation and free.
+
+The loop is the HF Trainer's (trainer.py ``training_step`` / ``compute_loss`` with accelerate's
+``prepare_model``): under mixed precision the forward runs in ``torch.autocast`` and accelerate converts the
+bf16/fp16 outputs to fp32 (accelerate/utils/operations.py ``convert_outputs_to_fp32``); the loss comes from
+transformers' ``ForCausalLMLoss`` via ``labels``; then ``backward``, ``optimizer.step()`` and
+``model.zero_grad()`` (set_to_none=True). Two steps: optimizer states exist only from the first step on, so
+the
+second step's backward is where full fine-tuning peaks (tracing.md).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from vramledger.errors import MissingDependencyError, VramledgerError
+from vramledger.ledger import Category, Phase
+from vramledger.specs import Loss, Method, ModelSpec, TrainSpec
+from vramledger.trace.classify import INPUTS
+from vramledger.trace.recorder import Event, Recorder, StorageInfo
+
+STEPS = 2
+
+
+@dataclass(kw_only=True, slots=True)
+class TraceResult:
+    """What a traced step leaves behind: the events (categorised), the storages, and facts about the model."""
+
+    events: list[Event]
+    storages: dict[int, StorageInfo]
+    params: int
+    trainable_params: int
+    warnings: list[str] = field(default_factory=list)
+    sdpa_backends: list[str] = field(default_factory=list)
+    quantised: list[tuple[int, int, int]] = field(default_factory=list)
+    """(storage id, numel, out_features) of each linear weight a bitsandbytes base would quantise."""
+    versions: str = ""
+
+
+def _check_supported(train: TrainSpec) -> None:
+    if train.loss is not Loss.STANDARD:
+        raise VramledgerError(
+            f"trace: --loss {train.loss.value} needs Liger or a chunked loss, which trace does not run yet; "
+            "use --loss standard or `vramledger estimate`"
+        )
+    if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
+        raise VramledgerError(
+            "trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several"
+        )
+
+
+def run_trace(
+    model: ModelSpec, train: TrainSpec, *, config: dict[str, Any] | None = None, fake: bool = True
+) -> TraceResult:
+    """Trace ``STEPS`` training steps; returns the categorised events. ``fake=False`` runs the same loop on
+    real
+    (uninitialised) CPU tensors, for tests that compare the fake trace with a real run."""
+    try:
+        import torch
+        import transformers
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.autograd.graph import _engine_run_backward
+    except ImportError as exc:  # pragma: no cover
+        raise MissingDependencyError(exc.name or "torch", "trace") from exc
+    from vramledger.trace.build import build_on_meta, hf_config, materialise
+    from vramledger.trace.classify import classify
+    from vramledger.trace.recorder import dispatch_mode, module_hooks
+    from vramledger.trace.shims import (
+        autocast_as_cuda,
+        dropout_as_cuda,
+        make_optimizer,
+        no_packed_sequences,
+        sdpa_as_cuda,
+    )
+
+    _check_supported(train)
+    cfg = dict(config) if config is not None else hf_config(model)
+    hf, warnings = build_on_meta(model, train, cfg)
+    rec = Recorder()
+    mixed = train.precision.mixed
+    compute = torch.bfloat16 if train.precision.compute.value == "bf16" else torch.float16
+    vocab = int(hf.get_output_embeddings().weight.shape[0])
+
+    with contextlib.ExitStack() as stack:
+        # Order matters: modes entered later see an op first. Autocast casts, then SDPA and dropout route.
+        stack.enter_context(no_packed_sequences())
+        if fake:
+            stack.enter_context(FakeTensorMode())
+        stack.enter_context(dispatch_mode(rec))
+        chosen = stack.enter_context(sdpa_as_cuda())
+        stack.enter_context(dropout_as_cuda())
+        stack.enter_context(autocast_as_cuda())
+
+        rec.phase = Phase.LOAD
+        materialise(hf)
+        params = {id(p): p for p in hf.parameters()}
+        n_params = sum(p.numel() for p in params.values())
+        trainable = [p for p in params.values() if p.requires_grad]
+        n_trainable = sum(p.numel() for p in trainable)
+        quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
+        stack.enter_context(module_hooks(rec, hf))
+        hooks = [
+            p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value))
+            for p in trainable
+        ]
+        opt = make_optimizer(trainable, train.optimizer, sgd_momentum=train.sgd_momentum)
+        fused = bool(opt.defaults.get("fused"))
+        b, L = train.micro_batch, train.seq_len
+        backward_start: dict[int, int] = {}
+        for step in range(1, STEPS + 1):
+            rec.step, rec.phase = step, Phase.FORWARD
+            rec.push(INPUTS)
+            input_ids = torch.zeros((b, L), dtype=torch.long)
+            labels = input_ids.clone()  # DataCollatorForLanguageModeling: labels = input_ids.clone()
+            rec.pop()
+            amp = torch.autocast("cpu", dtype=compute) if mixed else contextlib.nullcontext()
+            with amp:
+                out = hf(input_ids=input_ids, labels=labels, use_cache=False)
+            if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
+                out = {
+                    k: (
+                        v.float()
+                        if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
+                        else v
+                    )
+                    for k, v in out.items()
+                }
+            loss = out["loss"]
+            del out, input_ids, labels
+            rec.phase = Phase.BACKWARD
+            backward_start[step] = len(rec.events)
+            # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a
+            # torch
+            # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they
+            # handle
+            # a call, so the backward (and its checkpoint recomputes) would run without them.
+            _engine_run_backward(
+                (loss,),
+                (torch.ones_like(loss),),
+                False,
+                False,
+                (),
+                allow_unreachable=True,
+                accumulate_grad=True,
+            )
+            del loss
+            rec.phase = Phase.OPTIMIZER
+            opt.step()
+            for state in opt.state.values():
+                for key, t in state.items():
+                    if isinstance(t, torch.Tensor):
+                        # torch/optim/adamw.py _init_group: 'step' is a host tensor unless fused or
+                        # capturable.
+                        cat = "host" if key == "step" and not fused else Category.OPTIMIZER_STATE.value
+                        rec.mark(t, cat)
+            hf.zero_grad(set_to_none=True)
+        for h in hooks:
+            h.remove()
+        del opt, trainable, params, hf
+    backends = list(chosen)
+    storages = rec.storages
+    classify(storages, vocab=vocab, seq_len=L, backward_start=backward_start)
+    events = [
+        Event(e.kind, e.storage, e.bytes, e.phase, e.step, e.module, e.op, storages[e.storage].category)
+        for e in rec.events
+    ]
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    with contextlib.suppress(ImportError):
+        import peft
+
+        versions += f", peft {peft.__version__}"
+    return TraceResult(
+        events=events,
+        storages=storages,
+        params=n_params,
+        trainable_params=n_trainable,
+        warnings=warnings,
+        sdpa_backends=backends,
+        quantised=quantised,
+        versions=versions,
+    )
+
+
+def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
+    """(storage id, numel, out_features) of the linears bitsandbytes would quantise: every frozen
+    ``nn.Linear``
+    weight except the output layer (transformers integrations/bitsandbytes.py ``get_keys_to_not_convert``
+    keeps
+    lm_head)."""
+    import torch
+
+    out_emb = hf.get_output_embeddings()
+    found = []
+    for name, m in hf.named_modules():
+        if (
+            isinstance(m, torch.nn.Linear)
+            and m is not out_emb
+            and "lora_" not in name
+            and not m.weight.requires_grad
+        ):
+            sid = rec.sid_of(m.weight)
+            if sid is not None:
+                found.append((sid, m.weight.numel(), int(m.weight.shape[0])))
+    return found
