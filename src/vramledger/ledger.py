@@ -39,7 +39,7 @@ class Category(str, enum.Enum):
         return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT)
 
     @property
-    def title(self) -> str:
+    def display(self) -> str:
         return _TITLES[self]
 
 

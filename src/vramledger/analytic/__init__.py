@@ -55,16 +55,18 @@ def _advice(ledger_items_by_cat: dict[Category, int], train: TrainSpec) -> str:
         Category.OPTIMIZER_STATE: "an 8-bit optimizer (--optimizer adamw_8bit) or LoRA",
         Category.GRADIENTS: "LoRA, or freezing layers",
         Category.WEIGHTS: "LoRA over a bf16 base, or QLoRA (4-bit base)" if train.method is Method.FULL
+        else "a smaller model" if train.method is Method.QLORA
         else "QLoRA (4-bit base) or a smaller model",
         Category.MASTER_WEIGHTS: "ZeRO stage 1+ across more GPUs, or optimizer offload",
-        Category.TEMPORARIES: "the fused AdamW (--optimizer adamw_torch_fused)" if train.optimizer.value == "adamw_torch"
+        Category.TEMPORARIES: "the fused AdamW (--optimizer adamw_torch_fused)"
+        if train.optimizer.value == "adamw_torch"
         else "a smaller micro-batch",
         Category.KV_CACHE: "a smaller eval/generation batch or length",
     }
     remedy = remedies.get(biggest, "a smaller micro-batch")
     if biggest is Category.LOGITS_LOSS and train.loss is Loss.FUSED:
         remedy = "a smaller micro-batch"
-    return f"The biggest line is {biggest.title} ({size}) at the peak; {remedy} would shrink it."
+    return f"The biggest line is {biggest.display} ({size}) at the peak; {remedy} would shrink it."
 
 
 def estimate(

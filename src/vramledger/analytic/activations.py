@@ -74,8 +74,13 @@ def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int) -> int:
     return 4 * width + (s * width if trainable else 0)
 
 
-def _adapter_bytes(train: TrainSpec, in_features: int) -> int:
-    """Saved by one LoRA adapter per token: its input cast (and dropout mask), and lora_A's output."""
+def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int) -> int:
+    """Saved by one LoRA adapter per token: its input cast (and dropout mask), and lora_A's output.
+
+    DoRA (PEFT ``tuners/lora/dora.py`` ``DoraLinearLayer.forward``): ``(m - 1) * base_result + m * lora_result``
+    with a trainable magnitude m saves the base result (c·out) and the adapter result (out in the adapter's
+    compute dtype).
+    """
     assert train.lora is not None
     lora = train.lora
     c = train.precision.compute.bytes
@@ -86,7 +91,17 @@ def _adapter_bytes(train: TrainSpec, in_features: int) -> int:
         cast = 4 if (lora.adapter_fp32 or c == 4) else c
         mid = cast
     mask = in_features if lora.dropout > 0 else 0
-    return cast * in_features + mask + mid * lora.rank
+    dora = (c + mid) * out_features if lora.dora else 0
+    return cast * in_features + mask + mid * lora.rank + dora
+
+
+def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+    """DoRA's per-forward weight norm, for the largest adapted layer (PEFT ``get_lora_weight`` multiplies an
+    in×in fp32 identity through the adapter to get the out×in update; ``get_weight_norm`` adds it to an fp32
+    copy of the base weight): about in² + 4·in·out fp32 elements live at once."""
+    if train.lora is None or not train.lora.dora or not wb.adapted:
+        return 0
+    return max(4 * (a.linear.in_features ** 2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
 
 
 def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> LayerActivations:
@@ -115,7 +130,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if train.adapters:
         adapter = 0
         for a in wb.adapted:
-            adapter += a.linear.per_layer * _adapter_bytes(train, a.linear.in_features)
+            adapter += a.linear.per_layer * _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
         parts.append(("LoRA inputs and dropout masks", adapter))
 
     # Attention.

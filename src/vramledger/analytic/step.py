@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from vramledger.analytic.activations import (
     checkpoint_input_bytes_per_token,
+    dora_transient_bytes,
     final_norm_bytes_per_token,
     layer_activations,
     residual_bytes,
@@ -80,15 +81,24 @@ class StepParts:
     logits_backward: int
     logits_head: int
     layer_backward_temp: int
+    dora_temp: int
+    forward_layer_temp: int
+    """Largest transient inside one layer's forward (eager's pre-softmax scores, DoRA's weight norm)."""
+    dequant_temp: int
+    """QLoRA: bitsandbytes dequantises one frozen weight to the compute dtype per matmul (forward and backward)."""
     workspace_bytes: int
+    optimizer_source: str
+    logits_source: str
 
 
 def _sources() -> dict[str, str]:
     return {
         "weights": "Σ parameters × dtype bytes (analytic/params.py, weights.py: transformers 5 modeling_*, PEFT, bnb)",
         "grads": "one gradient per trainable parameter, in its dtype (torch AccumulateGrad)",
-        "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, kept while autograd needs it",
-        "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, LlamaMLP, PEFT)",
+        "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, "
+        "kept while autograd needs it",
+        "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, "
+        "LlamaMLP, PEFT)",
         "ckpt": "torch.utils.checkpoint (non-reentrant): each layer keeps only its input hidden state",
     }
 
@@ -118,6 +128,10 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
     master = 0
+    if train.offload_optimizer and train.zero_stage == 0:
+        # Optimizer offload (DeepSpeed ZeRO-Offload's CPU Adam): states and the step live in host memory; the GPU
+        # keeps weights and gradients (copied to the host each step).
+        states, step_temp = 0, 0
     if train.zero_stage > 0:
         # DeepSpeed ZeRO (runtime/zero/stage_1_and_2.py, stage3.py): bf16/fp16 model weights and gradients, an
         # fp32 master copy and fp32 Adam states in the optimizer, partitioned over ranks by stage.
@@ -156,7 +170,13 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         logits_backward=lg.backward_peak,
         logits_head=lg.head_grad_moment,
         layer_backward_temp=layer_temp,
+        dora_temp=dora_transient_bytes(train, wb),
+        forward_layer_temp=dora_transient_bytes(train, wb)
+        + (c * m.num_heads * train.seq_len * train.seq_len * B if train.attn is Attention.EAGER and n_tl else 0),
+        dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
         workspace_bytes=cublas_workspace_bytes(gpu),
+        optimizer_source=opt.source,
+        logits_source=lg.source,
     )
 
 
@@ -174,7 +194,7 @@ def _persistent(mo: _Moment, p: StepParts, train: TrainSpec, *, grads: int, auto
     if autocast and p.autocast_copy_bytes:
         mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, src["autocast"])
     if states and p.state_bytes:
-        mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, "analytic/optimizer.py")
+        mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
     if grads:
         mo.add(Category.GRADIENTS, "gradients", grads, src["grads"])
     mo.add(Category.WORKSPACE, "cuBLAS workspaces", p.workspace_bytes,
@@ -192,7 +212,7 @@ def _activations(mo: _Moment, p: StepParts, train: TrainSpec, *, saved_logits: b
         mo.add(Category.ATTENTION_SCORES, "length² tensors of every layer", p.scores_bytes,
                "eager softmax fp32 + cast probs (or padded SDPA's additive mask), analytic/activations.py")
     if saved_logits and p.logits_saved:
-        mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, "analytic/logits.py")
+        mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, p.logits_source)
 
 
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, _Moment]:
@@ -213,15 +233,21 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     fwd = _Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)")
     _persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(fwd, p, train)
-    fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, "analytic/logits.py")
-    out[Phase.FORWARD] = fwd
+    fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
+    fwd_layer = _Moment(name="inside the last decoder layer's forward")
+    _persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
+    _activations(fwd_layer, p, train)
+    fwd_layer.add(Category.TEMPORARIES, "transients of one layer", p.forward_layer_temp + p.dequant_temp,
+                  "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
+                  "QLoRA dequantised weight")
+    out[Phase.FORWARD] = max((fwd, fwd_layer), key=lambda mo: mo.total)
 
     # Backward candidates.
     cands: list[_Moment] = []
     b_loss = _Moment(name="log-softmax backward (_log_softmax_backward_data)")
     _persistent(b_loss, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(b_loss, p, train)
-    b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, "analytic/logits.py")
+    b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
     cands.append(b_loss)
 
     b_top = _Moment(name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""))
@@ -234,6 +260,11 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
         b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, _sources()["acts"])
         b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
                   "analytic/activations.py")
+    if train.grad_ckpt:
+        b_top.add(Category.TEMPORARIES, "DoRA weight norm in the recomputed forward", p.dora_temp,
+                  "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)")
+    b_top.add(Category.TEMPORARIES, "4-bit weight dequantised for one matmul", p.dequant_temp,
+              "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time")
     b_top.add(Category.TEMPORARIES, "gradients of hidden states and MLP intermediates", p.layer_backward_temp,
               "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)")
     cands.append(b_top)
@@ -250,7 +281,7 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
 
     opt = _Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""))
     _persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
-    opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, "analytic/optimizer.py")
+    opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
     from vramledger.analytic.evaluation import eval_moments  # eval/generate phases (issue 9)
 

@@ -71,7 +71,7 @@ class WeightBudget:
 def _matches(name: str, targets: tuple[str, ...]) -> bool:
     # PEFT check_target_module_exists: a target matches the module's name or a dotted suffix of it.
     leaf = name.split(".")[-1]
-    return any(t == name or t == leaf for t in targets)
+    return any(t in (name, leaf) for t in targets)
 
 
 def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:

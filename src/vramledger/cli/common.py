@@ -96,7 +96,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
     g.add_argument("--accum", type=int, help="gradient accumulation steps (default 1)")
     g.add_argument(
-        "--precision", help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)"
+        "--precision",
+        help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)",
     )
     g.add_argument("--optimizer", help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
                    "adafactor | sgd | lion_32bit | … (default adamw_torch)")
@@ -168,7 +169,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         overrides.insert(0, model_name)
         model_name = None
     base = TrainSpec()
-    if getattr(args, "config", None) is not None or getattr(args, "deepspeed", None) is not None:
+    if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
         resolved = load_config(
@@ -177,6 +178,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
             overrides=overrides,
             deepspeed=args.deepspeed,
             accelerate_config=args.accelerate_config,
+            require_model=not model_name,
         )
         base = resolved.train
         provenance.update(resolved.provenance)

@@ -45,9 +45,12 @@ def run(args: argparse.Namespace) -> int:
 
         print(dumps(ledger))
     else:
-        from vramledger.report.terminal import render_ledger, render_sources
+        from vramledger.report.terminal import render_ledger, render_provenance, render_sources
 
         print(render_ledger(ledger))
+        if inputs.provenance:
+            print()
+            print(render_provenance(inputs.provenance))
         if args.sources:
             print()
             print(render_sources(ledger))

@@ -37,4 +37,5 @@ def print_gpus(*, as_json: bool) -> None:
         return
     print(f"{'key':<16} {'name':<36} {'memory':>10} {'bf16 TFLOP/s':>13} {'GB/s':>7}")
     for g in gpus:
-        print(f"{g.key:<16} {g.name:<36} {g.memory_bytes / GiB:>6.1f} GiB {g.bf16_tflops:>13.1f} {g.memory_bandwidth_gbs:>7.0f}")
+        mem = f"{g.memory_bytes / GiB:>6.1f} GiB"
+        print(f"{g.key:<16} {g.name:<36} {mem} {g.bf16_tflops:>13.1f} {g.memory_bandwidth_gbs:>7.0f}")

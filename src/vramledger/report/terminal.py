@@ -5,6 +5,8 @@ Fits 100 columns; no colour codes at all (readable through pipes and with NO_COL
 
 from __future__ import annotations
 
+import textwrap
+
 from vramledger.ledger import Basis, Category, Ledger, Phase
 from vramledger.units import fmt_bytes
 
@@ -35,17 +37,17 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
     for cat in ledger.categories():
         if not cat.allocated:
             continue
-        row = f"{cat.title:<{_W}}" + "".join(f"{_cell(ledger.bytes_of(cat, p)):>{_C}}" for p in phases)
+        row = f"{cat.display:<{_W}}" + "".join(f"{_cell(ledger.bytes_of(cat, p)):>{_C}}" for p in phases)
         lines.append(row)
     lines.append("-" * len(hdr))
     lines.append(f"{'peak allocated':<{_W}}" + "".join(f"{_cell(ledger.allocated(p)):>{_C}}" for p in phases))
     lines.append(
-        f"{'+ ' + Category.ALLOCATOR_RESERVE.title:<{_W}}"
+        f"{'+ ' + Category.ALLOCATOR_RESERVE.display:<{_W}}"
         + "".join(f"{_cell(ledger.bytes_of(Category.ALLOCATOR_RESERVE, p)):>{_C}}" for p in phases)
     )
     lines.append(f"{'= peak reserved':<{_W}}" + "".join(f"{_cell(ledger.reserved(p)):>{_C}}" for p in phases))
     lines.append(
-        f"{'+ ' + Category.CUDA_CONTEXT.title:<{_W}}"
+        f"{'+ ' + Category.CUDA_CONTEXT.display:<{_W}}"
         + "".join(f"{_cell(ledger.bytes_of(Category.CUDA_CONTEXT, p)):>{_C}}" for p in phases)
     )
     lines.append(f"{'= device total (nvidia-smi)':<{_W}}" + "".join(f"{_cell(ledger.device(p)):>{_C}}" for p in phases))
@@ -65,12 +67,19 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
         )
     if ledger.advice:
         lines.append(ledger.advice)
-    assumed = sorted({i.category.title for i in ledger.items if i.basis is Basis.ASSUMPTION})
+    assumed = sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})
     if assumed:
         lines.append(f"assumed, not yet measured: {', '.join(assumed)} (see README, Known limits)")
     for w in ledger.warnings:
         lines.append(f"warning: {w}")
-    return "\n".join(lines)
+    return "\n".join(_wrap(line) for line in lines)
+
+
+def _wrap(line: str, width: int = 100) -> str:
+    """Prose lines wrap at 100 columns with a hanging indent; table rows are already narrower."""
+    if len(line) <= width:
+        return line
+    return textwrap.fill(line, width=width, subsequent_indent="  ", break_on_hyphens=False)
 
 
 def render_sources(ledger: Ledger, phase: Phase | None = None) -> str:
@@ -79,5 +88,16 @@ def render_sources(ledger: Ledger, phase: Phase | None = None) -> str:
     out = [f"lines of the {phase.value} peak ({ledger.moments.get(phase, '')}):"]
     for i in ledger.items:
         if i.phase is phase:
-            out.append(f"  {i.category.value:<18} {fmt_bytes(i.bytes):>11}  {i.label}  [{i.basis.value}: {i.source}]")
+            out.append(f"  {i.category.value:<18} {fmt_bytes(i.bytes):>11}  {i.label}")
+            out.append(_wrap(f"      {i.basis.value}: {i.source}").replace("\n  ", "\n        "))
+    return "\n".join(out)
+
+
+def render_provenance(provenance: dict[str, str]) -> str:
+    """Where each setting came from: the file, a framework default (with its source), or a flag."""
+    if not provenance:
+        return ""
+    out = ["settings:"]
+    for key in sorted(provenance):
+        out.append(_wrap(f"  {key:<12} {provenance[key]}").replace("\n  ", "\n" + " " * 16))
     return "\n".join(out)

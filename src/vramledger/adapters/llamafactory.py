@@ -1,0 +1,324 @@
+"""LLaMA-Factory train YAML (``llamafactory-cli train FILE key=value …``) → TrainSpec fields.
+
+Defaults read from LLaMA-Factory 0.9.6.dev0 (hiyouga/LLaMA-Factory@ff6d4d1), ``src/llamafactory/``:
+``hparams/model_args.py``, ``hparams/finetuning_args.py``, ``hparams/data_args.py``, ``hparams/parser.py``,
+``model/adapter.py``, ``model/model_utils/checkpointing.py`` and ``model/model_utils/attention.py``. Its
+TrainingArguments extend transformers' (``hparams/training_args.py``), so the trainer keys follow ``hf.py``.
+"""
+
+from __future__ import annotations
+
+from vramledger.adapters import hf
+from vramledger.adapters._base import Reader
+from vramledger.errors import VramledgerError
+from vramledger.specs import Attention, LoraSpec, Loss, Method, Precision, QuantSpec
+
+LF = "llamafactory"
+
+HARMLESS = hf.HARMLESS_HF | frozenset(
+    [
+        "model_name_or_path",
+        "trust_remote_code",
+        "dataset",
+        "eval_dataset",
+        "dataset_dir",
+        "media_dir",
+        "template",
+        "max_samples",
+        "overwrite_cache",
+        "preprocessing_num_workers",
+        "preprocessing_batch_size",
+        "plot_loss",
+        "ddp_timeout",
+        "train_on_prompt",
+        "mask_history",
+        "streaming",
+        "buffer_size",
+        "mix_strategy",
+        "interleave_probs",
+        "ignore_pad_token_for_loss",
+        "tool_format",
+        "default_system",
+        "enable_thinking",
+        "tokenized_path",
+        "cache_dir",
+        "use_fast_tokenizer",
+        "split_special_tokens",
+        "model_revision",
+        "low_cpu_mem_usage",
+        "hf_hub_token",
+        "ms_hub_token",
+        "om_hub_token",
+        "print_param_status",
+        "compute_accuracy",
+        "disable_shuffling",
+        "early_stopping_steps",
+        "include_effective_tokens_per_second",
+        "use_swanlab",
+        "swanlab_project",
+        "swanlab_workspace",
+        "swanlab_run_name",
+        "swanlab_mode",
+        "swanlab_api_key",
+        "swanlab_logdir",
+        "lora_alpha",
+        "use_rslora",
+        "loraplus_lr_ratio",
+        "loraplus_lr_embedding",
+        "create_new_adapter",
+        "eval_on_each_dataset",
+        "val_size",
+        "pref_beta",
+        "pref_ftx",
+        "pref_loss",
+        "dpo_label_smoothing",
+        "kto_chosen_weight",
+        "kto_rejected_weight",
+        "simpo_gamma",
+        "eval_num_beams",
+        "data_shared_file_system",
+        "moe_aux_loss_coef",
+        "use_reentrant_gc",
+        "infer_backend",
+        "infer_dtype",
+        "do_sample",
+        "temperature",
+        "top_p",
+        "top_k",
+        "num_beams",
+        "repetition_penalty",
+        "length_penalty",
+        "skip_special_tokens",
+        "default_system",
+        "preserve_thinking",
+        "upcast_layernorm",
+    ]
+)
+# use_reentrant_gc: reentrant or not, both checkpoint per decoder layer. upcast_layernorm: 1-D norm weights only.
+
+
+def load(r: Reader) -> str | None:
+    model = r.text("model_name_or_path")
+
+    stage = (r.text("stage") or "sft").lower()
+    if stage not in ("pt", "sft", "rm", "ppo", "dpo", "kto"):
+        raise VramledgerError(f"{r.source}: stage must be one of pt, sft, rm, ppo, dpo, kto (got {stage!r})")
+    if stage in ("ppo", "dpo", "kto", "rm"):
+        r.warn(
+            f"stage {stage}: reference/reward/value models and paired batches are not modelled; estimated as "
+            "supervised fine-tuning of one model"
+        )
+
+    ftype = (r.text("finetuning_type") or "lora").lower()
+    prov_method = (
+        r.file("finetuning_type")
+        if r.has("finetuning_type")
+        else r.default("hparams/finetuning_args.py finetuning_type='lora'")
+    )
+    if ftype not in ("lora", "freeze", "full"):
+        raise VramledgerError(f"{r.source}: finetuning_type {ftype!r} is not modelled; use lora, freeze or full")
+
+    bits = r.integer("quantization_bit")
+    qmethod = (r.text("quantization_method") or "bnb").lower()
+    method = {"lora": Method.LORA, "freeze": Method.FREEZE, "full": Method.FULL}[ftype]
+    if bits is not None:
+        if qmethod != "bnb":
+            raise VramledgerError(
+                f"{r.source}: quantization_method {qmethod!r} is not modelled; use bnb (bitsandbytes)"
+            )
+        if bits not in (4, 8):
+            raise VramledgerError(f"{r.source}: quantization_bit must be 4 or 8 for bitsandbytes (got {bits})")
+        if method is not Method.LORA:
+            raise VramledgerError(
+                f"{r.source}: quantised models train only with finetuning_type: lora "
+                "(model/adapter.py); remove quantization_bit or use lora"
+            )
+        method = Method.QLORA
+        qtype = (r.text("quantization_type") or "nf4").lower()
+        r.set(
+            "quant",
+            QuantSpec(bits=bits, quant_type=qtype, double_quant=r.flag("double_quantization", True)),
+            r.file("quantization_bit")
+            + (" (defaults: hparams/model_args.py quantization_type='nf4', double_quantization=True)"),
+        )
+    else:
+        for key in ("quantization_type", "double_quantization", "quantization_method"):
+            r.used.add(key)
+    r.set("method", method, prov_method + (" + file: quantization_bit" if bits is not None else ""))
+    r.ignore("quantization_device_map", "device map of a quantised model is not modelled")
+
+    pure_bf16 = r.flag("pure_bf16", False)
+    if method in (Method.LORA, Method.QLORA):
+        rank = r.integer("lora_rank", 8)
+        alpha = r.number("lora_alpha")
+        r.set(
+            "lora",
+            LoraSpec(
+                rank=rank,
+                alpha=alpha if alpha is not None else 2.0 * rank,  # finetuning_args.py: lora_alpha or lora_rank * 2
+                targets=r.names("lora_target") or ("all",),
+                dropout=r.number("lora_dropout", 0.0),
+                dora=r.flag("use_dora", False),
+                # model/adapter.py passes autocast_adapter_dtype=cast_trainable_params_to_fp32, False under pure_bf16
+                adapter_fp32=not pure_bf16,
+            ),
+            _present(r, "lora_rank", "lora_alpha", "lora_target", "lora_dropout", "use_dora", "pure_bf16")
+            + " (defaults: hparams/finetuning_args.py lora_rank=8, lora_alpha=2·rank, lora_target='all', "
+            "lora_dropout=0)",
+        )
+        r.ignore("additional_target", "extra fully trained modules are not modelled")
+        r.ignore("pissa_init", "PiSSA's SVD at start-up is not modelled")
+    else:
+        for key in ("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"):
+            r.used.add(key)
+    if method is Method.FREEZE:
+        n = r.integer("freeze_trainable_layers", 2)
+        if n < 0:
+            r.warn(f"freeze_trainable_layers={n}: the first {-n} layers train; modelled as {-n} trainable layers")
+        r.set(
+            "freeze_trainable_layers",
+            abs(n),
+            r.file("freeze_trainable_layers")
+            if r.has("freeze_trainable_layers")
+            else r.default("hparams/finetuning_args.py freeze_trainable_layers=2"),
+        )
+        mods = r.names("freeze_trainable_modules")
+        if mods and mods != ("all",):
+            r.warn(f"ignored: freeze_trainable_modules={','.join(mods)} (modelled as whole layers training)")
+        r.ignore("freeze_extra_modules", "extra trainable modules are not modelled")
+    else:
+        r.used.update(("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"))
+
+    for key, reason in (
+        ("use_galore", "GaLore's projected optimizer states are not modelled"),
+        ("use_apollo", "APOLLO's optimizer states are not modelled"),
+        ("use_badam", "BAdam's block-wise optimizer is not modelled"),
+        ("use_adam_mini", "Adam-mini's reduced second moments are not modelled"),
+        ("use_muon", "Muon's optimizer states are not modelled"),
+        ("use_llama_pro", "LLaMA Pro's expanded blocks are not modelled"),
+        ("use_unsloth", "Unsloth's kernels are not modelled"),
+        ("use_unsloth_gc", "Unsloth's offloaded checkpointing is not modelled"),
+        ("upcast_lmhead_output", "fp32 logits from lm_head are not modelled"),
+        ("shift_attn", "LongLoRA shift attention is not modelled"),
+        ("mixture_of_depths", "mixture-of-depths is not modelled"),
+        ("rope_scaling", "RoPE scaling leaves memory unchanged but may imply a longer cutoff_len"),
+        ("train_from_scratch", "random init is not modelled (memory is the same)"),
+        ("fp8", "fp8 training is not modelled"),
+        ("use_kt", "KTransformers CPU experts are not modelled"),
+        ("use_mca", "Megatron-Core training is not modelled"),
+        ("use_megatron_bridge", "Megatron Bridge training is not modelled"),
+        ("use_hyper_parallel", "hyper-parallel training is not modelled"),
+        ("resize_vocab", "a resized vocabulary is not modelled"),
+        ("add_tokens", "added tokens are not modelled"),
+        ("add_special_tokens", "added tokens are not modelled"),
+        ("ref_model", "the reference model is not modelled"),
+        ("reward_model", "the reward model is not modelled"),
+        ("adapter_name_or_path", "loading existing adapters is modelled as fresh ones of the given rank"),
+        ("enable_torch_profiler", "the profiler's buffers are not modelled"),
+    ):
+        r.ignore(key, reason)
+
+    flags = hf.read_trainer(
+        r,
+        bf16_cite=f"{hf.TA} bf16=False",
+        ckpt_default=True,
+        ckpt_cite="model/model_utils/checkpointing.py prepare_model_for_training: on unless "
+        "disable_gradient_checkpointing (hparams/model_args.py default False)",
+    )
+    if r.has("disable_gradient_checkpointing"):
+        r.set(
+            "grad_ckpt",
+            not r.flag("disable_gradient_checkpointing"),
+            r.file("disable_gradient_checkpointing"),
+        )
+    elif r.has("gradient_checkpointing") or r.has("activation_checkpointing"):
+        # LLaMA-Factory enables checkpointing itself; the Trainer flag only adds to it.
+        r.set(
+            "grad_ckpt",
+            True,
+            r.default("model/model_utils/checkpointing.py: on unless disable_gradient_checkpointing"),
+        )
+    r.extras["trainer"] = flags
+
+    # precision: parser.py sets compute_dtype bf16 if bf16 or pure_bf16; model/adapter.py keeps trainable params
+    # fp32 (cast_trainable_params_to_fp32) unless pure_bf16.
+    if pure_bf16:
+        r.set("precision", Precision.BF16, r.file("pure_bf16"))
+    elif flags.bf16 or flags.fp16:
+        r.set(
+            "precision",
+            Precision.BF16_MIXED if flags.bf16 else Precision.FP16_MIXED,
+            r.file(*flags.precision_keys) + " (model/adapter.py: trainable params upcast to fp32 unless pure_bf16)",
+        )
+    elif method is Method.FULL:
+        r.set(
+            "precision",
+            Precision.FP32,
+            r.default("no bf16/fp16: every parameter trains in fp32 (model/adapter.py cast_trainable_params_to_fp32)"),
+        )
+    else:
+        r.set(
+            "precision",
+            Precision.BF16_MIXED,
+            r.default(
+                "no bf16/fp16: model/patcher.py infers a bf16 compute dtype for the frozen weights, trainable ones "
+                "upcast to fp32"
+            ),
+        )
+        r.warn(
+            "precision: no bf16/fp16 in the file; LLaMA-Factory loads frozen weights in the inferred dtype "
+            "(bf16 where supported) without autocast; modelled as bf16-mixed"
+        )
+
+    # sequence length and packing: data_args.py cutoff_len=2048; parser.py packing = stage == "pt" when unset
+    if r.has("cutoff_len"):
+        r.set("seq_len", r.integer("cutoff_len", minimum=1), r.file("cutoff_len"))
+    else:
+        r.set("seq_len", 2048, r.default("hparams/data_args.py cutoff_len=2048"))
+    if r.has("packing"):
+        r.set("packing", r.flag("packing"), r.file("packing"))
+    else:
+        r.set("packing", stage == "pt", r.default(f"hparams/parser.py packing = stage == 'pt' (stage {stage})"))
+    if r.flag("neat_packing", False):
+        r.set("packing", True, r.file("neat_packing"))
+
+    # attention: hparams/model_args.py flash_attn='auto' leaves transformers' choice (sdpa)
+    fa = (r.text("flash_attn") or "auto").lower()
+    table = {
+        "auto": Attention.SDPA,
+        "sdpa": Attention.SDPA,
+        "disabled": Attention.EAGER,
+        "fa2": Attention.FLASH2,
+        "fa3": Attention.FLASH2,
+    }
+    if fa not in table:
+        raise VramledgerError(f"{r.source}: flash_attn must be auto, disabled, sdpa, fa2 or fa3 (got {fa!r})")
+    r.set(
+        "attn",
+        table[fa],
+        r.file("flash_attn")
+        if r.has("flash_attn")
+        else r.default("hparams/model_args.py flash_attn='auto' → transformers' default sdpa"),
+    )
+
+    if r.flag("enable_liger_kernel", False):
+        r.set("loss", Loss.FUSED, r.file("enable_liger_kernel"))
+
+    if r.fields.get("predict_with_generate") or r.extras.get("evaluates") and r.flag("predict_with_generate", False):
+        n = r.integer("max_new_tokens", 1024, minimum=1)
+        r.set(
+            "generation_max_new_tokens",
+            n,
+            r.file("max_new_tokens")
+            if r.has("max_new_tokens")
+            else r.default("hparams/generating_args.py max_new_tokens=1024"),
+        )
+    else:
+        r.used.update(("max_new_tokens", "max_length"))
+    r.finish(HARMLESS)
+    return model
+
+
+def _present(r: Reader, *keys: str) -> str:
+    given = [k for k in keys if r.has(k)]
+    return r.file(*given) if given else f"default: {LF}"
