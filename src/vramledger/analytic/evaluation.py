@@ -228,6 +228,9 @@ def eval_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     if train.eval_batch is None and not train.predict_with_generate:
         return []
     out = list(eval_shape(m, train).warnings)
+    if train.predict_with_generate and train.generation_max_new_tokens < 1:
+        out.append("eval: predict_with_generate without max_new_tokens: generation counted for its prefill only; "
+                   "give --max-new-tokens N")
     if not train.grad_ckpt:
         out.append(
             "eval: counted the KV cache the eval forward builds (config.use_cache, on unless the script turned it "
@@ -307,12 +310,7 @@ def eval_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, parts: obj
     out[Phase.EVAL] = max(cands, key=lambda mo: mo.total)
 
     if train.predict_with_generate:
-        N = train.generation_max_new_tokens
-        if N < 1:
-            raise VramledgerError(
-                "predict_with_generate: generation_max_new_tokens is not set; give --max-new-tokens N "
-                "(or max_new_tokens in the config)"
-            )
+        N = max(train.generation_max_new_tokens, 1)  # unknown: the prefill only (eval_warnings says so)
         kv = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=N, dtype_bytes=c, key_bytes=s)
         pre = base(f"generate: prefill of {B}×{L} prompt tokens (top layer)")
         pre.add(Category.KV_CACHE, "KV cache after the prefill", kv.after_prefill, SRC_CACHE)
@@ -351,7 +349,7 @@ def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, gpu: GPUSpec | N
     biggest = max(by_cat, key=lambda k: by_cat[k])
     what = "evaluation" if peak is Phase.EVAL else "generation during evaluation (predict_with_generate)"
     head = (f"Evaluation is the peak: {what} needs {fmt_bytes(ledger.device(peak))} against training's "
-            f"{fmt_bytes(training)}; its biggest line is {biggest.title} ({fmt_bytes(by_cat[biggest])})")
+            f"{fmt_bytes(training)}; its biggest line is {biggest.display} ({fmt_bytes(by_cat[biggest])})")
 
     sh = eval_shape(m, train)
     tries: list[tuple[str, TrainSpec]] = []

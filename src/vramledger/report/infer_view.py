@@ -19,13 +19,13 @@ def render_infer(ledger: Ledger, concurrency: Concurrency | None = None) -> str:
     ]
     for cat in ledger.categories():
         if cat.allocated and ledger.bytes_of(cat, ph):
-            lines.append(f"{cat.title:<30}{fmt_bytes(ledger.bytes_of(cat, ph)):>12}")
+            lines.append(f"{cat.display:<30}{fmt_bytes(ledger.bytes_of(cat, ph)):>12}")
     lines += [
         "-" * 42,
         f"{'peak allocated':<30}{fmt_bytes(ledger.allocated(ph)):>12}",
-        f"{'+ ' + Category.ALLOCATOR_RESERVE.title:<30}"
+        f"{'+ ' + Category.ALLOCATOR_RESERVE.display:<30}"
         f"{fmt_bytes(ledger.bytes_of(Category.ALLOCATOR_RESERVE, ph)):>12}",
-        f"{'+ ' + Category.CUDA_CONTEXT.title:<30}{fmt_bytes(ledger.bytes_of(Category.CUDA_CONTEXT, ph)):>12}",
+        f"{'+ ' + Category.CUDA_CONTEXT.display:<30}{fmt_bytes(ledger.bytes_of(Category.CUDA_CONTEXT, ph)):>12}",
         f"{'= device total (nvidia-smi)':<30}{fmt_bytes(ledger.device(ph)):>12}",
         "",
         f"peak: {ledger.moments.get(ph, '')}",
