@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vramledger.adapters import load_config
-from vramledger.specs import Attention, LoraSpec, Loss, Method, Optimizer, Precision, QuantSpec
+from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, QuantSpec
 
 F = Path(__file__).parent / "fixtures"
 
@@ -133,8 +133,8 @@ def test_trl_lora() -> None:
     assert t.seq_len == 1024  # sft_config.py max_length=1024
     assert t.packing is True and t.micro_batch == 2 and t.grad_accum == 8
     assert t.eval_batch == 8  # eval_strategy steps + TrainingArguments per_device_eval_batch_size=8
-    # ModelConfig dtype defaults to float32: the frozen base is fp32, which the spec cannot say → a warning
-    assert any("float32" in w for w in rc.warnings)
+    # ModelConfig dtype defaults to float32: the frozen base stays fp32 under bf16 autocast
+    assert t.base_dtype is DType.FP32
 
 
 def test_trl_full_and_liger() -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from vramledger.adapters import hf
 from vramledger.adapters._base import Reader
 from vramledger.errors import VramledgerError
-from vramledger.specs import LoraSpec, Loss, Method, QuantSpec
+from vramledger.specs import DType, LoraSpec, Loss, Method, QuantSpec
 
 TRL_CHUNK_TOKENS = 256
 """``trl/trainer/sft_trainer.py`` ``_CHUNKED_LM_HEAD_CHUNK_SIZE = 256`` (tokens per chunk of the chunked_nll loss)."""
@@ -126,12 +126,11 @@ def load(r: Reader, *, family: str | None) -> str | None:
         dtype = "float32"
         r.provenance["model_dtype"] = r.default("trainer/model_config.py dtype='float32'")
     hf.precision_from_flags(flags, r, method=method, weights_dtype=dtype)
-    if dtype in ("float32", "auto") and method is not Method.FULL and (flags.bf16 or flags.fp16):
-        r.warn(
-            f"precision: TRL loads the base model in {dtype} (ModelConfig dtype; its default is float32), so "
-            "the frozen weights are not half precision; vramledger models them in bf16 — set dtype: bfloat16 "
-            "to match the estimate"
-        )
+    if dtype == "float32" and method is Method.LORA and (flags.bf16 or flags.fp16):
+        # The frozen base stays fp32 under autocast: modelled by TrainSpec.base_dtype.
+        r.set("base_dtype", DType.FP32, r.provenance.get("model_dtype") or r.file("dtype"))
+    elif dtype == "auto" and method is not Method.FULL:
+        r.warn("precision: dtype 'auto' loads the checkpoint's own dtype; modelled as the compute dtype")
 
     if r.has("max_length"):
         r.set("seq_len", r.integer("max_length", minimum=1), r.file("max_length"))

@@ -56,7 +56,7 @@ def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     since bf16 linear outputs added to an fp32 residual promote to fp32."""
     if train.precision.compute is DType.FP32:
         return 4
-    if train.precision.mixed and wb.embedding_trainable:
+    if train.precision.mixed and (wb.embedding_trainable or train.frozen_dtype is DType.FP32):
         return 4
     return train.precision.compute.bytes
 

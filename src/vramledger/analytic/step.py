@@ -36,7 +36,7 @@ from vramledger.analytic.overhead import (
 )
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
-from vramledger.specs import Attention, GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
 
 
 @dataclass(kw_only=True, slots=True)
@@ -122,6 +122,10 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
 
     # Under AMP, trainable fp32 matrices get a bf16 copy in the autocast cache (and saved by autograd).
     autocast_copies = wb.trainable_matrix_params * 2 if (train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0
+    if train.precision.mixed and train.quant is None and train.frozen_dtype is DType.FP32:
+        # Frozen fp32 weights are cast to bf16 at every use (autocast caches only leaves that require grad) and
+        # each cast is saved by autograd for the input's gradient: a bf16 copy of every frozen matrix.
+        autocast_copies += wb.frozen_matrix_params * 2
 
     frozen, trainable = wb.frozen_bytes, wb.trainable_bytes
     grads = wb.trainable_params * wb.trainable_dtype.bytes

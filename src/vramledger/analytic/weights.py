@@ -62,6 +62,8 @@ class WeightBudget:
     """Largest single trainable tensor (for per-tensor optimizer temporaries)."""
     largest_frozen_matrix_numel: int
     """Largest frozen matmul weight of a decoder layer (QLoRA dequantises one at a time)."""
+    frozen_matrix_params: int
+    """Frozen matmul weights (decoder linears and lm_head): under autocast an fp32 one is cast on every use."""
     embedding_trainable: bool
     head_trainable: bool
     norms_trainable: bool
@@ -115,7 +117,7 @@ def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
 def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     total = count_params(m)
     prec = train.precision
-    frozen_dt, train_dt = prec.frozen, prec.trainable
+    frozen_dt, train_dt = train.frozen_dtype, prec.trainable
     linears = layer_linears(m)
     lm_head_numel = m.vocab_size * m.hidden_size
     largest_frozen = max(lin.in_features * lin.out_features for lin in linears)
@@ -137,6 +139,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
             trainable_matrix_params=matrix,
             largest_trainable_numel=largest,
             largest_frozen_matrix_numel=0,
+            frozen_matrix_params=0,
             embedding_trainable=True,
             head_trainable=True,
             norms_trainable=True,
@@ -158,6 +161,8 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
             trainable_matrix_params=matrix,
             largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
             largest_frozen_matrix_numel=largest_frozen,
+            frozen_matrix_params=(m.num_layers - k) * sum(lin.in_features * lin.out_features * lin.per_layer
+                                                          for lin in linears) + lm_head_numel,
             embedding_trainable=False,
             head_trainable=False,
             norms_trainable=k > 0,
@@ -194,6 +199,8 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         trainable_matrix_params=adapter_params,
         largest_trainable_numel=largest_adapter,
         largest_frozen_matrix_numel=largest_frozen,
+        frozen_matrix_params=m.num_layers * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
+        + lm_head_numel,
         embedding_trainable=False,
         head_trainable=False,
         norms_trainable=False,

@@ -15,7 +15,7 @@ from vramledger import __version__
 from vramledger.errors import VramledgerError
 
 # Command modules, in the order `vramledger --help` lists them.
-COMMANDS: tuple[str, ...] = ("estimate", "catalog_cmds", "accum_check", "convert")
+COMMANDS: tuple[str, ...] = ("estimate", "measure", "find_max", "catalog_cmds", "accum_check", "convert")
 
 
 class _Parser(argparse.ArgumentParser):

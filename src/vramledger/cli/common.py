@@ -224,7 +224,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     method = changes.get("method", base.method)
     if method in (Method.LORA, Method.QLORA):
         lora = _lora_from_flags(args, base.lora)
-        if lora is not None:
+        if lora is not None and lora is not base.lora:
             changes["lora"] = lora
     if args.quant is not None or args.no_double_quant is not None:
         q = args.quant.lower() if args.quant else "nf4"

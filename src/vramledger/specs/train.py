@@ -188,6 +188,8 @@ class TrainSpec:
     """For method ``freeze``: how many of the last decoder layers train (LLaMA-Factory's default is 2)."""
     sgd_momentum: float = 0.0
     """SGD momentum: above 0, one momentum buffer per parameter."""
+    base_dtype: DType | None = None
+    """dtype the frozen weights are loaded in, when not the compute dtype (TRL loads fp32 by default)."""
     packing: bool = False
     """Sequences packed to ``seq_len`` (every micro-batch is full length)."""
     # -- evaluation (the HF Trainer's eval loop) --------------------------------------------------------------
@@ -257,6 +259,11 @@ class TrainSpec:
     @property
     def adapters(self) -> bool:
         return self.method in (Method.LORA, Method.QLORA)
+
+    @property
+    def frozen_dtype(self) -> DType:
+        """dtype of frozen (non-quantised) weights: as loaded, else the compute dtype."""
+        return self.base_dtype or self.precision.frozen
 
     @property
     def tokens(self) -> int:
