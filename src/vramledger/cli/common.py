@@ -237,10 +237,10 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         )
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
-    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
-        changes.setdefault("quant", None)
     for key in changes:
         provenance[key] = "flag"
+    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
+        changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(base, **changes)
 
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else None
@@ -255,3 +255,59 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         provenance=provenance,
         warnings=tuple(warnings),
     )
+
+
+# -- report outputs (HTML page, PNG figures, text bars), shared by estimate, trace, fit and plan ---------------------
+def add_output_options(p: argparse.ArgumentParser) -> None:
+    """``--html FILE``, ``--png DIR`` and ``--bars`` (figures need the ``report`` extra: matplotlib)."""
+    g = p.add_argument_group("reports")
+    g.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML report (table + figures)")
+    g.add_argument("--png", type=Path, metavar="DIR", help="write the figures as PNG files into DIR")
+    g.add_argument("--bars", action="store_true", default=None,
+                   help="show text bars of the bill (default: when the output is a terminal)")
+
+
+def show_bars(args: argparse.Namespace) -> bool:
+    """Whether to print the text bars: ``--bars``, or stdout is a terminal and no ``--json``."""
+    import sys
+
+    if getattr(args, "json", False):
+        return False
+    return bool(getattr(args, "bars", None)) or sys.stdout.isatty()
+
+
+def write_outputs(
+    args: argparse.Namespace,
+    ledger: Any,
+    *,
+    inputs: Inputs | None = None,
+    remedies: Any = None,
+) -> list[Path]:
+    """Write what ``--html`` and ``--png`` ask for; return the paths written (the caller reports them).
+
+    ``inputs`` (the resolved specs) adds the OOM-cliff figures; ``remedies`` (a plan's results: objects with
+    ``label``, ``device_bytes``, ``step_seconds``, or such triples) adds the remedies figure.
+    """
+    html_path, png_dir = getattr(args, "html", None), getattr(args, "png", None)
+    if html_path is None and png_dir is None:
+        return []
+    from vramledger.report.figures import all_figures
+
+    figs = all_figures(
+        ledger,
+        model=None if inputs is None else inputs.model,
+        train=None if inputs is None else inputs.train,
+        gpu=None if inputs is None else inputs.gpu,
+        headroom=DEFAULT_HEADROOM if inputs is None else inputs.headroom,
+        remedies=remedies,
+    )
+    written: list[Path] = []
+    if html_path is not None:
+        from vramledger.report.html import write_html
+
+        written.append(write_html(html_path, ledger, figs))
+    if png_dir is not None:
+        from vramledger.report.png import write_pngs
+
+        written.extend(write_pngs(png_dir, figs))
+    return written

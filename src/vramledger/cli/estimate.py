@@ -3,8 +3,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
-from vramledger.cli.common import Inputs, add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.cli.common import (
+    Inputs,
+    add_gpu_options,
+    add_model_options,
+    add_output_options,
+    add_train_options,
+    resolve_inputs,
+    show_bars,
+    write_outputs,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,6 +36,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
     g.add_argument("--max-concurrency", action="store_true",
                    help="infer: how many sequences of this length fit next to the weights on --gpu")
+    add_output_options(p)
     p.set_defaults(run=run)
 
 
@@ -48,12 +59,19 @@ def run(args: argparse.Namespace) -> int:
         from vramledger.report.terminal import render_ledger, render_provenance, render_sources
 
         print(render_ledger(ledger))
-        if inputs.provenance:
+        if show_bars(args):
+            from vramledger.report.terminal_bars import render_bars
+
+            print()
+            print(render_bars(ledger))
+        if any(v != "flag" for v in inputs.provenance.values()):
             print()
             print(render_provenance(inputs.provenance))
         if args.sources:
             print()
             print(render_sources(ledger))
+    for path in write_outputs(args, ledger, inputs=inputs):
+        print(f"wrote {path}", file=sys.stderr)
     if ledger.verdict is not None and not ledger.verdict.fits:
         return 3
     return 0
