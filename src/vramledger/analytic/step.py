@@ -314,6 +314,9 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     _persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
     opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
+    from vramledger.analytic.evaluation import eval_moments  # eval/generate phases (issue 9)
+
+    out.update(eval_moments(m, train, gpu, p))
     return out
 
 
