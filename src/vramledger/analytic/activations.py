@@ -66,9 +66,9 @@ def padded_sdpa(train: TrainSpec) -> bool:
     return train.attn is Attention.SDPA and train.micro_batch > 1 and not train.packing
 
 
-def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int) -> int:
-    if m.norm_bias:  # nn.LayerNorm saves its input
-        return s * width
+def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int, amp: bool = False) -> int:
+    if m.norm_bias:  # nn.LayerNorm saves its input; autocast runs layer_norm in fp32, so it saves an fp32 cast
+        return (4 if amp else s) * width
     if m.norms_per_layer == 4:  # Gemma: fp32 upcast and fp32 normalised value
         return 4 * width + (4 * width if trainable else 0)
     return 4 * width + (s * width if trainable else 0)
@@ -115,7 +115,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     parts: list[tuple[str, int]] = []
 
     # Norms around attention and MLP (Gemma's post-norms act on sublayer outputs of the same width).
-    parts.append(("norms (fp32 upcast)", m.norms_per_layer * _norm_bytes(m, s, base_trains, H)))
+    parts.append(("norms (fp32 upcast)", m.norms_per_layer * _norm_bytes(m, s, base_trains, H, amp)))
 
     # Inputs saved by trained linears. Pure precision: one shared tensor. AMP: one bf16 cast per consumer.
     if base_trains:
@@ -138,15 +138,23 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         parts.append(("q/k norms", _norm_bytes(m, c, base_trains, Dq + Dkv)))
     scores = 0
     if train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA):
-        # q, repeated k and v, and the contiguous output copy saved by o_proj (or by the PEFT adapter).
-        parts.append(("q, repeated k/v, output", c * 4 * Dq))
+        # q and the repeated k and v (saved by the two matmuls); the contiguous output copy only when o_proj's
+        # own weight trains (a PEFT adapter saves its own cast instead).
+        parts.append(("q, repeated k/v" + (", output" if base_trains else ""), c * (4 if base_trains else 3) * Dq))
         probs = 4 + (c if c != 4 else 0)
+        if m.attn_dropout > 0:
+            # native_dropout keeps a bool mask; the dropped copy (instead of the cast probabilities) feeds the
+            # matmul with V, so the cast is freed: fp32 softmax + mask + dropped copy.
+            probs += 1
         softcap = c if m.attn_logit_softcapping else 0
         scores = (probs + softcap) * nh * L * L
     else:
         repeat = padded_sdpa(train) and m.num_kv_heads != m.num_heads
         kv = 2 * (Dq if repeat else Dkv)
         parts.append(("q, k, v, output" + (" (k/v repeated: padded batch)" if repeat else ""), c * (2 * Dq + kv)))
+        if m.fused_qkv and not m.learned_positions:
+            # Phi-3: v is a slice of qkv_proj's output, so SDPA keeping v keeps the whole fused tensor alive.
+            parts.append(("fused qkv output kept alive by v", c * (Dq + Dkv)))
         parts.append(("attention logsumexp (fp32)", 4 * nh))
         if padded_sdpa(train):
             scores = c * L * (-(-L // 16) * 16)
@@ -157,11 +165,20 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         per_route = (4 if base_trains else 3) * c * Im + c * H + (c * H if base_trains else 0)
         parts.append(("experts (routed tokens)", k * per_route))
         parts.append(("router logits and softmax", (c + 4) * E))
-    elif not m.gated_mlp:  # GPT-2: c_fc → NewGELU (4 saved) → c_proj input
-        parts.append(("MLP activation", c * I * (5 if base_trains else 4)))
+    elif not m.gated_mlp:
+        # GPT-2: c_fc → NewGELU, Python arithmetic saving x (for pow), tanh(·), 0.5·x and 1 + tanh(·) → c_proj.
+        # Under autocast ``pow`` runs in fp32 (autocast's fp32 op list), so x is saved as an fp32 copy and
+        # everything after it promotes to fp32 except 0.5·x; c_proj then saves a bf16 cast of the product.
+        if train.precision.mixed:
+            gelu, proj_in = 4 * I + 4 * I + 2 * I + 4 * I, 2 * I
+        else:
+            gelu, proj_in = 4 * c * I, c * I
+        parts.append(("MLP activation (NewGELU)", gelu + (proj_in if base_trains else 0)))
     else:
         parts.append(("MLP gate/act/up/product", c * I * (4 if base_trains else 3)))
 
+    if m.resid_dropout > 0:  # GPT-2: a bool mask after attention and after the MLP (``resid_dropout``)
+        parts.append(("residual dropout masks", 2 * H))
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 
@@ -174,7 +191,7 @@ def checkpoint_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightB
 def final_norm_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
     """The final norm's saved tensors."""
     s = residual_bytes(train, wb)
-    return _norm_bytes(m, s, wb.norms_trainable and wb.head_trainable, m.hidden_size)
+    return _norm_bytes(m, s, wb.norms_trainable and wb.head_trainable, m.hidden_size, train.precision.mixed)
 
 
 def head_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
@@ -201,13 +218,21 @@ def first_layer_unsaved_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weig
     """
     if wb.embedding_trainable or (train.adapters and train.grad_ckpt):
         return 0
+    # The adapters fed by the input norm (q/k/v) keep no dropout mask either: no gradient flows to their input.
+    masks = 0
+    if train.adapters and train.lora is not None and train.lora.dropout > 0:
+        attn_inputs = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"}
+        masks = sum(a.linear.in_features for a in wb.adapted if a.linear.name in attn_inputs)
     if m.norm_bias:
-        return 0 if train.method is Method.FREEZE else residual_bytes(train, wb) * m.hidden_size
-    return 4 * m.hidden_size
+        return masks + (0 if train.method is Method.FREEZE else residual_bytes(train, wb) * m.hidden_size)
+    return masks + 4 * m.hidden_size
 
 
 def rope_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
     """cos and sin, computed once per forward and shared by every layer (``LlamaRotaryEmbedding``)."""
     if m.learned_positions:
-        return 0
+        # GPT-2: no rotary tables; its embedding dropout keeps a bool mask when its output needs a gradient (a
+        # trained embedding, or enable_input_require_grads under checkpointing with adapters).
+        needs_grad = wb.embedding_trainable or (train.adapters and train.grad_ckpt)
+        return m.hidden_size if (m.resid_dropout > 0 and needs_grad) else 0
     return 2 * residual_bytes(train, wb) * m.head_dim

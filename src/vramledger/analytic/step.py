@@ -121,6 +121,13 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     if train.grad_ckpt:
         saved_layers = n_tl * checkpoint_input_bytes_per_token(m, train, wb) * T
         scores = 0
+        eager = train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA)
+        if eager and n_tl:
+            # The checkpoint keeps its inputs, among them the additive causal mask(s) eager attention gets
+            # (transformers masking_utils eager_mask, in the dtype of the input embeddings: s·B·L² each; a second one
+            # for sliding-window layers).
+            s_emb = residual_bytes(train, wb)
+            scores = s_emb * B * train.seq_len * train.seq_len * (2 if m.sliding_layers else 1)
     else:
         saved_layers = n_tl * layer_bytes - (first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0)
         scores = n_tl * layer_scores

@@ -173,6 +173,8 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         sliding_layers=sliding,
         final_logit_softcapping=float(_get(cfg, "final_logit_softcapping", default=0.0) or 0.0),
         attn_logit_softcapping=float(_get(cfg, "attn_logit_softcapping", default=0.0) or 0.0),
+        resid_dropout=float(_get(cfg, "resid_pdrop", default=0.1) or 0.0) if gpt2 else 0.0,
+        attn_dropout=float(_get(cfg, "attn_pdrop", "attention_dropout", default=0.1 if gpt2 else 0.0) or 0.0),
         hidden_act=str(_get(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu")),
         native_dtype=dtype,
         source=source,

@@ -55,6 +55,10 @@ class ModelSpec:
     """How many of the layers use the sliding window."""
     final_logit_softcapping: float = 0.0
     attn_logit_softcapping: float = 0.0
+    resid_dropout: float = 0.0
+    """Dropout on each sublayer's output and on the embeddings in training (GPT-2 ``resid_pdrop``/``embd_pdrop``)."""
+    attn_dropout: float = 0.0
+    """Dropout on the attention probabilities in training (GPT-2 ``attn_pdrop``; ``attention_dropout`` elsewhere)."""
     hidden_act: str = "silu"
     native_dtype: str = "bfloat16"
     """``torch_dtype`` / ``dtype`` in config.json: the dtype the checkpoint is stored in."""
