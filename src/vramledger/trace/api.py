@@ -120,7 +120,9 @@ def trace_step(
         timeline=downsample(samples),
     )
     biggest = max(
-        (i for i in ledger.items if i.phase is ledger.peak_phase and i.category.allocated), key=lambda i: i.bytes, default=None
+        (i for i in ledger.items if i.phase is ledger.peak_phase and i.category.allocated),
+        key=lambda i: i.bytes,
+        default=None,
     )
     advice = (
         f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."

@@ -152,8 +152,8 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
     for i, e in enumerate(events):
         if i in positions:
             for size in sizes:
-                out.append(AllocEvent.alloc(next_ws, size, op="cuBLAS workspace", module="", phase=e.phase,
-                                            category=Category.WORKSPACE))
+                out.append(AllocEvent.alloc(next_ws, size, op=f"cuBLAS workspace (first {e.op})", module=e.module,
+                                            phase=e.phase, category=Category.WORKSPACE))
                 origin.append(-1)
                 next_ws += 1
         if e.category == "host":
@@ -199,6 +199,11 @@ def replay_outcome(
 ) -> ReplayOutcome:
     """Replay on ``gpu`` (capacity = its memory − the CUDA context) or on an unlimited device."""
     capacity = None if gpu is None else gpu.memory_bytes - cuda_context_bytes(gpu)
+    if capacity is not None and capacity <= 0:
+        raise VramledgerError(
+            f"--gpu: {gpu.name} has no memory left after the CUDA context ({cuda_context_bytes(gpu) // 2**20} MiB);"
+            " give a larger GPU"
+        )
     r = replay(dev.events, capacity_bytes=capacity, conf=conf,
                device_total_bytes=None if gpu is None else gpu.memory_bytes)
     oom = None
