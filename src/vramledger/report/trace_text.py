@@ -30,10 +30,11 @@ def _oom_lines(r: Mapping[str, Any]) -> list[str]:
 
 
 def _summary(r: Mapping[str, Any]) -> list[str]:
+    reserved = "reserved before OOM" if r.get("oom") else "peak reserved"
     return [
-        f"{'reserved before OOM' if r.get('oom') else 'peak reserved'} {fmt_bytes(r['peak_reserved_bytes'])}",
-        f"reserve at peak {fmt_bytes(r['reserve_at_peak_bytes'])}",
-        f"segments {r['segments_at_peak']}, largest free {fmt_bytes(r['largest_free_block_at_peak_bytes'])}",
+        f"{reserved} {fmt_bytes(r['peak_reserved_bytes'])}",
+        f"peak allocated {fmt_bytes(r['peak_allocated_bytes'])}",
+        f"{r['segments_at_peak']} segments at the reserved peak",
     ]
 
 
