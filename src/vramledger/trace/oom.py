@@ -9,8 +9,7 @@ The trace sees only op outputs. Three things a CUDA run adds are put in here:
   ``mm``-like op of the forward (the Python thread's handle) and of the backward (the autograd engine's device
   thread has its own handle), and never freed (the handle pool keeps them until exit).
 - The caching allocator's reserve: the events replayed through ``CachingAllocatorModel`` (a port of
-  ``CUDACachingAllocator.cpp``) with unlimited capacity. A phase's reserved figure is the highest reserved
-  memory during that phase, so the ledger's peak reserved equals the replay's ``max_memory_reserved``.
+  ``CUDACachingAllocator.cpp``) with unlimited capacity; at each phase's peak moment, reserved − allocated.
 - The CUDA context, outside PyTorch (``analytic/overhead.py``: a stated assumption until measured).
 
 With a GPU, the events are replayed again with the capacity torch can obtain (the GPU's memory less the CUDA
@@ -168,26 +167,25 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
                         workspace_sizes=sizes)
 
 
-def phase_reserved(dev: DeviceEvents, conf: AllocatorConf = DEFAULT_CONF) -> dict[Phase, int]:
-    """The highest reserved memory during each phase (both steps), on a device without a capacity limit.
+def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFAULT_CONF) -> dict[int, int]:
+    """Reserved memory right after each trace event in ``indices``, on a device without a capacity limit.
 
     The same rules as :func:`allocator_replay.replay` (``malloc``/``free`` of ``CachingAllocatorModel``), with
-    reserved read after every event.
+    reserved read after the events asked for.
     """
     model = CachingAllocatorModel(conf)
     live: dict[int, Any] = {}
-    best: dict[Phase, int] = {}
-    for ev in dev.events:
+    out: dict[int, int] = {}
+    for ev, src in zip(dev.events, dev.origin, strict=True):
         if ev.kind is EventKind.ALLOC:
             live[ev.id] = model.malloc(ev.size) if ev.size else None
         elif ev.kind is EventKind.FREE:
             blk = live.pop(ev.id)
             if blk is not None:
                 model.free(blk)
-        assert ev.phase is not None
-        if model.reserved > best.get(ev.phase, -1):
-            best[ev.phase] = model.reserved
-    return best
+        if src in indices:
+            out[src] = model.reserved
+    return out
 
 
 def replay_outcome(
@@ -247,10 +245,12 @@ def device_lines(
 ) -> list[LineItem]:
     """WORKSPACE, ALLOCATOR_RESERVE and CUDA_CONTEXT lines for every traced phase.
 
-    ``allocated``: the traced tensors' bytes at each phase peak (without workspaces). The reserve line makes
-    the phase's reserved figure equal the replay's highest reserved memory in that phase.
+    ``allocated``: the traced tensors' bytes at each phase peak (without workspaces). The reserve line is
+    reserved − allocated at the phase's peak moment, so the phase's reserved figure is the replay's reserved
+    memory at that moment. (torch's ``max_memory_reserved`` can be a little higher: a small-pool segment made
+    later, when less is allocated; the replay's own maximum is in ``ReplayOutcome.peak_reserved_bytes``.)
     """
-    reserved = phase_reserved(dev, conf)
+    reserved = reserved_at(dev, {pk.index for pk in peaks.values()}, conf)
     context = cuda_context_bytes(gpu)
     label = "cached, not allocated (" + (conf.text or "default allocator settings") + ")"
     items: list[LineItem] = []
@@ -262,7 +262,7 @@ def device_lines(
             items.append(LineItem(category=Category.WORKSPACE, phase=phase, bytes=ws,
                                   label="cuBLAS + cuBLASLt workspaces (not visible to the trace)",
                                   source=WORKSPACE_SOURCE, basis=Basis.FORMULA))
-        reserve = max(reserved.get(phase, 0) - allocated[phase] - ws, 0)
+        reserve = max(reserved[peaks[phase].index] - allocated[phase] - ws, 0)
         items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase, bytes=reserve, label=label,
                               source=RESERVE_SOURCE, basis=Basis.FORMULA))
         items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=context, label="CUDA context",
