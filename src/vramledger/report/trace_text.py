@@ -18,10 +18,11 @@ def _oom_lines(r: Mapping[str, Any]) -> list[str]:
         return ["(no GPU given: replayed without a capacity limit)"]
     if o is None:
         retries = r.get("num_alloc_retries", 0)
-        note = f", after freeing the cache {retries} time(s)" if retries else ""
-        return [f"no OOM: every allocation succeeds within {fmt_bytes(r['capacity_bytes'])}{note}"]
+        note = [f"  (after freeing the cache {retries}x)"] if retries else []
+        return [f"no OOM within {fmt_bytes(r['capacity_bytes'])}", *note]
     return [
-        f"OOM at {o['op']} in {o['module'] or '(top level)'}",
+        f"OOM at {o['op']}",
+        f"  in {o['module'] or '(top level)'}",
         f"  {o['phase']}, step {o['step']}: {fmt_bytes(o['requested_bytes'])} requested",
         f"  allocated {fmt_bytes(o['allocated_bytes'])} of {fmt_bytes(o['capacity_bytes'])}",
         f"  free but unusable {fmt_bytes(o['unusable_free_bytes'])}",
@@ -53,6 +54,9 @@ def render_allocator(ledger: Ledger) -> str:
     left = [f"[{given['conf']}]"] + _summary(given) + _oom_lines(given)
     right = ["[default]"] + _summary(default) + _oom_lines(default)
     w = max(len(s) for s in left) + 3
+    if w + max(len(s) for s in right) > 98:  # too wide for 100 columns: one after the other
+        out += [f"  {line}" for line in left + right]
+        return "\n".join(out)
     for i in range(max(len(left), len(right))):
         a = left[i] if i < len(left) else ""
         b = right[i] if i < len(right) else ""
