@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from _trace_tiny import TINY
+from tests.trace._trace_tiny import TINY
 
 from vramledger.cli import main
 

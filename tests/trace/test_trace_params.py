@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from _trace_tiny import TINY, spec
+from tests.trace._trace_tiny import TINY, spec
 
 from vramledger.analytic.params import count_params, layer_linears
 from vramledger.ledger import Category, Phase

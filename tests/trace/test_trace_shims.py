@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from _trace_tiny import TINY, spec
+from tests.trace._trace_tiny import TINY, spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 

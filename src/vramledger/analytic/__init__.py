@@ -37,6 +37,9 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         out.append("parameter offload is not modelled: weights are counted on the GPU")
     if train.quant is not None and train.optimizer.value.startswith("paged"):
         out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
+    from vramledger.analytic.evaluation import eval_warnings
+
+    out.extend(eval_warnings(m, train))
     return out
 
 
@@ -93,7 +96,10 @@ def estimate(
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
     from dataclasses import replace
 
-    return replace(ledger, verdict=verdict, advice=_advice(by_cat, train))
+    from vramledger.analytic.evaluation import eval_advice
+
+    advice = eval_advice(ledger, model, train, gpu) or _advice(by_cat, train)
+    return replace(ledger, verdict=verdict, advice=advice)
 
 
 def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:

@@ -172,11 +172,38 @@ def checkpoint_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightB
 
 
 def final_norm_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """The final norm's saved tensors, plus lm_head's input when lm_head trains."""
+    """The final norm's saved tensors."""
     s = residual_bytes(train, wb)
-    c = train.precision.compute.bytes
-    head_input = (2 if train.precision.mixed else c) * m.hidden_size if wb.head_trainable else 0
-    return _norm_bytes(m, s, wb.norms_trainable and wb.head_trainable, m.hidden_size) + head_input
+    return _norm_bytes(m, s, wb.norms_trainable and wb.head_trainable, m.hidden_size)
+
+
+def head_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """lm_head's input, saved for its weight gradient when lm_head trains (its bf16 cast under autocast)."""
+    if not wb.head_trainable:
+        return 0
+    return (2 if train.precision.mixed else train.precision.compute.bytes) * m.hidden_size
+
+
+def final_hidden_live_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """The final hidden state, alive while the loss runs inside the model's forward (``last_hidden_state`` of
+    the base model's output), unless it is the very tensor lm_head saved (pure precision, lm_head trains)."""
+    if wb.head_trainable and not train.precision.mixed:
+        return 0
+    return residual_bytes(train, wb) * m.hidden_size
+
+
+def first_layer_unsaved_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """What the first trained layer's input norm does not save because its input does not require grad.
+
+    With a frozen embedding (LoRA, freeze) the hidden states entering the first trained layer carry no grad, so
+    the norm's ``pow``/``mul`` keep no fp32 copy of them (a LayerNorm with a frozen weight keeps no input). Under
+    gradient checkpointing transformers calls ``enable_input_require_grads`` for PEFT models, and the copy is kept.
+    """
+    if wb.embedding_trainable or (train.adapters and train.grad_ckpt):
+        return 0
+    if m.norm_bias:
+        return 0 if train.method is Method.FREEZE else residual_bytes(train, wb) * m.hidden_size
+    return 4 * m.hidden_size
 
 
 def rope_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:

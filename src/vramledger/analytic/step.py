@@ -20,7 +20,10 @@ from dataclasses import dataclass, field
 from vramledger.analytic.activations import (
     checkpoint_input_bytes_per_token,
     dora_transient_bytes,
+    final_hidden_live_bytes_per_token,
     final_norm_bytes_per_token,
+    first_layer_unsaved_bytes_per_token,
+    head_input_bytes_per_token,
     layer_activations,
     residual_bytes,
     rope_bytes_per_token,
@@ -80,6 +83,10 @@ class StepParts:
     logits_saved: int
     logits_backward: int
     logits_head: int
+    final_hidden_bytes: int
+    """The final hidden state, alive during the loss (a temporary)."""
+    head_cast_bytes: int
+    """lm_head's bf16 weight cast under AMP: saved by autograd even under checkpointing (lm_head is outside it)."""
     layer_backward_temp: int
     dora_temp: int
     forward_layer_temp: int
@@ -115,10 +122,17 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         saved_layers = n_tl * checkpoint_input_bytes_per_token(m, train, wb) * T
         scores = 0
     else:
-        saved_layers = n_tl * layer_bytes
+        saved_layers = n_tl * layer_bytes - (first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0)
         scores = n_tl * layer_scores
     extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
     lg = logits_bytes(m, train, T)
+    # Under AMP lm_head saves its own bf16 cast (the trace files it with the logits); in pure precision it saves
+    # the final norm's output itself, an activation.
+    head_input = head_input_bytes_per_token(m, train, wb) * T
+    if not train.precision.mixed:
+        extra += head_input
+        head_input = 0
+    final_hidden = final_hidden_live_bytes_per_token(m, train, wb) * T
 
     # Under AMP, trainable fp32 matrices get a bf16 copy in the autocast cache (and saved by autograd).
     autocast_copies = wb.trainable_matrix_params * 2 if (train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0
@@ -169,10 +183,13 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         scores_bytes=scores,
         layer_scores_bytes=layer_scores,
         extra_saved_bytes=extra,
-        logits_forward=lg.forward_peak,
-        logits_saved=lg.saved,
-        logits_backward=lg.backward_peak,
-        logits_head=lg.head_grad_moment,
+        logits_forward=lg.forward_peak + head_input,
+        logits_saved=lg.saved + head_input,
+        logits_backward=lg.backward_peak + head_input,
+        logits_head=lg.head_grad_moment + head_input,
+        final_hidden_bytes=final_hidden,
+        head_cast_bytes=m.vocab_size * m.hidden_size * 2
+        if (wb.head_trainable and train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0,
         layer_backward_temp=layer_temp,
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb)
@@ -238,6 +255,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     _persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(fwd, p, train)
     fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
+    fwd.add(Category.TEMPORARIES, "final hidden state (model output, alive during the loss)", p.final_hidden_bytes,
+            "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives")
     fwd_layer = _Moment(name="inside the last decoder layer's forward")
     _persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(fwd_layer, p, train)
@@ -249,7 +268,12 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     # Backward candidates.
     cands: list[_Moment] = []
     b_loss = _Moment(name="log-softmax backward (_log_softmax_backward_data)")
-    _persistent(b_loss, p, train, grads=grads_prev, autocast=True, states=True)
+    # Non-reentrant checkpointing saves no casted weights: the autocast cache dies when forward's autocast exits.
+    keep_casts = not train.grad_ckpt
+    _persistent(b_loss, p, train, grads=grads_prev, autocast=keep_casts, states=True)
+    if not keep_casts:
+        b_loss.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
+                   _sources()["autocast"])
     _activations(b_loss, p, train)
     b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
     cands.append(b_loss)
@@ -258,7 +282,10 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     head_grad = 0
     if p.weights.head_trainable and not accum:
         head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    _persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=True, states=True)
+    _persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=keep_casts, states=True)
+    if not keep_casts:
+        b_top.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
+                  _sources()["autocast"])
     _activations(b_top, p, train)
     if train.grad_ckpt and p.weights.trainable_layers:
         b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, _sources()["acts"])
@@ -287,6 +314,9 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     _persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
     opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
+    from vramledger.analytic.evaluation import eval_moments  # eval/generate phases (issue 9)
+
+    out.update(eval_moments(m, train, gpu, p))
     return out
 
 

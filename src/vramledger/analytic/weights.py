@@ -124,10 +124,10 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
 
     if train.method is Method.FULL:
         largest = max(embedding_params(m), max(lin.in_features * lin.out_features for lin in linears))
-        matrix = total - m.num_layers * layer_norm_params(m) - head_params(m) + (
-            0 if m.tie_word_embeddings else lm_head_numel
-        )
-        matrix -= m.num_layers * sum(lin.out_features * lin.per_layer for lin in linears if lin.bias)
+        # Autocast casts what matmul-type ops use (torch autocast_mode.cpp lower_precision_fp list: linear, matmul):
+        # every linear's weight and bias, and the lm_head weight (the embedding itself when tied). aten::embedding
+        # and the norms' elementwise weights are not cast.
+        matrix = m.num_layers * sum(lin.numel for lin in linears) + lm_head_numel
         return WeightBudget(
             total_params=total,
             trainable_params=total,

@@ -18,6 +18,9 @@ from vramledger.errors import VramledgerError
 COMMANDS: tuple[str, ...] = (
     "estimate",
     "trace",
+    "fit",
+    "plan",
+    "accum",
     "measure",
     "find_max",
     "catalog_cmds",

@@ -15,6 +15,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
     Attention,
+    EvalLogits,
     GPUSpec,
     LoraSpec,
     Loss,
@@ -106,8 +107,15 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", help="no gradient checkpointing")
     g.add_argument("--attn", help="eager | sdpa | flash_attention_2 (default sdpa)")
     g.add_argument("--loss", help="standard | fused (Liger) | chunked (default standard)")
+    g.add_argument("--packing", action="store_true", default=None,
+                   help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
     g.add_argument("--eval-batch", type=int, help="evaluation batch size (adds an eval phase)")
     g.add_argument("--eval-seq", type=int, help="evaluation sequence length (default: --seq)")
+    g.add_argument("--eval-logits", help="what eval keeps for metrics: none (loss only) | full | argmax (default none)")
+    g.add_argument("--eval-accum", type=int, help="eval_accumulation_steps (default: unset, predictions stay on GPU)")
+    g.add_argument("--eval-steps", type=int, help="eval batches per evaluation (for predictions kept on the GPU)")
+    g.add_argument("--predict-with-generate", action="store_true", default=None, help="generate during evaluation")
+    g.add_argument("--max-new-tokens", type=int, help="tokens generated per eval sequence (predict_with_generate)")
 
 
 def add_gpu_options(p: argparse.ArgumentParser) -> None:
@@ -203,12 +211,19 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         ("grad_ckpt", "grad_ckpt"),
         ("freeze_layers", "freeze_trainable_layers"),
         ("sgd_momentum", "sgd_momentum"),
+        ("packing", "packing"),
         ("eval_batch", "eval_batch"),
         ("eval_seq", "eval_seq_len"),
+        ("eval_accum", "eval_accumulation_steps"),
+        ("eval_steps", "eval_steps_total"),
+        ("predict_with_generate", "predict_with_generate"),
+        ("max_new_tokens", "generation_max_new_tokens"),
     ):
         value = getattr(args, flag, None)
         if value is not None:
             changes[fld] = value
+    if getattr(args, "eval_logits", None) is not None:
+        changes["eval_logits"] = _choice({e.value: e for e in EvalLogits}, "--eval-logits", args.eval_logits)
     method = changes.get("method", base.method)
     if method in (Method.LORA, Method.QLORA):
         lora = _lora_from_flags(args, base.lora)

@@ -6,6 +6,7 @@ import argparse
 import sys
 
 from vramledger.cli.common import (
+    Inputs,
     add_gpu_options,
     add_model_options,
     add_output_options,
@@ -27,6 +28,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_gpu_options(p)
     p.add_argument("--json", action="store_true", help="print the ledger as JSON")
     p.add_argument("--sources", action="store_true", help="list every line of the peak with its formula and source")
+    g = p.add_argument_group("inference (--mode infer)")
+    g.add_argument("--mode", choices=("train", "infer"), default="train",
+                   help="train (default): a training step; infer: one generate() call (weights + KV cache)")
+    g.add_argument("--prompt", type=int, help="infer: prompt tokens per sequence (default: --seq, 2048)")
+    g.add_argument("--new-tokens", type=int, help="infer: max_new_tokens (default 256)")
+    g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
+    g.add_argument("--max-concurrency", action="store_true",
+                   help="infer: how many sequences of this length fit next to the weights on --gpu")
     add_output_options(p)
     p.set_defaults(run=run)
 
@@ -35,6 +44,8 @@ def run(args: argparse.Namespace) -> int:
     from vramledger.analytic import estimate
 
     inputs = resolve_inputs(args)
+    if args.mode == "infer":
+        return _run_infer(args, inputs)
     ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
     if inputs.warnings:
         from dataclasses import replace
@@ -64,3 +75,29 @@ def run(args: argparse.Namespace) -> int:
     if ledger.verdict is not None and not ledger.verdict.fits:
         return 3
     return 0
+
+
+def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:
+    from vramledger.analytic.inference import InferSpec, infer_ledger, max_concurrency
+    from vramledger.errors import VramledgerError
+
+    t = inputs.train
+    spec = InferSpec(batch=t.micro_batch, prompt=args.prompt or t.seq_len, new_tokens=args.new_tokens or 256,
+                     dtype=t.precision.compute, quant=t.quant, attn=t.attn, static_cache=args.static_cache)
+    ledger = infer_ledger(inputs.model, spec, gpu=inputs.gpu, headroom=inputs.headroom)
+    conc = None
+    if args.max_concurrency:
+        if inputs.gpu is None:
+            raise VramledgerError("--max-concurrency needs a GPU: add --gpu (e.g. --gpu h100-sxm or --gpu 24GiB)")
+        conc = max_concurrency(inputs.model, spec, inputs.gpu, headroom=inputs.headroom)
+    if args.json:
+        import json
+
+        from vramledger.report.infer_view import infer_to_dict
+
+        print(json.dumps(infer_to_dict(ledger, conc), indent=2, default=str))
+    else:
+        from vramledger.report.infer_view import render_infer
+
+        print(render_infer(ledger, conc))
+    return 3 if ledger.verdict is not None and not ledger.verdict.fits else 0

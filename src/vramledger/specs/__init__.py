@@ -5,6 +5,7 @@ from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
     Attention,
     DType,
+    EvalLogits,
     LoraSpec,
     Loss,
     Method,
@@ -17,6 +18,7 @@ from vramledger.specs.train import (
 __all__ = [
     "Attention",
     "DType",
+    "EvalLogits",
     "GPUSpec",
     "LoraSpec",
     "Loss",

@@ -97,6 +97,19 @@ class Loss(str, enum.Enum):
     """Logits and loss computed in chunks of tokens (e.g. TRL's chunked loss, LitGPT's ``chunked_cross_entropy``)."""
 
 
+class EvalLogits(str, enum.Enum):
+    """What the HF Trainer's eval loop keeps of each eval batch's logits (trainer.py ``evaluation_loop``)."""
+
+    NONE = "none"
+    """``prediction_loss_only``: no ``compute_metrics`` (``Trainer.evaluate`` passes ``prediction_loss_only=True``
+    then), only the loss. LLaMA-Factory's default (``compute_accuracy: false``, no ``predict_with_generate``)."""
+    FULL = "full"
+    """``compute_metrics`` without ``preprocess_logits_for_metrics``: B·L·V logits per eval batch, kept."""
+    ARGMAX = "argmax"
+    """``preprocess_logits_for_metrics`` reducing to token ids (LLaMA-Factory ``compute_accuracy``:
+    ``sft/metric.py eval_logit_processor`` = ``torch.argmax(logits, -1)``): B·L int64 per batch, kept."""
+
+
 _ALL = ("all",)
 
 
@@ -188,6 +201,9 @@ class TrainSpec:
     """HF ``eval_accumulation_steps``: None keeps every eval step's logits on the GPU until the end."""
     eval_steps_total: int = 0
     """Eval batches per evaluation (for logits accumulated on the GPU); 0 when unknown."""
+    eval_logits: EvalLogits = EvalLogits.NONE
+    """What the eval loop keeps of each batch's logits for metrics (``compute_metrics`` and
+    ``preprocess_logits_for_metrics``)."""
     predict_with_generate: bool = False
     generation_max_new_tokens: int = 0
     # -- several GPUs ------------------------------------------------------------------------------------------
@@ -216,6 +232,14 @@ class TrainSpec:
             raise VramledgerError(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero_stage})")
         if self.eval_batch is not None and self.eval_batch < 1:
             raise VramledgerError(f"eval batch must be a positive integer (got {self.eval_batch})")
+        if self.eval_seq_len is not None and self.eval_seq_len < 1:
+            raise VramledgerError(f"eval sequence length must be a positive integer (got {self.eval_seq_len})")
+        if self.eval_accumulation_steps is not None and self.eval_accumulation_steps < 1:
+            raise VramledgerError(
+                f"eval_accumulation_steps must be a positive integer (got {self.eval_accumulation_steps}); e.g. 1"
+            )
+        if self.eval_steps_total < 0 or self.generation_max_new_tokens < 0:
+            raise VramledgerError("eval steps and generation max new tokens must be 0 or more")
         if self.freeze_trainable_layers < 0:
             raise VramledgerError("freeze: the number of trainable layers must be 0 or more")
         if self.method is Method.QLORA and self.quant is None:

@@ -1,0 +1,207 @@
+"""Inference alone: weights, the KV cache of ``generate`` and the prefill's working set; how many sequences fit.
+
+Legend as in ``analytic/evaluation.py``: B sequences, P prompt tokens, N new tokens, S = P + N − 1, V vocabulary.
+
+The step modelled is ``model.generate(input_ids, max_new_tokens=N)`` in transformers 5.23 with the model loaded in
+the compute dtype (``torch_dtype=bfloat16``) or bitsandbytes-quantised, ``num_beams=1``:
+- no optimizer, no gradients, no saved activations (``generate`` runs under ``torch.no_grad``);
+- the prefill runs the prompt through every layer (one layer's working set live at a time) and, with
+  ``logits_to_keep=1`` (generation/utils.py l. 2953-2954), computes the logits of the last token only, copied to
+  fp32 (l. 3247): (c + 4)·B·V, not B·P·V;
+- the cache is what ``evaluation.kv_cache_bytes`` derives from cache_utils.py (dynamic by default, static with
+  ``cache_implementation="static"``);
+- one cuBLAS workspace (no autograd thread), the allocator reserve and the CUDA context as for training.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from vramledger.analytic.evaluation import SRC_CACHE, kv_cache_bytes, layer_working_set, mask_bytes
+from vramledger.analytic.overhead import (
+    CONTEXT_SOURCE,
+    RESERVE_SOURCE,
+    allocator_reserve_bytes,
+    cublas_workspace_bytes,
+    cuda_context_bytes,
+)
+from vramledger.analytic.params import count_params
+from vramledger.errors import VramledgerError
+from vramledger.ledger import Basis, Category, Ledger, LineItem, Phase, make_verdict
+from vramledger.specs import Attention, DType, GPUSpec, Method, ModelSpec, Precision, QuantSpec, TrainSpec
+from vramledger.units import fmt_bytes
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class InferSpec:
+    """One ``generate`` call."""
+
+    batch: int = 1
+    """Sequences generated together (rows of the batch)."""
+    prompt: int = 2048
+    """Prompt tokens per sequence (the padded length of the longest prompt)."""
+    new_tokens: int = 256
+    """``max_new_tokens``."""
+    dtype: DType = DType.BF16
+    """Dtype the weights are loaded in and the forward computes in."""
+    quant: QuantSpec | None = None
+    """bitsandbytes quantisation of the linear layers (``BitsAndBytesConfig``)."""
+    attn: Attention = Attention.SDPA
+    static_cache: bool = False
+    """``cache_implementation="static"``: preallocate S tokens per layer."""
+
+    def __post_init__(self) -> None:
+        for name in ("batch", "prompt", "new_tokens"):
+            if getattr(self, name) < 1:
+                flag = {"batch": "--batch", "prompt": "--prompt", "new_tokens": "--new-tokens"}[name]
+                raise VramledgerError(f"inference: {name} must be a positive integer (got {getattr(self, name)}); "
+                                      f"e.g. {flag} 1")
+        if self.attn is Attention.FLASH2 and self.dtype is DType.FP32:
+            raise VramledgerError("flash_attention_2 runs only in fp16/bf16; use --precision bf16 or --attn sdpa")
+
+    @property
+    def as_train(self) -> TrainSpec:
+        """The TrainSpec whose compute dtype and attention match (for the shared per-layer formulas)."""
+        prec = {DType.FP32: Precision.FP32, DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[self.dtype]
+        return TrainSpec(method=Method.FULL, precision=prec, attn=self.attn, micro_batch=self.batch,
+                         seq_len=self.prompt)
+
+
+def weight_bytes(m: ModelSpec, spec: InferSpec) -> int:
+    """Parameters in the load dtype, or bitsandbytes storage for the linears (weights.py ``quantised_bytes``)."""
+    if spec.quant is None:
+        return count_params(m) * spec.dtype.bytes
+    from dataclasses import replace
+
+    from vramledger.analytic.weights import weight_budget
+
+    t = replace(spec.as_train, method=Method.QLORA, quant=spec.quant, precision=spec.as_train.precision)
+    return weight_budget(m, t).frozen_bytes
+
+
+def _item(cat: Category, n: int, label: str, source: str, basis: Basis = Basis.FORMULA) -> LineItem:
+    return LineItem(category=cat, phase=Phase.GENERATE, bytes=n, label=label, source=source, basis=basis)
+
+
+def infer_ledger(m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, headroom: float = 0.08) -> Ledger:
+    """The ledger of one ``generate`` call: Phase.LOAD (weights) and Phase.GENERATE (its peak moment)."""
+    train = spec.as_train
+    c = spec.dtype.bytes
+    B, P, N = spec.batch, spec.prompt, spec.new_tokens
+    w = weight_bytes(m, spec)
+    kv = kv_cache_bytes(m, batch=B, prompt=P, new_tokens=N, dtype_bytes=c, static=spec.static_cache)
+    tok, sq = layer_working_set(m, train, batch=B, length=P, resid=c)
+    mask = mask_bytes(train, batch=B, length=P)
+    logits = (c + 4) * B * m.vocab_size
+    ws = cublas_workspace_bytes(gpu) // 2  # one handle: no autograd thread
+    prefill = kv.after_prefill + tok + sq + mask + logits
+    end = kv.at_end + kv.per_layer_step + logits
+    w_src = "Σ parameters × dtype bytes (analytic/params.py); bitsandbytes storage (analytic/weights.py)"
+    items: list[LineItem] = [
+        LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=w, label="weights", source=w_src),
+        LineItem(category=Category.CUDA_CONTEXT, phase=Phase.LOAD, bytes=cuda_context_bytes(gpu),
+                 label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION),
+        _item(Category.WEIGHTS, w, "weights", w_src),
+        _item(Category.WORKSPACE, ws, "cuBLAS workspace", "torch CublasHandlePool.cpp getChosenWorkspaceSize"),
+    ]
+    cache_kind = "static (preallocated)" if spec.static_cache else "dynamic"
+    if prefill >= end:
+        moment = f"prefill of {B}×{P} prompt tokens (top layer)"
+        items += [
+            _item(Category.KV_CACHE, kv.after_prefill, f"KV cache after the prefill ({cache_kind})", SRC_CACHE),
+            _item(Category.TEMPORARIES, tok, "one layer's working set", "analytic/evaluation.py layer_working_set"),
+            _item(Category.ATTENTION_SCORES, sq + mask, "attention mask / length² tensors",
+                  "masking_utils create_causal_mask; eager_attention_forward"),
+        ]
+    else:
+        moment = f"last of {N} decode steps"
+        items += [
+            _item(Category.KV_CACHE, kv.at_end, f"KV cache of {P}+{N}-1 tokens ({cache_kind})", SRC_CACHE),
+            _item(Category.TEMPORARIES, kv.per_layer_step, "one layer's K/V being re-concatenated",
+                  "cache_utils.py DynamicLayer.update torch.cat"),
+        ]
+    items.append(_item(Category.LOGITS_LOSS, logits, "last-token logits and their fp32 copy",
+                       "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)"))
+    allocated = sum(i.bytes for i in items if i.phase is Phase.GENERATE)
+    items += [
+        _item(Category.ALLOCATOR_RESERVE, allocator_reserve_bytes(allocated), "cached, not allocated",
+              RESERVE_SOURCE, Basis.ASSUMPTION),
+        _item(Category.CUDA_CONTEXT, cuda_context_bytes(gpu), "CUDA context", CONTEXT_SOURCE, Basis.ASSUMPTION),
+    ]
+    ledger = Ledger(
+        model=m.name,
+        params=count_params(m),
+        trainable_params=0,
+        items=tuple(items),
+        engine="analytic",
+        moments=MappingProxyType({Phase.LOAD: "weights loaded", Phase.GENERATE: moment}),
+        settings=MappingProxyType({
+            "mode": "infer", "batch": B, "prompt": P, "new_tokens": N, "dtype": spec.dtype.value,
+            "cache": "static" if spec.static_cache else "dynamic", "attn": spec.attn.value,
+            "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
+        }),
+    )
+    from dataclasses import replace
+
+    verdict = None if gpu is None else make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
+    cache = ledger.bytes_of(Category.KV_CACHE, Phase.GENERATE)
+    advice = (f"The KV cache ({fmt_bytes(cache)}) "
+              + ("outweighs the weights" if cache > w else "is smaller than the weights")
+              + f" ({fmt_bytes(w)}); fewer sequences or tokens shrink it linearly.")
+    return replace(ledger, verdict=verdict, advice=advice)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Concurrency:
+    """How many sequences of one length fit next to the weights on a GPU."""
+
+    max_batch: int
+    """Largest batch whose device total fits the usable memory (0: not even one sequence)."""
+    usable_bytes: int
+    weights_bytes: int
+    cache_per_sequence: int
+    """KV cache of one sequence at its peak."""
+    device_at_max: int
+    """Device total at ``max_batch`` (at batch 1 when none fits)."""
+    gpu: str
+
+
+def max_concurrency(m: ModelSpec, spec: InferSpec, gpu: GPUSpec, *, headroom: float = 0.08) -> Concurrency:
+    """Binary search on the batch: the device total grows with B (cache, working set, logits), so it is monotone."""
+
+    def device(b: int) -> int:
+        from dataclasses import replace
+
+        return infer_ledger(m, replace(spec, batch=b), gpu=gpu, headroom=headroom).device_total
+
+    usable = int(gpu.memory_bytes * (1.0 - headroom))
+    one = infer_ledger(m, spec if spec.batch == 1 else _with_batch(spec, 1), gpu=gpu, headroom=headroom)
+    if one.device_total > usable:
+        best, at = 0, one.device_total
+    else:
+        lo, hi = 1, 2
+        while device(hi) <= usable:
+            lo, hi = hi, hi * 2
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            if device(mid) <= usable:
+                lo = mid
+            else:
+                hi = mid
+        best, at = lo, device(lo)
+    return Concurrency(
+        max_batch=best,
+        usable_bytes=usable,
+        weights_bytes=weight_bytes(m, spec),
+        cache_per_sequence=kv_cache_bytes(m, batch=1, prompt=spec.prompt, new_tokens=spec.new_tokens,
+                                          dtype_bytes=spec.dtype.bytes, static=spec.static_cache).peak,
+        device_at_max=at,
+        gpu=gpu.name,
+    )
+
+
+def _with_batch(spec: InferSpec, b: int) -> InferSpec:
+    from dataclasses import replace
+
+    return replace(spec, batch=b)

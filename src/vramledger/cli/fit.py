@@ -1,0 +1,43 @@
+"""`vramledger fit`: the largest micro-batch and length that fit, and the batch × length frontier."""
+
+from __future__ import annotations
+
+import argparse
+
+from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.errors import VramledgerError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "fit",
+        help="the largest micro-batch and length that fit on a GPU, and the batch x length frontier",
+        description="Where the fit turns into OOM, from the analytic estimate (instant), with the headroom explicit.",
+    )
+    add_model_options(p)
+    add_train_options(p)
+    add_gpu_options(p)
+    p.add_argument("--granularity", type=int, default=128, help="lengths on multiples of this (default 128)")
+    p.add_argument("--max-batch", type=int, default=64, help="frontier up to this micro-batch (default 64)")
+    p.add_argument("--max-len", type=int, help="frontier up to this length (default: the model's context)")
+    p.add_argument("--exact", action="store_true", help="confirm the frontier's corners by tracing (slow)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vramledger.plan.frontier import fit
+
+    inputs = resolve_inputs(args)
+    if inputs.gpu is None:
+        raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
+    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
+                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        report = replace(report, warnings=tuple(inputs.warnings) + report.warnings)
+    from vramledger.report.plan_view import render_fit, to_json
+
+    print(to_json(report) if args.json else render_fit(report))
+    return 0

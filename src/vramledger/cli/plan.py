@@ -1,0 +1,72 @@
+"""`vramledger plan`: configurations that fit, ranked by predicted throughput, and what each remedy costs."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.errors import VramledgerError
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "plan",
+        help="configurations that fit on a GPU, fastest first, with each remedy's memory saved and time cost",
+        description="Search the remedies (precision, accumulation, checkpointing, loss, optimizer, LoRA/QLoRA, "
+        "offload, attention; then shorter sequences and smaller models, flagged) for a GPU.",
+    )
+    add_model_options(p)
+    add_train_options(p)
+    add_gpu_options(p)
+    p.add_argument("--global-batch", type=int, help="sequences per optimizer step to keep (default batch x accum)")
+    p.add_argument("--granularity", type=int, default=128, help="shorter lengths on multiples of this (default 128)")
+    p.add_argument("--top", type=int, default=8, help="plans to show (default 8)")
+    p.add_argument("--write-config", type=Path, metavar="FILE", help="write the best plan as a training config")
+    p.add_argument("--write-format", help="llamafactory | trl | axolotl (default: the --config's format, "
+                   "else llamafactory)")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from vramledger.plan.planner import plan
+
+    inputs = resolve_inputs(args)
+    if inputs.gpu is None:
+        raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
+    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
+                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        result = replace(result, warnings=tuple(inputs.warnings) + result.warnings)
+    from vramledger.report.plan_view import render_plan, to_json
+
+    print(to_json(result) if args.json else render_plan(result, top=args.top))
+    if args.write_config is not None:
+        from vramledger.plan.write import write_plan_config
+
+        if result.best is None:
+            raise VramledgerError("--write-config: no plan fits, so there is nothing to write", exit_code=1)
+        fmt = args.write_format or _format_of(args)
+        note = write_plan_config(result.best.model.name, result.best.train, args.write_config, fmt=fmt)
+        print(f"\nwrote plan 1 to {args.write_config} ({note})", flush=True)
+    return 0 if result.best is not None else 3
+
+
+def _format_of(args: argparse.Namespace) -> str:
+    """The format the user came with: --format, or what the adapters detect in --config; else llamafactory."""
+    if args.format:
+        return str(args.format)
+    if args.config is not None:
+        try:
+            import yaml
+
+            from vramledger.adapters.detect import detect
+
+            raw = yaml.safe_load(Path(args.config).read_text())
+            return str(detect(raw, str(args.config)))
+        except Exception:  # noqa: BLE001 - any failure falls back to the default writer
+            return "llamafactory"
+    return "llamafactory"
