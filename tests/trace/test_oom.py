@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from _trace_tiny import TINY, spec
 
+from tests.trace._trace_tiny import TINY, spec
 from vramledger.analytic.overhead import cuda_context_bytes
 from vramledger.cli import main
 from vramledger.ledger import Category, Phase
