@@ -84,7 +84,7 @@ def _compare(an: Ledger, tr: Ledger, *, tied_full: bool, model: object = None, s
             if abs(a - t) > 0.02 * max(a, t) + 64 * 1024:
                 problems.append(f"{phase.value}/{cat.value}: analytic {a:,} trace {t:,} ({(a - t) / max(t, 1):+.1%})")
     peak_a = max(an.allocated(p) - an.bytes_of(Category.WORKSPACE, p) for p in an.phases)
-    peak_t = tr.peak_allocated
+    peak_t = max(tr.allocated(p) - tr.bytes_of(Category.WORKSPACE, p) for p in tr.phases)
     if abs(peak_a - peak_t) > 0.03 * peak_t:
         problems.append(f"peak: analytic {peak_a:,} trace {peak_t:,}")
     return problems

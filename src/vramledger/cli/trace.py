@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
+import os
+import sys
 from typing import Any
 
-from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options
-from vramledger.ledger import Ledger, Phase
+from vramledger.cli.common import add_gpu_options, add_model_options, add_output_options, add_train_options
+from vramledger.ledger import Ledger
+
+_TRACE_KEYS = ("allocator", "allocator_default", "top_modules")
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -16,67 +18,71 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "trace",
         help="trace the real training step on fake tensors (CPU, no GPU, no weights)",
         description="Run two training steps of the real transformers/PEFT code on fake CPU tensors, with the "
-        "code paths a CUDA run takes, and itemise every allocation.",
+        "code paths a CUDA run takes, itemise every allocation, and replay them through PyTorch's caching "
+        "allocator (with --gpu: where it would run out of memory).",
     )
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--json", action="store_true", help="machine-readable output (same keys as estimate)")
+    p.add_argument("--alloc-conf", metavar="CONF",
+                   help="PYTORCH_CUDA_ALLOC_CONF to replay, e.g. expandable_segments:True (default: the "
+                   "environment's PYTORCH_CUDA_ALLOC_CONF, else torch's defaults); compared with the defaults")
+    p.add_argument("--json", action="store_true", help="machine-readable output (estimate's keys + trace keys)")
     p.add_argument("--timeline", action="store_true", help="with --json: include the live-bytes timeline")
+    add_output_options(p)
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
-    from vramledger.cli.common import resolve_inputs
+    from dataclasses import replace
+
+    from vramledger.cli.common import resolve_inputs, show_bars, write_outputs
     from vramledger.trace import trace_step
+    from vramledger.trace.allocator_conf import parse_alloc_conf
 
     inputs = resolve_inputs(args)
-    ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
+    conf_text, note = args.alloc_conf, ""
+    if conf_text is None and os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        conf_text = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+        note = f"allocator settings from the environment: PYTORCH_CUDA_ALLOC_CONF={conf_text}"
+    conf = parse_alloc_conf(conf_text or "")
+    ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf)
+    ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
     if args.json:
-        print(json.dumps(ledger_json(ledger, timeline=args.timeline), indent=2))
+        import json
+
+        print(json.dumps(trace_json(ledger, timeline=args.timeline), indent=2, default=str))
     else:
-        _print_table(ledger, inputs.warnings)
+        from vramledger.report.terminal import render_ledger
+        from vramledger.report.trace_text import render_trace_extras
+
+        versions = ledger.settings.get("versions", "")
+        print(render_ledger(ledger, title=f"{ledger.model}  (trace on fake tensors: {versions})"))
+        print(render_trace_extras(ledger))
+        if note:
+            print(note)
+        if show_bars(args):
+            from vramledger.report.terminal_bars import render_bars
+
+            print()
+            print(render_bars(ledger))
+    for path in write_outputs(args, ledger, inputs=inputs):
+        print(f"wrote {path}", file=sys.stderr)
     return 0
 
 
-# TODO(report): switch to the estimate's renderer and JSON from vramledger.report once it is on main, so that
-# both commands share one format; until then this keeps the Ledger's own field names.
-def ledger_json(ledger: Ledger, *, timeline: bool = False) -> dict[str, Any]:
-    """The Ledger as plain JSON: its fields plus the derived per-phase totals."""
-    out: dict[str, Any] = {
-        "model": ledger.model,
-        "engine": ledger.engine,
-        "params": ledger.params,
-        "trainable_params": ledger.trainable_params,
-        "items": [
-            {
-                "category": i.category.value,
-                "phase": i.phase.value,
-                "bytes": i.bytes,
-                "label": i.label,
-                "source": i.source,
-                "basis": i.basis.value,
-            }
-            for i in ledger.items
-        ],
-        "phases": {
-            p.value: {
-                "allocated": ledger.allocated(p),
-                "reserved": ledger.reserved(p),
-                "device": ledger.device(p),
-            }
-            for p in ledger.phases
-        },
-        "peak_phase": ledger.peak_phase.value if ledger.items else None,
-        "peak_allocated": ledger.peak_allocated,
-        "peak_reserved": ledger.peak_reserved,
-        "device_total": ledger.device_total,
-        "moments": {p.value: m for p, m in ledger.moments.items()},
-        "verdict": dataclasses.asdict(ledger.verdict) if ledger.verdict else None,
-        "advice": ledger.advice,
-        "warnings": list(ledger.warnings),
-        "settings": dict(ledger.settings),
-    }
+def trace_json(ledger: Ledger, *, timeline: bool = False) -> dict[str, Any]:
+    """Estimate's JSON (``report.json_out.ledger_to_dict``) plus the trace-only keys at the top level:
+    ``allocator`` (the replay, with ``oom``), ``allocator_default`` (the same under torch's defaults, when
+    other settings were given), ``top_modules`` and, asked for, ``timeline``."""
+    from vramledger.report.json_out import ledger_to_dict
+
+    out = ledger_to_dict(ledger)
+    settings = out["settings"]
+    for key in _TRACE_KEYS:
+        if key in settings:
+            out[key] = settings.pop(key)
+    out.setdefault("allocator_default", None)
     if timeline:
         out["timeline"] = [
             {
@@ -90,47 +96,3 @@ def ledger_json(ledger: Ledger, *, timeline: bool = False) -> dict[str, Any]:
             for s in ledger.timeline
         ]
     return out
-
-
-def _print_table(ledger: Ledger, warnings: tuple[str, ...]) -> None:
-    from vramledger.units import fmt_bytes
-
-    phases = [p for p in ledger.phases if p is not Phase.LOAD] or list(ledger.phases)
-    print(f"{ledger.model}: traced on fake tensors ({ledger.settings.get('versions', '')})")
-    print(f"params {ledger.params:,}, trainable {ledger.trainable_params:,}")
-    print(f"{'category':<34}" + "".join(f"{p.value:>14}" for p in phases))
-    for cat in ledger.categories():
-        labels = sorted({i.label for i in ledger.items if i.category is cat})
-        for label in labels:
-            row = [
-                sum(i.bytes for i in ledger.items if i.category is cat and i.phase is p and i.label == label)
-                for p in phases
-            ]
-            name = cat.display if len(labels) == 1 else f"{cat.display}: {label[:20]}"
-            print(f"{name[:34]:<34}" + "".join(f"{fmt_bytes(b):>14}" for b in row))
-    print(
-        f"{'allocated at the phase peak':<34}"
-        + "".join(f"{fmt_bytes(ledger.allocated(p)):>14}" for p in phases)
-    )
-    peak = ledger.peak_phase
-    print(f"peak: {fmt_bytes(ledger.peak_allocated)} in {peak.value}, at {ledger.moments.get(peak, '?')}")
-    for p in phases:
-        if p is not peak and p in ledger.moments:
-            print(f"  {p.value} peak at {ledger.moments[p]}")
-    top = ledger.settings.get("top_modules") or []
-    if top:
-        print("top allocating modules (bytes allocated over both steps):")
-        for name, b in top[:5]:  # type: ignore[misc]
-            print(f"  {fmt_bytes(b):>12}  {name}")
-    if ledger.verdict is not None:
-        v = ledger.verdict
-        word = "fits" if v.fits else "does not fit"
-        print(
-            f"{v.gpu}: {word} (usable {fmt_bytes(v.usable_bytes)}, "
-            f"margin {fmt_bytes(v.margin_bytes, signed=True)}; "
-            "allocated only: allocator reserve and CUDA context not added)"
-        )
-    if ledger.advice:
-        print(ledger.advice)
-    for w in (*warnings, *ledger.warnings):
-        print(f"warning: {w}")

@@ -8,7 +8,9 @@ from typing import Any
 
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
+from vramledger.trace.allocator_conf import DEFAULT_CONF, AllocatorConf
 from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
+from vramledger.trace.oom import device_events, device_lines, replay_outcome
 from vramledger.trace.recorder import Event, round_block
 from vramledger.trace.step import TraceResult, run_trace
 
@@ -70,11 +72,16 @@ def trace_step(
     gpu: GPUSpec | None = None,
     headroom: float = 0.08,
     config: dict[str, Any] | None = None,
+    alloc_conf: AllocatorConf = DEFAULT_CONF,
 ) -> Ledger:
     """Trace two training steps of the real transformers/PEFT code on fake CPU tensors and itemise the memory.
 
     ``config``: the config.json mapping to build from (by default the catalog entry or the file in
-    ``model.source``). Example::
+    ``model.source``). The events are replayed through the caching-allocator model under ``alloc_conf``
+    (trace/oom.py): the ledger gets the allocator reserve, the BLAS workspaces and the CUDA context, and
+    ``settings["allocator"]`` the replay on ``gpu`` (where it would run out of memory) or on an unlimited
+    device; with a non-default ``alloc_conf``, ``settings["allocator_default"]`` is the same replay under
+    torch's defaults. Example::
 
         from vramledger.catalog import resolve_model
         from vramledger.specs import TrainSpec, Method
@@ -87,6 +94,15 @@ def trace_step(
     peaks, samples = replay(events, casts)
     source = f"traced on fake tensors ({result.versions}); vramledger.trace"
     items = line_items(peaks, source)
+    dev = device_events(events, gpu)
+    allocated = {p: sum(i.bytes for i in items if i.phase is p) for p in peaks}
+    items += device_lines(peaks, allocated, dev, gpu, alloc_conf)
+    allocator = {"allocator": replay_outcome(dev, events, conf=alloc_conf, gpu=gpu).to_dict()}
+    if alloc_conf != DEFAULT_CONF:
+        allocator["allocator_default"] = replay_outcome(dev, events, conf=DEFAULT_CONF, gpu=gpu).to_dict()
+    warnings = tuple(result.warnings) + tuple(train.warnings)
+    if alloc_conf.ignored_keys:
+        warnings += (f"alloc conf: {', '.join(alloc_conf.ignored_keys)} do not change device memory; ignored",)
     moments = {
         p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})"
         for p, pk in peaks.items()
@@ -99,12 +115,14 @@ def trace_step(
         items=tuple(items),
         engine="trace",
         moments=MappingProxyType(moments),
-        warnings=tuple(result.warnings) + tuple(train.warnings),
-        settings=MappingProxyType(_settings(train, result, events)),
+        warnings=warnings,
+        settings=MappingProxyType(_settings(train, result, events) | {"alloc_conf": alloc_conf.text} | allocator),
         timeline=downsample(samples),
     )
     biggest = max(
-        (i for i in ledger.items if i.phase is ledger.peak_phase), key=lambda i: i.bytes, default=None
+        (i for i in ledger.items if i.phase is ledger.peak_phase and i.category.allocated),
+        key=lambda i: i.bytes,
+        default=None,
     )
     advice = (
         f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."
