@@ -6,8 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from tests.trace._trace_tiny import TINY
 
+from tests.trace._trace_tiny import TINY
 from vramledger.cli import main
 
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from tests.trace._trace_tiny import TINY, spec
 
+from tests.trace._trace_tiny import TINY, spec
 from vramledger.analytic.params import count_params, layer_linears
 from vramledger.ledger import Category, Phase
 from vramledger.specs import LoraSpec, Method, Precision, TrainSpec

@@ -10,8 +10,8 @@ from __future__ import annotations
 import gc
 
 import pytest
-from tests.trace._trace_tiny import TINY, spec
 
+from tests.trace._trace_tiny import TINY, spec
 from vramledger.specs import Attention, LoraSpec, Method, TrainSpec
 from vramledger.trace import trace_events, trace_step
 from vramledger.trace.ledger_build import replay

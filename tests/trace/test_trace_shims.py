@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-from tests.trace._trace_tiny import TINY, spec
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.trace._trace_tiny import TINY, spec
 from vramledger.ledger import Category, Phase
 from vramledger.specs import Attention, Method, Precision, TrainSpec
 from vramledger.trace import trace_step

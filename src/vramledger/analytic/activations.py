@@ -229,10 +229,14 @@ def first_layer_unsaved_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weig
 
 
 def rope_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """cos and sin, computed once per forward and shared by every layer (``LlamaRotaryEmbedding``)."""
+    """cos and sin, computed once per forward and shared by every layer (``LlamaRotaryEmbedding``).
+
+    Their shape is (1, L, head_dim): positions are shared by the batch, so per token this is divided by B
+    (rounded up to a whole byte).
+    """
     if m.learned_positions:
         # GPT-2: no rotary tables; its embedding dropout keeps a bool mask when its output needs a gradient (a
         # trained embedding, or enable_input_require_grads under checkpointing with adapters).
         needs_grad = wb.embedding_trainable or (train.adapters and train.grad_ckpt)
         return m.hidden_size if (m.resid_dropout > 0 and needs_grad) else 0
-    return 2 * residual_bytes(train, wb) * m.head_dim
+    return -(-2 * residual_bytes(train, wb) * m.head_dim // train.micro_batch)
