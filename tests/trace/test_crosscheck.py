@@ -19,7 +19,7 @@ pytest.importorskip("peft")
 from vramledger.analytic import estimate  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.ledger import Category, Ledger, Phase  # noqa: E402
-from vramledger.specs import Attention, LoraSpec, Method, Precision, TrainSpec  # noqa: E402
+from vramledger.specs import Attention, LoraSpec, Method, ModelSpec, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
 
 _COMMON = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2,
@@ -50,7 +50,7 @@ GRID = [
 BASE = TrainSpec(micro_batch=2, seq_len=256, packing=True)
 
 
-def _cpu_only_bytes(model: object, spec: TrainSpec, cat: Category) -> int:
+def _cpu_only_bytes(model: ModelSpec, spec: TrainSpec, cat: Category) -> int:
     """Bytes the CPU path allocates that a CUDA run does not (so the trace shows them and CUDA would not).
 
     Phi-3, full fine-tuning: v is a strided slice of qkv_proj's matmul output; the fake/CPU flash kernel clones
@@ -58,13 +58,19 @@ def _cpu_only_bytes(model: object, spec: TrainSpec, cat: Category) -> int:
     last-dim stride and takes the view as it is. (With LoRA the slice comes from the adapter's ``add`` and no
     clone appears.)
     """
-    if getattr(model, "fused_qkv", False) and not getattr(model, "learned_positions", 0) and cat is Category.ACTIVATIONS:
-        if spec.attn is Attention.SDPA and not spec.grad_ckpt and spec.method is Method.FULL:
-            return spec.precision.compute.bytes * model.kv_dim * spec.tokens * model.num_layers  # type: ignore[attr-defined]
+    phi3_full_sdpa = (
+        model.fused_qkv
+        and not model.learned_positions
+        and spec.attn is Attention.SDPA
+        and not spec.grad_ckpt
+        and spec.method is Method.FULL
+    )
+    if phi3_full_sdpa and cat is Category.ACTIVATIONS:
+        return spec.precision.compute.bytes * model.kv_dim * spec.tokens * model.num_layers
     return 0
 
 
-def _compare(an: Ledger, tr: Ledger, *, tied_full: bool, model: object = None, spec: TrainSpec | None = None) -> list[str]:
+def _compare(an: Ledger, tr: Ledger, *, tied_full: bool, model: ModelSpec, spec: TrainSpec) -> list[str]:
     problems = []
     phases = [Phase.FORWARD, Phase.OPTIMIZER]
     if not tied_full:
@@ -79,7 +85,7 @@ def _compare(an: Ledger, tr: Ledger, *, tied_full: bool, model: object = None, s
             if not cat.allocated or cat in (Category.WORKSPACE, Category.TEMPORARIES):
                 continue
             a, t = an.bytes_of(cat, phase), tr.bytes_of(cat, phase)
-            if spec is not None and phase is not Phase.OPTIMIZER:
+            if phase is not Phase.OPTIMIZER:
                 t -= _cpu_only_bytes(model, spec, cat)
             # 2%, with slack for small categories: the tracer's 512-byte rounding, and differences below 0.5% of
             # the peak (GPT-2 + LoRA + checkpointing keeps its c·H embedding output alive, 0.3% of its peak).
