@@ -35,6 +35,12 @@ class LogitsBytes:
     source: str
 
 
+def _standard(train: TrainSpec) -> TrainSpec:
+    from dataclasses import replace
+
+    return replace(train, loss=Loss.STANDARD)
+
+
 def logits_bytes(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
     V, H = m.vocab_size, m.hidden_size
     c = train.precision.compute.bytes
@@ -53,10 +59,12 @@ def logits_bytes(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
         )
     if train.loss is Loss.CHUNKED:
         chunk = min(tokens, train.loss_chunk_tokens)
+        # One chunk covering every token is the standard loss: never count more than it.
+        standard = logits_bytes(m, _standard(train), tokens)
         return LogitsBytes(
-            forward_peak=c * V * tokens + 4 * V * tokens + upcast * V * chunk + softcap,
+            forward_peak=min(c * V * tokens + 4 * V * tokens + upcast * V * chunk + softcap, standard.forward_peak),
             saved=4 * V * tokens + softcap,
-            backward_peak=4 * V * tokens + c * V * tokens + 8 * V * chunk + softcap,
+            backward_peak=min(4 * V * tokens + c * V * tokens + 8 * V * chunk + softcap, standard.backward_peak),
             head_grad_moment=c * V * tokens,
             source="chunked CE (torchtune CEWithChunkedOutputLoss): fp32 upcast per chunk, log-softmax kept 4·V·T",
         )

@@ -68,7 +68,8 @@ def _run(args: argparse.Namespace) -> int:
             print(render_bars(ledger))
     for path in write_outputs(args, ledger, inputs=inputs):
         print(f"wrote {path}", file=sys.stderr)
-    return 0
+    # As `estimate`: exit 3 when the step does not fit the GPU, so scripts can branch on it.
+    return 3 if ledger.verdict is not None and not ledger.verdict.fits else 0
 
 
 def trace_json(ledger: Ledger, *, timeline: bool = False) -> dict[str, Any]:
