@@ -67,7 +67,7 @@ def write_plan_config(model: str, train: TrainSpec, path: Path, *, fmt: str = "l
     try:
         from vramledger.adapters import writers  # type: ignore[attr-defined]
     except ImportError:
-        writers = None
+        writers = None  # type: ignore[assignment]
     if writers is not None and hasattr(writers, "write_config"):
         fmt = fmt if fmt in getattr(writers, "TARGETS", (fmt,)) else "llamafactory"
         mapping, notes = writers.write_config(model, train, fmt)
