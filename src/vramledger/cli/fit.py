@@ -4,7 +4,14 @@ from __future__ import annotations
 
 import argparse
 
-from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.cli.common import (
+    add_gpu_options,
+    add_model_options,
+    add_output_options,
+    add_train_options,
+    resolve_inputs,
+    write_outputs,
+)
 from vramledger.errors import VramledgerError
 
 
@@ -22,6 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--max-len", type=int, help="frontier up to this length (default: the model's context)")
     p.add_argument("--exact", action="store_true", help="confirm the frontier's corners by tracing (slow)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_options(p)
     p.set_defaults(run=run)
 
 
@@ -40,4 +48,12 @@ def run(args: argparse.Namespace) -> int:
     from vramledger.report.plan_view import render_fit, to_json
 
     print(to_json(report) if args.json else render_fit(report))
+    if getattr(args, "html", None) or getattr(args, "png", None):
+        import sys
+
+        from vramledger.analytic import estimate
+
+        ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
+        for path in write_outputs(args, ledger, inputs=inputs):
+            print(f"wrote {path}", file=sys.stderr)
     return 0

@@ -2,10 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import argparse
 from pathlib import Path
 
-from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.cli.common import (
+    add_gpu_options,
+    add_model_options,
+    add_output_options,
+    add_train_options,
+    resolve_inputs,
+)
 from vramledger.errors import VramledgerError
 
 
@@ -26,6 +34,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--write-format", help="llamafactory | trl | axolotl (default: the --config's format, "
                    "else llamafactory)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
+    add_output_options(p)
     p.set_defaults(run=run)
 
 
@@ -44,6 +53,7 @@ def run(args: argparse.Namespace) -> int:
     from vramledger.report.plan_view import render_plan, to_json
 
     print(to_json(result) if args.json else render_plan(result, top=args.top))
+    _write_figures(args, inputs, result)
     if args.write_config is not None:
         from vramledger.plan.write import write_plan_config
 
@@ -70,3 +80,20 @@ def _format_of(args: argparse.Namespace) -> str:
         except Exception:  # noqa: BLE001 - any failure falls back to the default writer
             return "llamafactory"
     return "llamafactory"
+
+
+def _write_figures(args: argparse.Namespace, inputs: Any, result: Any) -> None:
+    """--html/--png: the user's setup's bill and cliff, plus memory against step time for each remedy."""
+    import sys
+
+    from vramledger.analytic import estimate
+    from vramledger.cli.common import write_outputs
+
+    if not (getattr(args, "html", None) or getattr(args, "png", None)):
+        return
+    ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
+    remedies = [("your setup", result.baseline.device_total, result.baseline.time.step_s)]
+    remedies += [(f"{r.title}: {r.change.after}", r.device_total, r.step_s) for r in result.remedies]
+    remedies += [(f"plan {i}", c.device_total, c.time.step_s) for i, c in enumerate(result.candidates[:3], 1)]
+    for path in write_outputs(args, ledger, inputs=inputs, remedies=remedies):
+        print(f"wrote {path}", file=sys.stderr)
