@@ -1,4 +1,4 @@
-"""The caching allocator's reserve for the analytic path: a modelled step replayed through the allocator rules.
+"""The caching allocator's reserve for the analytic path, from what the allocator's rules leave cached in a step.
 
 PyTorch's caching allocator never returns a segment to the driver during training (only ``empty_cache`` or an
 allocation that fails and retries does), and it serves a request only from a cached block at least as large
@@ -13,11 +13,15 @@ reserves more than it allocates where blocks freed earlier are too small for a l
   activations) is cached in segments the much larger logits requests cannot use;
 - in the first step the optimizer states are created into whatever the cache holds.
 
-We generate the allocation sequence of two steps from the analytic quantities (``step.StepParts``: saved
-activations, one layer's transients, the logits tensors in forward and backward, gradients, optimizer states and
-the foreach temporaries) and replay it through ``trace/allocator.py`` (a port of ``CUDACachingAllocator.cpp``).
-The cache left by step 1 persists, so from step 2 on the reserved memory at every phase is the step's peak
-reserved: each phase's reserve line is that figure less the phase's allocated bytes.
+The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
+and it is monotone in batch and length (every term is a non-negative multiple of T or B·L²), which the planner's
+bisection needs. ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
+quantities (``step.StepParts``) and ``replay_excess`` replays it through ``trace/allocator.py`` (a port of
+``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
+replay of real traces (bench/reserve/replay_grid.jsonl). The cache left by step 1 persists, so from step 2 on
+the reserved memory at every training phase is the step's peak reserved: each phase's reserve line is that
+figure less the phase's allocated bytes. None of this is a GPU measurement: the allocator model itself awaits
+validation on a GPU (trace/allocator_gpucheck.py).
 
 Legend: V vocabulary, H hidden, I intermediate, T tokens per micro-batch, c compute-dtype bytes, s residual-stream
 bytes, b trainable-parameter bytes.
@@ -27,13 +31,19 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.analytic.params import layer_linears
+from vramledger.ledger import Basis, Phase
+from vramledger.specs import Attention, GPUSpec, Loss, ModelSpec, TrainSpec
 from vramledger.trace.allocator_conf import K_SMALL_BUFFER, K_SMALL_SIZE
 
+# step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
+_CHUNKS = 48
+
 RESERVE_SOURCE = (
-    "caching-allocator rules (trace/allocator.py, ported from CUDACachingAllocator.cpp) replayed on a modelled "
-    "step (saved activations, one layer's transients, logits chain, gradients, optimizer states); from step 2 on "
-    "reserved stays at the step's peak (no empty_cache); the allocator model is not yet validated on a GPU"
+    "caching-allocator rules (CUDACachingAllocator.cpp best fit, no merging across segments) applied to the step: "
+    "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
+    "checkpointing), AdamW states created in step 1 into cached blocks (full fine-tuning), LoRA's small pool; "
+    "reserved stays at the step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
 )
 
 Seq = tuple[tuple[int, int], ...]
@@ -107,18 +117,22 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
     if train.attn is Attention.EAGER and n_tl:
         bwd_temp.append((c + 4) * m.num_heads * L * L * B)
 
-    # Per-parameter tensors (gradients, optimizer states, foreach temporaries, autocast copies) are left out of
-    # the sequence. LoRA's are each ≤ 1 MiB and live in the small pool (kSmallSize), which large requests never
-    # use: small_pool_excess handles them. Full fine-tuning's are one tensor per weight matrix, far smaller than
-    # the activation and logits blocks cached by then, so best fit with splitting (get_free_block,
-    # should_split) packs them into the cached blocks: they fill holes rather than leave them (the trace replay
-    # shows full fine-tuning's optimizer peak within 0.3% of reserved; bench/reserve/replay_grid.jsonl).
-    # The exception is lm_head's (or the tied embedding's) V·H weight, as large as the logits blocks: its
-    # gradient, optimizer states and foreach temporary are in the sequence, one block each.
+    # Per-parameter tensors: gradients, optimizer states, the foreach temporaries. LoRA's are each ≤ 1 MiB and
+    # live in the small pool (kSmallSize), which large requests never use: small_pool_excess handles them, and
+    # they are left out here. Full fine-tuning's are one tensor per weight matrix; they are modelled as blocks
+    # the size of the largest decoder-layer matrix (at most _CHUNKS per group, to keep the sequence short), and
+    # lm_head's (or the tied embedding's) V·H tensors one block each. Where they land matters: AdamW creates its
+    # states inside the first step (torch/optim/adamw.py _init_group), into blocks the activations and logits
+    # left cached, which the next step's forward then has to find elsewhere.
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
-    head = wb.lm_head_weight_numel * wb.trainable_dtype.bytes if wb.head_trainable and not small else 0
-    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if head else 0  # type: ignore[attr-defined]
-    head_temp = head if head and p.step_temp_bytes else 0  # type: ignore[attr-defined]
+    tb = wb.trainable_dtype.bytes
+    head = wb.lm_head_weight_numel * tb if wb.head_trainable and not small else 0
+    body = 0 if small else max(p.grad_bytes - head, 0)  # type: ignore[attr-defined]
+    matrix = max((lin.numel // lin.per_layer for lin in layer_linears(m)), default=1) * tb
+    chunk = max(matrix, -(-body // _CHUNKS), 1)
+    grad_blocks = ([head] if head else []) + [chunk] * (body // chunk) + ([body % chunk] if body % chunk else [])
+    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0  # type: ignore[attr-defined]
+    temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []  # type: ignore[attr-defined]
     lg = logits_bytes(m, train, T)
     for step in (1, 2):
         rest = alloc(rest_saved)
@@ -159,7 +173,6 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
             g3 = alloc(max(lg.head_grad_moment - (lg.backward_peak - lg.saved), 0))
             free(tb)
         gh = alloc(c * H * T)  # lm_head's input gradient
-        head_grad = alloc(head)
         free(g3)
         recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None  # type: ignore[attr-defined]
         for _ in range(2 if n_tl > 1 else 1):
@@ -170,11 +183,15 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
         free(top)
         free(gh)
         free(rest)
-        if step == 1:  # AdamW creates its states inside the first step (torch/optim/adamw.py _init_group)
-            for _ in range(n_states):
-                alloc(head)
-        free(alloc(head_temp))
-        free(head_grad)  # zero_grad(set_to_none=True)
+        grads = [alloc(g) for g in grad_blocks]
+        if step == 1:
+            for g in grad_blocks:
+                for _ in range(n_states):
+                    alloc(g)
+        for t in [alloc(g) for g in temp_blocks]:
+            free(t)
+        for g in grads:  # zero_grad(set_to_none=True)
+            free(g)
     return tuple(ev)
 
 
@@ -203,3 +220,93 @@ def small_pool_excess(train: TrainSpec, p: object) -> int:
     reserved = -(-most // K_SMALL_BUFFER) * K_SMALL_BUFFER
     at_peak = states + (0 if train.grad_ckpt else casts)
     return max(reserved - at_peak, 0)
+
+
+_TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
+
+
+def phase_reserves(
+    m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, allocated: dict[Phase, int]
+) -> dict[Phase, tuple[int, str, Basis]]:
+    """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
+
+    The step's peak reserved is the largest training phase's allocated bytes plus the modelled excess
+    (``reserve_excess``). Every training phase reports that same reserved figure: the cache built by step 1 is
+    still held in every later step (the trace replay shows reserved flat across phases in step 2). Evaluation
+    and generation run after training steps, so they hold at least that cache; where they allocate more, the
+    stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
+    """
+    from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
+    from vramledger.analytic.overhead import allocator_reserve_bytes
+    from vramledger.analytic.step import step_parts
+
+    peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
+    loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
+    reserved = peak_reserved(m, train, step_parts(m, train, gpu), loss_peak, peak) if peak else 0
+    out: dict[Phase, tuple[int, str, Basis]] = {}
+    for ph, total in allocated.items():
+        if ph is Phase.LOAD:
+            continue
+        if ph in _TRAIN_PHASES or reserved - total >= allocator_reserve_bytes(total):
+            out[ph] = (max(reserved - total, 0), RESERVE_SOURCE, Basis.FORMULA)
+        else:
+            out[ph] = (allocator_reserve_bytes(total), ASSUMED_SOURCE, Basis.ASSUMPTION)
+    return out
+
+
+def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
+    """Cached blocks no request can use at the loss's backward peak, in closed form (monotone in B and L).
+
+    What the replay of ``step_sequence`` (and of real traces) shows is left cached and free there:
+    - the c·V·T logits block: forward frees it, and ``get_free_block`` cannot serve backward's 4·V·T requests
+      from it (best fit needs a block at least as large; segments never merge), so one of them gets a new
+      segment (only with a c < 4 compute dtype and the standard loss);
+    - the segments made for one layer's transients before the loss: under checkpointing the whole forward of a
+      layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
+      with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
+      larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
+    """
+    from vramledger.analytic.activations import residual_bytes
+
+    wb = p.weights  # type: ignore[attr-defined]
+    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    c = train.precision.compute.bytes
+    s = residual_bytes(train, wb)
+    H, V = m.hidden_size, m.vocab_size
+    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    if not wb.trainable_layers:
+        return logits_hole
+    fwd = p.forward_layer_temp  # type: ignore[attr-defined]
+    if not train.grad_ckpt:
+        return logits_hole + fwd
+    fwd += (2 * c * I + s * H) * T
+    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T  # type: ignore[attr-defined]
+    if train.attn is Attention.EAGER:
+        bwd += (c + 4) * m.num_heads * L * L * B
+    return logits_hole + max(fwd, bwd)
+
+
+def peak_reserved(m: ModelSpec, train: TrainSpec, p: object, loss_peak: int, step_peak: int) -> int:
+    """Peak reserved of a steady-state step, in closed form: monotone in batch and length, as the planner needs.
+
+    ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
+    phase's allocated bytes. At the loss's peak the stranded blocks (``stranded_bytes``) are reserved on top.
+    With full fine-tuning, AdamW creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``) into
+    whatever is cached by then: C = step 1's reserved (its loss peak without S, plus the stranded blocks) less
+    the weights W and gradients G still live. Best fit puts each state tensor in the smallest block it fits,
+    so they fill the stranded blocks first; what they take beyond those, step 2 must find in new segments:
+    reserved at step 2's loss peak = loss_peak + max(stranded, min(S, C)). Small-pool bytes (LoRA's
+    per-parameter tensors, ``small_pool_excess``) are cached on top.
+    """
+    stranded = stranded_bytes(m, train, p)
+    wb = p.weights  # type: ignore[attr-defined]
+    large_states = wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE
+    taken = stranded
+    if large_states:
+        S = p.state_bytes  # type: ignore[attr-defined]
+        W = p.frozen_bytes + p.trainable_bytes + p.master_bytes  # type: ignore[attr-defined]
+        C = max(loss_peak - S + stranded - W - p.grad_bytes, 0)  # type: ignore[attr-defined]
+        taken = max(stranded, min(S, C))
+    return max(step_peak, loss_peak + taken) + small_pool_excess(train, p)
