@@ -7,7 +7,11 @@ each phase's peak, and the analytic estimate's allocated and reserved for the sa
 Run:  python bench/reserve/run_grid.py              # traces what is missing from replay_grid.jsonl (minutes)
       python bench/reserve/run_grid.py --analytic   # recompute only the analytic columns (instant)
       python bench/reserve/run_grid.py --only ID    # one config, printed, not saved
+      python bench/reserve/run_grid.py --table      # the markdown table of docs/readme/reserve.md
 Output: bench/reserve/replay_grid.jsonl, one JSON object per config (bytes everywhere).
+``analytic.peak_reserved_before`` is the flat assumption used before analytic/reserve.py (each phase's allocated
++ 5% + 64 MiB); ``sequence`` is the modelled step sequence (analytic/reserve.py step_sequence) replayed through
+the allocator model: the analytic peak allocated plus that replay's reserved − allocated.
 """
 
 from __future__ import annotations
@@ -23,13 +27,15 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "src"))
 
-from vramledger.catalog import resolve_gpu, resolve_model  # noqa: E402
+from vramledger.catalog import resolve_model  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.ledger import Ledger, Phase  # noqa: E402
 from vramledger.specs import Attention, Method, ModelSpec, TrainSpec  # noqa: E402
 
 OUT = Path(__file__).with_name("replay_grid.jsonl")
-GPU = "rtx-4090"  # only picks the cuBLAS workspace sizes (Ada: 8.125 MiB + 1 MiB per handle); replay is unlimited
+# No GPU: the replay runs on an unlimited device (with a GPU, trace_step replays with its capacity and stops at the
+# OOM point, which would cap the figures); both engines then take Hopper's cuBLAS workspace sizes.
+GPU = None
 
 # Custom configs (llama class): the cross-check's small config (tests/trace/test_crosscheck.py) and a mid one.
 CUSTOM: dict[str, dict[str, Any]] = {
@@ -104,14 +110,52 @@ def _phases(ledger: Ledger) -> dict[str, dict[str, int]]:
 
 def analytic_figures(model: ModelSpec, train: TrainSpec) -> dict[str, Any]:
     from vramledger.analytic import estimate
+    from vramledger.analytic.overhead import allocator_reserve_bytes
 
-    led = estimate(model, train, gpu=resolve_gpu(GPU))
+    led = estimate(model, train, gpu=GPU)
     train_phases = {k: v for k, v in _phases(led).items() if k in ("forward", "backward", "optimizer")}
     return {
         "peak_allocated": max(v["allocated"] for v in train_phases.values()),
         "peak_reserved": max(v["reserved"] for v in train_phases.values()),
+        # Before analytic/reserve.py: each phase's allocated + the flat assumption (5% + 64 MiB).
+        "peak_reserved_before": max(v["allocated"] + allocator_reserve_bytes(v["allocated"])
+                                    for v in train_phases.values()),
         "phases": train_phases,
     }
+
+
+def sequence_figures(model: ModelSpec, train: TrainSpec, analytic_peak: int) -> dict[str, int]:
+    from vramledger.analytic.reserve import reserve_excess
+    from vramledger.analytic.step import step_parts
+
+    excess = reserve_excess(model, train, step_parts(model, train, GPU))
+    return {"excess": excess, "peak_reserved": analytic_peak + excess}
+
+
+def table(done: dict[str, dict[str, Any]]) -> str:
+    import statistics
+
+    def gap(x: int, ref: int) -> float:
+        return 100.0 * (x / ref - 1.0)
+
+    rows = ["| config | trace alloc GiB | trace reserved GiB (+%) | before: gap | sequence replay: gap | after: gap |",
+            "|---|---:|---:|---:|---:|---:|"]
+    cols: dict[str, list[float]] = {"before": [], "sequence": [], "after": []}
+    for cid, rec in done.items():
+        t = rec["trace"]
+        ref = t["replay_peak_reserved"]
+        g = {"before": gap(rec["analytic"]["peak_reserved_before"], ref),
+             "sequence": gap(rec["sequence"]["peak_reserved"], ref) if "sequence" in rec else float("nan"),
+             "after": gap(rec["analytic"]["peak_reserved"], ref)}
+        for k, v in g.items():
+            cols[k].append(v)
+        rows.append(f"| {cid} | {t['replay_peak_allocated'] / 2**30:.2f} | {ref / 2**30:.2f} "
+                    f"(+{gap(ref, t['replay_peak_allocated']):.1f}%) | {g['before']:+.1f}% | {g['sequence']:+.1f}% | "
+                    f"{g['after']:+.1f}% |")
+    rows.append("| **median** | | | " + " | ".join(f"{statistics.median(cols[k]):+.1f}%" for k in cols) + " |")
+    rows.append("| **worst below** | | | " + " | ".join(f"{min(cols[k]):+.1f}%" for k in cols) + " |")
+    rows.append("| **worst above** | | | " + " | ".join(f"{max(cols[k]):+.1f}%" for k in cols) + " |")
+    return "\n".join(rows)
 
 
 def trace_figures(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> dict[str, Any]:
@@ -120,7 +164,7 @@ def trace_figures(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        led = trace_step(model, train, gpu=resolve_gpu(GPU), config=cfg)
+        led = trace_step(model, train, gpu=GPU, config=cfg)
     alloc = led.settings["allocator"]
     return {
         "seconds": round(time.perf_counter() - t0, 2),
@@ -139,6 +183,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--analytic", action="store_true", help="recompute the analytic columns only")
     ap.add_argument("--only", help="trace one config id and print it")
+    ap.add_argument("--table", action="store_true", help="print the comparison table (markdown)")
     args = ap.parse_args()
     rows = {config_id(r): r for r in GRID}
     done: dict[str, dict[str, Any]] = {}
@@ -146,6 +191,9 @@ def main() -> None:
         for line in OUT.read_text().splitlines():
             rec = json.loads(line)
             done[rec["id"]] = rec
+    if args.table:
+        print(table(done))
+        return
     if args.only:
         model, train, cfg = specs(rows[args.only])
         print(json.dumps({"trace": trace_figures(model, train, cfg), "analytic": analytic_figures(model, train)},
@@ -156,6 +204,7 @@ def main() -> None:
         if args.analytic:
             if cid in done:
                 done[cid]["analytic"] = analytic_figures(model, train)
+                done[cid]["sequence"] = sequence_figures(model, train, done[cid]["analytic"]["peak_allocated"])
             continue
         if cid in done:
             continue
@@ -163,6 +212,7 @@ def main() -> None:
         rec = {"id": cid, "model": name, "config": cfg, "method": method, "micro_batch": b, "seq_len": L,
                "grad_ckpt": ckpt, "attn": attn, "gpu": GPU,
                "trace": trace_figures(model, train, cfg), "analytic": analytic_figures(model, train)}
+        rec["sequence"] = sequence_figures(model, train, rec["analytic"]["peak_allocated"])
         done[cid] = rec
         with OUT.open("a") as f:
             f.write(json.dumps(rec) + "\n")
