@@ -2,7 +2,7 @@
 
 Chromium is Debian's ``chromium``; when it is absent the test tries ``apt-get install -y chromium`` (as root
 only), and skips, saying why, when it can neither find nor install it. CI installs it beforehand
-(see docs/readme/report.md).
+(see docs/report.md).
 """
 
 from __future__ import annotations

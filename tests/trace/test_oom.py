@@ -159,7 +159,7 @@ def test_cli_reads_env_alloc_conf(
     cfg.write_text(json.dumps(TINY["llama"]))
     monkeypatch.setenv("PYTORCH_CUDA_ALLOC_CONF", "expandable_segments:True")
     # 540 MiB of context + 20 MiB: far too little for this step's 8 MiB workspaces and tensors.
-    assert main(["trace", str(cfg), "--method", "full", "--batch", "2", "--seq", "40", "--gpu", "560MiB"]) == 3  # does not fit: exit 3, as estimate
+    assert main(["trace", str(cfg), "--method", "full", "--batch", "2", "--seq", "40", "--gpu", "560MiB"]) == 3
     out = capsys.readouterr().out
     assert "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True" in out
     assert "[expandable_segments:True]" in out and "[default]" in out

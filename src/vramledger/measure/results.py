@@ -78,9 +78,9 @@ def measured_figures(phases: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     """Peak figures from a worker's per-phase readings (``device`` None when NVML was not read)."""
     devices = [f.get("device") for f in phases.values()]
     return {
-        "allocated": max((int(f["allocated"]) for f in phases.values()), default=0),
-        "reserved": max((int(f["reserved"]) for f in phases.values()), default=0),
-        "device": max(int(d) for d in devices) if devices and all(d is not None for d in devices) else None,
+        "allocated": max((int(f["allocated"] or 0) for f in phases.values()), default=0),
+        "reserved": max((int(f["reserved"] or 0) for f in phases.values()), default=0),
+        "device": max(int(d or 0) for d in devices) if devices and all(d is not None for d in devices) else None,
         "phases": {k: dict(v) for k, v in phases.items()},
     }
 

@@ -87,7 +87,7 @@ class CudaProbe:
         import torch
 
         torch.cuda.synchronize()
-        reading = {
+        reading: dict[str, Any] = {
             "allocated": int(torch.cuda.max_memory_allocated()),
             "reserved": int(torch.cuda.max_memory_reserved()),
             "allocated_now": int(torch.cuda.memory_allocated()),

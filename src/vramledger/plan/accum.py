@@ -158,7 +158,7 @@ def accum_report(
                         "see `vramledger plan` for the other remedies")
     if any(s.grad_accum > 1 for s in splits):
         warnings.append("with accumulation, step the LR scheduler once per optimizer step; stepped per micro-batch "
-                        "it runs k times too fast (the per-micro-batch columns below)")
+                        "it runs k times too fast (the per-micro-batch columns of the table)")
     return AccumReport(model=model.name, gpu=gpu.name, capacity_bytes=gpu.memory_bytes, headroom=headroom,
                        usable_bytes=memo.usable_bytes(gpu, headroom), global_batch=global_batch,
                        seq_len=train.seq_len, samples=samples * ep, per_thousand=dataset_size is None, epochs=ep,

@@ -19,6 +19,7 @@ import itertools
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from vramledger.errors import VramledgerError
 from vramledger.plan import memo, remedies
@@ -185,7 +186,7 @@ def _lower_rank_of(m: ModelSpec, t: TrainSpec, vs: list[Variant]) -> list[Varian
 
 def _combine(m: ModelSpec, t: TrainSpec, picks: tuple[Variant | None, ...]) -> tuple[TrainSpec, tuple[Change, ...]]:
     """Apply the picked variants' changed fields to ``t`` (each variant was built from ``t`` alone)."""
-    fields: dict[str, object] = {}
+    fields: dict[str, Any] = {}
     changes: list[Change] = []
     for v in picks:
         if v is None:
@@ -276,11 +277,11 @@ def plan(
         if t in seen:
             continue
         combos += 1
-        c = ctx.fastest_split(model, t, changes)
-        if c is not None:
-            prev = seen.get(c.train)
-            if prev is None or _rank(c) < _rank(prev):
-                seen[c.train] = c
+        found = ctx.fastest_split(model, t, changes)
+        if found is not None:
+            prev = seen.get(found.train)
+            if prev is None or _rank(found) < _rank(prev):
+                seen[found.train] = found
     candidates = _prune(sorted(seen.values(), key=_rank))
 
     # 4. what changes the task: shorter sequences and smaller models, with and without the full remedy stack

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
@@ -104,7 +105,7 @@ class Variant:
     change: Change
 
 
-def _v(m: ModelSpec, t: TrainSpec, key: str, setting: str, before: object, after: object, **kw: object) -> Variant:
+def _v(m: ModelSpec, t: TrainSpec, key: str, setting: str, before: object, after: object, **kw: Any) -> Variant:
     return Variant(model=m, train=dataclasses.replace(t, **kw), change=Change(remedy=key, setting=setting,
                                                                               before=str(before), after=str(after)))
 

@@ -53,7 +53,9 @@ def render_infer(ledger: Ledger, concurrency: Concurrency | None = None) -> str:
                 f"max concurrency on {c.gpu}: none — one sequence already needs {fmt_bytes(c.device_at_max)} of "
                 f"{fmt_bytes(c.usable_bytes)} usable"
             )
-    return "\n".join(lines)
+    from vramledger.report.terminal import wrap
+
+    return "\n".join(wrap(line) for line in lines)
 
 
 def infer_to_dict(ledger: Ledger, concurrency: Concurrency | None) -> dict[str, object]:

@@ -78,7 +78,7 @@ def style() -> Iterator[None]:
         "legend.frameon": False,
         "legend.fontsize": 9,
         "hatch.linewidth": 0.6,
-        "svg.fonttype": "none",  # text stays text in SVG: small files, selectable, sharp (see docs/readme/report.md)
+        "svg.fonttype": "none",  # text stays text in SVG: small files, selectable, sharp (see docs/report.md)
         "svg.hashsalt": "vramledger",  # deterministic ids, so the same ledger gives the same HTML
     }
     with mpl.rc_context(rc):

@@ -72,10 +72,10 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
         lines.append(f"assumed, not yet measured: {', '.join(assumed)} (see README, Known limits)")
     for w in ledger.warnings:
         lines.append(f"warning: {w}")
-    return "\n".join(_wrap(line) for line in lines)
+    return "\n".join(wrap(line) for line in lines)
 
 
-def _wrap(line: str, width: int = 100) -> str:
+def wrap(line: str, width: int = 100) -> str:
     """Prose lines wrap at 100 columns with a hanging indent; table rows are already narrower."""
     if len(line) <= width:
         return line
@@ -89,7 +89,7 @@ def render_sources(ledger: Ledger, phase: Phase | None = None) -> str:
     for i in ledger.items:
         if i.phase is phase:
             out.append(f"  {i.category.value:<18} {fmt_bytes(i.bytes):>11}  {i.label}")
-            out.append(_wrap(f"      {i.basis.value}: {i.source}").replace("\n  ", "\n        "))
+            out.append(wrap(f"      {i.basis.value}: {i.source}").replace("\n  ", "\n        "))
     return "\n".join(out)
 
 
@@ -99,5 +99,5 @@ def render_provenance(provenance: dict[str, str]) -> str:
         return ""
     out = ["settings:"]
     for key in sorted(provenance):
-        out.append(_wrap(f"  {key:<12} {provenance[key]}").replace("\n  ", "\n" + " " * 16))
+        out.append(wrap(f"  {key:<12} {provenance[key]}").replace("\n  ", "\n" + " " * 16))
     return "\n".join(out)

@@ -50,8 +50,8 @@ class GpuCheckConfig:
     """``torch.cuda.set_per_process_memory_fraction`` (also what enables garbage collection)."""
 
 
-_SMALL = {"hidden": 1024, "layers": 8, "heads": 16, "kv_heads": 4, "intermediate": 2816}
-_MID = {"hidden": 2048, "layers": 16, "heads": 16, "kv_heads": 8, "intermediate": 5632}
+_SMALL: dict[str, Any] = {"hidden": 1024, "layers": 8, "heads": 16, "kv_heads": 4, "intermediate": 2816}
+_MID: dict[str, Any] = {"hidden": 2048, "layers": 16, "heads": 16, "kv_heads": 8, "intermediate": 5632}
 _VAR = (384, 1000, 640, 1024, 512, 900)
 
 CONFIGS: Mapping[str, GpuCheckConfig] = {
@@ -129,9 +129,9 @@ def _train(cfg: GpuCheckConfig) -> None:
         intermediate_size=cfg.intermediate,
         vocab_size=cfg.vocab,
         max_position_embeddings=4096,
-        attn_implementation="sdpa",
+        attn_implementation="sdpa",  # type: ignore[call-arg]  # a PretrainedConfig kwarg
     )
-    model = LlamaForCausalLM(mc).to(device="cuda", dtype=torch.bfloat16)
+    model = LlamaForCausalLM(mc).to(device="cuda", dtype=torch.bfloat16)  # type: ignore[call-arg]
     if cfg.grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if cfg.lora_rank is not None:

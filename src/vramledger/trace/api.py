@@ -103,7 +103,7 @@ def trace_step(
     warnings = tuple(result.warnings) + tuple(train.warnings)
     if alloc_conf.ignored_keys:
         warnings += (f"alloc conf: {', '.join(alloc_conf.ignored_keys)} do not change device memory; ignored",)
-    moments = {
+    moments: dict[Phase, str] = {
         p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})"
         for p, pk in peaks.items()
         if p is not Phase.LOAD

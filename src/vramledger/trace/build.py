@@ -177,7 +177,7 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
     targets: str | list[str] = "all-linear" if lora.all_linear else list(lora.targets)
     cfg = LoraConfig(
         r=lora.rank,
-        lora_alpha=lora.alpha,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int, accepts float
         lora_dropout=lora.dropout,
         target_modules=targets,
         use_dora=lora.dora,

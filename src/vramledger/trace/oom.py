@@ -199,7 +199,8 @@ def replay_outcome(
     capacity = None if gpu is None else gpu.memory_bytes - cuda_context_bytes(gpu)
     if capacity is not None and capacity <= 0:
         raise VramledgerError(
-            f"--gpu: {gpu.name} has no memory left after the CUDA context ({cuda_context_bytes(gpu) // 2**20} MiB);"
+            f"--gpu: {gpu.name if gpu else 'the GPU'} has no memory"
+            f" left after the CUDA context ({cuda_context_bytes(gpu) // 2**20} MiB);"
             " give a larger GPU"
         )
     r = replay(dev.events, capacity_bytes=capacity, conf=conf,
