@@ -48,6 +48,8 @@ def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:
         return sum(device_overhead("hopper").workspace_sizes())
 
 
+# Training steps take their reserve from analytic/reserve.py (the allocator's rules applied to the step); this
+# flat assumption remains for inference and for evaluation phases that allocate beyond the training step's cache.
 RESERVE_FRACTION = 0.05
 RESERVE_SOURCE = (
     "caching-allocator reserve (2 MiB rounding, cached blocks that do not fit later requests) taken as 5% of "

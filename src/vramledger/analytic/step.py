@@ -32,11 +32,10 @@ from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
-    RESERVE_SOURCE,
-    allocator_reserve_bytes,
     cublas_workspace_bytes,
     cuda_context_bytes,
 )
+from vramledger.analytic.reserve import phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
@@ -331,15 +330,17 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     """Line items for every phase, including the allocator reserve and the CUDA context."""
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
-    for phase, mo in moments(m, train, gpu).items():
+    mos = moments(m, train, gpu)
+    reserves = phase_reserves(m, train, gpu, {ph: mo.total for ph, mo in mos.items()})  # analytic/reserve.py
+    for phase, mo in mos.items():
         names[phase] = mo.name
         for cat, lines in mo.lines.items():
             for label, n, source, basis in lines:
                 items.append(LineItem(category=cat, phase=phase, bytes=n, label=label, source=source, basis=basis))
-        if phase is not Phase.LOAD:
-            items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase,
-                                  bytes=allocator_reserve_bytes(mo.total), label="cached, not allocated",
-                                  source=RESERVE_SOURCE, basis=Basis.ASSUMPTION))
+        if phase in reserves:
+            n, source, basis = reserves[phase]
+            items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase, bytes=n,
+                                  label="cached, not allocated", source=source, basis=basis))
         items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=cuda_context_bytes(gpu),
                               label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
     return tuple(items), names

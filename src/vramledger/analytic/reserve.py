@@ -1,0 +1,312 @@
+"""The caching allocator's reserve for the analytic path, from what the allocator's rules leave cached in a step.
+
+PyTorch's caching allocator never returns a segment to the driver during training (only ``empty_cache`` or an
+allocation that fails and retries does), and it serves a request only from a cached block at least as large
+(``get_free_block``: best fit by size; blocks of different ``cudaMalloc`` segments never merge). So a step
+reserves more than it allocates where blocks freed earlier are too small for a later request. The trace replay
+(``trace/oom.py``, bench/reserve/) shows where that happens in a training step:
+
+- the logits chain: forward frees the c·V·T logits block, then backward needs two fp32 4·V·T blocks at once
+  (the gradients from ``nll_loss_backward`` and ``_log_softmax_backward_data``) while the log-softmax output is
+  still live; the c·V·T hole cannot serve a 4·V·T request, so a new segment is made and the hole stays cached;
+- one decoder layer's working set (its backward's gradients and, under checkpointing, its recomputed
+  activations) is cached in segments the much larger logits requests cannot use;
+- in the first step the optimizer states are created into whatever the cache holds.
+
+The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
+and it is monotone in batch and length (every term is a non-negative multiple of T or B·L²), which the planner's
+bisection needs. ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
+quantities (``step.StepParts``) and ``replay_excess`` replays it through ``trace/allocator.py`` (a port of
+``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
+replay of real traces (bench/reserve/replay_grid.jsonl). The cache left by step 1 persists, so from step 2 on
+the reserved memory at every training phase is the step's peak reserved: each phase's reserve line is that
+figure less the phase's allocated bytes. None of this is a GPU measurement: the allocator model itself awaits
+validation on a GPU (trace/allocator_gpucheck.py).
+
+Legend: V vocabulary, H hidden, I intermediate, T tokens per micro-batch, c compute-dtype bytes, s residual-stream
+bytes, b trainable-parameter bytes.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from vramledger.analytic.params import layer_linears
+from vramledger.ledger import Basis, Phase
+from vramledger.specs import Attention, GPUSpec, Loss, ModelSpec, TrainSpec
+from vramledger.trace.allocator_conf import K_SMALL_BUFFER, K_SMALL_SIZE
+
+# step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
+_CHUNKS = 48
+
+RESERVE_SOURCE = (
+    "caching-allocator rules (CUDACachingAllocator.cpp best fit, no merging across segments) applied to the step: "
+    "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
+    "checkpointing), AdamW states created in step 1 into cached blocks (full fine-tuning), LoRA's small pool; "
+    "reserved stays at the step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
+)
+
+Seq = tuple[tuple[int, int], ...]
+"""(id, size): size > 0 allocates ``id``, size 0 frees it."""
+
+
+@lru_cache(maxsize=4096)
+def replay_excess(seq: Seq) -> tuple[int, int]:
+    """(peak reserved, peak allocated) of ``seq`` replayed through the caching-allocator model (default settings,
+    unlimited device). Cached: the planner asks for the same shapes again and again."""
+    from vramledger.trace.allocator import CachingAllocatorModel
+
+    model = CachingAllocatorModel()
+    live: dict[int, object] = {}
+    for i, size in seq:
+        if size > 0:
+            live[i] = model.malloc(size)
+        else:
+            blk = live.pop(i, None)
+            if blk is not None:
+                model.free(blk)  # type: ignore[arg-type]
+    return model.peak_reserved, model.peak_allocated
+
+
+def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
+    """Allocations and frees of two training steps, in program order, built from ``p`` (a ``StepParts``).
+
+    Each tensor group is one block where its tensors are allocated and freed together (the saved activations
+    of the layers below the top one; the weights), and one block per tensor where the order decides what can
+    reuse what (the logits chain; one layer's backward).
+    """
+    from vramledger.analytic.activations import residual_bytes
+    from vramledger.analytic.logits import logits_bytes
+
+    wb = p.weights  # type: ignore[attr-defined]
+    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    c = train.precision.compute.bytes
+    s = residual_bytes(train, wb)
+    H, V = m.hidden_size, m.vocab_size
+    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    n_tl = wb.trainable_layers
+    ckpt = train.grad_ckpt
+
+    ev: list[tuple[int, int]] = []
+    nid = iter(range(1, 1 << 30))
+
+    def alloc(size: int) -> int:
+        i = next(nid)
+        if size > 0:
+            ev.append((i, int(size)))
+        return i
+
+    def free(i: int) -> None:
+        ev.append((i, 0))
+
+    # Persistent: weights (frozen, trainable, fp32 master) and the cuBLAS workspaces.
+    alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)  # type: ignore[attr-defined]
+
+    # Saved activations: the top trained layer's separately (backward frees it first), the rest as one block.
+    saved_all = p.saved_layers_bytes + p.scores_bytes  # type: ignore[attr-defined]
+    top_saved = saved_all // n_tl if n_tl else 0
+    rest_saved = saved_all - top_saved + p.extra_saved_bytes  # type: ignore[attr-defined]
+    # One layer's forward transients: under checkpointing its whole forward runs without saving (the MLP
+    # intermediates c·I·T and the residual s·H·T are freed as it goes); eager's scores (step.py forward_layer_temp).
+    fwd_temp = [p.forward_layer_temp] if p.forward_layer_temp else []  # type: ignore[attr-defined]
+    if ckpt and n_tl:
+        fwd_temp += [c * I * T, c * I * T, s * H * T]
+    # One layer's backward: grads of its input and output hidden states (s·H·T each) and of the MLP intermediates
+    # (c·I·T each), eager's (c+4)·nh·L² per sequence (step.py layer_backward_temp).
+    bwd_temp = [s * H * T, s * H * T, c * I * T, c * I * T, c * I * T] if n_tl else []
+    if train.attn is Attention.EAGER and n_tl:
+        bwd_temp.append((c + 4) * m.num_heads * L * L * B)
+
+    # Per-parameter tensors: gradients, optimizer states, the foreach temporaries. LoRA's are each ≤ 1 MiB and
+    # live in the small pool (kSmallSize), which large requests never use: small_pool_excess handles them, and
+    # they are left out here. Full fine-tuning's are one tensor per weight matrix; they are modelled as blocks
+    # the size of the largest decoder-layer matrix (at most _CHUNKS per group, to keep the sequence short), and
+    # lm_head's (or the tied embedding's) V·H tensors one block each. Where they land matters: AdamW creates its
+    # states inside the first step (torch/optim/adamw.py _init_group), into blocks the activations and logits
+    # left cached, which the next step's forward then has to find elsewhere.
+    small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
+    tb = wb.trainable_dtype.bytes
+    head = wb.lm_head_weight_numel * tb if wb.head_trainable and not small else 0
+    body = 0 if small else max(p.grad_bytes - head, 0)  # type: ignore[attr-defined]
+    matrix = max((lin.numel // lin.per_layer for lin in layer_linears(m)), default=1) * tb
+    chunk = max(matrix, -(-body // _CHUNKS), 1)
+    grad_blocks = ([head] if head else []) + [chunk] * (body // chunk) + ([body % chunk] if body % chunk else [])
+    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0  # type: ignore[attr-defined]
+    temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []  # type: ignore[attr-defined]
+    lg = logits_bytes(m, train, T)
+    for step in (1, 2):
+        rest = alloc(rest_saved)
+        for _ in range(2 if n_tl > 1 else 1):  # the cache of one layer's transients is made by the first layer
+            for t in [alloc(x) for x in fwd_temp]:
+                free(t)
+        top = alloc(top_saved)
+        hidden = alloc(p.final_hidden_bytes + p.head_cast_bytes)  # type: ignore[attr-defined]
+        if train.loss is Loss.STANDARD:
+            # transformers ForCausalLMLoss: logits (c·V·T) → .float() (4·V·T) → log_softmax (4·V·T, saved);
+            # the upcast and the logits die before backward (the Trainer keeps only the loss).
+            up = 4 * V * T if c != 4 else 0
+            soft = lg.saved - 4 * V * T
+            logits = alloc(c * V * T)
+            softcap = alloc(soft)
+            upcast = alloc(up)
+            lsm = alloc(4 * V * T)
+            free(upcast)
+            free(logits)
+            free(hidden)
+            # backward: nll_loss_backward's 4·V·T gradient, then _log_softmax_backward_data's 4·V·T while the
+            # saved log-softmax is live; then the cast back to c·V·T for lm_head's backward.
+            g1 = alloc(4 * V * T)
+            g2 = alloc(4 * V * T)
+            free(g1)
+            free(lsm)
+            free(softcap)
+            g3 = alloc(c * V * T if c != 4 else 0)
+            free(g2)
+        else:
+            # Chunked or fused loss: what forward keeps, and the transients of one chunk in each direction.
+            kept = alloc(lg.saved)
+            tf = alloc(max(lg.forward_peak - lg.saved, 0))
+            free(tf)
+            free(hidden)
+            tb = alloc(max(lg.backward_peak - lg.saved, 0))
+            free(kept)
+            g3 = alloc(max(lg.head_grad_moment - (lg.backward_peak - lg.saved), 0))
+            free(tb)
+        gh = alloc(c * H * T)  # lm_head's input gradient
+        free(g3)
+        recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None  # type: ignore[attr-defined]
+        for _ in range(2 if n_tl > 1 else 1):
+            for t in [alloc(x) for x in bwd_temp]:
+                free(t)
+        if recompute is not None:
+            free(recompute)
+        free(top)
+        free(gh)
+        free(rest)
+        grads = [alloc(g) for g in grad_blocks]
+        if step == 1:
+            for g in grad_blocks:
+                for _ in range(n_states):
+                    alloc(g)
+        for t in [alloc(g) for g in temp_blocks]:
+            free(t)
+        for g in grads:  # zero_grad(set_to_none=True)
+            free(g)
+    return tuple(ev)
+
+
+def reserve_excess(m: ModelSpec, train: TrainSpec, p: object) -> int:
+    """Reserved − allocated at the step's peak: the large pool's replayed peak reserved less its peak allocated,
+    plus the small pool's cached bytes (``small_pool_excess``)."""
+    reserved, allocated = replay_excess(step_sequence(m, train, p))
+    return max(reserved - allocated, 0) + small_pool_excess(train, p)
+
+
+def small_pool_excess(train: TrainSpec, p: object) -> int:
+    """Cached-but-free small-pool bytes at the step's peak, where every per-parameter tensor is ≤ 1 MiB (LoRA).
+
+    The small pool (requests ≤ kSmallSize = 1 MiB) packs blocks into 2 MiB segments (kSmallBuffer) and splits
+    at any remainder ≥ 512 B, so its reserved memory tracks the most its tensors ever hold at once, in 2 MiB
+    steps: gradients + optimizer states + the foreach temporaries inside ``optimizer.step()`` (or the states and
+    autocast copies during forward). At the step's peak (in the loss, or backward) only the states and, without
+    checkpointing, the autocast copies are live; the rest of the pool is cached and unusable by large requests.
+    """
+    wb = p.weights  # type: ignore[attr-defined]
+    if wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE:
+        return 0
+    states, grads = p.state_bytes, p.grad_bytes  # type: ignore[attr-defined]
+    casts = p.autocast_copy_bytes  # type: ignore[attr-defined]
+    most = max(grads + states + p.step_temp_bytes, states + casts)  # type: ignore[attr-defined]
+    reserved = -(-most // K_SMALL_BUFFER) * K_SMALL_BUFFER
+    at_peak = states + (0 if train.grad_ckpt else casts)
+    return max(reserved - at_peak, 0)
+
+
+_TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
+
+
+def phase_reserves(
+    m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, allocated: dict[Phase, int]
+) -> dict[Phase, tuple[int, str, Basis]]:
+    """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
+
+    The step's peak reserved is the largest training phase's allocated bytes plus the modelled excess
+    (``reserve_excess``). Every training phase reports that same reserved figure: the cache built by step 1 is
+    still held in every later step (the trace replay shows reserved flat across phases in step 2). Evaluation
+    and generation run after training steps, so they hold at least that cache; where they allocate more, the
+    stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
+    """
+    from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
+    from vramledger.analytic.overhead import allocator_reserve_bytes
+    from vramledger.analytic.step import step_parts
+
+    peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
+    loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
+    reserved = peak_reserved(m, train, step_parts(m, train, gpu), loss_peak, peak) if peak else 0
+    out: dict[Phase, tuple[int, str, Basis]] = {}
+    for ph, total in allocated.items():
+        if ph is Phase.LOAD:
+            continue
+        if ph in _TRAIN_PHASES or reserved - total >= allocator_reserve_bytes(total):
+            out[ph] = (max(reserved - total, 0), RESERVE_SOURCE, Basis.FORMULA)
+        else:
+            out[ph] = (allocator_reserve_bytes(total), ASSUMED_SOURCE, Basis.ASSUMPTION)
+    return out
+
+
+def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
+    """Cached blocks no request can use at the loss's backward peak, in closed form (monotone in B and L).
+
+    What the replay of ``step_sequence`` (and of real traces) shows is left cached and free there:
+    - the c·V·T logits block: forward frees it, and ``get_free_block`` cannot serve backward's 4·V·T requests
+      from it (best fit needs a block at least as large; segments never merge), so one of them gets a new
+      segment (only with a c < 4 compute dtype and the standard loss);
+    - the segments made for one layer's transients before the loss: under checkpointing the whole forward of a
+      layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
+      with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
+      larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
+    """
+    from vramledger.analytic.activations import residual_bytes
+
+    wb = p.weights  # type: ignore[attr-defined]
+    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    c = train.precision.compute.bytes
+    s = residual_bytes(train, wb)
+    H, V = m.hidden_size, m.vocab_size
+    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    if not wb.trainable_layers:
+        return logits_hole
+    fwd = p.forward_layer_temp  # type: ignore[attr-defined]
+    if not train.grad_ckpt:
+        return logits_hole + fwd
+    fwd += (2 * c * I + s * H) * T
+    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T  # type: ignore[attr-defined]
+    if train.attn is Attention.EAGER:
+        bwd += (c + 4) * m.num_heads * L * L * B
+    return logits_hole + max(fwd, bwd)
+
+
+def peak_reserved(m: ModelSpec, train: TrainSpec, p: object, loss_peak: int, step_peak: int) -> int:
+    """Peak reserved of a steady-state step, in closed form: monotone in batch and length, as the planner needs.
+
+    ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
+    phase's allocated bytes. At the loss's peak the stranded blocks (``stranded_bytes``) are reserved on top.
+    With full fine-tuning, AdamW creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``) into
+    whatever is cached by then: C = step 1's reserved (its loss peak without S, plus the stranded blocks) less
+    the weights W and gradients G still live. Best fit puts each state tensor in the smallest block it fits,
+    so they fill the stranded blocks first; what they take beyond those, step 2 must find in new segments:
+    reserved at step 2's loss peak = loss_peak + max(stranded, min(S, C)). Small-pool bytes (LoRA's
+    per-parameter tensors, ``small_pool_excess``) are cached on top.
+    """
+    stranded = stranded_bytes(m, train, p)
+    wb = p.weights  # type: ignore[attr-defined]
+    large_states = wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE
+    taken = stranded
+    if large_states:
+        S = p.state_bytes  # type: ignore[attr-defined]
+        W = p.frozen_bytes + p.trainable_bytes + p.master_bytes  # type: ignore[attr-defined]
+        C = max(loss_peak - S + stranded - W - p.grad_bytes, 0)  # type: ignore[attr-defined]
+        taken = max(stranded, min(S, C))
+    return max(step_peak, loss_peak + taken) + small_pool_excess(train, p)
