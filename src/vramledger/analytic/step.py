@@ -16,6 +16,7 @@ Gradients are absent in forward unless gradient accumulation keeps them across m
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 
 from vramledger.analytic.activations import (
     checkpoint_input_bytes_per_token,
@@ -109,6 +110,7 @@ def _sources() -> dict[str, str]:
     }
 
 
+@lru_cache(maxsize=4096)
 def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
     wb = weight_budget(m, train)
     T, B = train.tokens, train.micro_batch

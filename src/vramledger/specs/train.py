@@ -42,13 +42,7 @@ class Precision(str, enum.Enum):
 
     @property
     def compute(self) -> DType:
-        return {
-            Precision.FP32: DType.FP32,
-            Precision.BF16_MIXED: DType.BF16,
-            Precision.BF16: DType.BF16,
-            Precision.FP16_MIXED: DType.FP16,
-            Precision.FP16: DType.FP16,
-        }[self]
+        return _COMPUTE[self.value]
 
     @property
     def mixed(self) -> bool:
@@ -63,6 +57,10 @@ class Precision(str, enum.Enum):
     def frozen(self) -> DType:
         """dtype of frozen parameters (loaded in the compute dtype)."""
         return self.compute
+
+
+_COMPUTE = {"fp32": DType.FP32, "bf16-mixed": DType.BF16, "bf16-true": DType.BF16, "fp16-mixed": DType.FP16,
+            "fp16-true": DType.FP16}
 
 
 class Optimizer(str, enum.Enum):
