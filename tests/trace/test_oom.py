@@ -76,11 +76,11 @@ def test_oom_just_below_peak_reserved_and_not_at_it(events: list[Any]) -> None:
     got = below.oom
     print("expected", expected.phase, expected.step, expected.op, "got", got.phase, got.step, got.op)
     assert (got.phase, got.step, got.op, got.module) == (expected.phase, expected.step, expected.op, expected.module)
-    assert got.requested_bytes == expected.bytes
-    assert got.capacity_bytes == peak - 512
+    assert got.report.requested_bytes == expected.bytes
+    assert got.report.capacity_bytes == peak - 512
     # Free but unusable = capacity − live blocks, by definition (cached pieces + what the driver has left).
-    assert got.unusable_free_bytes == got.capacity_bytes - got.allocated_bytes
-    assert got.unusable_free_bytes > 0
+    assert got.report.unusable_free_bytes == got.report.capacity_bytes - got.report.allocated_bytes
+    assert got.report.unusable_free_bytes > 0
 
 
 def test_capacity_is_gpu_memory_minus_context(events: list[Any]) -> None:

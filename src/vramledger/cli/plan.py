@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import argparse
 from pathlib import Path
+from typing import Any
 
 from vramledger.cli.common import (
     add_gpu_options,

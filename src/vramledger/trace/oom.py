@@ -29,7 +29,7 @@ from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import GPUSpec
 from vramledger.trace.allocator import CachingAllocatorModel
 from vramledger.trace.allocator_conf import DEFAULT_CONF, AllocatorConf
-from vramledger.trace.allocator_replay import AllocEvent, EventKind, replay
+from vramledger.trace.allocator_replay import AllocEvent, EventKind, OomReport, replay
 from vramledger.trace.device_overhead import DeviceOverhead, device_overhead
 from vramledger.trace.ledger_build import PhasePeak
 from vramledger.trace.recorder import Event
@@ -47,28 +47,33 @@ _WORKSPACE_ID_BASE = -(1 << 40)  # ids no traced storage uses
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OomPoint:
-    """The first allocation that fails, in the trace's own words."""
+    """The first allocation that fails, in the trace's own words: where (op, module, phase, step) and the
+    allocator's account of it (``report``: sizes, live and reserved bytes, free but unusable memory)."""
 
     op: str
     module: str
     phase: Phase
     step: int
     category: str
-    requested_bytes: int
-    allocated_bytes: int
-    """Live blocks when it failed (after the allocator freed its cache and retried)."""
-    reserved_bytes: int
-    capacity_bytes: int
-    free_cached_bytes: int
-    """Reserved but unallocated: free pieces of segments that also hold live blocks."""
-    free_device_bytes: int
-    """Capacity − reserved: obtainable from the driver, but not as one piece this large."""
-    largest_free_block_bytes: int
+    report: OomReport
 
-    @property
-    def unusable_free_bytes(self) -> int:
-        """Free memory that could not serve the request (cached pieces + the device's remainder)."""
-        return self.free_cached_bytes + self.free_device_bytes
+    def to_dict(self) -> dict[str, Any]:
+        r = self.report
+        return {
+            "op": self.op,
+            "module": self.module,
+            "phase": self.phase.value,
+            "step": self.step,
+            "category": self.category,
+            "requested_bytes": r.requested_bytes,
+            "allocated_bytes": r.allocated_bytes,
+            "reserved_bytes": r.reserved_bytes,
+            "capacity_bytes": r.capacity_bytes,
+            "free_cached_bytes": r.free_cached_bytes,
+            "free_device_bytes": r.free_device_bytes,
+            "largest_free_block_bytes": r.largest_free_block_bytes,
+            "unusable_free_bytes": r.unusable_free_bytes,
+        }
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,13 +96,7 @@ class ReplayOutcome:
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "oom"}  # type: ignore[attr-defined]
-        if self.oom is None:
-            out["oom"] = None
-        else:
-            o = self.oom
-            out["oom"] = {k: getattr(o, k) for k in o.__slots__}  # type: ignore[attr-defined]
-            out["oom"]["phase"] = o.phase.value
-            out["oom"]["unusable_free_bytes"] = o.unusable_free_bytes
+        out["oom"] = None if self.oom is None else self.oom.to_dict()
         return out
 
 
@@ -216,13 +215,7 @@ def replay_outcome(
             phase=o.event.phase or Phase.FORWARD,
             step=t.step if t is not None else 1,
             category=o.event.category.value if o.event.category is not None else "",
-            requested_bytes=o.requested_bytes,
-            allocated_bytes=o.allocated_bytes,
-            reserved_bytes=o.reserved_bytes,
-            capacity_bytes=o.capacity_bytes,
-            free_cached_bytes=o.free_cached_bytes,
-            free_device_bytes=o.free_device_bytes,
-            largest_free_block_bytes=o.largest_free_block_bytes,
+            report=o,
         )
     return ReplayOutcome(
         conf=conf.text,
