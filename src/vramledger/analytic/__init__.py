@@ -11,10 +11,12 @@ Imports no torch and no transformers. ``estimate`` is the entry point:
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import MappingProxyType
 
+from vramledger.analytic.evaluation import eval_advice
 from vramledger.analytic.step import ledger_items, step_parts
-from vramledger.ledger import Category, Ledger, Phase, make_verdict
+from vramledger.ledger import Category, Ledger, make_verdict
 from vramledger.specs import Attention, GPUSpec, Loss, Method, ModelSpec, TrainSpec
 from vramledger.units import fmt_bytes
 
@@ -94,10 +96,6 @@ def estimate(
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
-    from dataclasses import replace
-
-    from vramledger.analytic.evaluation import eval_advice
-
     advice = eval_advice(ledger, model, train, gpu) or _advice(by_cat, train)
     return replace(ledger, verdict=verdict, advice=advice)
 
@@ -129,6 +127,3 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
     return s
 
-
-def phase_of_peak(ledger: Ledger) -> Phase:
-    return ledger.peak_phase
