@@ -104,6 +104,19 @@ class DeepSpeedConfig:
     source: str = ""
 
 
+# Top-level DeepSpeed sections that can change memory but are not modelled: each present one earns a warning.
+_UNMODELLED_TOP = (
+    "activation_checkpointing",
+    "data_types",
+    "communication_data_type",
+    "tensor_parallel",
+    "sequence_parallel_size",
+    "pipeline",
+    "compression_training",
+    "amp",
+    "torch_autocast",
+)
+
 def _device(r: Reader, node: Any, key: str) -> str:
     if node is None:
         return "none"
@@ -271,35 +284,14 @@ def read(
                 f"ignored: deepspeed optimizer.type={kind or opt!r} (only Adam/AdamW are modelled; the "
                 "training config's optimizer is used)"
             )
-    for key in (
-        "activation_checkpointing",
-        "data_types",
-        "communication_data_type",
-        "tensor_parallel",
-        "sequence_parallel_size",
-        "pipeline",
-        "compression_training",
-        "amp",
-        "torch_autocast",
-    ):
+    for key in _UNMODELLED_TOP:
         if r.raw.get(key) is not None:
             r.warn(f"ignored: deepspeed {key} (not modelled)")
     for key in r.raw:
         if (
             key not in _HARMLESS_TOP
             and r.raw[key] is not None
-            and key
-            not in (
-                "activation_checkpointing",
-                "data_types",
-                "communication_data_type",
-                "tensor_parallel",
-                "sequence_parallel_size",
-                "pipeline",
-                "compression_training",
-                "amp",
-                "torch_autocast",
-            )
+            and key not in _UNMODELLED_TOP
         ):
             r.warn(f"ignored: deepspeed {key} (not a DeepSpeed setting vramledger knows)")
     return DeepSpeedConfig(stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=src)
