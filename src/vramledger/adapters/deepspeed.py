@@ -117,6 +117,7 @@ _UNMODELLED_TOP = (
     "torch_autocast",
 )
 
+
 def _device(r: Reader, node: Any, key: str) -> str:
     if node is None:
         return "none"
