@@ -139,8 +139,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     only = set(args.only.split(",")) if args.only else None
     probe = run_worker({"probe_only": True}, timeout_s=300).raw.get("environment", {})
     today = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%d")
-    out = args.resume or (RESULTS / f"{_slug(str(probe.get('gpu', 'gpu')))}-{today}.jsonl")
+    out = args.resume or args.out or (RESULTS / f"{_slug(str(probe.get('gpu', 'gpu')))}-{today}.jsonl")
     done = {r["id"] for r in read_jsonl(out) if r.get("status") != "timeout"} if out.exists() else set()
+    if args.streams:
+        args.streams.mkdir(parents=True, exist_ok=True)
+    worker_env = {"PYTORCH_CUDA_ALLOC_CONF": args.alloc_conf} if args.alloc_conf else None
     t_start = time.monotonic()
     for cfg in suite["configs"]:
         if (only and cfg["id"] not in only) or cfg["id"] in done:
@@ -155,7 +158,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             continue
         train = train_spec(cfg)
         t0 = time.monotonic()
-        m = measure(model, train, steps=int(cfg.get("steps", 3)), timeout_s=args.timeout)
+        pickled = args.streams / f"{cfg['id']}.pickle" if args.streams else None
+        m = measure(model, train, steps=int(cfg.get("steps", 3)), timeout_s=args.timeout, snapshot=pickled,
+                    history_context=None, env=worker_env)  # fmt: skip
         raw = m.result.raw
         rec: dict[str, Any] = {
             "schema": SCHEMA,
@@ -164,14 +169,26 @@ def cmd_run(args: argparse.Namespace) -> int:
             "status": m.result.status,
             "error": m.result.error or None,
             "config": {"model": model.name, "family": model.family, "steps": cfg.get("steps", 3),
-                       "train": train_to_dict(train)},
+                       "alloc_conf": args.alloc_conf or None, "train": train_to_dict(train)},
             "environment": raw.get("environment", probe),
             "measured": measured_figures(raw["phases"]) if m.result.ok else None,
             "counters": raw.get("counters"),
+            "memory_stats": raw.get("memory_stats"),
+            "phase_readings": {"load": raw.get("load"), "steps": raw.get("steps"),
+                               "extra": raw.get("extra_phases")},
             "breakdown": {k: raw.get(k) for k in BREAKDOWN},
             "wall_s": round(time.monotonic() - t0, 1),
         }  # fmt: skip
-        rec.update(predicted(model, train))
+        if args.predict:
+            rec.update(predicted(model, train))
+        else:
+            rec.update({"estimate": None, "trace": None, "prediction_notes": ["predictions left to `predict`"]})
+        if pickled is not None and pickled.exists():
+            from streams import compact
+
+            meta = {"id": cfg["id"], "alloc_conf": args.alloc_conf or None}
+            rec["stream"] = compact(pickled, pickled.with_suffix(".json.xz"), max_entries=1_000_000, meta=meta)
+            pickled.unlink()
         write_jsonl(out, [rec])
         alloc = rec["measured"]["allocated"] / 2**30 if rec["measured"] else float("nan")
         print(f"{cfg['id']}: {rec['status']} allocated {alloc:.2f} GiB ({rec['wall_s']} s)"
@@ -233,6 +250,11 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--resume", type=Path, help="append to this results file, skipping ids already in it")
     r.add_argument("--budget-s", type=float, default=0, help="start no config after this many s")
     r.add_argument("--timeout", type=float, default=300, help="seconds per configuration (default 300)")
+    r.add_argument("--no-predict", dest="predict", action="store_false",
+                   help="measure only; fill the predictions later with `predict` on any machine")
+    r.add_argument("--streams", type=Path, help="record each trial's allocation stream into DIR/<id>.json.xz")
+    r.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF for the workers")
+    r.add_argument("--out", type=Path, help="results file (default results/<gpu>-<date>.jsonl)")
     r.set_defaults(fn=cmd_run)
     p = sub.add_parser("predict", help="refill estimate/trace figures of a results file")
     p.add_argument("results", type=Path)

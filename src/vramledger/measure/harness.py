@@ -80,6 +80,7 @@ def trial_spec(
     hf_config: Mapping[str, Any] | None = None,
     fake_capacity_bytes: int | None = None,
     seed: int = 0,
+    history_context: str | None = "all",
 ) -> dict[str, Any]:
     """The JSON mapping the worker reads: the model's config, the TrainSpec and the run settings."""
     from vramledger.measure.modelcfg import hf_config_for
@@ -96,6 +97,7 @@ def trial_spec(
         "steps": steps,
         "device": device,
         "snapshot": str(snapshot) if snapshot else None,
+        "history_context": history_context,
         "fake_capacity_bytes": fake_capacity_bytes,
         "seed": seed,
     }
@@ -273,10 +275,21 @@ def measure(
     device: str = "cuda",
     fake_capacity_bytes: int | None = None,
     env: Mapping[str, str] | None = None,
+    history_context: str | None = "all",
 ) -> Measurement:
-    """Measure one training setup in a fresh process. ``device="cpu"`` is the test mode (see the worker)."""
+    """Measure one training setup in a fresh process. ``device="cpu"`` is the test mode (see the worker).
+
+    ``history_context``: what the snapshot's history keeps of each event (``"all"``: its stacks, for
+    memory_viz; ``None``: the event alone, enough to replay the allocation stream).
+    """
     spec = trial_spec(
-        model, train, steps=steps, device=device, snapshot=snapshot, fake_capacity_bytes=fake_capacity_bytes
+        model,
+        train,
+        steps=steps,
+        device=device,
+        snapshot=snapshot,
+        fake_capacity_bytes=fake_capacity_bytes,
+        history_context=history_context,
     )
     result = run_worker(spec, timeout_s=timeout_s, env=env)
     return Measurement(result=result, ledger=ledger_from_result(result, model, train) if result.ok else None)

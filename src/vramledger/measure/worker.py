@@ -372,10 +372,13 @@ def _check_supported(train: Any) -> None:
 
 @contextmanager
 def _phase(probe: Any, readings: dict[str, Any], name: str) -> Iterator[None]:
-    probe.begin()
+    probe.begin()  # synchronizes, so the wall time below is the phase's GPU time too
     readings["_current"] = name
+    t0 = time.perf_counter()
     yield
-    readings[name] = probe.end()
+    reading = probe.end()
+    reading["time_s"] = round(time.perf_counter() - t0, 6)
+    readings[name] = reading
 
 
 def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
@@ -405,6 +408,13 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
     result["probe"] = "cuda" if device.type == "cuda" else "cpu-counter"
 
     snapshot = spec.get("snapshot")
+    if snapshot and device.type == "cuda":
+        # From before the build, so that the recorded stream replays from an empty allocator. Context "all"
+        # keeps the Python and C++ stacks of every event for memory_viz; None records the events alone
+        # (action, address, size, stream), which is what an allocator replay needs, at a fraction of the cost.
+        torch.cuda.memory._record_memory_history(
+            max_entries=int(spec.get("history_entries", 1_000_000)), context=spec.get("history_context", "all")
+        )
     t0 = time.perf_counter()
     with mode:
         try:
@@ -442,8 +452,6 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
             vocab = int(spec["hf_config"].get("vocab_size") or 32000)
             gen = torch.Generator(device=device).manual_seed(int(spec.get("seed", 0)))
             ids = torch.randint(0, vocab, (train.micro_batch, train.seq_len), device=device, generator=gen)
-            if snapshot and device.type == "cuda":
-                torch.cuda.memory._record_memory_history(max_entries=200_000)
 
             for step in range(steps):
                 readings: dict[str, Any] = {}
@@ -512,6 +520,8 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
         finally:
             result["wall_s"] = round(time.perf_counter() - t0, 3)
             result["counters"] = probe.counters()
+            if device.type == "cuda":
+                result["memory_stats"] = dict(torch.cuda.memory_stats())
             if snapshot and device.type == "cuda":
                 try:
                     torch.cuda.memory._dump_snapshot(snapshot)
