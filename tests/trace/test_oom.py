@@ -11,13 +11,13 @@ from typing import Any
 import pytest
 
 from tests.trace._trace_tiny import TINY, spec
+from vramledger.allocator.conf import parse_alloc_conf
+from vramledger.allocator.replay import replay
 from vramledger.analytic.overhead import cuda_context_bytes
 from vramledger.cli import main
 from vramledger.ledger import Category, Phase
 from vramledger.specs import GPUSpec, Method, TrainSpec
 from vramledger.trace import trace_events, trace_step
-from vramledger.trace.allocator_conf import parse_alloc_conf
-from vramledger.trace.allocator_replay import replay
 from vramledger.trace.ledger_build import replay as ledger_build_replay
 from vramledger.trace.oom import device_events, replay_outcome
 
@@ -108,7 +108,7 @@ def test_ledger_reserve_workspace_and_context(ledger: Any, events: list[Any]) ->
     s = ledger.settings
     assert s["alloc_conf"] == "expandable_segments:True"
     # The reserve line at the peak is reserved − allocated right after the peak event, from a plain replay
-    # (allocator_replay.replay) of the events up to it; never above the replay's max_memory_reserved.
+    # (vramledger.allocator.replay.replay) of the events up to it; never above the replay's max_memory_reserved.
     peak = ledger.peak_phase
     peak_event = ledger_build_replay(events)[0][peak].index
     dev = device_events(events, ADA)

@@ -39,8 +39,8 @@ def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:
     ``getChosenWorkspaceSize``: 32 MiB on Hopper and newer, 8.125 MiB before; cuBLASLt 1 MiB), one of each per
     thread's handle: the forward thread and the autograd engine's backward thread.
     """
+    from vramledger.catalog.device_overhead import device_overhead
     from vramledger.errors import VramledgerError
-    from vramledger.trace.device_overhead import device_overhead
 
     try:
         return sum(device_overhead(gpu.arch if gpu is not None and gpu.arch else "hopper").workspace_sizes())

@@ -16,12 +16,12 @@ reserves more than it allocates where blocks freed earlier are too small for a l
 The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
 and it is monotone in batch and length (every term is a non-negative multiple of T or B·L²), which the planner's
 bisection needs. ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
-quantities (``step.StepParts``) and ``replay_excess`` replays it through ``trace/allocator.py`` (a port of
+quantities (``step.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
 replay of real traces (bench/reserve/replay_grid.jsonl). The cache left by step 1 persists, so from step 2 on
 the reserved memory at every training phase is the step's peak reserved: each phase's reserve line is that
 figure less the phase's allocated bytes. None of this is a GPU measurement: the allocator model itself awaits
-validation on a GPU (trace/allocator_gpucheck.py).
+validation on a GPU (allocator/gpucheck.py).
 
 Legend: V vocabulary, H hidden, I intermediate, T tokens per micro-batch, c compute-dtype bytes, s residual-stream
 bytes, b trainable-parameter bytes.
@@ -31,10 +31,10 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.params import layer_linears
 from vramledger.ledger import Basis, Phase
 from vramledger.specs import Attention, GPUSpec, Loss, ModelSpec, TrainSpec
-from vramledger.trace.allocator_conf import K_SMALL_BUFFER, K_SMALL_SIZE
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
 _CHUNKS = 48
@@ -54,7 +54,7 @@ Seq = tuple[tuple[int, int], ...]
 def replay_excess(seq: Seq) -> tuple[int, int]:
     """(peak reserved, peak allocated) of ``seq`` replayed through the caching-allocator model (default settings,
     unlimited device). Cached: the planner asks for the same shapes again and again."""
-    from vramledger.trace.allocator import CachingAllocatorModel
+    from vramledger.allocator.model import CachingAllocatorModel
 
     model = CachingAllocatorModel()
     live: dict[int, object] = {}

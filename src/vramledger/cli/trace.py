@@ -36,9 +36,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
+    from vramledger.allocator.conf import parse_alloc_conf
     from vramledger.cli.common import resolve_inputs, show_bars, write_outputs
     from vramledger.trace import trace_step
-    from vramledger.trace.allocator_conf import parse_alloc_conf
 
     inputs = resolve_inputs(args)
     conf_text, note = args.alloc_conf, ""

@@ -6,9 +6,9 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any
 
+from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
-from vramledger.trace.allocator_conf import DEFAULT_CONF, AllocatorConf
 from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
 from vramledger.trace.oom import device_events, device_lines, replay_outcome
 from vramledger.trace.recorder import Event, round_block

@@ -23,18 +23,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
+from vramledger.allocator.model import CachingAllocatorModel
+from vramledger.allocator.replay import AllocEvent, EventKind, OomReport, replay
 from vramledger.analytic.overhead import CONTEXT_SOURCE, cuda_context_bytes
+from vramledger.catalog.device_overhead import DeviceOverhead, device_overhead
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import GPUSpec
-from vramledger.trace.allocator import CachingAllocatorModel
-from vramledger.trace.allocator_conf import DEFAULT_CONF, AllocatorConf
-from vramledger.trace.allocator_replay import AllocEvent, EventKind, OomReport, replay
-from vramledger.trace.device_overhead import DeviceOverhead, device_overhead
 from vramledger.trace.ledger_build import PhasePeak
 from vramledger.trace.recorder import Event
 
-RESERVE_SOURCE = "allocator replay of the traced events (trace/allocator.py, ported from CUDACachingAllocator.cpp)"
+RESERVE_SOURCE = "allocator replay of the traced events (allocator/model.py, ported from CUDACachingAllocator.cpp)"
 WORKSPACE_SOURCE = (
     "torch CublasHandlePool.cpp getChosenWorkspaceSize / getCUDABlasLtWorkspaceSize: one cuBLAS and one cuBLASLt "
     "workspace per thread's handle (forward thread, autograd backward thread), allocated by the first matmul; "
@@ -169,8 +169,8 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
 def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFAULT_CONF) -> dict[int, int]:
     """Reserved memory right after each trace event in ``indices``, on a device without a capacity limit.
 
-    The same rules as :func:`allocator_replay.replay` (``malloc``/``free`` of ``CachingAllocatorModel``), with
-    reserved read after the events asked for.
+    The same rules as :func:`vramledger.allocator.replay.replay` (``malloc``/``free`` of
+    ``CachingAllocatorModel``), with reserved read after the events asked for.
     """
     model = CachingAllocatorModel(conf)
     live: dict[int, Any] = {}

@@ -27,8 +27,8 @@ from __future__ import annotations
 from bisect import bisect_left
 from dataclasses import dataclass
 
-from vramledger.trace.allocator_blocks import Block, BlockPool, splice
-from vramledger.trace.allocator_conf import (
+from vramledger.allocator.blocks import Block, BlockPool, splice
+from vramledger.allocator.conf import (
     DEFAULT_CONF,
     K_MIN_BLOCK_SIZE,
     K_SMALL_BUFFER,

@@ -13,11 +13,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from vramledger.allocator.conf import AllocatorConf, parse_alloc_conf, round_size
+from vramledger.allocator.model import CachingAllocatorModel
+from vramledger.allocator.replay import AllocEvent, EventKind, replay, reserve_for_blocks
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, Phase
-from vramledger.trace.allocator import CachingAllocatorModel
-from vramledger.trace.allocator_conf import AllocatorConf, parse_alloc_conf, round_size
-from vramledger.trace.allocator_replay import AllocEvent, EventKind, replay, reserve_for_blocks
 
 MiB = 2**20
 A, F = AllocEvent.alloc, AllocEvent.free

@@ -16,8 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from vramledger.trace.allocator_gpucheck import CONFIGS, events_from_snapshot
-from vramledger.trace.allocator_replay import EventKind
+from vramledger.allocator.gpucheck import CONFIGS, events_from_snapshot
+from vramledger.allocator.replay import EventKind
 
 
 def _cuda() -> bool:
@@ -64,7 +64,7 @@ def test_replayed_peak_reserved_matches_torch(tmp_path: Path) -> None:
     for name in CONFIGS:
         out = tmp_path / f"{name}.json"
         proc = subprocess.run(
-            [sys.executable, "-m", "vramledger.trace.allocator_gpucheck", name, str(out)],
+            [sys.executable, "-m", "vramledger.allocator.gpucheck", name, str(out)],
             env=env,
             capture_output=True,
             text=True,

@@ -14,10 +14,7 @@ from bisect import bisect_left, insort
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from vramledger.errors import VramledgerError
-from vramledger.ledger import Category, Phase
-from vramledger.trace.allocator import Block, CachingAllocatorModel
-from vramledger.trace.allocator_conf import (
+from vramledger.allocator.conf import (
     DEFAULT_CONF,
     K_MIN_LARGE_ALLOC,
     K_ROUND_LARGE,
@@ -26,6 +23,9 @@ from vramledger.trace.allocator_conf import (
     AllocatorConf,
     round_size,
 )
+from vramledger.allocator.model import Block, CachingAllocatorModel
+from vramledger.errors import VramledgerError
+from vramledger.ledger import Category, Phase
 
 
 class EventKind(str, enum.Enum):

@@ -1,7 +1,7 @@
 """The allocator model's bookkeeping: blocks of a segment and the free-block pools (one stream).
 
 Ports ``struct Block`` and ``struct BlockPool`` of ``c10/cuda/CUDACachingAllocator.cpp`` (torch 2.13); see
-:mod:`vramledger.trace.allocator` for the rules that use them.
+:mod:`vramledger.allocator.model` for the rules that use them.
 """
 
 from __future__ import annotations

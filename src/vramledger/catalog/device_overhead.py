@@ -19,7 +19,7 @@ from typing import Any
 
 from vramledger.errors import VramledgerError
 
-_PATH = Path(__file__).resolve().parent.parent / "catalog" / "device_overhead.json"
+_PATH = Path(__file__).resolve().parent / "device_overhead.json"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -2,13 +2,13 @@
 
 A training step runs on CUDA with ``torch.cuda.memory._record_memory_history`` on; its trace (every
 ``alloc`` and ``free_completed`` of the caching allocator, in order, with requested sizes) is replayed through
-:func:`~vramledger.trace.allocator_replay.replay` under the same ``PYTORCH_CUDA_ALLOC_CONF``, and the replayed
+:func:`~vramledger.allocator.replay.replay` under the same ``PYTORCH_CUDA_ALLOC_CONF``, and the replayed
 peaks, retries and device allocations are compared with ``torch.cuda.memory_stats()``. This isolates the
 allocator model's error from the tracer's (the fake-tensor trace is checked elsewhere).
 
 Each configuration must run in a fresh process (the allocator reads its settings once, at CUDA start)::
 
-    python -m vramledger.trace.allocator_gpucheck CONFIG_NAME OUT.json
+    python -m vramledger.allocator.gpucheck CONFIG_NAME OUT.json
 
 ``tests/trace/test_allocator_gpu.py`` (marked ``gpu``) runs all of :data:`CONFIGS` that way and collects a
 CSV.
@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from vramledger.trace.allocator_conf import parse_alloc_conf
-from vramledger.trace.allocator_replay import AllocEvent, replay
+from vramledger.allocator.conf import parse_alloc_conf
+from vramledger.allocator.replay import AllocEvent, replay
 
 _MAX_ENTRIES = 20_000_000
 
@@ -157,7 +157,7 @@ def run_config(cfg: GpuCheckConfig) -> dict[str, Any]:
     import torch
 
     if not torch.cuda.is_available():
-        raise RuntimeError("allocator_gpucheck needs a CUDA device")
+        raise RuntimeError("vramledger.allocator.gpucheck needs a CUDA device")
     if cfg.memory_fraction is not None:
         torch.cuda.set_per_process_memory_fraction(cfg.memory_fraction)
     torch.cuda.memory._record_memory_history(enabled="all", context=None, stacks="python", max_entries=_MAX_ENTRIES)
@@ -196,7 +196,7 @@ def run_config(cfg: GpuCheckConfig) -> dict[str, Any]:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2 or args[0] not in CONFIGS:
-        sys.stderr.write(f"usage: python -m vramledger.trace.allocator_gpucheck {{{','.join(CONFIGS)}}} OUT.json\n")
+        sys.stderr.write(f"usage: python -m vramledger.allocator.gpucheck {{{','.join(CONFIGS)}}} OUT.json\n")
         return 2
     result = run_config(CONFIGS[args[0]])
     with open(args[1], "w") as fh:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from vramledger.allocator.replay import reserve_for_blocks
+from vramledger.catalog.device_overhead import _PATH, device_overhead, known_archs
 from vramledger.errors import VramledgerError
-from vramledger.trace.allocator_replay import reserve_for_blocks
-from vramledger.trace.device_overhead import _PATH, device_overhead, known_archs
 
 MiB = 2**20
 
