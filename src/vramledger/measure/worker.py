@@ -421,6 +421,10 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
             probe.begin()
             model, notes = build_model(spec, train, device)
             if device.type == "cuda":
+                if snapshot:
+                    # Where the recorded stream has this empty_cache, so that a replay can do the same.
+                    traces = torch.cuda.memory._snapshot()["device_traces"]
+                    result["empty_cache_at_entry"] = len(traces[torch.cuda.current_device()])
                 # Our build leaves transient blocks (the random init, dtype casts, quantization) that a real
                 # from_pretrained load, one tensor at a time, does not: drop them from the cache.
                 torch.cuda.empty_cache()
