@@ -76,14 +76,21 @@ def slider_moves(url: str) -> list[str]:
 
 def toggles(url: str) -> list[str]:
     """Setups no cache has seen: each optimizer × checkpointing × loss, at a fixed shape."""
-    setups = [{**BASE, "batch": 2, "seq": 2048, "optimizer": o, "grad_ckpt": c, "loss": x}
-              for o in ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
-              for c in (True, False) for x in ("standard", "chunked")]
+    setups = [
+        {**BASE, "batch": 2, "seq": 2048, "optimizer": o, "grad_ckpt": c, "loss": x}
+        for o in ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "sgd")
+        for c in (True, False)
+        for x in ("standard", "chunked")
+    ]
     out = []
     for k, endpoint in enumerate(("estimate", "fit", "grid", "plan")):
         # a headroom of its own per endpoint (part of the planner cache's key): none finds another's ledgers
-        out.append(summary(f"{endpoint} (toggle: unseen setup)",
-                           [post(url, endpoint, {**s, "headroom": 0.08 + k / 1000}) for s in setups]))
+        out.append(
+            summary(
+                f"{endpoint} (toggle: unseen setup)",
+                [post(url, endpoint, {**s, "headroom": 0.08 + k / 1000}) for s in setups],
+            )
+        )
     return out
 
 
@@ -95,9 +102,22 @@ def in_browser(url: str) -> str:
     times = []
     with tempfile.TemporaryDirectory() as tmp:
         for b, L in [(1, 2048), (2, 2048), (4, 1024), (3, 4096), (6, 512)]:
-            res = subprocess.run([chrome, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-                                  f"--user-data-dir={tmp}", "--virtual-time-budget=10000", "--dump-dom",
-                                  f"{url}?batch={b}&seq={L}"], capture_output=True, text=True, timeout=120)
+            res = subprocess.run(
+                [
+                    chrome,
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--no-first-run",
+                    f"--user-data-dir={tmp}",
+                    "--virtual-time-budget=10000",
+                    "--dump-dom",
+                    f"{url}?batch={b}&seq={L}",
+                ],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
             m = re.search(r'data-update-ms="([\d.]+)"', res.stdout)
             if m:
                 times.append(float(m.group(1)) / 1e3)

@@ -31,8 +31,9 @@ class Client:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def request(self, method: str, path: str, data: bytes | None = None,
-                headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+    def request(
+        self, method: str, path: str, data: bytes | None = None, headers: dict[str, str] | None = None
+    ) -> tuple[int, dict[str, str], bytes]:
         req = urllib.request.Request(self.url.rstrip("/") + path, data=data, method=method, headers=headers or {})
         try:
             with urllib.request.urlopen(req, timeout=60) as res:
@@ -41,8 +42,9 @@ class Client:
             return err.code, dict(err.headers), err.read()
 
     def post(self, endpoint: str, body: Any) -> tuple[int, bytes]:
-        status, _, raw = self.request("POST", f"/api/{endpoint}", json.dumps(body).encode(),
-                                      {"Content-Type": "application/json"})
+        status, _, raw = self.request(
+            "POST", f"/api/{endpoint}", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         return status, raw
 
     def get(self, path: str) -> tuple[int, dict[str, str], bytes]:

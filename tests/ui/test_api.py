@@ -24,12 +24,44 @@ SETUPS = [
         id="readme-qlora-custom-gpu",
     ),
     pytest.param(
-        {"model": "llama-3.2-1b", "--method": "full", "lora-rank": None, "precision": "bf16-true",
-         "optimizer": "adamw_8bit", "attn": "eager", "loss": "chunked", "packing": True, "eval_batch": 4,
-         "eval_logits": "argmax", "headroom": 0.1, "gpu": "a100-80gb", "grad_ckpt": False},
-        ["llama-3.2-1b", "--method", "full", "--precision", "bf16-true", "--optimizer", "adamw_8bit", "--attn",
-         "eager", "--loss", "chunked", "--packing", "--eval-batch", "4", "--eval-logits", "argmax", "--headroom",
-         "0.1", "--gpu", "a100-80gb", "--no-grad-ckpt"],
+        {
+            "model": "llama-3.2-1b",
+            "--method": "full",
+            "lora-rank": None,
+            "precision": "bf16-true",
+            "optimizer": "adamw_8bit",
+            "attn": "eager",
+            "loss": "chunked",
+            "packing": True,
+            "eval_batch": 4,
+            "eval_logits": "argmax",
+            "headroom": 0.1,
+            "gpu": "a100-80gb",
+            "grad_ckpt": False,
+        },
+        [
+            "llama-3.2-1b",
+            "--method",
+            "full",
+            "--precision",
+            "bf16-true",
+            "--optimizer",
+            "adamw_8bit",
+            "--attn",
+            "eager",
+            "--loss",
+            "chunked",
+            "--packing",
+            "--eval-batch",
+            "4",
+            "--eval-logits",
+            "argmax",
+            "--headroom",
+            "0.1",
+            "--gpu",
+            "a100-80gb",
+            "--no-grad-ckpt",
+        ],
         id="every-control-and-a-flag-the-page-lacks",
     ),
     pytest.param({"model": "gpt2", "batch": 8, "seq": 1024}, ["gpt2", "--batch", "8", "--seq", "1024"], id="no-gpu"),
@@ -58,10 +90,12 @@ def test_fit_and_plan_are_byte_identical_to_the_cli(client, capsys, command):
 
 def test_the_servers_config_gives_the_cli_answer_for_that_config(client, capsys):
     """`vramledger ui --config FILE`: the page's setup is the file's, overrides and flags on top, as on the CLI."""
-    _, out, _ = run_cli(capsys, ["estimate", "--config", str(EXAMPLE), "cutoff_len=4096", "--gpu", "rtx-4090",
-                                 "--batch", "2", "--json"])
-    status, raw = client.post("estimate", {"startup_config": True, "overrides": ["cutoff_len=4096"],
-                                           "gpu": "rtx-4090", "batch": 2})
+    _, out, _ = run_cli(
+        capsys, ["estimate", "--config", str(EXAMPLE), "cutoff_len=4096", "--gpu", "rtx-4090", "--batch", "2", "--json"]
+    )
+    status, raw = client.post(
+        "estimate", {"startup_config": True, "overrides": ["cutoff_len=4096"], "gpu": "rtx-4090", "batch": 2}
+    )
     assert status == 200
     assert raw.decode() == out
 
@@ -85,9 +119,19 @@ def test_a_dropped_config_gives_the_cli_answer_for_that_file(client, capsys, tmp
 
 def test_a_dropped_model_config_json(client, capsys, tmp_path):
     """A config.json sent as content is the model; the CLI reads the same file from disk."""
-    cfg = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1408, "num_hidden_layers": 4,
-           "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000, "max_position_embeddings": 4096,
-           "tie_word_embeddings": False, "torch_dtype": "bfloat16", "_name_or_path": "tiny-llama"}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1408,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "vocab_size": 32000,
+        "max_position_embeddings": 4096,
+        "tie_word_embeddings": False,
+        "torch_dtype": "bfloat16",
+        "_name_or_path": "tiny-llama",
+    }
     path = tmp_path / "config.json"
     path.write_text(json.dumps(cfg))
     _, out, _ = run_cli(capsys, ["estimate", str(path), "--batch", "4", "--gpu", "rtx-4090", "--json"])
@@ -95,8 +139,10 @@ def test_a_dropped_model_config_json(client, capsys, tmp_path):
     assert status == 200
     api, cli = json.loads(raw), json.loads(out)
     # the one difference: where the model came from (a path on disk, or content the page sent)
-    assert (api["settings"].pop("model_source"), cli["settings"].pop("model_source")) == ("dropped config.json",
-                                                                                         str(path))
+    assert (api["settings"].pop("model_source"), cli["settings"].pop("model_source")) == (
+        "dropped config.json",
+        str(path),
+    )
     assert api == cli
 
 
@@ -104,14 +150,17 @@ def test_a_dropped_model_config_json(client, capsys, tmp_path):
     ("body", "argv", "field"),
     [
         pytest.param({"model": "gpt2", "batch": "two"}, ["gpt2", "--batch", "two"], "--batch", id="not-an-int"),
-        pytest.param({"model": "gpt2", "precision": "fp8"}, ["gpt2", "--precision", "fp8"], "--precision",
-                     id="unknown-choice"),
+        pytest.param(
+            {"model": "gpt2", "precision": "fp8"}, ["gpt2", "--precision", "fp8"], "--precision", id="unknown-choice"
+        ),
         pytest.param({"model": "gpt2", "gpu": "rtx-9999"}, ["gpt2", "--gpu", "rtx-9999"], "gpu", id="unknown-gpu"),
         pytest.param({"model": "lama-3.1-8b"}, ["lama-3.1-8b"], "model", id="unknown-model"),
-        pytest.param({"model": "gpt2", "warp_drive": 3}, ["gpt2", "--warp-drive", "3"], "--warp-drive",
-                     id="unknown-flag"),
-        pytest.param({"model": "gpt2", "headroom": 1.5}, ["gpt2", "--headroom", "1.5"], "--headroom",
-                     id="bad-headroom"),
+        pytest.param(
+            {"model": "gpt2", "warp_drive": 3}, ["gpt2", "--warp-drive", "3"], "--warp-drive", id="unknown-flag"
+        ),
+        pytest.param(
+            {"model": "gpt2", "headroom": 1.5}, ["gpt2", "--headroom", "1.5"], "--headroom", id="bad-headroom"
+        ),
     ],
 )
 def test_bad_input_is_400_with_the_clis_line(client, capsys, body, argv, field):
@@ -152,8 +201,9 @@ def test_grid_cells_are_the_estimates_of_those_cells(client, capsys):
     grid = json.loads(raw)
     assert status == 200
     for b, L in ((1, 256), (8, 4096)):
-        _, out, _ = run_cli(capsys, ["estimate", "llama-3.2-1b", "--batch", str(b), "--seq", str(L), "--gpu",
-                                     "rtx-4090", "--json"])
+        _, out, _ = run_cli(
+            capsys, ["estimate", "llama-3.2-1b", "--batch", str(b), "--seq", str(L), "--gpu", "rtx-4090", "--json"]
+        )
         cell = grid["device_bytes"][grid["lengths"].index(L)][grid["batches"].index(b)]
         assert cell == json.loads(out)["device_total_bytes"]
     assert grid["usable_bytes"] == json.loads(out)["verdict"]["usable_bytes"]
@@ -176,8 +226,13 @@ def test_a_dropped_config_with_its_deepspeed_json(client, capsys):
     config, ds = fixtures / "lf_llama3_full_sft_ds3.yaml", fixtures / "lf_ds_z3_config.json"
     # the CLI follows the file's `deepspeed: lf_ds_z3_config.json` to the JSON beside it
     _, out, _ = run_cli(capsys, ["estimate", "--config", str(config), "world_size=8", "--gpu", "a100-80gb", "--json"])
-    body = {"config_text": config.read_text(), "config_name": config.name, "deepspeed_text": ds.read_text(),
-            "overrides": ["world_size=8"], "gpu": "a100-80gb"}
+    body = {
+        "config_text": config.read_text(),
+        "config_name": config.name,
+        "deepspeed_text": ds.read_text(),
+        "overrides": ["world_size=8"],
+        "gpu": "a100-80gb",
+    }
     status, raw = client.post("estimate", body)
     assert status == 200, raw
     assert json.loads(raw) == json.loads(out)

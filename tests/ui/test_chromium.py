@@ -22,9 +22,20 @@ from vramledger.units import fmt_bytes
 
 
 def _chrome(chromium: str, tmp: Path, *args: str) -> subprocess.CompletedProcess[str]:  # noqa: F811
-    cmd = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-           "--disable-component-update", "--disable-sync", "--no-first-run", f"--user-data-dir={tmp / 'profile'}",
-           "--window-size=1400,1500", "--virtual-time-budget=15000", *args]
+    cmd = [
+        chromium,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        f"--user-data-dir={tmp / 'profile'}",
+        "--window-size=1400,1500",
+        "--virtual-time-budget=15000",
+        *args,
+    ]
     return subprocess.run(cmd, capture_output=True, text=True, timeout=120)
 
 
@@ -36,7 +47,7 @@ def _text(dom: str, element_id: str) -> str:
 
 def _section(dom: str, element_id: str) -> str:
     start = dom.index(f'id="{element_id}"')
-    return dom[start:dom.index("</svg>", start)]
+    return dom[start : dom.index("</svg>", start)]
 
 
 @pytest.mark.parametrize(
@@ -54,8 +65,11 @@ def test_the_page_shows_the_clis_numbers(chromium, server, client, capsys, tmp_p
     dom = res.stdout
     assert 'id="bill"' in dom, res.stderr[-800:]
     v = ledger["verdict"]
-    want = (f"FITS on {v['gpu']}: {fmt_bytes(v['margin_bytes'])} to spare" if ledger["fits"]
-            else f"DOES NOT FIT on {v['gpu']}: {fmt_bytes(-v['margin_bytes'])} over")
+    want = (
+        f"FITS on {v['gpu']}: {fmt_bytes(v['margin_bytes'])} to spare"
+        if ledger["fits"]
+        else f"DOES NOT FIT on {v['gpu']}: {fmt_bytes(-v['margin_bytes'])} over"
+    )
     got = _text(dom, "verdict-line")
     print("expected:", want, "| got:", got, "| match:", got == want)
     assert got == want
@@ -69,7 +83,7 @@ def test_the_page_shows_the_clis_numbers(chromium, server, client, capsys, tmp_p
     heat = _section(dom, "heatmap")
     assert heat.count('class="cell"') == len(grid["batches"]) * len(grid["lengths"])
     assert "<path " in heat and "<circle " in heat
-    assert 'id="remedies"' in dom and "<svg" in dom[dom.index('id="remedies"'):]
+    assert 'id="remedies"' in dom and "<svg" in dom[dom.index('id="remedies"') :]
 
 
 def test_a_screenshot_is_painted(chromium, server, tmp_path):  # noqa: F811

@@ -16,8 +16,13 @@ SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 def test_ui_serves_the_page_until_stopped():
     env = {**os.environ, "PYTHONPATH": SRC}
-    proc = subprocess.Popen([sys.executable, "-m", "vramledger", "ui", "--no-browser", "--port", "0", "--config",
-                             str(EXAMPLE)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "vramledger", "ui", "--no-browser", "--port", "0", "--config", str(EXAMPLE)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
     try:
         line = proc.stdout.readline() if proc.stdout else ""
         print(line)

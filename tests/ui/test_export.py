@@ -40,15 +40,21 @@ def test_the_config_comes_back_in_its_format_with_the_sliders_applied(client, tm
 
 @pytest.mark.parametrize("fmt", ["trl", "axolotl"])
 def test_other_formats_read_back(client, tmp_path, fmt):
-    out = _export(client, {"model": "meta-llama/Llama-3.1-8B", "method": "qlora", "batch": 2, "seq": 2048,
-                           "grad_ckpt": True, "as": fmt})
+    out = _export(
+        client,
+        {"model": "meta-llama/Llama-3.1-8B", "method": "qlora", "batch": 2, "seq": 2048, "grad_ckpt": True, "as": fmt},
+    )
     path = tmp_path / out["filename"]
     path.write_text(out["content"])
     back = load_config(path)
     assert back.format == fmt
     assert back.model == "meta-llama/Llama-3.1-8B"
     assert (back.train.method, back.train.micro_batch, back.train.seq_len, back.train.grad_ckpt) == (
-        Method.QLORA, 2, 2048, True)
+        Method.QLORA,
+        2,
+        2048,
+        True,
+    )
 
 
 def test_json_export_is_the_clis_json(client, capsys):
@@ -60,8 +66,7 @@ def test_json_export_is_the_clis_json(client, capsys):
 def test_html_export_is_the_report(client, capsys):
     pytest.importorskip("matplotlib")
     got = _export(client, {"model": "llama-3.2-1b", "batch": 2, "gpu": "rtx-4090", "as": "html"})
-    ledger = json.loads(run_cli(capsys, ["estimate", "llama-3.2-1b", "--batch", "2", "--gpu", "rtx-4090",
-                                         "--json"])[1])
+    ledger = json.loads(run_cli(capsys, ["estimate", "llama-3.2-1b", "--batch", "2", "--gpu", "rtx-4090", "--json"])[1])
     page = got["content"]
     assert got["media_type"] == "text/html"
     assert page.startswith("<!DOCTYPE html>")

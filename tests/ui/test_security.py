@@ -3,6 +3,7 @@ write files or trace; and the static page: served from the package, with no URL 
 
 from __future__ import annotations
 
+import contextlib
 import http.client
 import json
 import re
@@ -22,10 +23,9 @@ def _raw_post(server, path: str, body: bytes, headers: dict[str, str]) -> tuple[
         for k, v in headers.items():
             conn.putheader(k, v)
         conn.endheaders()
-        try:
+        # the server may answer and close before reading it all: what a refusal looks like
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.send(body)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed before reading it all: what a refusal looks like
         res = conn.getresponse()
         return res.status, res.read()
     finally:
@@ -34,8 +34,9 @@ def _raw_post(server, path: str, body: bytes, headers: dict[str, str]) -> tuple[
 
 def test_a_body_over_the_limit_is_refused_unread(server):
     body = json.dumps({"model": "gpt2", "pad": "x" * MAX_BODY}).encode()
-    status, raw = _raw_post(server, "/api/estimate", body,
-                            {"Content-Type": "application/json", "Content-Length": str(len(body))})
+    status, raw = _raw_post(
+        server, "/api/estimate", body, {"Content-Type": "application/json", "Content-Length": str(len(body))}
+    )
     assert status == 413
     assert f"over the limit of {MAX_BODY} bytes" in json.loads(raw)["error"]
 
@@ -58,8 +59,12 @@ def test_only_json_posts(server, ctype):
 def test_a_foreign_host_is_refused(server):
     """DNS rebinding: a page served from evil.example that resolves to 127.0.0.1 sends its own Host."""
     body = b'{"model": "gpt2"}'
-    status, _ = _raw_post(server, "/api/estimate", body, {"Host": "evil.example:80", "Content-Type":
-                                                          "application/json", "Content-Length": str(len(body))})
+    status, _ = _raw_post(
+        server,
+        "/api/estimate",
+        body,
+        {"Host": "evil.example:80", "Content-Type": "application/json", "Content-Length": str(len(body))},
+    )
     assert status == 403
 
 
@@ -75,8 +80,10 @@ def test_a_foreign_host_is_refused(server):
         ({"model": "gpt2", "help": True}, "--help"),
         ({"model": "--help"}, "model"),
         ({"model": "gpt2", "overrides": ["--help"]}, "overrides"),
-        ({"config_text": "model_name_or_path: gpt2\ndeepspeed: /etc/ds_z3.json\n", "config_name": "a.yaml"},
-         "deepspeed"),
+        (
+            {"config_text": "model_name_or_path: gpt2\ndeepspeed: /etc/ds_z3.json\n", "config_name": "a.yaml"},
+            "deepspeed",
+        ),
         ({"config_text": "model_name_or_path: /home/me/llama\n", "config_name": "a.yaml"}, "model_name_or_path"),
     ],
 )
@@ -91,8 +98,16 @@ def test_requests_never_name_a_path(client, body, named):
 @pytest.mark.parametrize("command", ["fit", "plan"])
 def test_output_flags_are_refused_and_nothing_is_written(client, tmp_path, command):
     target = tmp_path / "report.html"
-    status, raw = client.post(command, {"model": "gpt2", "gpu": "rtx-4090", "html": str(target), "png": str(tmp_path),
-                                        "write_config": str(tmp_path / "plan.yaml")})
+    status, raw = client.post(
+        command,
+        {
+            "model": "gpt2",
+            "gpu": "rtx-4090",
+            "html": str(target),
+            "png": str(tmp_path),
+            "write_config": str(tmp_path / "plan.yaml"),
+        },
+    )
     assert status == 400
     assert "not accepted over HTTP" in json.loads(raw)["error"]
     assert list(tmp_path.iterdir()) == []

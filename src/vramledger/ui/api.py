@@ -130,7 +130,9 @@ class Api:
 
         s = self._resolve("estimate", body)
         i = s.inputs
-        argv = ["vramledger", "estimate", *to_argv("estimate", body)]
+        # shown as a person types it: "--batch 2", not the "--batch=2" token the parser is given
+        shown = [part for a in to_argv("estimate", body) for part in (a.split("=", 1) if a.startswith("--") else [a])]
+        argv = ["vramledger", "estimate", *shown]
         if body.get("startup_config") and self.startup_config is not None:
             argv += ["--config", str(self.startup_config)]
         return _json(

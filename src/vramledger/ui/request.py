@@ -80,12 +80,16 @@ class Setup:
 
 
 @cache
-def command_parser(command: str) -> argparse.ArgumentParser:
-    """The CLI's own subparser for ``command`` (built once)."""
+def cli_parser() -> argparse.ArgumentParser:
+    """The CLI's own parser (built once): a request is parsed as ``vramledger COMMAND FLAGS…`` is."""
     from vramledger.cli import build_parser
 
-    parser = build_parser()
-    for action in parser._subparsers._group_actions:  # type: ignore[union-attr]
+    return build_parser()
+
+
+def command_parser(command: str) -> argparse.ArgumentParser:
+    """The CLI's subparser for ``command`` (to look its flags up)."""
+    for action in cli_parser()._subparsers._group_actions:  # type: ignore[union-attr]
         if isinstance(action, argparse._SubParsersAction):
             return action.choices[command]  # type: ignore[no-any-return]
     raise AssertionError("vramledger's parser has no subcommands")
@@ -99,13 +103,13 @@ def to_argv(command: str, body: Mapping[str, Any]) -> list[str]:
     """The command line that ``body`` names (without the command), flags in the body's order.
 
     >>> to_argv("estimate", {"model": "gpt2", "batch": 2, "grad_ckpt": True, "packing": False})
-    ['gpt2', '--batch', '2', '--grad-ckpt']
+    ['gpt2', '--batch=2', '--grad-ckpt']
     """
     parser = command_parser(command)
     argv: list[str] = []
     model = body.get("model")
     if model is not None:
-        if not isinstance(model, str):
+        if not isinstance(model, str) or model.startswith("-"):
             raise VramledgerError(f"model: expected a name like llama-3.1-8b (got {model!r})")
         argv.append(model)
     for key, value in body.items():
@@ -129,9 +133,12 @@ def to_argv(command: str, body: Mapping[str, Any]) -> list[str]:
             continue
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
             raise VramledgerError(f"{flag}: expected a number or a string (got {value!r})")
-        argv += [flag, str(value)]  # an unknown flag reaches argparse, which names it as the CLI does
+        if action is None and not str(value).startswith("-"):
+            argv += [flag, str(value)]  # unknown: argparse names it as the CLI does ("unrecognized arguments")
+        else:
+            argv.append(f"{flag}={value}")  # one token: a value can never pass for a flag
     overrides = body.get("overrides") or []
-    if not isinstance(overrides, list) or not all(isinstance(o, str) for o in overrides):
+    if not isinstance(overrides, list) or not all(isinstance(o, str) and not o.startswith("-") for o in overrides):
         raise VramledgerError('overrides: expected a list of KEY=VALUE strings (e.g. ["cutoff_len=4096"])')
     return argv + list(overrides)
 
@@ -194,13 +201,13 @@ def _dropped_files(body: Mapping[str, Any]) -> Iterator[tuple[Path | None, Path 
         for path, content in ((config, text), (deepspeed, ds_text)):
             if path is not None:
                 path.write_text(content or "", encoding="utf-8")
-        with contextlib.suppress(VramledgerError, yaml.YAMLError):
-            # a file that does not parse is reported by the adapters, with its line
-            if config is not None:
-                mapping = read_mapping(config)
-                if deepspeed is not None:
-                    mapping.pop("deepspeed", None)  # the dropped DeepSpeed JSON replaces the file it names
-                _check_dropped(mapping)
+        mapping: dict[str, Any] = {}
+        if config is not None:
+            with contextlib.suppress(VramledgerError, yaml.YAMLError):
+                mapping = read_mapping(config)  # a file that does not parse: the adapters report it, with its line
+        if deepspeed is not None:
+            mapping.pop("deepspeed", None)  # the dropped DeepSpeed JSON replaces the file the config names
+        _check_dropped(mapping)
         yield config, deepspeed, f"{folder}/"
 
 
@@ -225,7 +232,10 @@ def resolve(command: str, body: Mapping[str, Any], *, startup_config: Path | Non
                 raise VramledgerError("startup_config: the server was started without --config FILE")
             config = startup_config
         try:
-            args = command_parser(command).parse_args(argv)
+            try:
+                args = cli_parser().parse_args([command, *argv])
+            except SystemExit:  # argparse's --help/--version; refused above, so this is a safety net
+                raise VramledgerError("request: asked argparse to exit; send flags with values only") from None
             args.config, args.deepspeed = config, deepspeed
             inputs = resolve_inputs(args)
             fmt, named_in_file = _format_and_model(args) if args.config is not None else ("", "")

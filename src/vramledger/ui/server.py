@@ -104,6 +104,8 @@ class Handler(BaseHTTPRequestHandler):
         if path in STATIC:
             name, media = STATIC[path]
             return self._send(Answer(status=200, body=_static(name), media_type=media))
+        if path == "/favicon.ico":
+            return self._send(Answer(status=204, body=b""), cache=True)
         if path.startswith("/api/"):
             return self._refuse(405, f"{path} takes POST with a JSON body; see docs/ui.md")
         return self._refuse(404, f"nothing at {path}")

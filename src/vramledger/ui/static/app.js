@@ -145,8 +145,13 @@ async function refreshPlan(mine, body) {
   }
 }
 
-function showError(msg) { const e = $("#error"); e.textContent = msg; e.hidden = false; }
-function hideError() { $("#error").hidden = true; }
+function showError(msg) {
+  const e = $("#error");
+  e.textContent = msg;
+  e.hidden = false;
+  $(".content").classList.add("stale"); // what is shown is the last setup that worked, not this one
+}
+function hideError() { $("#error").hidden = true; $(".content").classList.remove("stale"); }
 
 // -- the verdict ---------------------------------------------------------------------------------------------------
 function renderVerdict(L) {
@@ -325,7 +330,8 @@ function renderRemedies(P) {
   rows.forEach((r, k) => {
     const y = top + k * rowH, w = (r.memory_saved / max) * (W - left - right);
     const change = changeFlags(r.change);
-    const g = el("g", { class: change ? "cell" : null }, svg);
+    const g = el("g", { class: change ? "remedy" : null }, svg);
+    el("rect", { class: "hit", x: 0, y, width: W, height: rowH, fill: "transparent" }, g); // the whole row clicks
     el("text", { x: left - 8, y: y + 15, "text-anchor": "end", fill: r.remedy === "seq_len"
       || r.remedy === "model" ? "#997700" : null }, g, `${r.change.setting} → ${r.change.after}`.slice(0, 38));
     el("rect", { x: left, y: y + 3, width: Math.max(1, w), height: rowH - 6, rx: 2,
@@ -388,6 +394,7 @@ function renderSetup(s) {
   $("#export-config").textContent = `as your config (${s.config_format && ["llamafactory", "trl", "axolotl"].includes(
     s.config_format) ? s.config_format : "llamafactory"})`;
   if (state.config || state.startup) {
+    adoptFlags(s);
     const fromFile = new Set(Object.entries(s.provenance).filter(([, src]) => src !== "flag").map(([k]) => k));
     const field = { batch: "micro_batch", seq: "seq_len", accum: "grad_accum", lora_rank: "lora",
       eval_batch: "eval_batch" };
@@ -526,16 +533,21 @@ async function adoptConfig() {
   // set the controls from what the file resolves to, so the sliders start where the file is
   if (state.config || state.startup) {
     try {
-      const s = await post("setup", requestBody());
-      for (const [k, v] of Object.entries(s.flags)) {
-        if (k === "gpu" || v === null || v === undefined) continue;
-        if (!state.touched.has(k)) state.values[k] = v;
-      }
-      if (!state.modelConfig && !state.touched.has("model")) { state.model = s.model_named; $("#model").value = s.model_named; }
+      adoptFlags(await post("setup", requestBody()));
     } catch (err) { showError(err.message); }
   }
   syncControls();
   refresh();
+}
+
+function adoptFlags(s) {
+  // the controls the user has not moved show what the config resolves to
+  for (const [k, v] of Object.entries(s.flags)) {
+    if (k === "gpu" || k === "headroom" || v === undefined || state.touched.has(k)) continue;
+    if (v !== null || k === "eval_batch") state.values[k] = v;
+  }
+  if (!state.modelConfig && !state.touched.has("model")) { state.model = s.model_named; $("#model").value = s.model_named; }
+  syncControls();
 }
 
 function chip(sel, text, onClear) {
@@ -570,7 +582,7 @@ async function exportAs(kind) {
     a.remove();
     setTimeout(() => URL.revokeObjectURL(url), 1000);
     $("#export-status").textContent = `saved ${r.filename}`;
-  } catch (err) { showError(err.message); }
+  } catch (err) { $("#export-status").textContent = err.message; } // the page's numbers still stand
 }
 
 // -- start -----------------------------------------------------------------------------------------------------------
