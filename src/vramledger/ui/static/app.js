@@ -208,7 +208,7 @@ function renderBill(L) {
   }
   phases.forEach((p, r) => {
     const y = top + r * (rowH + gap), isPeak = p === L.peak_phase;
-    el("text", { x: left - 10, y: y + rowH / 2 + 4, "text-anchor": "end", "font-weight": isPeak ? 700 : 400 },
+    el("text", { x: left - 10, y: y + rowH / 2 + 4, "text-anchor": "end", class: isPeak ? "strong" : null },
       svg, isPeak ? `▲ ${p}` : p);
     let acc = 0;
     for (const c of cats) {
@@ -221,14 +221,14 @@ function renderBill(L) {
         (it) => `  ${fmtBytes(it.bytes)}  ${it.label}`).join("\n"));
       acc += cell.total;
     }
-    el("text", { x: x(acc) + 6, y: y + rowH / 2 + 4, "font-weight": isPeak ? 700 : 400, class: "halo" }, labels,
+    el("text", { x: x(acc) + 6, y: y + rowH / 2 + 4, class: isPeak ? "halo strong" : "halo" }, labels,
       fmtBytes(L.phases[p].device_bytes));
   });
   if (v) {
     const ux = x(v.usable_bytes), cx = x(v.capacity_bytes);
     el("line", { x1: ux, x2: ux, y1: top - 14, y2: H - 22, stroke: "#bb5566", "stroke-width": 2,
       "stroke-dasharray": "6 4" }, svg);
-    el("text", { x: ux - 4, y: top - 16, "text-anchor": "end", fill: "#bb5566" }, svg,
+    el("text", { x: ux - 4, y: top - 16, "text-anchor": "end", class: "usable" }, svg,
       `usable ${fmtBytes(v.usable_bytes)}`);
     el("line", { x1: cx, x2: cx, y1: top - 14, y2: H - 22, stroke: "#000", "stroke-width": 1.5 }, svg);
     el("text", { x: cx + 4, y: top - 16 }, svg, `capacity ${fmtBytes(v.capacity_bytes)}`);
@@ -332,8 +332,8 @@ function renderRemedies(P) {
     const change = changeFlags(r.change);
     const g = el("g", { class: change ? "remedy" : null }, svg);
     el("rect", { class: "hit", x: 0, y, width: W, height: rowH, fill: "transparent" }, g); // the whole row clicks
-    el("text", { x: left - 8, y: y + 15, "text-anchor": "end", fill: r.remedy === "seq_len"
-      || r.remedy === "model" ? "#997700" : null }, g, `${r.change.setting} → ${r.change.after}`.slice(0, 38));
+    const task = r.remedy === "seq_len" || r.remedy === "model"; // these change the task
+    el("text", { x: left - 8, y: y + 15, "text-anchor": "end", class: task ? "task" : null }, g, `${r.change.setting} → ${r.change.after}`.slice(0, 38));
     el("rect", { x: left, y: y + 3, width: Math.max(1, w), height: rowH - 6, rx: 2,
       fill: r.fits ? "#117733" : "#88ccee" }, g);
     const t = r.time_cost_s, cost = Math.abs(t) < 0.005 ? "±0 s" : `${t > 0 ? "+" : "−"}${Math.abs(t).toFixed(2)} s`;
@@ -345,7 +345,7 @@ function renderRemedies(P) {
   });
   if (!rows.length) el("text", { x: 8, y: 20 }, svg, "no remedy saves memory on this setup");
   $("#remedies").replaceChildren(svg);
-  $("#plan-sub").textContent = "saved · time per optimizer step · green: fits alone";
+  $("#plan-sub").textContent = "saved · time per optimizer step · green bar: fits alone · olive: changes the task";
   const best = P.candidates[0];
   $("#plan-text").textContent = best
     ? `fastest plan that fits: ${best.changes.map((c) => `${c.setting} → ${c.after}`).join("; ") || "your setup"}`
