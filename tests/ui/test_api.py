@@ -238,3 +238,20 @@ def test_a_dropped_config_with_its_deepspeed_json(client, capsys):
     assert json.loads(raw) == json.loads(out)
     setup = json.loads(client.post("setup", body)[1])
     assert any("zero" in k for k in setup["provenance"]), setup["provenance"]
+
+
+def test_a_flag_the_cli_gains_reaches_the_parser_and_the_page(monkeypatch):
+    """When the CLI gains a flag (here `--world-size`, as the distributed work adds it), a request passes it to the
+    same parser, and the page is told to show it; nothing in ui/ names it but the list of fields to show."""
+    from vramledger.cli import build_parser
+    from vramledger.ui import api, request
+
+    parser = build_parser()
+    sub = next(a for a in parser._subparsers._group_actions if hasattr(a, "choices")).choices["estimate"]
+    if "--world-size" not in sub._option_string_actions:
+        sub.add_argument("--world-size", type=int, help="GPUs in the data-parallel group")
+    monkeypatch.setattr(request, "cli_parser", lambda: parser)
+    assert request.to_argv("estimate", {"model": "gpt2", "world_size": 8}) == ["gpt2", "--world-size=8"]
+    assert request.cli_parser().parse_args(["estimate", "gpt2", "--world-size=8"]).world_size == 8
+    shown = {f["flag"]: f for f in api.extra_flags()}
+    assert shown["--world-size"]["integer"] is True and shown["--world-size"]["switch"] is False
