@@ -447,8 +447,14 @@ function setupControls(meta) {
   for (const m of meta.models) el("option", { value: m.hub_id, label: m.key }, models);
   const gpu = $("#gpu");
   for (const g of meta.gpus) el("option", { value: g.key }, gpu, `${g.name} (${fmtBytes(g.memory_bytes)})`);
+  el("option", { value: "" }, gpu, "another size (e.g. 24GiB)…");
   gpu.value = state.gpu;
-  gpu.addEventListener("change", () => { state.gpu = gpu.value; refresh(); });
+  const size = $("#gpu-size");
+  gpu.addEventListener("change", () => {
+    size.hidden = gpu.value !== "";
+    if (gpu.value) { state.gpu = gpu.value; refresh(); } else size.focus();
+  });
+  size.addEventListener("change", () => { state.gpu = size.value.trim(); refresh(); });
   const model = $("#model");
   model.addEventListener("change", () => {
     state.model = model.value.trim(); state.modelConfig = null; state.touched.add("model");
