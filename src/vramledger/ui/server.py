@@ -55,6 +55,12 @@ class UIServer(ThreadingHTTPServer):
         self.quiet = quiet
         self.check_host = address[0] in LOOPBACK
 
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A browser that closed its connection mid-answer (a tab closed, a request superseded) is no error."""
+        if isinstance(sys.exc_info()[1], ConnectionError):
+            return
+        super().handle_error(request, client_address)
+
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
