@@ -128,6 +128,7 @@ async function refreshFit(mine, body, started) {
     const [fit, grid] = await Promise.all([post("fit", body), post("grid", body)]);
     if (mine !== ticket) return;
     state.last.fit = fit;
+    state.last.grid = grid;
     renderHeatmap(grid, fit);
     $("#heatmap").classList.remove("stale");
     document.body.dataset.heatmapMs = (performance.now() - started).toFixed(1);
@@ -197,7 +198,7 @@ function billData(L) {
 
 function renderBill(L) {
   const { phases, cats, bytes } = billData(L);
-  const W = 940, left = 96, right = 84, rowH = 30, gap = 12, top = 26;
+  const W = widthOf("#bill", 940), left = 96, right = 120, rowH = 30, gap = 12, top = 26;
   const H = top + phases.length * (rowH + gap) + 26;
   const v = L.verdict;
   const maxDev = Math.max(...phases.map((p) => L.phases[p].device_bytes), v ? v.capacity_bytes : 0);
@@ -253,6 +254,22 @@ function renderBill(L) {
   }
 }
 
+function widthOf(sel, fallback) {
+  // draw at the panel's own width, so that text keeps its size (the SVG is not scaled)
+  return Math.max(420, Math.round($(sel).clientWidth || fallback));
+}
+
+let resizeTimer = null;
+window.addEventListener("resize", () => {
+  clearTimeout(resizeTimer);
+  resizeTimer = setTimeout(() => {
+    const L = state.last;
+    if (L.ledger) renderBill(L.ledger);
+    if (L.grid && L.fit) renderHeatmap(L.grid, L.fit);
+    if (L.plan) renderRemedies(L.plan);
+  }, 100);
+});
+
 function niceStep(span, ticks) {
   const raw = span / ticks, mag = 10 ** Math.floor(Math.log10(raw));
   for (const m of [1, 2, 2.5, 5, 10]) if (raw <= m * mag) return m * mag;
@@ -261,7 +278,7 @@ function niceStep(span, ticks) {
 
 // -- the heatmap: device total over batch × length (log axes), the frontier from `fit`, the user's point -----------
 function renderHeatmap(grid, fit) {
-  const W = 560, H = 400, left = 52, bottom = 40, top = 12, right = 12;
+  const W = widthOf("#heatmap", 560), H = 400, left = 52, bottom = 40, top = 12, right = 12;
   const Ls = grid.lengths, Bs = grid.batches, usable = grid.usable_bytes;
   const lx = (L) => Math.log2(L), ly = (b) => Math.log2(b);
   const edges = (vals, f) => vals.map((v, i) => [
@@ -327,7 +344,7 @@ function heat(r) {
 // -- remedies: what each saves and what it costs in time; a click applies it ---------------------------------------
 function renderRemedies(P) {
   const rows = P.remedies.filter((r) => r.memory_saved > 0);
-  const W = 560, left = 230, right = 142, rowH = 22, top = 8;
+  const W = widthOf("#remedies", 560), left = 230, right = 142, rowH = 22, top = 8;
   const H = top + Math.max(1, rows.length) * rowH + 8;
   const max = Math.max(1, ...rows.map((r) => r.memory_saved));
   const svg = el("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": "remedies" });
