@@ -1,0 +1,161 @@
+"""`explain`: what a user has after a crash — an OOM message, a log, a memory snapshot, the callback's JSONL —
+read into one post-mortem (``explain.postmortem``), with the prediction beside it when the setup is known.
+
+No GPU and no torch needed: snapshots are read as plain data.
+
+>>> pm = explain(read_evidence_text("torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 3.00 GiB. "
+...     "GPU 0 has a total capacty of 23.65 GiB of which 1.66 GiB is free. Including non-PyTorch memory, this "
+...     "process has 20.81 GiB memory in use. Of the allocated memory 12.09 GiB is allocated by PyTorch, and "
+...     "4.84 GiB is reserved by PyTorch but unallocated.", source="kerrj/lerf#73"))
+>>> pm.diagnosis.value
+'fragmentation'
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from vramledger.errors import VramledgerError
+from vramledger.explain.attribute import attribute, traced_allocs
+from vramledger.explain.oom_message import parse_message
+from vramledger.explain.postmortem import Evidence, PostMortem, compare, diagnose
+from vramledger.explain.snapshot import decode, facts, is_snapshot
+from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
+
+__all__ = ["Evidence", "PostMortem", "evidence_from_snapshot", "explain", "read_evidence", "read_evidence_text"]
+
+
+def read_evidence_text(text: str, *, source: str) -> Evidence:
+    """An OOM message pasted or a log's text; the last OOM message in it counts."""
+    msg = parse_message(text)
+    if msg is None:
+        raise VramledgerError(
+            f"{source}: no CUDA out-of-memory message found (looked for 'out of memory. Tried to allocate'); pass "
+            "the error text, a log holding it, a memory snapshot or the callback's JSONL"
+        )
+    return Evidence(source=source, message=msg)
+
+
+def evidence_from_snapshot(snapshot: Mapping[str, Any], *, source: str, device: int = 0,
+                           known: Mapping[int, Any] | None = None, **extra: Any) -> Evidence:
+    """Evidence from a snapshot dictionary (``known``: data pointer → bucket, for exact attribution)."""
+    snap = facts(snapshot, device)
+    shares = attribute(snap, traced_addresses=traced_allocs(snapshot, device), known=known)
+    return Evidence(source=source, snapshot=snap, shares=shares, **extra)
+
+
+def read_evidence(path: Path) -> Evidence:
+    """Whatever ``path`` holds: a snapshot (pickle or JSON, gzipped or not), the callback's JSONL, a
+    ground-truth OOM record (``bench/ground_truth/oom_fixtures.py``'s ``oom_<case>.json``), or text."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise VramledgerError(f"explain: no file at {path}; pass a snapshot, a log, the callback's JSONL or the "
+                              "error text in quotes") from None
+    except OSError as exc:
+        raise VramledgerError(f"explain: cannot read {path} ({exc.strerror})") from None
+    source = str(path)
+    if raw[:2] == b"\x1f\x8b" or raw[:1] == b"\x80" or raw.lstrip()[:1] == b"{":
+        try:
+            data = decode(raw, source)
+        except VramledgerError:
+            if raw.lstrip()[:1] != b"{":
+                raise
+            data = None  # JSON lines, not one JSON document
+        if is_snapshot(data):
+            return evidence_from_snapshot(data, source=source)
+        if isinstance(data, Mapping) and ("at_oom" in data or "snapshot_files" in data):
+            return _from_record(data, path)
+        if data is not None and not isinstance(data, Mapping):
+            raise VramledgerError(f"{source}: not a snapshot, an OOM record or JSONL")
+        if data is None or "event" in data:
+            return _from_jsonl(raw.decode("utf-8", "replace"), path)
+    return read_evidence_text(raw.decode("utf-8", "replace"), source=source)
+
+
+def _from_record(rec: Mapping[str, Any], path: Path) -> Evidence:
+    """``oom_<case>.json`` of the ground-truth script: the message, the observer's figures, the snapshot beside it."""
+    at = rec.get("at_oom") or {}
+    msg = parse_message(str(rec.get("message", "")))
+    files = rec.get("snapshot_files") or {}
+    ev = Evidence(source=str(path), message=msg)
+    for key in ("pickle", "json"):
+        name = files.get(key)
+        if isinstance(name, str) and (path.parent / name).is_file():
+            snap_path = path.parent / name
+            snapshot = decode(snap_path.read_bytes(), str(snap_path))
+            if is_snapshot(snapshot):
+                ev = evidence_from_snapshot(snapshot, source=f"{path} + {name}", message=msg)
+                break
+    return replace(
+        ev,
+        requested_bytes=at.get("requested"),
+        capacity_bytes=at.get("observer_limit_or_total"),
+        free_bytes=at.get("observer_device_free"),
+        allocated_bytes=at.get("allocated"),
+        reserved_bytes=at.get("reserved"),
+        phase=rec.get("phase") or at.get("phase"),
+    )
+
+
+def _from_jsonl(text: str, path: Path) -> Evidence:
+    """The callback's JSONL: its last ``oom`` record (and the snapshot it names), else its last step."""
+    records = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                records.append(json.loads(line))
+            except json.JSONDecodeError:
+                raise VramledgerError(f"{path}: line {n} is not JSON; pass the callback's JSONL unchanged") from None
+    ooms = [r for r in records if r.get("event") == "oom"]
+    if not ooms:
+        raise VramledgerError(f"{path}: the run recorded no OOM (no 'oom' event); nothing to explain")
+    oom = ooms[-1]
+    ev = Evidence(source=str(path))
+    snap_name = oom.get("snapshot")
+    if isinstance(snap_name, str):
+        snap_path = Path(snap_name) if Path(snap_name).is_absolute() else path.parent / snap_name
+        if snap_path.is_file():
+            snapshot = decode(snap_path.read_bytes(), str(snap_path))
+            if is_snapshot(snapshot):
+                ev = evidence_from_snapshot(snapshot, source=f"{path} + {snap_path.name}")
+    return replace(
+        ev,
+        requested_bytes=oom.get("requested_bytes"), capacity_bytes=oom.get("capacity_bytes"),
+        free_bytes=oom.get("free_bytes"), allocated_bytes=oom.get("allocated_bytes"),
+        reserved_bytes=oom.get("reserved_bytes"), phase=oom.get("phase"), step=oom.get("step"),
+        batch=oom.get("batch"),
+    )
+
+
+def explain(
+    ev: Evidence,
+    *,
+    model: ModelSpec | None = None,
+    train: TrainSpec | None = None,
+    gpu: GPUSpec | None = None,
+    headroom: float = 0.08,
+    fmt: str = "llamafactory",
+    model_name: str | None = None,
+) -> PostMortem:
+    """Diagnose ``ev``; with the setup (``model``, ``train``), compare with the prediction and price the fixes on
+    ``gpu`` (else a GPU of the capacity the evidence reports)."""
+    pm = diagnose(ev)
+    if model is None or train is None:
+        return pm
+    from vramledger.analytic import estimate
+    from vramledger.explain.fixes import priced_fixes
+
+    if gpu is None and pm.capacity_bytes:
+        from vramledger.catalog import resolve_gpu
+
+        gpu = resolve_gpu(f"GPU of the evidence:{pm.capacity_bytes}B")
+    ledger = estimate(model, train, gpu=gpu, headroom=headroom)
+    comparison = compare(ledger, ev, pm.requested_bytes, pm.allocated_bytes)
+    fixes = () if gpu is None else priced_fixes(model, train, gpu, headroom, diagnosis=pm.diagnosis, fmt=fmt,
+                                                model_name=model_name)
+    return replace(pm, comparison=comparison, fixes=fixes)
