@@ -200,7 +200,7 @@ class MemoryWatcher:
             return
         self.prediction = ledger
         v = ledger.verdict
-        self._write({"event": "predict", "batch": [b, length], "model": ledger.model,
+        self._write({"event": "predict", "batch": [b, length], "model": ledger.model, "params": ledger.params,
                      "peak_phase": ledger.peak_phase.value, "peak_allocated_bytes": ledger.peak_allocated,
                      "peak_reserved_bytes": ledger.peak_reserved, "device_total_bytes": ledger.device_total,
                      "fits": None if v is None else v.fits, "usable_bytes": None if v is None else v.usable_bytes,
