@@ -22,7 +22,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.explain.attribute import attribute, traced_allocs
 from vramledger.explain.oom_message import parse_message
-from vramledger.explain.postmortem import Evidence, PostMortem, compare, diagnose
+from vramledger.explain.postmortem import Evidence, PostMortem, compare, diagnose, shortfall
 from vramledger.explain.snapshot import decode, facts, is_snapshot
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 
@@ -59,22 +59,33 @@ def read_evidence(path: Path) -> Evidence:
     except OSError as exc:
         raise VramledgerError(f"explain: cannot read {path} ({exc.strerror})") from None
     source = str(path)
-    if raw[:2] == b"\x1f\x8b" or raw[:1] == b"\x80" or raw.lstrip()[:1] == b"{":
+    binary = raw[:2] == b"\x1f\x8b" or raw[:1] == b"\x80"
+    data: Any = None
+    if binary or raw.lstrip()[:1] == b"{":
         try:
             data = decode(raw, source)
         except VramledgerError:
-            if raw.lstrip()[:1] != b"{":
+            if binary:
                 raise
-            data = None  # JSON lines, not one JSON document
-        if is_snapshot(data):
-            return evidence_from_snapshot(data, source=source)
-        if isinstance(data, Mapping) and ("at_oom" in data or "snapshot_files" in data):
-            return _from_record(data, path)
-        if data is not None and not isinstance(data, Mapping):
-            raise VramledgerError(f"{source}: not a snapshot, an OOM record or JSONL")
-        if data is None or "event" in data:
-            return _from_jsonl(raw.decode("utf-8", "replace"), path)
+    if is_snapshot(data):
+        return evidence_from_snapshot(data, source=source)
+    if isinstance(data, Mapping) and ("at_oom" in data or "snapshot_files" in data):
+        return _from_record(data, path)
+    if binary:
+        raise VramledgerError(f"{source}: neither a memory snapshot nor an OOM record")
+    text = raw.decode("utf-8", "replace")
+    if _is_jsonl(text):
+        return _from_jsonl(text, path)
     return read_evidence_text(raw.decode("utf-8", "replace"), source=source)
+
+
+def _is_jsonl(text: str) -> bool:
+    """The callback's JSONL: its first line is a JSON object with an ``event``."""
+    first = text.lstrip().split("\n", 1)[0]
+    try:
+        return isinstance(json.loads(first), dict) and "event" in json.loads(first)
+    except json.JSONDecodeError:
+        return False
 
 
 def _from_record(rec: Mapping[str, Any], path: Path) -> Evidence:
@@ -157,5 +168,5 @@ def explain(
     ledger = estimate(model, train, gpu=gpu, headroom=headroom)
     comparison = compare(ledger, ev, pm.requested_bytes, pm.allocated_bytes)
     fixes = () if gpu is None else priced_fixes(model, train, gpu, headroom, diagnosis=pm.diagnosis, fmt=fmt,
-                                                model_name=model_name)
+                                                model_name=model_name, need_bytes=shortfall(pm))
     return replace(pm, comparison=comparison, fixes=fixes)

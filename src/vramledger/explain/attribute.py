@@ -103,11 +103,11 @@ def _is_modeling(frame: Mapping[str, Any]) -> bool:
 
 
 def where(frames: Iterable[Mapping[str, Any]]) -> str:
-    """The first frame outside torch's own modules, as ``file.py:line name`` (for display)."""
+    """The innermost frame outside ``torch.nn``'s generic module code, as ``file.py:line name`` (for display)."""
     frames = list(frames)
     for frame in frames:
         f = _file(frame)
-        if "/torch/" not in f and f not in ("", "??"):
+        if "/torch/nn/" not in f and f not in ("", "??"):
             return f"{f.rsplit('/', 1)[-1]}:{frame.get('line', '?')} {_name(frame)}"
     return f"{_file(frames[0]).rsplit('/', 1)[-1]}:{frames[0].get('line', '?')} {_name(frames[0])}" if frames else ""
 
@@ -183,8 +183,8 @@ def _classify(block: Block, ptrs: list[int], known: Mapping[int, Bucket],
     if block.frames:
         return bucket_of(block.frames), where(block.frames)
     if block.address in traced:
-        return Bucket.BACKWARD, "no Python stack (autograd engine thread)"
-    return Bucket.UNRECORDED, "allocated before the history recording began"
+        return Bucket.BACKWARD, "autograd thread (no Python stack)"
+    return Bucket.UNRECORDED, "before the recording began"
 
 
 def traced_allocs(snapshot: Mapping[str, Any], device: int = 0) -> frozenset[int]:

@@ -54,10 +54,11 @@ def training_arguments_fields() -> frozenset[str] | None:
 
 def priced_fixes(
     model: ModelSpec, train: TrainSpec, gpu: GPUSpec, headroom: float, *, diagnosis: Diagnosis, fmt: str,
-    model_name: str | None = None,
+    model_name: str | None = None, need_bytes: int = 0,
 ) -> tuple[Fix, ...]:
     """Up to ``MAX_FIXES`` fixes: ``expandable_segments`` first when fragmentation is the cause, then the
-    cheapest remedies from ``plan`` that fit alone, else ``plan``'s fastest fitting combination."""
+    cheapest remedies from ``plan`` that fit alone and save at least ``need_bytes`` (what the failure says was
+    missing: the prediction may have said it fits), else ``plan``'s fastest fitting combination."""
     from vramledger.plan.planner import plan
 
     name = model_name or model.name
@@ -67,7 +68,8 @@ def priced_fixes(
         out.append(Fix(title="allocator: expandable segments", change=EXPANDABLE_FIX,
                        keys={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, price=EXPANDABLE_PRICE))
     p = plan(model, train, gpu, headroom)
-    alone = sorted((r for r in p.remedies if r.fits and not r.change.changes_task),
+    alone = sorted((r for r in p.remedies if r.fits and not r.change.changes_task and r.memory_saved > 0
+                    and r.memory_saved >= need_bytes),
                    key=lambda r: (r.time_cost_s, -r.memory_saved))
     seen: set[str] = set()
     for r in alone:
@@ -80,9 +82,9 @@ def priced_fixes(
                        keys=changed_keys(name, train, after, fmt, allowed) if after is not None else {}))
         if len(out) >= MAX_FIXES:
             break
-    if not alone and p.best is not None:
+    if not alone and p.best is not None and p.best.changes:
         best = p.best
-        out.append(Fix(title="combined plan", change="; ".join(str(c) for c in best.changes),
+        out.append(Fix(title="plan 1 (no single remedy is enough)", change="; ".join(str(c) for c in best.changes),
                        memory_saved_bytes=p.baseline.device_total - best.device_total,
                        time_cost_s=best.time.step_s - p.baseline.time.step_s, fits=True,
                        price="the remedies' prices together",

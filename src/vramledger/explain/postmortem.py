@@ -175,6 +175,17 @@ def _cause(
     return Diagnosis.CAPACITY, "live_plus_request_over_limit"
 
 
+def shortfall(pm: PostMortem) -> int:
+    """Bytes the failed step lacked, as far as the evidence says: live + request over the limit (the cap, else the
+    capacity less what is outside PyTorch's allocator); the request alone when that is all we know."""
+    req = pm.requested_bytes or 0
+    limit = pm.allowed_bytes or pm.capacity_bytes
+    if pm.allocated_bytes is None or limit is None:
+        return req
+    outside = 0 if pm.process_bytes is None or pm.reserved_bytes is None else pm.process_bytes - pm.reserved_bytes
+    return max(req if pm.diagnosis is Diagnosis.FRAGMENTATION else 0, pm.allocated_bytes + req + outside - limit)
+
+
 def compare(ledger: Ledger, ev: Evidence, requested: int | None, allocated: int | None) -> Comparison:
     """The predicted ledger at the failing phase (or its peak) beside what the run needed."""
     phase = ledger.peak_phase

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
 def write_postmortem(w: MemoryWatcher, *, device: int, requested: int, limit: int, free: int) -> dict[str, Any]:
     from vramledger.explain import evidence_from_snapshot
-    from vramledger.explain.postmortem import Evidence, compare, diagnose
+    from vramledger.explain.postmortem import Evidence, compare, diagnose, shortfall
     from vramledger.integrations.watcher import unique_path
     from vramledger.report.postmortem import postmortem_to_dict, render_postmortem
     from vramledger.report.postmortem_html import render_postmortem_html
@@ -58,7 +58,7 @@ def write_postmortem(w: MemoryWatcher, *, device: int, requested: int, limit: in
 
             try:
                 fixes = priced_fixes(w.setup.model, w.setup.train, gpu, w.headroom, diagnosis=pm.diagnosis,
-                                     fmt=w.fmt)
+                                     fmt=w.fmt, need_bytes=shortfall(pm))
             except VramledgerError:
                 fixes = ()
         pm = replace(pm, comparison=comparison, fixes=fixes)

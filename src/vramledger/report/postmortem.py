@@ -6,10 +6,10 @@ The reason codes of ``explain.postmortem`` become sentences here, with their fig
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 from vramledger.explain.postmortem import Diagnosis, PostMortem
-from vramledger.report.terminal import wrap
 from vramledger.units import fmt_bytes
 
 TITLES = {
@@ -20,6 +20,12 @@ TITLES = {
     Diagnosis.CAPACITY: "the step does not fit",
     Diagnosis.UNKNOWN: "not enough evidence",
 }
+
+
+def wrap(line: str, indent: int = 2) -> str:
+    """100 columns; continuation lines hang under the text, ``indent`` spaces in."""
+    return textwrap.fill(line, width=100, subsequent_indent=" " * indent, break_on_hyphens=False,
+                         break_long_words=False)
 
 
 def _b(n: int | None) -> str:
@@ -38,9 +44,15 @@ def reason_text(pm: PostMortem) -> str:
     if d is Diagnosis.FRAGMENTATION:
         largest = ("" if pm.largest_free_block_bytes is None
                    else f" (the largest free block was {fmt_bytes(pm.largest_free_block_bytes)})")
-        return (f"the allocator held {_b(pm.cached_free_bytes)} reserved but unallocated, at least the {req} "
+        text = (f"the allocator held {_b(pm.cached_free_bytes)} reserved but unallocated, at least the {req} "
                 f"asked, but no free block was large enough{largest}: the free space sits between live blocks, in "
                 "segments PyTorch cannot release.")
+        limit = pm.allowed_bytes or pm.capacity_bytes
+        if limit and pm.allocated_bytes is not None and pm.allocated_bytes + (pm.requested_bytes or 0) > 0.9 * limit:
+            share = (pm.allocated_bytes + (pm.requested_bytes or 0)) / limit
+            text += (f" But live tensors and the request alone come to {share:.0%} of the GPU: defragmenting buys "
+                     "little headroom; shrink the step too.")
+        return text
     if d is Diagnosis.OTHER_PROCESSES:
         return (f"other processes on the GPU hold {_b(pm.other_processes_bytes)}, and only {_b(pm.free_bytes)} "
                 f"was free for the {req} asked.")
@@ -84,42 +96,42 @@ def render_postmortem(pm: PostMortem) -> str:
     """The post-mortem as terminal text (100 columns, no colour)."""
     lines = [f"out of memory: {TITLES[pm.diagnosis]}  ({pm.evidence.source})", wrap("  " + reason_text(pm)), ""]
     lines.append("the failure")
-    lines += [f"  {k:<28}{v}" for k, v in _figures(pm)]
+    lines += [f"  {k:<32}{v}" for k, v in _figures(pm)]
     shares = pm.evidence.shares
     if shares:
         total = sum(s.bytes for s in shares)
         lines += ["", f"where the memory went (live blocks of the snapshot, {fmt_bytes(total)})"]
         for s in shares:
-            lines.append(f"  {s.bucket.display:<36}{fmt_bytes(s.bytes):>12}  {s.blocks:>6} blocks  {s.example}"[:100])
+            lines.append(f"  {s.bucket.display:<34}{fmt_bytes(s.bytes):>11} {s.blocks:>6} blocks  {s.example}"[:100])
     c = pm.comparison
     if c is not None:
         led = c.ledger
         lines += ["", f"the prediction ({led.engine}, phase {c.phase.value})"]
-        lines.append(f"  {'predicted allocated':<28}{fmt_bytes(c.predicted_allocated_bytes)}")
-        lines.append(f"  {'predicted reserved':<28}{fmt_bytes(c.predicted_reserved_bytes)}")
+        lines.append(f"  {'predicted allocated':<32}{fmt_bytes(c.predicted_allocated_bytes)}")
+        lines.append(f"  {'predicted reserved':<32}{fmt_bytes(c.predicted_reserved_bytes)}")
         if c.needed_allocated_bytes is not None:
-            lines.append(f"  {'needed (allocated + request)':<28}at least {fmt_bytes(c.needed_allocated_bytes)}")
+            lines.append(f"  {'needed (allocated + request)':<32}at least {fmt_bytes(c.needed_allocated_bytes)}")
         if led.verdict is not None:
             v = led.verdict
             word = "fits" if v.fits else "does NOT fit"
-            lines.append(f"  {'predicted verdict':<28}{word}: device total {fmt_bytes(v.device_total_bytes)} vs "
-                         f"usable {fmt_bytes(v.usable_bytes)} on {v.gpu}")
+            lines.append(wrap(f"  {'predicted verdict':<32}{word}: device total {fmt_bytes(v.device_total_bytes)} "
+                              f"vs usable {fmt_bytes(v.usable_bytes)} on {v.gpu}", 34))
         by_cat = {s.bucket.category: s.bytes for s in shares if s.bucket.category is not None}
         if by_cat:
-            lines.append(f"  {'line':<28}{'predicted':>12}{'measured':>12}")
+            lines.append(f"  {'line':<32}{'predicted':>12}{'measured':>12}")
             for cat in led.categories():
                 if cat.allocated and (led.bytes_of(cat, c.phase) or cat in by_cat):
                     got = by_cat.get(cat)
-                    lines.append(f"  {cat.display:<28}{fmt_bytes(led.bytes_of(cat, c.phase)):>12}"
+                    lines.append(f"  {cat.display:<32}{fmt_bytes(led.bytes_of(cat, c.phase)):>12}"
                                  f"{'-' if got is None else fmt_bytes(got):>12}")
     if pm.fixes:
-        lines += ["", "cheapest fixes (each alone, priced by `vramledger plan`)"]
+        lines += ["", "cheapest fixes (priced by `vramledger plan`; memory saved against your setup)"]
         for i, f in enumerate(pm.fixes, 1):
             saved = "" if f.memory_saved_bytes is None else f"saves {fmt_bytes(f.memory_saved_bytes)}, "
             cost = ("" if f.time_cost_s is None else f"{f.time_cost_s:+.2f} s per optimizer step, ")
-            lines.append(wrap(f"  {i}. {f.title}: {f.change} — {saved}{cost}{f.price}"))
+            lines.append(wrap(f"  {i}. {f.title}: {f.change} — {saved}{cost}{f.price}", 5))
             if f.keys:
-                lines.append(wrap("     set: " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in f.keys.items())))
+                lines.append(wrap("     set: " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in f.keys.items()), 10))
     return "\n".join(lines)
 
 
