@@ -33,8 +33,13 @@ CACHE = frame(f"{SITE}/transformers/cache_utils.py", 120, "update")
 BLOCKS: list[tuple[str, int, str, list[dict[str, Any]], bool]] = [
     ("unrecorded", 200 * MiB, "active_allocated", [], False),  # the weights, loaded before the recording
     ("free", 300 * MiB, "inactive", [], True),
-    ("activations", 100 * MiB, "active_allocated", [LINEAR, CALL, MLP, CALL, LAYER, CALL, MODEL, CALL, CAUSAL,
-                                                     TRAINER], True),
+    (
+        "activations",
+        100 * MiB,
+        "active_allocated",
+        [LINEAR, CALL, MLP, CALL, LAYER, CALL, MODEL, CALL, CAUSAL, TRAINER],
+        True,
+    ),
     ("free", 260 * MiB, "inactive", [], True),
     ("logits_loss", 64 * MiB, "active_allocated", [LINEAR, CALL, CAUSAL, CALL, TRAINER], True),
     ("logits_loss", 32 * MiB, "active_allocated", [LOSS, CAUSAL, TRAINER], True),
@@ -56,8 +61,17 @@ def make_snapshot() -> dict[str, Any]:
     total = sum(s for _, s, *_ in BLOCKS)
     allocated = sum(s for _, s, st, *_ in BLOCKS if st != "inactive")
     trace.append({"action": "oom", "size": REQUEST, "stream": 0, "device_free": 12 * MiB, "frames": []})
-    segment = {"device": 0, "address": BASE, "total_size": total, "stream": 0, "segment_type": "large",
-               "segment_pool_id": (0, 0), "allocated_size": allocated, "active_size": allocated, "blocks": blocks}
+    segment = {
+        "device": 0,
+        "address": BASE,
+        "total_size": total,
+        "stream": 0,
+        "segment_type": "large",
+        "segment_pool_id": (0, 0),
+        "allocated_size": allocated,
+        "active_size": allocated,
+        "blocks": blocks,
+    }
     return {"segments": [segment], "device_traces": [trace]}
 
 

@@ -24,26 +24,48 @@ CASES = [
         # pytorch/pytorch#13751 (the PR that introduced this wording, torch 1.0): "cached" = reserved - allocated
         "RuntimeError: CUDA out of memory. Tried to allocate 16.00 GiB (GPU 0; 11.93 GiB total capacity; 4.00 GiB "
         "already allocated; 7.33 GiB free; 179.00 KiB cached)",
-        dict(requested_bytes=b(16, GiB), device=0, capacity_bytes=b(11.93, GiB), free_bytes=b(7.33, GiB),
-             allocated_bytes=b(4, GiB), reserved_bytes=b(4, GiB) + b(179, KiB), process_bytes=None,
-             wording="torch 1.0-1.3"),
-        Diagnosis.REQUEST_EXCEEDS_GPU, id="torch1.0-cached-pytorch#13751",
+        dict(
+            requested_bytes=b(16, GiB),
+            device=0,
+            capacity_bytes=b(11.93, GiB),
+            free_bytes=b(7.33, GiB),
+            allocated_bytes=b(4, GiB),
+            reserved_bytes=b(4, GiB) + b(179, KiB),
+            process_bytes=None,
+            wording="torch 1.0-1.3",
+        ),
+        Diagnosis.REQUEST_EXCEEDS_GPU,
+        id="torch1.0-cached-pytorch#13751",
     ),
     pytest.param(
         # cherubicXN/afm_cvpr2019#8
         "RuntimeError: CUDA out of memory. Tried to allocate 25.00 MiB (GPU 0; 3.94 GiB total capacity; 3.14 GiB "
         "already allocated; 21.56 MiB free; 634.00 KiB cached)",
-        dict(requested_bytes=b(25, MiB), capacity_bytes=b(3.94, GiB), free_bytes=b(21.56, MiB),
-             allocated_bytes=b(3.14, GiB), reserved_bytes=b(3.14, GiB) + b(634, KiB), wording="torch 1.0-1.3"),
-        Diagnosis.CAPACITY, id="torch1.x-cached-afm_cvpr2019#8",
+        dict(
+            requested_bytes=b(25, MiB),
+            capacity_bytes=b(3.94, GiB),
+            free_bytes=b(21.56, MiB),
+            allocated_bytes=b(3.14, GiB),
+            reserved_bytes=b(3.14, GiB) + b(634, KiB),
+            wording="torch 1.0-1.3",
+        ),
+        Diagnosis.CAPACITY,
+        id="torch1.x-cached-afm_cvpr2019#8",
     ),
     pytest.param(
         # pytorch/pytorch#59778 (torch 1.4-1.9: reserved in total, no hint yet)
         "CUDA out of memory. Tried to allocate 2.26 GiB (GPU 0; 6.00 GiB total capacity; 781.59 MiB already "
         "allocated; 3.03 GiB free; 1.24 GiB reserved in total by PyTorch)",
-        dict(requested_bytes=b(2.26, GiB), capacity_bytes=b(6, GiB), free_bytes=b(3.03, GiB),
-             allocated_bytes=b(781.59, MiB), reserved_bytes=b(1.24, GiB), wording="torch 1.4-2.0"),
-        Diagnosis.CAPACITY, id="torch1.4-reserved-pytorch#59778",
+        dict(
+            requested_bytes=b(2.26, GiB),
+            capacity_bytes=b(6, GiB),
+            free_bytes=b(3.03, GiB),
+            allocated_bytes=b(781.59, MiB),
+            reserved_bytes=b(1.24, GiB),
+            wording="torch 1.4-2.0",
+        ),
+        Diagnosis.CAPACITY,
+        id="torch1.4-reserved-pytorch#59778",
     ),
     pytest.param(
         # haotian-liu/LLaVA#1152 (LoRA fine-tuning, torch 1.10-2.0 with the max_split_size_mb hint)
@@ -51,9 +73,16 @@ CASES = [
         "capacity; 27.12 GiB already allocated; 99.50 MiB free; 30.44 GiB reserved in total by PyTorch) If reserved "
         "memory is >> allocated memory try setting max_split_size_mb to avoid fragmentation.  See documentation for "
         "Memory Management and PYTORCH_CUDA_ALLOC_CONF",
-        dict(requested_bytes=b(284, MiB), capacity_bytes=b(31.75, GiB), free_bytes=b(99.5, MiB),
-             allocated_bytes=b(27.12, GiB), reserved_bytes=b(30.44, GiB), wording="torch 1.4-2.0"),
-        Diagnosis.FRAGMENTATION, id="torch2.0-hint-LLaVA#1152",
+        dict(
+            requested_bytes=b(284, MiB),
+            capacity_bytes=b(31.75, GiB),
+            free_bytes=b(99.5, MiB),
+            allocated_bytes=b(27.12, GiB),
+            reserved_bytes=b(30.44, GiB),
+            wording="torch 1.4-2.0",
+        ),
+        Diagnosis.FRAGMENTATION,
+        id="torch2.0-hint-LLaVA#1152",
     ),
     pytest.param(
         # kerrj/lerf#73 (torch 2.1: "capacty", NVML process line)
@@ -62,10 +91,17 @@ CASES = [
         "use. Of the allocated memory 12.09 GiB is allocated by PyTorch, and 4.84 GiB is reserved by PyTorch but "
         "unallocated. If reserved but unallocated memory is large try setting max_split_size_mb to avoid "
         "fragmentation.  See documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
-        dict(requested_bytes=b(3, GiB), capacity_bytes=b(23.65, GiB), free_bytes=b(1.66, GiB),
-             process_bytes=b(20.81, GiB), allocated_bytes=b(12.09, GiB),
-             reserved_bytes=b(12.09, GiB) + b(4.84, GiB), wording="torch 2.1"),
-        Diagnosis.FRAGMENTATION, id="torch2.1-capacty-lerf#73",
+        dict(
+            requested_bytes=b(3, GiB),
+            capacity_bytes=b(23.65, GiB),
+            free_bytes=b(1.66, GiB),
+            process_bytes=b(20.81, GiB),
+            allocated_bytes=b(12.09, GiB),
+            reserved_bytes=b(12.09, GiB) + b(4.84, GiB),
+            wording="torch 2.1",
+        ),
+        Diagnosis.FRAGMENTATION,
+        id="torch2.1-capacty-lerf#73",
     ),
     pytest.param(
         # vllm-project/vllm#2140 (torch 2.1.2: another process's line, no "this process" line)
@@ -74,10 +110,18 @@ CASES = [
         "memory 21.32 GiB is allocated by PyTorch, and 1018.00 KiB is reserved by PyTorch but unallocated. If "
         "reserved but unallocated memory is large try setting max_split_size_mb to avoid fragmentation.  See "
         "documentation for Memory Management and PYTORCH_CUDA_ALLOC_CONF",
-        dict(requested_bytes=b(518, MiB), capacity_bytes=b(21.67, GiB), free_bytes=b(4.06, MiB),
-             process_bytes=None, other_processes=((2417585, b(21.65, GiB)),), allocated_bytes=b(21.32, GiB),
-             reserved_bytes=b(21.32, GiB) + b(1018, KiB), wording="torch 2.1"),
-        Diagnosis.OTHER_PROCESSES, id="torch2.1-other-process-vllm#2140",
+        dict(
+            requested_bytes=b(518, MiB),
+            capacity_bytes=b(21.67, GiB),
+            free_bytes=b(4.06, MiB),
+            process_bytes=None,
+            other_processes=((2417585, b(21.65, GiB)),),
+            allocated_bytes=b(21.32, GiB),
+            reserved_bytes=b(21.32, GiB) + b(1018, KiB),
+            wording="torch 2.1",
+        ),
+        Diagnosis.OTHER_PROCESSES,
+        id="torch2.1-other-process-vllm#2140",
     ),
     pytest.param(
         # pytorch/pytorch#16417, comment of 2024-03-13 (torch >= 2.2: expandable_segments hint)
@@ -87,20 +131,34 @@ CASES = [
         "but unallocated. If reserved but unallocated memory is large try setting "
         "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
         "Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)",
-        dict(requested_bytes=b(22, MiB), capacity_bytes=b(23.65, GiB), free_bytes=b(11.06, MiB),
-             process_bytes=b(23.6, GiB), allocated_bytes=b(22.9, GiB),
-             reserved_bytes=b(22.9, GiB) + b(194.87, MiB), wording="torch >= 2.2"),
-        Diagnosis.FRAGMENTATION, id="torch2.2-expandable-pytorch#16417",
+        dict(
+            requested_bytes=b(22, MiB),
+            capacity_bytes=b(23.65, GiB),
+            free_bytes=b(11.06, MiB),
+            process_bytes=b(23.6, GiB),
+            allocated_bytes=b(22.9, GiB),
+            reserved_bytes=b(22.9, GiB) + b(194.87, MiB),
+            wording="torch >= 2.2",
+        ),
+        Diagnosis.FRAGMENTATION,
+        id="torch2.2-expandable-pytorch#16417",
     ),
     pytest.param(
         # bmaltais/kohya_ss#2217 (no NVML line: "0 bytes is free" must read as 0, not as missing)
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 30.00 MiB. GPU 0 has a total capacity "
         "of 11.00 GiB of which 0 bytes is free. Of the allocated memory 16.98 GiB is allocated by PyTorch, and "
         "696.75 MiB is reserved by PyTorch but unallocated.",
-        dict(requested_bytes=b(30, MiB), capacity_bytes=b(11, GiB), free_bytes=0, process_bytes=None,
-             allocated_bytes=b(16.98, GiB), reserved_bytes=b(16.98, GiB) + b(696.75, MiB),
-             wording="torch >= 2.2"),
-        Diagnosis.FRAGMENTATION, id="torch2.2-zero-free-kohya_ss#2217",
+        dict(
+            requested_bytes=b(30, MiB),
+            capacity_bytes=b(11, GiB),
+            free_bytes=0,
+            process_bytes=None,
+            allocated_bytes=b(16.98, GiB),
+            reserved_bytes=b(16.98, GiB) + b(696.75, MiB),
+            wording="torch >= 2.2",
+        ),
+        Diagnosis.FRAGMENTATION,
+        id="torch2.2-zero-free-kohya_ss#2217",
     ),
     pytest.param(
         # Built from the format string of the stored pytorch/pytorch commit 001074d (malloc): the allowed_info
@@ -109,9 +167,16 @@ CASES = [
         "is free. Including non-PyTorch memory, this process has 19.00 GiB memory in use. 16.00 GiB allowed; Of the "
         "allocated memory 15.50 GiB is allocated by PyTorch, with 1.00 GiB allocated in private pools (e.g., CUDA "
         "Graphs), and 100.00 MiB is reserved by PyTorch but unallocated.",
-        dict(requested_bytes=b(2, GiB), capacity_bytes=b(79.19, GiB), allowed_bytes=b(16, GiB),
-             private_pool_bytes=b(1, GiB), allocated_bytes=b(15.5, GiB), reserved_bytes=b(15.5, GiB) + b(100, MiB)),
-        Diagnosis.MEMORY_FRACTION_CAP, id="format-string-allowed-private-pools",
+        dict(
+            requested_bytes=b(2, GiB),
+            capacity_bytes=b(79.19, GiB),
+            allowed_bytes=b(16, GiB),
+            private_pool_bytes=b(1, GiB),
+            allocated_bytes=b(15.5, GiB),
+            reserved_bytes=b(15.5, GiB) + b(100, MiB),
+        ),
+        Diagnosis.MEMORY_FRACTION_CAP,
+        id="format-string-allowed-private-pools",
     ),
 ]
 

@@ -66,8 +66,10 @@ def test_blocks_land_in_the_buckets_worked_out_by_hand(snapshot: dict[str, Any])
 def test_addresses_known_to_the_callback_win_over_frames(snapshot: dict[str, Any]) -> None:
     f = facts(snapshot)
     weights_addr = snapshot["segments"][0]["blocks"][0]["address"]
-    shares = {s.bucket: s.bytes for s in attribute(f, traced_addresses=traced_allocs(snapshot),
-                                                   known={weights_addr + 4096: Bucket.WEIGHTS})}
+    shares = {
+        s.bucket: s.bytes
+        for s in attribute(f, traced_addresses=traced_allocs(snapshot), known={weights_addr + 4096: Bucket.WEIGHTS})
+    }
     assert shares[Bucket.WEIGHTS] == 200 * MiB and Bucket.UNRECORDED not in shares
 
 
@@ -107,12 +109,20 @@ def test_the_ground_truth_record_with_its_snapshot(tmp_path: Path, snapshot: dic
     with gzip.open(tmp_path / "oom_backward.snapshot.pickle.gz", "wb") as f:
         pickle.dump(snapshot, f)
     record = {
-        "case": "backward", "status": "oom", "phase": "backward",
+        "case": "backward",
+        "status": "oom",
+        "phase": "backward",
         "message": "CUDA out of memory. Tried to allocate 400.00 MiB. GPU 0 has a total capacity of 79.19 GiB of "
-                   "which 12.00 MiB is free. Of the allocated memory 464.00 MiB is allocated by PyTorch, and "
-                   "560.00 MiB is reserved by PyTorch but unallocated.",
-        "at_oom": {"phase": "backward", "requested": REQUEST, "observer_limit_or_total": 1100 * MiB,
-                   "observer_device_free": 12 * MiB, "allocated": 464 * MiB, "reserved": 1024 * MiB},
+        "which 12.00 MiB is free. Of the allocated memory 464.00 MiB is allocated by PyTorch, and "
+        "560.00 MiB is reserved by PyTorch but unallocated.",
+        "at_oom": {
+            "phase": "backward",
+            "requested": REQUEST,
+            "observer_limit_or_total": 1100 * MiB,
+            "observer_device_free": 12 * MiB,
+            "allocated": 464 * MiB,
+            "reserved": 1024 * MiB,
+        },
         "snapshot_files": {"pickle": "oom_backward.snapshot.pickle.gz", "json": "oom_backward.snapshot.json.gz"},
     }
     (tmp_path / "oom_backward.json").write_text(json.dumps(record))

@@ -10,8 +10,13 @@ import pytest
 class FakeStats:
     """Reports the peaks a test scripts for each phase; logs every call so the order can be checked."""
 
-    def __init__(self, *, capacity: int = 80 * 2**30, peaks: dict[int, tuple[int, int]] | None = None,
-                 snapshot: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        capacity: int = 80 * 2**30,
+        peaks: dict[int, tuple[int, int]] | None = None,
+        snapshot: dict[str, Any] | None = None,
+    ) -> None:
         self.cap = capacity
         self.script = list((peaks or {}).items())
         self.calls: list[str] = []
@@ -66,6 +71,13 @@ def tiny_llama() -> Any:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    cfg = LlamaConfig(
+        vocab_size=128,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=64,
+    )
     return LlamaForCausalLM(cfg)

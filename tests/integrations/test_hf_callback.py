@@ -22,11 +22,21 @@ def _train(model: Any, tmp_path: Path, stats: FakeStats, **cb: Any) -> tuple[Any
     from vramledger.integrations.hf import VramledgerCallback
 
     g = torch.Generator().manual_seed(0)
-    ds = [{"input_ids": torch.randint(0, 128, (16,), generator=g), "labels": torch.randint(0, 128, (16,), generator=g)}
-          for _ in range(12)]
-    args = TrainingArguments(output_dir=str(tmp_path / "out"), max_steps=3, per_device_train_batch_size=2,
-                             gradient_accumulation_steps=2, use_cpu=True, report_to=[], logging_steps=1,
-                             save_strategy="no", disable_tqdm=True)
+    ds = [
+        {"input_ids": torch.randint(0, 128, (16,), generator=g), "labels": torch.randint(0, 128, (16,), generator=g)}
+        for _ in range(12)
+    ]
+    args = TrainingArguments(
+        output_dir=str(tmp_path / "out"),
+        max_steps=3,
+        per_device_train_batch_size=2,
+        gradient_accumulation_steps=2,
+        use_cpu=True,
+        report_to=[],
+        logging_steps=1,
+        save_strategy="no",
+        disable_tqdm=True,
+    )
     trainer = Trainer(model=model, args=args, train_dataset=ds)
     callback = VramledgerCallback.attach(trainer, out=tmp_path / "memory.jsonl", stats=stats, **cb)
     with warnings.catch_warnings(record=True) as caught:
@@ -41,8 +51,15 @@ def _records(path: Path) -> list[dict[str, Any]]:
 
 def test_three_steps_record_every_phase_and_the_batch(tiny_llama: Any, tmp_path: Path) -> None:
     # per phase read: forward, backward (x2 micro-batches), then the optimizer: scripted peaks in that order
-    stats = FakeStats(peaks={0: (10 * MiB, 12 * MiB), 1: (20 * MiB, 24 * MiB), 2: (11 * MiB, 13 * MiB),
-                             3: (21 * MiB, 25 * MiB), 4: (15 * MiB, 26 * MiB)})
+    stats = FakeStats(
+        peaks={
+            0: (10 * MiB, 12 * MiB),
+            1: (20 * MiB, 24 * MiB),
+            2: (11 * MiB, 13 * MiB),
+            3: (21 * MiB, 25 * MiB),
+            4: (15 * MiB, 26 * MiB),
+        }
+    )
     trainer, cb, _ = _train(tiny_llama, tmp_path, stats)
     recs = _records(cb.watcher.out)
     steps = [r for r in recs if r["event"] == "step"]
@@ -50,9 +67,11 @@ def test_three_steps_record_every_phase_and_the_batch(tiny_llama: Any, tmp_path:
     first = steps[0]
     assert (first["batch"], first["micro_batches"], first["longest"]) == ([2, 16], 2, [2, 16])
     # each phase keeps the larger of its two micro-batches' peaks
-    assert first["phases"] == {"forward": {"max_allocated": 11 * MiB, "max_reserved": 13 * MiB},
-                               "backward": {"max_allocated": 21 * MiB, "max_reserved": 25 * MiB},
-                               "optimizer": {"max_allocated": 15 * MiB, "max_reserved": 26 * MiB}}
+    assert first["phases"] == {
+        "forward": {"max_allocated": 11 * MiB, "max_reserved": 13 * MiB},
+        "backward": {"max_allocated": 21 * MiB, "max_reserved": 25 * MiB},
+        "optimizer": {"max_allocated": 15 * MiB, "max_reserved": 26 * MiB},
+    }
     # peaks reset at every phase start: 2 x (forward, backward) + optimizer per step
     assert stats.resets == 3 * 5
     # the prediction is for the live model: its parameter count is the model's own

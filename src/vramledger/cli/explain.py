@@ -18,8 +18,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "fragmentation is the cause, and (with the model and --config or flags) how it compares with the "
         "prediction and what the cheapest fix costs.",
     )
-    p.add_argument("evidence", help="a file (snapshot .pickle[.gz]/.json[.gz], log, JSONL, ground-truth oom_*.json), "
-                   "'-' for standard input, or the error text itself in quotes")
+    p.add_argument(
+        "evidence",
+        help="a file (snapshot .pickle[.gz]/.json[.gz], log, JSONL, ground-truth oom_*.json), "
+        "'-' for standard input, or the error text itself in quotes",
+    )
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
@@ -44,8 +47,13 @@ def _run(args: argparse.Namespace) -> int:
         from vramledger.cli.plan import _format_of
 
         inputs = resolve_inputs(args)
-        setup = {"model": inputs.model, "train": inputs.train, "gpu": inputs.gpu, "headroom": inputs.headroom,
-                 "fmt": _format_of(args)}
+        setup = {
+            "model": inputs.model,
+            "train": inputs.train,
+            "gpu": inputs.gpu,
+            "headroom": inputs.headroom,
+            "fmt": _format_of(args),
+        }
     pm = explain(ev, **setup)  # type: ignore[arg-type]
     print(dumps(pm) if args.json else render_postmortem(pm))
     if args.html is not None:

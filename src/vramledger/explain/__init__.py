@@ -40,8 +40,9 @@ def read_evidence_text(text: str, *, source: str) -> Evidence:
     return Evidence(source=source, message=msg)
 
 
-def evidence_from_snapshot(snapshot: Mapping[str, Any], *, source: str, device: int = 0,
-                           known: Mapping[int, Any] | None = None, **extra: Any) -> Evidence:
+def evidence_from_snapshot(
+    snapshot: Mapping[str, Any], *, source: str, device: int = 0, known: Mapping[int, Any] | None = None, **extra: Any
+) -> Evidence:
     """Evidence from a snapshot dictionary (``known``: data pointer → bucket, for exact attribution)."""
     snap = facts(snapshot, device)
     shares = attribute(snap, traced_addresses=traced_allocs(snapshot, device), known=known)
@@ -54,8 +55,9 @@ def read_evidence(path: Path) -> Evidence:
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
-        raise VramledgerError(f"explain: no file at {path}; pass a snapshot, a log, the callback's JSONL or the "
-                              "error text in quotes") from None
+        raise VramledgerError(
+            f"explain: no file at {path}; pass a snapshot, a log, the callback's JSONL or the error text in quotes"
+        ) from None
     except OSError as exc:
         raise VramledgerError(f"explain: cannot read {path} ({exc.strerror})") from None
     source = str(path)
@@ -136,9 +138,13 @@ def _from_jsonl(text: str, path: Path) -> Evidence:
                 ev = evidence_from_snapshot(snapshot, source=f"{path} + {snap_path.name}")
     return replace(
         ev,
-        requested_bytes=oom.get("requested_bytes"), capacity_bytes=oom.get("capacity_bytes"),
-        free_bytes=oom.get("free_bytes"), allocated_bytes=oom.get("allocated_bytes"),
-        reserved_bytes=oom.get("reserved_bytes"), phase=oom.get("phase"), step=oom.get("step"),
+        requested_bytes=oom.get("requested_bytes"),
+        capacity_bytes=oom.get("capacity_bytes"),
+        free_bytes=oom.get("free_bytes"),
+        allocated_bytes=oom.get("allocated_bytes"),
+        reserved_bytes=oom.get("reserved_bytes"),
+        phase=oom.get("phase"),
+        step=oom.get("step"),
         batch=oom.get("batch"),
     )
 
@@ -167,6 +173,18 @@ def explain(
         gpu = resolve_gpu(f"GPU of the evidence:{pm.capacity_bytes}B")
     ledger = estimate(model, train, gpu=gpu, headroom=headroom)
     comparison = compare(ledger, ev, pm.requested_bytes, pm.allocated_bytes)
-    fixes = () if gpu is None else priced_fixes(model, train, gpu, headroom, diagnosis=pm.diagnosis, fmt=fmt,
-                                                model_name=model_name, need_bytes=shortfall(pm))
+    fixes = (
+        ()
+        if gpu is None
+        else priced_fixes(
+            model,
+            train,
+            gpu,
+            headroom,
+            diagnosis=pm.diagnosis,
+            fmt=fmt,
+            model_name=model_name,
+            need_bytes=shortfall(pm),
+        )
+    )
     return replace(pm, comparison=comparison, fixes=fixes)

@@ -83,10 +83,30 @@ _TITLES = {
     Bucket.OTHER: "other",
 }
 
-_LOSS_NAMES = frozenset({"ForCausalLMLoss", "fixed_cross_entropy", "cross_entropy", "log_softmax", "nll_loss",
-                         "chunked_nll", "LigerFusedLinearCrossEntropyFunction"})
-_LOAD_NAMES = frozenset({"_apply", "to", "cuda", "update_layer", "set_module_tensor_to_device", "load_file",
-                         "_load_state_dict_into_meta_model", "from_pretrained", "_create_new_module"})
+_LOSS_NAMES = frozenset(
+    {
+        "ForCausalLMLoss",
+        "fixed_cross_entropy",
+        "cross_entropy",
+        "log_softmax",
+        "nll_loss",
+        "chunked_nll",
+        "LigerFusedLinearCrossEntropyFunction",
+    }
+)
+_LOAD_NAMES = frozenset(
+    {
+        "_apply",
+        "to",
+        "cuda",
+        "update_layer",
+        "set_module_tensor_to_device",
+        "load_file",
+        "_load_state_dict_into_meta_model",
+        "from_pretrained",
+        "_create_new_module",
+    }
+)
 
 
 def _file(frame: Mapping[str, Any]) -> str:
@@ -123,11 +143,14 @@ def bucket_of(frames: tuple[Mapping[str, Any], ...]) -> Bucket:
     modeling = sum(1 for f in frames if _is_modeling(f))
     if any("/transformers/loss/" in f for f in files) or _LOSS_NAMES.intersection(names) or modeling == 1:
         return Bucket.LOGITS_LOSS
-    if (
-        any(f.endswith("modeling_utils.py") or "/peft/" in f or "safetensors" in f or "bitsandbytes" in f
-            or f.endswith("accelerate/utils/modeling.py") for f in files)
-        or (modeling == 0 and _LOAD_NAMES.intersection(names))
-    ):
+    if any(
+        f.endswith("modeling_utils.py")
+        or "/peft/" in f
+        or "safetensors" in f
+        or "bitsandbytes" in f
+        or f.endswith("accelerate/utils/modeling.py")
+        for f in files
+    ) or (modeling == 0 and _LOAD_NAMES.intersection(names)):
         return Bucket.WEIGHTS
     if any("AccumulateGrad" in n or "accumulate_grad" in n for n in names):
         return Bucket.GRADIENTS
@@ -175,8 +198,7 @@ def attribute(
     return tuple(sorted(shares, key=lambda s: -s.bytes))
 
 
-def _classify(block: Block, ptrs: list[int], known: Mapping[int, Bucket],
-              traced: frozenset[int]) -> tuple[Bucket, str]:
+def _classify(block: Block, ptrs: list[int], known: Mapping[int, Bucket], traced: frozenset[int]) -> tuple[Bucket, str]:
     i = bisect.bisect_left(ptrs, block.address)
     if i < len(ptrs) and ptrs[i] < block.address + block.size:
         return known[ptrs[i]], "a live tensor at this address"
@@ -191,5 +213,8 @@ def traced_allocs(snapshot: Mapping[str, Any], device: int = 0) -> frozenset[int
     """Addresses of every ``alloc`` in the recorded trace of ``device``."""
     traces = snapshot.get("device_traces") or []
     trace = traces[device] if 0 <= device < len(traces) and isinstance(traces[device], list) else []
-    return frozenset(int(e["addr"]) for e in trace if isinstance(e, Mapping) and e.get("action") == "alloc"
-                     and isinstance(e.get("addr"), int))
+    return frozenset(
+        int(e["addr"])
+        for e in trace
+        if isinstance(e, Mapping) and e.get("action") == "alloc" and isinstance(e.get("addr"), int)
+    )

@@ -19,8 +19,9 @@ from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 MAX_FIXES = 3
 
 
-def changed_keys(model: str, before: TrainSpec, after: TrainSpec, fmt: str,
-                 allowed: Iterable[str] | None = None) -> dict[str, object]:
+def changed_keys(
+    model: str, before: TrainSpec, after: TrainSpec, fmt: str, allowed: Iterable[str] | None = None
+) -> dict[str, object]:
     """Keys whose value differs between ``before`` and ``after`` written as ``fmt`` (``hf``: TRL's, filtered to
     ``allowed``); empty when the writer cannot express either setup."""
     from vramledger.adapters import writers
@@ -53,8 +54,15 @@ def training_arguments_fields() -> frozenset[str] | None:
 
 
 def priced_fixes(
-    model: ModelSpec, train: TrainSpec, gpu: GPUSpec, headroom: float, *, diagnosis: Diagnosis, fmt: str,
-    model_name: str | None = None, need_bytes: int = 0,
+    model: ModelSpec,
+    train: TrainSpec,
+    gpu: GPUSpec,
+    headroom: float,
+    *,
+    diagnosis: Diagnosis,
+    fmt: str,
+    model_name: str | None = None,
+    need_bytes: int = 0,
 ) -> tuple[Fix, ...]:
     """Up to ``MAX_FIXES`` fixes: ``expandable_segments`` first when fragmentation is the cause, then the
     cheapest remedies from ``plan`` that fit alone and save at least ``need_bytes`` (what the failure says was
@@ -65,30 +73,55 @@ def priced_fixes(
     allowed = training_arguments_fields() if fmt == "hf" else None
     out: list[Fix] = []
     if diagnosis is Diagnosis.FRAGMENTATION:
-        out.append(Fix(title="allocator: expandable segments", change=EXPANDABLE_FIX,
-                       keys={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}, price=EXPANDABLE_PRICE))
+        out.append(
+            Fix(
+                title="allocator: expandable segments",
+                change=EXPANDABLE_FIX,
+                keys={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+                price=EXPANDABLE_PRICE,
+            )
+        )
     p = plan(model, train, gpu, headroom)
-    alone = sorted((r for r in p.remedies if r.fits and not r.change.changes_task and r.memory_saved > 0
-                    and r.memory_saved >= need_bytes),
-                   key=lambda r: (r.time_cost_s, -r.memory_saved))
+    alone = sorted(
+        (
+            r
+            for r in p.remedies
+            if r.fits and not r.change.changes_task and r.memory_saved > 0 and r.memory_saved >= need_bytes
+        ),
+        key=lambda r: (r.time_cost_s, -r.memory_saved),
+    )
     seen: set[str] = set()
     for r in alone:
         if r.remedy in seen:
             continue
         seen.add(r.remedy)
         after = _spec_after(model, train, gpu, r.change)
-        out.append(Fix(title=r.title, change=str(r.change), memory_saved_bytes=r.memory_saved,
-                       time_cost_s=r.time_cost_s, fits=True, price=r.price,
-                       keys=changed_keys(name, train, after, fmt, allowed) if after is not None else {}))
+        out.append(
+            Fix(
+                title=r.title,
+                change=str(r.change),
+                memory_saved_bytes=r.memory_saved,
+                time_cost_s=r.time_cost_s,
+                fits=True,
+                price=r.price,
+                keys=changed_keys(name, train, after, fmt, allowed) if after is not None else {},
+            )
+        )
         if len(out) >= MAX_FIXES:
             break
     if not alone and p.best is not None and p.best.changes:
         best = p.best
-        out.append(Fix(title="plan 1 (no single remedy is enough)", change="; ".join(str(c) for c in best.changes),
-                       memory_saved_bytes=p.baseline.device_total - best.device_total,
-                       time_cost_s=best.time.step_s - p.baseline.time.step_s, fits=True,
-                       price="the remedies' prices together",
-                       keys=changed_keys(name, train, best.train, fmt, allowed)))
+        out.append(
+            Fix(
+                title="plan 1 (no single remedy is enough)",
+                change="; ".join(str(c) for c in best.changes),
+                memory_saved_bytes=p.baseline.device_total - best.device_total,
+                time_cost_s=best.time.step_s - p.baseline.time.step_s,
+                fits=True,
+                price="the remedies' prices together",
+                keys=changed_keys(name, train, best.train, fmt, allowed),
+            )
+        )
     return tuple(out[:MAX_FIXES])
 
 

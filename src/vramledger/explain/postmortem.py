@@ -126,10 +126,10 @@ def _first(*values: int | None) -> int | None:
 def diagnose(ev: Evidence, *, comparison: Comparison | None = None, fixes: tuple[Fix, ...] = ()) -> PostMortem:
     """The cause of the OOM in ``ev`` (see the module docstring) with the figures it rests on."""
     msg, snap = ev.message, ev.snapshot
-    requested = _first(ev.requested_bytes, snap.oom_request_bytes if snap else None,
-                       msg.requested_bytes if msg else None)
-    allocated = _first(snap.allocated_bytes if snap else None, ev.allocated_bytes,
-                       msg.allocated_bytes if msg else None)
+    requested = _first(
+        ev.requested_bytes, snap.oom_request_bytes if snap else None, msg.requested_bytes if msg else None
+    )
+    allocated = _first(snap.allocated_bytes if snap else None, ev.allocated_bytes, msg.allocated_bytes if msg else None)
     reserved = _first(snap.reserved_bytes if snap else None, ev.reserved_bytes, msg.reserved_bytes if msg else None)
     capacity = _first(ev.capacity_bytes, msg.capacity_bytes if msg else None)
     allowed = _first(ev.allowed_bytes, msg.allowed_bytes if msg else None)
@@ -145,17 +145,34 @@ def diagnose(ev: Evidence, *, comparison: Comparison | None = None, fixes: tuple
     if msg is not None and msg.process_bytes is not None and reserved is not None:
         notes.append(f"non_pytorch_bytes={msg.process_bytes - reserved}")
     return PostMortem(
-        evidence=ev, requested_bytes=requested, capacity_bytes=capacity, free_bytes=free,
-        process_bytes=msg.process_bytes if msg else None, allowed_bytes=allowed, allocated_bytes=allocated,
-        reserved_bytes=reserved, cached_free_bytes=cached_free, largest_free_block_bytes=largest,
-        other_processes_bytes=others, diagnosis=cause, reason=reason, comparison=comparison, fixes=fixes,
+        evidence=ev,
+        requested_bytes=requested,
+        capacity_bytes=capacity,
+        free_bytes=free,
+        process_bytes=msg.process_bytes if msg else None,
+        allowed_bytes=allowed,
+        allocated_bytes=allocated,
+        reserved_bytes=reserved,
+        cached_free_bytes=cached_free,
+        largest_free_block_bytes=largest,
+        other_processes_bytes=others,
+        diagnosis=cause,
+        reason=reason,
+        comparison=comparison,
+        fixes=fixes,
         notes=tuple(notes),
     )
 
 
 def _cause(
-    requested: int | None, capacity: int | None, allowed: int | None, free: int | None, allocated: int | None,
-    cached_free: int | None, largest: int | None, others: int | None,
+    requested: int | None,
+    capacity: int | None,
+    allowed: int | None,
+    free: int | None,
+    allocated: int | None,
+    cached_free: int | None,
+    largest: int | None,
+    others: int | None,
 ) -> tuple[Diagnosis, str]:
     """Reason codes for the renderer; the figures go with them (see ``report.postmortem``)."""
     if requested is None:
@@ -167,8 +184,13 @@ def _cause(
         return Diagnosis.FRAGMENTATION, "cached_but_split" if largest is not None else "cached_at_least_request"
     if others is not None and others >= requested and free is not None and free < requested:
         return Diagnosis.OTHER_PROCESSES, "others_hold_it"
-    if (allowed is not None and capacity is not None and allowed < capacity and allocated is not None
-            and allocated + requested <= capacity):
+    if (
+        allowed is not None
+        and capacity is not None
+        and allowed < capacity
+        and allocated is not None
+        and allocated + requested <= capacity
+    ):
         return Diagnosis.MEMORY_FRACTION_CAP, "under_capacity_over_cap"
     if allocated is None and free is None:
         return Diagnosis.UNKNOWN, "only_request"
@@ -193,7 +215,10 @@ def compare(ledger: Ledger, ev: Evidence, requested: int | None, allocated: int 
         phase = Phase(ev.phase)
     needed = None if allocated is None or requested is None else allocated + requested
     return Comparison(
-        ledger=ledger, phase=phase, predicted_allocated_bytes=ledger.allocated(phase),
-        predicted_reserved_bytes=ledger.reserved(phase), needed_allocated_bytes=needed,
+        ledger=ledger,
+        phase=phase,
+        predicted_allocated_bytes=ledger.allocated(phase),
+        predicted_reserved_bytes=ledger.reserved(phase),
+        needed_allocated_bytes=needed,
         predicted_fits=None if ledger.verdict is None else ledger.verdict.fits,
     )

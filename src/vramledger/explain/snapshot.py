@@ -119,9 +119,14 @@ def facts(snapshot: Mapping[str, Any], device: int = 0) -> SnapshotFacts:
             if isinstance(b, Mapping):
                 frames = tuple(f for f in (b.get("frames") or []) if isinstance(f, Mapping))
                 blocks.append(
-                    Block(address=_int(b.get("address")), size=_int(b.get("size")),
-                          requested_size=_int(b.get("requested_size")), state=str(b.get("state", "")),
-                          frames=frames, segment_type=kind)
+                    Block(
+                        address=_int(b.get("address")),
+                        size=_int(b.get("size")),
+                        requested_size=_int(b.get("requested_size")),
+                        state=str(b.get("state", "")),
+                        frames=frames,
+                        segment_type=kind,
+                    )
                 )
     live = [b for b in blocks if b.live]
     free = [b for b in blocks if not b.live]
@@ -153,6 +158,7 @@ def read_snapshot(path: Path) -> dict[str, Any]:
     except OSError as exc:
         raise VramledgerError(f"{path}: cannot read it ({exc.strerror}); check the path") from None
     if not is_snapshot(data):
-        raise VramledgerError(f"{path}: not a memory snapshot (no 'segments'); pass a torch.cuda.memory._dump_snapshot "
-                              "file")
+        raise VramledgerError(
+            f"{path}: not a memory snapshot (no 'segments'); pass a torch.cuda.memory._dump_snapshot file"
+        )
     return dict(data)

@@ -65,8 +65,13 @@ class VramledgerCallback(TrainerCallback):  # type: ignore[misc]
         history_max_entries: int = 100_000,
         stats: MemoryStats | None = None,
     ) -> None:
-        self._options = {"tolerance": tolerance, "reserved_fraction": reserved_fraction, "headroom": headroom,
-                         "record_history": record_history, "history_max_entries": history_max_entries}
+        self._options: dict[str, Any] = {
+            "tolerance": tolerance,
+            "reserved_fraction": reserved_fraction,
+            "headroom": headroom,
+            "record_history": record_history,
+            "history_max_entries": history_max_entries,
+        }
         self.out = None if out is None else Path(out)
         self.seq_len = seq_len
         self._stats = stats
@@ -83,8 +88,9 @@ class VramledgerCallback(TrainerCallback):  # type: ignore[misc]
         return cb
 
     # -- Trainer events --------------------------------------------------------------------------------------
-    def on_train_begin(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
-                       **kwargs: Any) -> None:
+    def on_train_begin(
+        self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None, **kwargs: Any
+    ) -> None:
         from vramledger.integrations.postmortem import known_tensors
         from vramledger.integrations.predict import setup_from_trainer
 
@@ -94,14 +100,19 @@ class VramledgerCallback(TrainerCallback):  # type: ignore[misc]
         def predictor(b: int, length: int) -> Any:
             return setup_from_trainer(model, args, micro_batch=b, seq_len=length)
 
-        self.watcher.begin(predictor, context={"framework": "transformers", "max_steps": state.max_steps},
-                           known_tensors=lambda: known_tensors(model, optimizer))
+        self.watcher.begin(
+            predictor,
+            context={"framework": "transformers", "max_steps": state.max_steps},
+            known_tensors=lambda: known_tensors(model, optimizer),
+        )
         if self.seq_len is not None:
             self.watcher.batch((args.per_device_train_batch_size, self.seq_len))
             self.watcher.step.batches.clear()
         if model is not None:
-            self._hooks = [model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
-                           model.register_forward_hook(self._post_forward)]
+            self._hooks = [
+                model.register_forward_pre_hook(self._pre_forward, with_kwargs=True),
+                model.register_forward_hook(self._post_forward),
+            ]
 
     def _pre_forward(self, module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         if self.watcher is None or not module.training:
@@ -127,8 +138,7 @@ class VramledgerCallback(TrainerCallback):  # type: ignore[misc]
         if self.watcher is not None:
             self.watcher.end_step(int(state.global_step))
 
-    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None,
-               **kwargs: Any) -> None:
+    def on_log(self, args: Any, state: Any, control: Any, logs: dict[str, Any] | None = None, **kwargs: Any) -> None:
         if self.watcher is None or logs is None or "loss" not in logs and "train_loss" not in logs:
             return
         scalars = self.watcher.scalars()

@@ -28,8 +28,14 @@ except ImportError:
     except ImportError:
         _Callback = None
 
-_PRECISION = {"32-true": Precision.FP32, "32": Precision.FP32, "bf16-mixed": Precision.BF16_MIXED,
-              "16-mixed": Precision.FP16_MIXED, "bf16-true": Precision.BF16, "16-true": Precision.FP16}
+_PRECISION = {
+    "32-true": Precision.FP32,
+    "32": Precision.FP32,
+    "bf16-mixed": Precision.BF16_MIXED,
+    "16-mixed": Precision.FP16_MIXED,
+    "bf16-true": Precision.BF16,
+    "16-true": Precision.FP16,
+}
 
 
 def _shape(batch: Any) -> tuple[int, ...] | None:
@@ -45,8 +51,14 @@ def _shape(batch: Any) -> tuple[int, ...] | None:
 class LightningWatch:
     """The Lightning hooks, free of Lightning (duck-typed ``trainer`` and ``pl_module``)."""
 
-    def __init__(self, out: str | Path | None = "vramledger_memory.jsonl", *, train: TrainSpec | None = None,
-                 stats: MemoryStats | None = None, **options: Any) -> None:
+    def __init__(
+        self,
+        out: str | Path | None = "vramledger_memory.jsonl",
+        *,
+        train: TrainSpec | None = None,
+        stats: MemoryStats | None = None,
+        **options: Any,
+    ) -> None:
         self.out = None if out is None else Path(out)
         self.train, self._stats, self._options = train, stats, options
         self.watcher: MemoryWatcher | None = None
@@ -68,8 +80,9 @@ class LightningWatch:
         def predictor(b: int, length: int) -> Any:
             return setup_from_model(pl_module, optimizer, base, micro_batch=b, seq_len=length, precision=precision)
 
-        self.watcher.begin(predictor, context={"framework": "lightning"},
-                           known_tensors=lambda: known_tensors(pl_module, optimizer))
+        self.watcher.begin(
+            predictor, context={"framework": "lightning"}, known_tensors=lambda: known_tensors(pl_module, optimizer)
+        )
 
     def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
         if self.watcher is None:

@@ -64,8 +64,7 @@ def watch_memory(
     from vramledger.integrations.postmortem import known_tensors
     from vramledger.integrations.predict import setup_from_model
 
-    watcher = MemoryWatcher(stats or default_stats(), out=None if out is None else Path(out), fmt="",
-                            **options)
+    watcher = MemoryWatcher(stats or default_stats(), out=None if out is None else Path(out), fmt="", **options)
     base = train or TrainSpec()
 
     def predictor(b: int, length: int) -> Any:

@@ -29,13 +29,19 @@ def write_postmortem(w: MemoryWatcher, *, device: int, requested: int, limit: in
     base = w.out.parent if w.out is not None else Path.cwd()
     stem = f"oom_step{w.step.step}"
     current = w.stats.current()
-    batch = {"shape": list(w.step.batches[-1]) if w.step.batches else None,
-             "longest": list(w.longest) if w.longest else None}
+    batch = {
+        "shape": list(w.step.batches[-1]) if w.step.batches else None,
+        "longest": list(w.longest) if w.longest else None,
+    }
     extra: dict[str, Any] = {
-        "requested_bytes": requested, "capacity_bytes": limit, "free_bytes": free,
+        "requested_bytes": requested,
+        "capacity_bytes": limit,
+        "free_bytes": free,
         "allocated_bytes": None if current is None else current[0],
         "reserved_bytes": None if current is None else current[1],
-        "phase": w.phase, "step": w.step.step, "batch": batch,
+        "phase": w.phase,
+        "step": w.step.step,
+        "batch": batch,
     }
     record: dict[str, Any] = {k: v for k, v in extra.items()}
     snapshot = w.stats.snapshot()
@@ -57,8 +63,15 @@ def write_postmortem(w: MemoryWatcher, *, device: int, requested: int, limit: in
             from vramledger.explain.fixes import priced_fixes
 
             try:
-                fixes = priced_fixes(w.setup.model, w.setup.train, gpu, w.headroom, diagnosis=pm.diagnosis,
-                                     fmt=w.fmt, need_bytes=shortfall(pm))
+                fixes = priced_fixes(
+                    w.setup.model,
+                    w.setup.train,
+                    gpu,
+                    w.headroom,
+                    diagnosis=pm.diagnosis,
+                    fmt=w.fmt,
+                    need_bytes=shortfall(pm),
+                )
             except VramledgerError:
                 fixes = ()
         pm = replace(pm, comparison=comparison, fixes=fixes)
@@ -67,10 +80,17 @@ def write_postmortem(w: MemoryWatcher, *, device: int, requested: int, limit: in
     html_path = unique_path(base / f"{stem}.postmortem.html")
     html_path.write_text(render_postmortem_html(pm), encoding="utf-8")
     summary = postmortem_to_dict(pm)
-    record.update({"diagnosis": summary["diagnosis"], "reason": summary["reason"],
-                   "largest_free_block_bytes": summary["largest_free_block_bytes"],
-                   "by_category": summary["by_category"], "fixes": summary["fixes"],
-                   "postmortem_text": text_path.name, "postmortem_html": html_path.name})
+    record.update(
+        {
+            "diagnosis": summary["diagnosis"],
+            "reason": summary["reason"],
+            "largest_free_block_bytes": summary["largest_free_block_bytes"],
+            "by_category": summary["by_category"],
+            "fixes": summary["fixes"],
+            "postmortem_text": text_path.name,
+            "postmortem_html": html_path.name,
+        }
+    )
     return record
 
 

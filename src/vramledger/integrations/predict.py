@@ -94,8 +94,11 @@ def _quant(model: Any) -> QuantSpec | None:
         return None
     q = q if isinstance(q, Mapping) else getattr(q, "to_dict", lambda: {})()
     if q.get("load_in_4bit"):
-        return QuantSpec(bits=4, quant_type=str(q.get("bnb_4bit_quant_type", "nf4")),
-                         double_quant=bool(q.get("bnb_4bit_use_double_quant", False)))
+        return QuantSpec(
+            bits=4,
+            quant_type=str(q.get("bnb_4bit_quant_type", "nf4")),
+            double_quant=bool(q.get("bnb_4bit_use_double_quant", False)),
+        )
     if q.get("load_in_8bit"):
         return QuantSpec(bits=8)
     return None
@@ -163,8 +166,12 @@ def setup_from_trainer(model: Any, args: Any, *, micro_batch: int, seq_len: int)
     provenance = {**r.provenance, **prov, "micro_batch": "live batch", "seq_len": "longest live batch"}
     if merged.get("method") is not Method.QLORA:
         merged.pop("quant", None)
-    return LiveSetup(model=model_spec(model), train=TrainSpec(**merged), provenance=provenance,
-                     warnings=tuple(r.warnings) + tuple(warnings))
+    return LiveSetup(
+        model=model_spec(model),
+        train=TrainSpec(**merged),
+        provenance=provenance,
+        warnings=tuple(r.warnings) + tuple(warnings),
+    )
 
 
 def optimizer_of(optimizer: Any) -> Optimizer | None:
@@ -183,8 +190,9 @@ def optimizer_of(optimizer: Any) -> Optimizer | None:
     return None
 
 
-def setup_from_model(model: Any, optimizer: Any, base: TrainSpec, *, micro_batch: int, seq_len: int,
-                     precision: Any = None) -> LiveSetup:
+def setup_from_model(
+    model: Any, optimizer: Any, base: TrainSpec, *, micro_batch: int, seq_len: int, precision: Any = None
+) -> LiveSetup:
     """A plain loop's (or Lightning's) setup: ``base`` with what the live model and optimizer say."""
     fields, prov, warnings = live_fields(model)
     opt = optimizer_of(optimizer)
@@ -199,5 +207,6 @@ def setup_from_model(model: Any, optimizer: Any, base: TrainSpec, *, micro_batch
     fields |= {"micro_batch": micro_batch, "seq_len": seq_len}
     if fields.get("method") is not Method.QLORA:
         fields.setdefault("quant", None)
-    return LiveSetup(model=model_spec(model), train=dataclasses.replace(base, **fields), provenance=prov,
-                     warnings=tuple(warnings))
+    return LiveSetup(
+        model=model_spec(model), train=dataclasses.replace(base, **fields), provenance=prov, warnings=tuple(warnings)
+    )

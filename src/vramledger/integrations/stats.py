@@ -23,8 +23,10 @@ class MemoryStats(Protocol):
     def reset_peaks(self) -> None: ...
     def peaks(self) -> tuple[int, int] | None:
         """(max allocated, max reserved) since the last reset."""
+
     def current(self) -> tuple[int, int] | None:
         """(allocated, reserved) now."""
+
     def capacity(self) -> int | None: ...
     def device_name(self) -> str: ...
     def start_history(self, max_entries: int) -> bool: ...
@@ -101,8 +103,7 @@ class CudaStats:
 
     def start_history(self, max_entries: int) -> bool:
         # Python stacks only: C++ frames ("all") cost more per allocation and the attribution needs none.
-        self._torch.cuda.memory._record_memory_history("all", context="all", stacks="python",
-                                                       max_entries=max_entries)
+        self._torch.cuda.memory._record_memory_history("all", context="all", stacks="python", max_entries=max_entries)
         return True
 
     def stop_history(self) -> None:

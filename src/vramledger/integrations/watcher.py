@@ -95,15 +95,28 @@ class MemoryWatcher:
         self.max_oom_reports = 1
 
     # -- lifecycle -------------------------------------------------------------------------------------------
-    def begin(self, predictor: Callable[[int, int], LiveSetup] | None, *, context: Mapping[str, Any],
-              known_tensors: Callable[[], Mapping[int, Any]] | None = None) -> None:
+    def begin(
+        self,
+        predictor: Callable[[int, int], LiveSetup] | None,
+        *,
+        context: Mapping[str, Any],
+        known_tensors: Callable[[], Mapping[int, Any]] | None = None,
+    ) -> None:
         """Open the JSONL, start the history recording (opt-in), attach the OOM observer."""
         self._predictor, self._known = predictor, known_tensors
         if self.out is not None:
             self.out.parent.mkdir(parents=True, exist_ok=True)
             self._file = self.out.open("x", encoding="utf-8")
-        self._write({"event": "begin", "time": time.time(), "device": self.stats.device_name(),
-                     "capacity_bytes": self.stats.capacity(), "measuring": self.stats.available(), **context})
+        self._write(
+            {
+                "event": "begin",
+                "time": time.time(),
+                "device": self.stats.device_name(),
+                "capacity_bytes": self.stats.capacity(),
+                "measuring": self.stats.available(),
+                **context,
+            }
+        )
         if self.record_history and self.stats.available():
             self._history_on = self.stats.start_history(self.history_max_entries)
             ref = weakref.ref(self)
@@ -153,9 +166,16 @@ class MemoryWatcher:
         rec, self.step = self.step, StepRecord(step=step + 1)
         rec.step = step
         self.last = rec
-        self._write({"event": "step", "step": step, "batch": list(rec.batches[-1]) if rec.batches else None,
-                     "micro_batches": len(rec.batches), "longest": list(self.longest) if self.longest else None,
-                     "phases": rec.phases})
+        self._write(
+            {
+                "event": "step",
+                "step": step,
+                "batch": list(rec.batches[-1]) if rec.batches else None,
+                "micro_batches": len(rec.batches),
+                "longest": list(self.longest) if self.longest else None,
+                "phases": rec.phases,
+            }
+        )
         self._check(rec)
         return self.scalars()
 
@@ -200,21 +220,35 @@ class MemoryWatcher:
             return
         self.prediction = ledger
         v = ledger.verdict
-        self._write({"event": "predict", "batch": [b, length], "model": ledger.model, "params": ledger.params,
-                     "peak_phase": ledger.peak_phase.value, "peak_allocated_bytes": ledger.peak_allocated,
-                     "peak_reserved_bytes": ledger.peak_reserved, "device_total_bytes": ledger.device_total,
-                     "fits": None if v is None else v.fits, "usable_bytes": None if v is None else v.usable_bytes,
-                     "phases": {p.value: {"allocated": ledger.allocated(p), "reserved": ledger.reserved(p)}
-                                for p in ledger.phases},
-                     "settings": {k: _plain(x) for k, x in ledger.settings.items()},
-                     "provenance": self.setup.provenance, "warnings": list(self.setup.warnings)})
+        self._write(
+            {
+                "event": "predict",
+                "batch": [b, length],
+                "model": ledger.model,
+                "params": ledger.params,
+                "peak_phase": ledger.peak_phase.value,
+                "peak_allocated_bytes": ledger.peak_allocated,
+                "peak_reserved_bytes": ledger.peak_reserved,
+                "device_total_bytes": ledger.device_total,
+                "fits": None if v is None else v.fits,
+                "usable_bytes": None if v is None else v.usable_bytes,
+                "phases": {
+                    p.value: {"allocated": ledger.allocated(p), "reserved": ledger.reserved(p)} for p in ledger.phases
+                },
+                "settings": {k: _plain(x) for k, x in ledger.settings.items()},
+                "provenance": self.setup.provenance,
+                "warnings": list(self.setup.warnings),
+            }
+        )
         if v is not None and not v.fits:
             from vramledger.units import fmt_bytes
 
             self._note(
                 f"predicted NOT to fit: batch {b} x {length} needs {fmt_bytes(v.device_total_bytes)} on the device "
                 f"({ledger.peak_phase.value}), {fmt_bytes(v.usable_bytes)} usable of {fmt_bytes(v.capacity_bytes)}; "
-                f"{ledger.advice}", key=f"fit-{b}x{length}")
+                f"{ledger.advice}",
+                key=f"fit-{b}x{length}",
+            )
 
     def _check(self, rec: StepRecord) -> None:
         from vramledger.units import fmt_bytes
@@ -222,17 +256,22 @@ class MemoryWatcher:
         cap = self.stats.capacity()
         for name, got in rec.phases.items():
             if cap and got["max_reserved"] > self.reserved_fraction * cap:
-                self._note(f"{name}: reserved {fmt_bytes(got['max_reserved'])} is above "
-                           f"{self.reserved_fraction:.0%} of the {fmt_bytes(cap)} GPU (step {rec.step})",
-                           key=f"reserved-{name}")
+                self._note(
+                    f"{name}: reserved {fmt_bytes(got['max_reserved'])} is above "
+                    f"{self.reserved_fraction:.0%} of the {fmt_bytes(cap)} GPU (step {rec.step})",
+                    key=f"reserved-{name}",
+                )
             led = self.prediction
             if led is None or name not in {p.value for p in led.phases}:
                 continue
             want = led.allocated(Phase(name))
             if want and got["max_allocated"] > (1 + self.tolerance) * want:
-                self._note(f"{name}: measured {fmt_bytes(got['max_allocated'])} allocated, "
-                           f"{got['max_allocated'] / want - 1:+.0%} over the predicted {fmt_bytes(want)} "
-                           f"(step {rec.step}, tolerance {self.tolerance:.0%})", key=f"over-{name}")
+                self._note(
+                    f"{name}: measured {fmt_bytes(got['max_allocated'])} allocated, "
+                    f"{got['max_allocated'] / want - 1:+.0%} over the predicted {fmt_bytes(want)} "
+                    f"(step {rec.step}, tolerance {self.tolerance:.0%})",
+                    key=f"over-{name}",
+                )
 
     def _note(self, message: str, *, key: str) -> None:
         if key in self._warned:

@@ -24,8 +24,9 @@ TITLES = {
 
 def wrap(line: str, indent: int = 2) -> str:
     """100 columns; continuation lines hang under the text, ``indent`` spaces in."""
-    return textwrap.fill(line, width=100, subsequent_indent=" " * indent, break_on_hyphens=False,
-                         break_long_words=False)
+    return textwrap.fill(
+        line, width=100, subsequent_indent=" " * indent, break_on_hyphens=False, break_long_words=False
+    )
 
 
 def _b(n: int | None) -> str:
@@ -38,31 +39,46 @@ def reason_text(pm: PostMortem) -> str:
     d = pm.diagnosis
     if d is Diagnosis.REQUEST_EXCEEDS_GPU:
         limit = min(v for v in (pm.capacity_bytes, pm.allowed_bytes) if v is not None)
-        return (f"a single allocation of {req} is larger than the {fmt_bytes(limit)} the GPU gives this process: "
-                "no batch split or cache setting helps; shrink the tensor (usually the logits, batch x length x "
-                "vocabulary).")
+        return (
+            f"a single allocation of {req} is larger than the {fmt_bytes(limit)} the GPU gives this process: "
+            "no batch split or cache setting helps; shrink the tensor (usually the logits, batch x length x "
+            "vocabulary)."
+        )
     if d is Diagnosis.FRAGMENTATION:
-        largest = ("" if pm.largest_free_block_bytes is None
-                   else f" (the largest free block was {fmt_bytes(pm.largest_free_block_bytes)})")
-        text = (f"the allocator held {_b(pm.cached_free_bytes)} reserved but unallocated, at least the {req} "
-                f"asked, but no free block was large enough{largest}: the free space sits between live blocks, in "
-                "segments PyTorch cannot release.")
-        limit = pm.allowed_bytes or pm.capacity_bytes
-        if limit and pm.allocated_bytes is not None and pm.allocated_bytes + (pm.requested_bytes or 0) > 0.9 * limit:
-            share = (pm.allocated_bytes + (pm.requested_bytes or 0)) / limit
-            text += (f" But live tensors and the request alone come to {share:.0%} of the GPU: defragmenting buys "
-                     "little headroom; shrink the step too.")
+        largest = (
+            ""
+            if pm.largest_free_block_bytes is None
+            else f" (the largest free block was {fmt_bytes(pm.largest_free_block_bytes)})"
+        )
+        text = (
+            f"the allocator held {_b(pm.cached_free_bytes)} reserved but unallocated, at least the {req} "
+            f"asked, but no free block was large enough{largest}: the free space sits between live blocks, in "
+            "segments PyTorch cannot release."
+        )
+        cap = pm.allowed_bytes or pm.capacity_bytes
+        if cap and pm.allocated_bytes is not None and pm.allocated_bytes + (pm.requested_bytes or 0) > 0.9 * cap:
+            share = (pm.allocated_bytes + (pm.requested_bytes or 0)) / cap
+            text += (
+                f" But live tensors and the request alone come to {share:.0%} of the GPU: defragmenting buys "
+                "little headroom; shrink the step too."
+            )
         return text
     if d is Diagnosis.OTHER_PROCESSES:
-        return (f"other processes on the GPU hold {_b(pm.other_processes_bytes)}, and only {_b(pm.free_bytes)} "
-                f"was free for the {req} asked.")
+        return (
+            f"other processes on the GPU hold {_b(pm.other_processes_bytes)}, and only {_b(pm.free_bytes)} "
+            f"was free for the {req} asked."
+        )
     if d is Diagnosis.MEMORY_FRACTION_CAP:
-        return (f"set_per_process_memory_fraction capped this process at {_b(pm.allowed_bytes)}; the {req} asked "
-                f"on top of {_b(pm.allocated_bytes)} live would have fitted the GPU's {_b(pm.capacity_bytes)}.")
+        return (
+            f"set_per_process_memory_fraction capped this process at {_b(pm.allowed_bytes)}; the {req} asked "
+            f"on top of {_b(pm.allocated_bytes)} live would have fitted the GPU's {_b(pm.capacity_bytes)}."
+        )
     if d is Diagnosis.CAPACITY:
-        return (f"{_b(pm.allocated_bytes)} in live tensors plus the {req} asked exceed what the GPU had left "
-                f"({_b(pm.free_bytes)} free of {_b(pm.capacity_bytes)}); the cache held only "
-                f"{_b(pm.cached_free_bytes)} free, so this is the step's size, not fragmentation.")
+        return (
+            f"{_b(pm.allocated_bytes)} in live tensors plus the {req} asked exceed what the GPU had left "
+            f"({_b(pm.free_bytes)} free of {_b(pm.capacity_bytes)}); the cache held only "
+            f"{_b(pm.cached_free_bytes)} free, so this is the step's size, not fragmentation."
+        )
     return f"only the request ({req}) is known; pass the whole error message or a snapshot for a cause."
 
 
@@ -73,18 +89,25 @@ def _figures(pm: PostMortem) -> list[tuple[str, str]]:
         rows.append(("allowed (memory fraction)", fmt_bytes(pm.allowed_bytes)))
     rows.append(("free on the GPU", _b(pm.free_bytes)))
     if pm.process_bytes is not None:
-        extra = (f"   (outside PyTorch's allocator: {fmt_bytes(pm.process_bytes - pm.reserved_bytes)})"
-                 if pm.reserved_bytes is not None else "")
+        extra = (
+            f"   (outside PyTorch's allocator: {fmt_bytes(pm.process_bytes - pm.reserved_bytes)})"
+            if pm.reserved_bytes is not None
+            else ""
+        )
         rows.append(("this process (NVML)", fmt_bytes(pm.process_bytes) + extra))
     if pm.other_processes_bytes is not None:
         rows.append(("other processes", fmt_bytes(pm.other_processes_bytes)))
-    rows += [("allocated (live tensors)", _b(pm.allocated_bytes)), ("reserved by PyTorch", _b(pm.reserved_bytes)),
-             ("reserved but unallocated", _b(pm.cached_free_bytes))]
+    rows += [
+        ("allocated (live tensors)", _b(pm.allocated_bytes)),
+        ("reserved by PyTorch", _b(pm.reserved_bytes)),
+        ("reserved but unallocated", _b(pm.cached_free_bytes)),
+    ]
     if pm.largest_free_block_bytes is not None:
         rows.append(("largest free cached block", fmt_bytes(pm.largest_free_block_bytes)))
     if ev.phase or ev.step is not None:
-        rows.append(("running", " ".join(x for x in (ev.phase or "", "" if ev.step is None else f"step {ev.step}")
-                                        if x)))
+        rows.append(
+            ("running", " ".join(x for x in (ev.phase or "", "" if ev.step is None else f"step {ev.step}") if x))
+        )
     if ev.batch:
         rows.append(("batch", ", ".join(f"{k} {v}" for k, v in ev.batch.items())))
     if msg is not None:
@@ -114,21 +137,28 @@ def render_postmortem(pm: PostMortem) -> str:
         if led.verdict is not None:
             v = led.verdict
             word = "fits" if v.fits else "does NOT fit"
-            lines.append(wrap(f"  {'predicted verdict':<32}{word}: device total {fmt_bytes(v.device_total_bytes)} "
-                              f"vs usable {fmt_bytes(v.usable_bytes)} on {v.gpu}", 34))
+            lines.append(
+                wrap(
+                    f"  {'predicted verdict':<32}{word}: device total {fmt_bytes(v.device_total_bytes)} "
+                    f"vs usable {fmt_bytes(v.usable_bytes)} on {v.gpu}",
+                    34,
+                )
+            )
         by_cat = {s.bucket.category: s.bytes for s in shares if s.bucket.category is not None}
         if by_cat:
             lines.append(f"  {'line':<32}{'predicted':>12}{'measured':>12}")
             for cat in led.categories():
                 if cat.allocated and (led.bytes_of(cat, c.phase) or cat in by_cat):
                     got = by_cat.get(cat)
-                    lines.append(f"  {cat.display:<32}{fmt_bytes(led.bytes_of(cat, c.phase)):>12}"
-                                 f"{'-' if got is None else fmt_bytes(got):>12}")
+                    lines.append(
+                        f"  {cat.display:<32}{fmt_bytes(led.bytes_of(cat, c.phase)):>12}"
+                        f"{'-' if got is None else fmt_bytes(got):>12}"
+                    )
     if pm.fixes:
         lines += ["", "cheapest fixes (priced by `vramledger plan`; memory saved against your setup)"]
         for i, f in enumerate(pm.fixes, 1):
             saved = "" if f.memory_saved_bytes is None else f"saves {fmt_bytes(f.memory_saved_bytes)}, "
-            cost = ("" if f.time_cost_s is None else f"{f.time_cost_s:+.2f} s per optimizer step, ")
+            cost = "" if f.time_cost_s is None else f"{f.time_cost_s:+.2f} s per optimizer step, "
             lines.append(wrap(f"  {i}. {f.title}: {f.change} — {saved}{cost}{f.price}", 5))
             if f.keys:
                 lines.append(wrap("     set: " + ", ".join(f"{k}: {json.dumps(v)}" for k, v in f.keys.items()), 10))
@@ -156,18 +186,31 @@ def postmortem_to_dict(pm: PostMortem) -> dict[str, Any]:
         "phase": pm.evidence.phase,
         "step": pm.evidence.step,
         "batch": dict(pm.evidence.batch) if pm.evidence.batch else None,
-        "by_category": [{"category": s.bucket.value, "bytes": s.bytes, "blocks": s.blocks, "example": s.example}
-                        for s in pm.evidence.shares],
-        "fixes": [{"title": f.title, "change": f.change, "keys": dict(f.keys), "memory_saved_bytes":
-                   f.memory_saved_bytes, "time_cost_s": f.time_cost_s, "fits": f.fits, "price": f.price}
-                  for f in pm.fixes],
+        "by_category": [
+            {"category": s.bucket.value, "bytes": s.bytes, "blocks": s.blocks, "example": s.example}
+            for s in pm.evidence.shares
+        ],
+        "fixes": [
+            {
+                "title": f.title,
+                "change": f.change,
+                "keys": dict(f.keys),
+                "memory_saved_bytes": f.memory_saved_bytes,
+                "time_cost_s": f.time_cost_s,
+                "fits": f.fits,
+                "price": f.price,
+            }
+            for f in pm.fixes
+        ],
     }
     c = pm.comparison
     if c is not None:
         out["prediction"] = {
-            "phase": c.phase.value, "predicted_allocated_bytes": c.predicted_allocated_bytes,
+            "phase": c.phase.value,
+            "predicted_allocated_bytes": c.predicted_allocated_bytes,
             "predicted_reserved_bytes": c.predicted_reserved_bytes,
-            "needed_allocated_bytes": c.needed_allocated_bytes, "predicted_fits": c.predicted_fits,
+            "needed_allocated_bytes": c.needed_allocated_bytes,
+            "predicted_fits": c.predicted_fits,
             "by_category": {cat.value: c.ledger.bytes_of(cat, c.phase) for cat in c.ledger.categories()},
         }
     return out

@@ -24,8 +24,10 @@ def _bars(pm: PostMortem) -> str:
         f"<code>{_e(s.example)}</code></td></tr>"
         for s in shares
     )
-    return ("<h2>Where the memory went</h2><table><thead><tr><th>line</th><th>bytes</th><th></th>"
-            f"<th>largest block allocated at</th></tr></thead><tbody>{rows}</tbody></table>")
+    return (
+        "<h2>Where the memory went</h2><table><thead><tr><th>line</th><th>bytes</th><th></th>"
+        f"<th>largest block allocated at</th></tr></thead><tbody>{rows}</tbody></table>"
+    )
 
 
 def _comparison(pm: PostMortem) -> str:
@@ -36,13 +38,16 @@ def _comparison(pm: PostMortem) -> str:
     rows = "".join(
         f"<tr><td>{_e(cat.display)}</td><td>{_e(fmt_bytes(c.ledger.bytes_of(cat, c.phase)))}</td>"
         f"<td>{_e(fmt_bytes(measured[cat]) if cat in measured else '-')}</td></tr>"
-        for cat in c.ledger.categories() if cat.allocated
+        for cat in c.ledger.categories()
+        if cat.allocated
     )
     needed = "" if c.needed_allocated_bytes is None else f"; needed at least {fmt_bytes(c.needed_allocated_bytes)}"
-    return (f"<h2>The prediction (phase {_e(c.phase.value)})</h2><p>predicted allocated "
-            f"{_e(fmt_bytes(c.predicted_allocated_bytes))}, reserved {_e(fmt_bytes(c.predicted_reserved_bytes))}"
-            f"{_e(needed)}</p><table><thead><tr><th>line</th><th>predicted</th><th>measured</th></tr></thead>"
-            f"<tbody>{rows}</tbody></table>")
+    return (
+        f"<h2>The prediction (phase {_e(c.phase.value)})</h2><p>predicted allocated "
+        f"{_e(fmt_bytes(c.predicted_allocated_bytes))}, reserved {_e(fmt_bytes(c.predicted_reserved_bytes))}"
+        f"{_e(needed)}</p><table><thead><tr><th>line</th><th>predicted</th><th>measured</th></tr></thead>"
+        f"<tbody>{rows}</tbody></table>"
+    )
 
 
 def _fixes(pm: PostMortem) -> str:
@@ -65,7 +70,7 @@ def render_postmortem_html(pm: PostMortem) -> str:
     return (
         '<!doctype html><html lang="en"><head><meta charset="utf-8">'
         f"<title>OOM post-mortem: {_e(TITLES[pm.diagnosis])}</title><style>{_CSS}</style></head><body>"
-        f"<h1>Out of memory: {_e(TITLES[pm.diagnosis])}</h1><p class=\"sub\">{_e(pm.evidence.source)}</p>"
+        f'<h1>Out of memory: {_e(TITLES[pm.diagnosis])}</h1><p class="sub">{_e(pm.evidence.source)}</p>'
         f'<div class="verdict oom">{_e(reason_text(pm))}</div>'
         f"<h2>The failure</h2><table><tbody>{figures}</tbody></table>"
         f"{_bars(pm)}{_comparison(pm)}{_fixes(pm)}</body></html>\n"
