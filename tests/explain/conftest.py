@@ -28,6 +28,12 @@ LOSS = frame(f"{SITE}/transformers/loss/loss_utils.py", 36, "fixed_cross_entropy
 INIT_GROUP = frame(f"{SITE}/torch/optim/adamw.py", 160, "_init_group")
 OPT_STEP = frame(f"{SITE}/torch/optim/adamw.py", 230, "step")
 CACHE = frame(f"{SITE}/transformers/cache_utils.py", 120, "update")
+PEFT_MODEL = frame(f"{SITE}/peft/peft_model.py", 1850, "forward")
+LORA_FWD = frame(f"{SITE}/peft/tuners/lora/layer.py", 720, "forward")
+LORA_INIT = frame(f"{SITE}/peft/tuners/lora/layer.py", 150, "update_layer")
+INJECT = frame(f"{SITE}/peft/tuners/tuners_utils.py", 500, "inject_adapter")
+GET_PEFT = frame(f"{SITE}/peft/mapping_func.py", 120, "get_peft_model")
+CKPT = frame(f"{SITE}/torch/utils/checkpoint.py", 1120, "unpack_hook")
 
 # (bucket expected by hand, size, state, frames, traced): one 1 GiB segment, listed in address order
 BLOCKS: list[tuple[str, int, str, list[dict[str, Any]], bool]] = [
@@ -46,6 +52,17 @@ BLOCKS: list[tuple[str, int, str, list[dict[str, Any]], bool]] = [
     ("optimizer_state", 40 * MiB, "active_allocated", [INIT_GROUP, OPT_STEP, TRAINER], True),
     ("backward", 24 * MiB, "active_allocated", [], True),  # autograd engine thread: traced, no Python stack
     ("kv_cache", 4 * MiB, "active_allocated", [CACHE, LAYER, MODEL, CAUSAL], True),
+    # PEFT: adapters created by get_peft_model are weights; a LoRA forward under the decoder is an activation
+    ("weights", 2 * MiB, "active_allocated", [LORA_INIT, INJECT, GET_PEFT], True),
+    (
+        "activations",
+        8 * MiB,
+        "active_allocated",
+        [LORA_FWD, CALL, MLP, CALL, LAYER, MODEL, CAUSAL, PEFT_MODEL, TRAINER],
+        True,
+    ),
+    # gradient checkpointing: the layer's forward recomputed from the unpack hook (one modeling frame on top)
+    ("activations", 6 * MiB, "active_allocated", [LINEAR, CALL, MLP, CALL, LAYER, CKPT], True),
 ]
 BASE = 0x7F0000000000
 REQUEST = 400 * MiB

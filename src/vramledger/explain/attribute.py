@@ -1,22 +1,23 @@
 """Give every live block of a snapshot a line of the bill, from the stack that allocated it (or its address).
 
-Rules, in order, over a block's frames (innermost first, as ``torch.cuda.memory._snapshot`` lists them):
+Rules, in order, over a block's frames (innermost first, as ``torch.cuda.memory._snapshot`` lists them);
+"modeling frames" are ``forward`` frames in transformers' ``models/*/modeling_*.py``:
 1. a frame in ``torch/optim/``: optimizer state when the stack passes ``_init_group`` (where AdamW, SGD, Adafactor
    create ``state[p]``, torch/optim/adamw.py ``_init_group``), else step temporaries;
 2. a frame in transformers' ``cache_utils.py`` (``DynamicCache.update``): KV cache;
-3. a frame in transformers' loss code (``loss/loss_utils.py`` ``ForCausalLMLoss``, ``fixed_cross_entropy``) or
-   torch's ``cross_entropy``/``log_softmax``/``nll_loss``; or exactly one ``models/*/modeling_*.py`` frame on the
-   stack: the causal-LM ``forward`` itself runs the output layer and the upcast of the logits
-   (``LlamaForCausalLM.forward``: ``self.lm_head(...)``, then ``self.loss_function``), while every decoder
-   allocation has the base model's and the layer's ``forward`` above it too: logits and loss;
-4. loading: ``modeling_utils.py`` (``from_pretrained``), ``Module._apply``/``to``/``cuda``, PEFT's adapter
-   injection (``peft/tuners``: ``update_layer``), accelerate's ``set_module_tensor_to_device``, safetensors,
-   bitsandbytes: weights;
-5. ``AccumulateGrad`` (C++ frames, ``stacks="all"``): gradients;
-6. ``torch/utils/checkpoint.py`` (a recomputed forward) or any other ``modeling_*.py`` ``forward``: activations
-   (alive at the snapshot, so saved for backward);
-7. ``torch/autograd/``: backward;
-8. anything else: other.
+3. transformers' loss code (``loss/loss_utils.py`` ``ForCausalLMLoss``, ``fixed_cross_entropy``) or torch's
+   ``cross_entropy``/``log_softmax``/``nll_loss``: logits and loss;
+4. ``torch/utils/checkpoint.py``: a forward recomputed in backward: activations;
+5. exactly one modeling frame: the causal-LM ``forward`` itself runs the output layer and the upcast of the logits
+   (``LlamaForCausalLM.forward``: ``self.lm_head(...)``), while every decoder allocation also has the base model's
+   and the layer's ``forward`` above it: logits and loss;
+6. no modeling frame, and loading code (``modeling_utils.py`` ``from_pretrained``, ``Module._apply``/``to``/``cuda``,
+   PEFT's ``inject_adapter``/``update_layer``, accelerate's ``set_module_tensor_to_device``, safetensors,
+   bitsandbytes' modules): weights (with a forward on the stack, the same files allocate activations and
+   temporaries: PEFT's LoRA ``forward``, bitsandbytes' dequantisation);
+7. ``AccumulateGrad`` (C++ frames, ``stacks="all"``): gradients;
+8. any other modeling frame: activations (alive at the snapshot, so saved for backward);
+9. ``torch/autograd/``: backward; anything else: other.
 A live block with no frames at all is either older than the recording (no ``alloc`` in the trace: usually the
 weights, loaded before ``_record_memory_history``) or was allocated by the autograd engine's device thread, which
 has no Python stack (an ``alloc`` in the trace: gradients and backward temporaries).
@@ -105,7 +106,15 @@ _LOAD_NAMES = frozenset(
         "_load_state_dict_into_meta_model",
         "from_pretrained",
         "_create_new_module",
+        "inject_adapter",
+        "get_peft_model",
     }
+)
+_LOAD_FILES = (
+    "modeling_utils.py",
+    "accelerate/utils/modeling.py",
+    "safetensors/torch.py",
+    "bitsandbytes/nn/modules.py",
 )
 
 
@@ -133,28 +142,25 @@ def where(frames: Iterable[Mapping[str, Any]]) -> str:
 
 
 def bucket_of(frames: tuple[Mapping[str, Any], ...]) -> Bucket:
-    """The bucket of one block from its allocation stack (rules 1-8 of the module docstring)."""
+    """The bucket of one block from its allocation stack (rules 1-9 of the module docstring)."""
     files = [_file(f) for f in frames]
     names = [_name(f) for f in frames]
+    modeling = sum(1 for f in frames if _is_modeling(f))
     if any("/torch/optim/" in f for f in files):
         return Bucket.OPTIMIZER_STATE if "_init_group" in names else Bucket.TEMPORARIES
     if any(f.endswith("cache_utils.py") for f in files):
         return Bucket.KV_CACHE
-    modeling = sum(1 for f in frames if _is_modeling(f))
-    if any("/transformers/loss/" in f for f in files) or _LOSS_NAMES.intersection(names) or modeling == 1:
+    if any("/transformers/loss/" in f for f in files) or _LOSS_NAMES.intersection(names):
         return Bucket.LOGITS_LOSS
-    if any(
-        f.endswith("modeling_utils.py")
-        or "/peft/" in f
-        or "safetensors" in f
-        or "bitsandbytes" in f
-        or f.endswith("accelerate/utils/modeling.py")
-        for f in files
-    ) or (modeling == 0 and _LOAD_NAMES.intersection(names)):
+    if any(f.endswith("torch/utils/checkpoint.py") for f in files):
+        return Bucket.ACTIVATIONS
+    if modeling == 1:
+        return Bucket.LOGITS_LOSS
+    if modeling == 0 and (any(f.endswith(_LOAD_FILES) for f in files) or _LOAD_NAMES.intersection(names)):
         return Bucket.WEIGHTS
     if any("AccumulateGrad" in n or "accumulate_grad" in n for n in names):
         return Bucket.GRADIENTS
-    if any(f.endswith("torch/utils/checkpoint.py") for f in files) or modeling:
+    if modeling:
         return Bucket.ACTIVATIONS
     if any("/torch/autograd/" in f for f in files):
         return Bucket.BACKWARD
