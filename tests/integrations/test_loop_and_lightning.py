@@ -158,3 +158,26 @@ def test_oom_observer_writes_snapshot_and_postmortem(tiny_llama: Any, tmp_path: 
     from vramledger.explain import explain, read_evidence
 
     assert explain(read_evidence(tmp_path / "m.jsonl")).diagnosis.value == "fragmentation"
+
+
+def test_explain_rebuilds_the_prediction_from_the_jsonl(tiny_llama: Any, tmp_path: Path) -> None:
+    """The JSONL alone gives the same comparison and fixes as the post-mortem written at the OOM."""
+    import torch
+
+    from vramledger.explain import explain, read_evidence
+    from vramledger.integrations.loop import watch_memory
+    from vramledger.report.postmortem import postmortem_to_dict
+
+    opt = torch.optim.AdamW(tiny_llama.parameters())
+    stats = FakeStats(capacity=1100 * MiB, snapshot=make_snapshot())
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        with watch_memory(tiny_llama, opt, out=tmp_path / "m.jsonl", stats=stats, record_history=True) as w:
+            w.batch((2, 16))
+            w.watcher.enter("forward")
+            stats.observer(0, REQUEST, 1100 * MiB, 12 * MiB)
+    oom = next(r for r in _records(tmp_path / "m.jsonl") if r["event"] == "oom")
+    later = postmortem_to_dict(explain(read_evidence(tmp_path / "m.jsonl")))
+    assert later["prediction"]["phase"] == "forward"
+    assert [f["change"] for f in later["fixes"]] == [f["change"] for f in oom["fixes"]]
+    assert later["by_category"] == oom["by_category"]

@@ -146,7 +146,39 @@ def _from_jsonl(text: str, path: Path) -> Evidence:
         phase=oom.get("phase"),
         step=oom.get("step"),
         batch=oom.get("batch"),
+        recorded_setup=_recorded_setup(records),
     )
+
+
+_FORMATS = {"transformers": "hf"}
+"""The framework a callback names → the format its fixes are written in (Lightning, plain loops: none)."""
+
+
+def _recorded_setup(records: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The setup of the last prediction before the OOM, with the framework and the GPU the run reported."""
+    begin = next((r for r in records if r.get("event") == "begin"), {})
+    predicted = [r for r in records if r.get("event") == "predict" and isinstance(r.get("setup"), dict)]
+    if not predicted:
+        return None
+    return {
+        "specs": predicted[-1]["setup"],
+        "fmt": _FORMATS.get(str(begin.get("framework")), ""),
+        "capacity_bytes": begin.get("capacity_bytes"),
+        "device": begin.get("device"),
+    }
+
+
+def gpu_of(name: str, capacity: int) -> GPUSpec:
+    """The catalog GPU called ``name`` when its memory is ``capacity``, else a GPU of that capacity."""
+    from vramledger.catalog import resolve_gpu
+
+    try:
+        gpu = resolve_gpu(name)
+        if gpu.memory_bytes == capacity:
+            return gpu
+    except VramledgerError:
+        pass
+    return resolve_gpu(f"{name}:{capacity}B")
 
 
 def explain(
@@ -162,15 +194,19 @@ def explain(
     """Diagnose ``ev``; with the setup (``model``, ``train``), compare with the prediction and price the fixes on
     ``gpu`` (else a GPU of the capacity the evidence reports)."""
     pm = diagnose(ev)
+    if (model is None or train is None) and ev.recorded_setup is not None:
+        from vramledger.explain.specs_io import specs_from_dict
+
+        model, train = specs_from_dict(ev.recorded_setup["specs"], ev.source)
+        fmt = ev.recorded_setup.get("fmt") or ""
     if model is None or train is None:
         return pm
     from vramledger.analytic import estimate
     from vramledger.explain.fixes import priced_fixes
 
     if gpu is None and pm.capacity_bytes:
-        from vramledger.catalog import resolve_gpu
-
-        gpu = resolve_gpu(f"GPU of the evidence:{pm.capacity_bytes}B")
+        name = str((ev.recorded_setup or {}).get("device") or "GPU of the evidence")
+        gpu = gpu_of(name, pm.capacity_bytes)
     ledger = estimate(model, train, gpu=gpu, headroom=headroom)
     comparison = compare(ledger, ev, pm.requested_bytes, pm.allocated_bytes)
     fixes = (

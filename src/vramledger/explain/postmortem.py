@@ -66,6 +66,8 @@ class Evidence:
     step: int | None = None
     batch: Mapping[str, Any] | None = None
     """The batch that was running: shape, tokens, the longest so far."""
+    recorded_setup: Mapping[str, Any] | None = None
+    """The setup a callback predicted for (``explain.specs_io``), with ``framework`` and ``capacity_bytes``."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

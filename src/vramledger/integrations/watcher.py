@@ -193,23 +193,17 @@ class MemoryWatcher:
 
     # -- prediction and checks -------------------------------------------------------------------------------
     def _gpu(self) -> Any:
-        from vramledger.catalog import resolve_gpu
-        from vramledger.errors import VramledgerError
+        from vramledger.explain import gpu_of
 
         cap = self.stats.capacity()
-        if cap is None:
-            return None
-        try:
-            gpu = resolve_gpu(self.stats.device_name())
-            return gpu if gpu.memory_bytes == cap else resolve_gpu(f"{self.stats.device_name()}:{cap}B")
-        except VramledgerError:
-            return resolve_gpu(f"{self.stats.device_name()}:{cap}B")
+        return None if cap is None else gpu_of(self.stats.device_name(), cap)
 
     def _predict(self, b: int, length: int) -> None:
         if self._predictor is None:
             return
         from vramledger.analytic import estimate
         from vramledger.errors import VramledgerError
+        from vramledger.explain.specs_io import specs_to_dict
 
         try:
             self.setup = self._predictor(b, length)
@@ -237,6 +231,7 @@ class MemoryWatcher:
                 },
                 "settings": {k: _plain(x) for k, x in ledger.settings.items()},
                 "provenance": self.setup.provenance,
+                "setup": specs_to_dict(self.setup.model, self.setup.train),
                 "warnings": list(self.setup.warnings),
             }
         )
