@@ -115,3 +115,30 @@ def test_degrades_without_cuda(tiny_llama: Any, tmp_path: Path) -> None:
     steps = [r for r in recs if r["event"] == "step"]
     assert len(steps) == 3 and all(r["phases"] == {} and r["batch"] == [2, 16] for r in steps)
     assert next(r for r in recs if r["event"] == "predict")["fits"] is None  # no GPU, no verdict
+
+
+def test_a_peft_model_is_predicted_as_lora_with_its_own_settings(tiny_llama: Any, tmp_path: Path) -> None:
+    """The live PEFT config decides method, rank, targets, dropout and the adapters' dtype — not defaults."""
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(
+        tiny_llama, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.05)
+    )
+    _, cb, _ = _train(model, tmp_path, FakeStats())
+    predict = next(r for r in _records(cb.watcher.out) if r["event"] == "predict")
+    lora = predict["setup"]["train"]["lora"]
+    assert predict["setup"]["train"]["method"] == "lora"
+    assert (lora["rank"], sorted(lora["targets"]), lora["dropout"], lora["adapter_fp32"]) == (
+        4,
+        ["q_proj", "v_proj"],
+        0.05,
+        True,
+    )
+    # trainable parameters: the ledger's count equals the live model's
+    trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
+    from vramledger.analytic import estimate
+    from vramledger.explain.specs_io import specs_from_dict
+
+    spec_model, spec_train = specs_from_dict(predict["setup"], "test")
+    print("expected trainable", trainable, "got", estimate(spec_model, spec_train).trainable_params)
+    assert estimate(spec_model, spec_train).trainable_params == trainable
