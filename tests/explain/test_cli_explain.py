@@ -48,7 +48,7 @@ def test_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> Non
     data = json.loads(out)
     assert code == 0 and set(data) >= JSON_KEYS
     assert data["process_bytes"] is None  # the 1.4-2.0 wording has no NVML line
-    assert data["reserved_bytes"] == round(1.24 * 2**30) and data["diagnosis"] == "capacity"
+    assert data["reserved_bytes"] == round(1.24 * 2**30) and data["diagnosis"] == "driver_refused"
 
 
 def test_a_log_file_and_standard_input(

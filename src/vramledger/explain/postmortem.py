@@ -16,6 +16,9 @@ Causes, in the order they are tested:
 - ``other_processes``: other processes on the GPU hold at least the request and the device has less than it free;
 - ``memory_fraction_cap``: ``set_per_process_memory_fraction`` capped the allocator below the GPU, and the
   request would have fitted under the GPU's capacity;
+- ``driver_refused``: the driver reported at least the request free (``cudaMemGetInfo``, read after the failure),
+  yet ``cudaMalloc`` failed: the device's free memory is not contiguous (other allocations outside PyTorch, the
+  display driver on Windows/WDDM), or something freed memory between the failure and the reading;
 - ``capacity``: the live tensors plus the request exceed what the GPU gives this process: shrink the step;
 - ``unknown``: only the request is known.
 """
@@ -38,6 +41,7 @@ class Diagnosis(str, enum.Enum):
     FRAGMENTATION = "fragmentation"
     OTHER_PROCESSES = "other_processes"
     MEMORY_FRACTION_CAP = "memory_fraction_cap"
+    DRIVER_REFUSED = "driver_refused"
     CAPACITY = "capacity"
     UNKNOWN = "unknown"
 
@@ -194,6 +198,8 @@ def _cause(
         and allocated + requested <= capacity
     ):
         return Diagnosis.MEMORY_FRACTION_CAP, "under_capacity_over_cap"
+    if free is not None and free >= requested:
+        return Diagnosis.DRIVER_REFUSED, "device_free_but_cudamalloc_failed"
     if allocated is None and free is None:
         return Diagnosis.UNKNOWN, "only_request"
     return Diagnosis.CAPACITY, "live_plus_request_over_limit"

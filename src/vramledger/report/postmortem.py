@@ -17,6 +17,7 @@ TITLES = {
     Diagnosis.FRAGMENTATION: "fragmentation",
     Diagnosis.OTHER_PROCESSES: "other processes hold the memory",
     Diagnosis.MEMORY_FRACTION_CAP: "the per-process memory cap",
+    Diagnosis.DRIVER_REFUSED: "the driver refused free memory",
     Diagnosis.CAPACITY: "the step does not fit",
     Diagnosis.UNKNOWN: "not enough evidence",
 }
@@ -72,6 +73,13 @@ def reason_text(pm: PostMortem) -> str:
         return (
             f"set_per_process_memory_fraction capped this process at {_b(pm.allowed_bytes)}; the {req} asked "
             f"on top of {_b(pm.allocated_bytes)} live would have fitted the GPU's {_b(pm.capacity_bytes)}."
+        )
+    if d is Diagnosis.DRIVER_REFUSED:
+        return (
+            f"the driver reported {_b(pm.free_bytes)} free, at least the {req} asked, yet cudaMalloc failed: the "
+            "device's free memory is not in one piece (memory outside PyTorch, the display driver on Windows), or "
+            "it was freed between the failure and the reading. Smaller allocations (a smaller micro-batch) or "
+            "expandable_segments:True, which maps memory in 20 MiB pages, avoid needing one large piece."
         )
     if d is Diagnosis.CAPACITY:
         return (
