@@ -289,7 +289,11 @@ def read(
         if r.raw.get(key) is not None:
             r.warn(f"ignored: deepspeed {key} (not modelled)")
     for key in r.raw:
-        if key not in _HARMLESS_TOP and r.raw[key] is not None and key not in _UNMODELLED_TOP:
+        if (
+            key not in _HARMLESS_TOP
+            and r.raw[key] is not None
+            and key not in _UNMODELLED_TOP
+        ):
             r.warn(f"ignored: deepspeed {key} (not a DeepSpeed setting vramledger knows)")
     return DeepSpeedConfig(stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=src)
 

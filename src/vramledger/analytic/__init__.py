@@ -50,17 +50,14 @@ def _advice(ledger_items_by_cat: dict[Category, int], train: TrainSpec) -> str:
     biggest = max(ledger_items_by_cat, key=lambda c: ledger_items_by_cat[c])
     size = fmt_bytes(ledger_items_by_cat[biggest])
     remedies = {
-        Category.ACTIVATIONS: "gradient checkpointing (--grad-ckpt)"
-        if not train.grad_ckpt
+        Category.ACTIVATIONS: "gradient checkpointing (--grad-ckpt)" if not train.grad_ckpt
         else "a smaller micro-batch with gradient accumulation, or a shorter sequence",
         Category.ATTENTION_SCORES: "sdpa or flash_attention_2 instead of eager, or packing instead of padding",
         Category.LOGITS_LOSS: "a fused linear cross-entropy (--loss fused, Liger) or a smaller micro-batch",
         Category.OPTIMIZER_STATE: "an 8-bit optimizer (--optimizer adamw_8bit) or LoRA",
         Category.GRADIENTS: "LoRA, or freezing layers",
-        Category.WEIGHTS: "LoRA over a bf16 base, or QLoRA (4-bit base)"
-        if train.method is Method.FULL
-        else "a smaller model"
-        if train.method is Method.QLORA
+        Category.WEIGHTS: "LoRA over a bf16 base, or QLoRA (4-bit base)" if train.method is Method.FULL
+        else "a smaller model" if train.method is Method.QLORA
         else "QLoRA (4-bit base) or a smaller model",
         Category.MASTER_WEIGHTS: "ZeRO stage 1+ across more GPUs, or optimizer offload",
         Category.TEMPORARIES: "the fused AdamW (--optimizer adamw_torch_fused)"
@@ -129,3 +126,4 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
     if train.method is Method.FREEZE:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
     return s
+

@@ -101,7 +101,7 @@ def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     copy of the base weight): about in² + 4·in·out fp32 elements live at once."""
     if train.lora is None or not train.lora.dora or not wb.adapted:
         return 0
-    return max(4 * (a.linear.in_features**2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
+    return max(4 * (a.linear.in_features ** 2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
 
 
 def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> LayerActivations:

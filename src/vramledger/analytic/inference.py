@@ -55,9 +55,8 @@ class InferSpec:
         for name in ("batch", "prompt", "new_tokens"):
             if getattr(self, name) < 1:
                 flag = {"batch": "--batch", "prompt": "--prompt", "new_tokens": "--new-tokens"}[name]
-                raise VramledgerError(
-                    f"inference: {name} must be a positive integer (got {getattr(self, name)}); e.g. {flag} 1"
-                )
+                raise VramledgerError(f"inference: {name} must be a positive integer (got {getattr(self, name)}); "
+                                      f"e.g. {flag} 1")
         if self.attn is Attention.FLASH2 and self.dtype is DType.FP32:
             raise VramledgerError("flash_attention_2 runs only in fp16/bf16; use --precision bf16 or --attn sdpa")
 
@@ -65,9 +64,8 @@ class InferSpec:
     def as_train(self) -> TrainSpec:
         """The TrainSpec whose compute dtype and attention match (for the shared per-layer formulas)."""
         prec = {DType.FP32: Precision.FP32, DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[self.dtype]
-        return TrainSpec(
-            method=Method.FULL, precision=prec, attn=self.attn, micro_batch=self.batch, seq_len=self.prompt
-        )
+        return TrainSpec(method=Method.FULL, precision=prec, attn=self.attn, micro_batch=self.batch,
+                         seq_len=self.prompt)
 
 
 def weight_bytes(m: ModelSpec, spec: InferSpec) -> int:
@@ -102,14 +100,8 @@ def infer_ledger(m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, h
     w_src = "Σ parameters × dtype bytes (analytic/params.py); bitsandbytes storage (analytic/weights.py)"
     items: list[LineItem] = [
         LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=w, label="weights", source=w_src),
-        LineItem(
-            category=Category.CUDA_CONTEXT,
-            phase=Phase.LOAD,
-            bytes=cuda_context_bytes(gpu),
-            label="CUDA context",
-            source=CONTEXT_SOURCE,
-            basis=Basis.ASSUMPTION,
-        ),
+        LineItem(category=Category.CUDA_CONTEXT, phase=Phase.LOAD, bytes=cuda_context_bytes(gpu),
+                 label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION),
         _item(Category.WEIGHTS, w, "weights", w_src),
         _item(Category.WORKSPACE, ws, "cuBLAS workspace", "torch CublasHandlePool.cpp getChosenWorkspaceSize"),
     ]
@@ -119,41 +111,22 @@ def infer_ledger(m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, h
         items += [
             _item(Category.KV_CACHE, kv.after_prefill, f"KV cache after the prefill ({cache_kind})", SRC_CACHE),
             _item(Category.TEMPORARIES, tok, "one layer's working set", "analytic/evaluation.py layer_working_set"),
-            _item(
-                Category.ATTENTION_SCORES,
-                sq + mask,
-                "attention mask / length² tensors",
-                "masking_utils create_causal_mask; eager_attention_forward",
-            ),
+            _item(Category.ATTENTION_SCORES, sq + mask, "attention mask / length² tensors",
+                  "masking_utils create_causal_mask; eager_attention_forward"),
         ]
     else:
         moment = f"last of {N} decode steps"
         items += [
             _item(Category.KV_CACHE, kv.at_end, f"KV cache of {P}+{N}-1 tokens ({cache_kind})", SRC_CACHE),
-            _item(
-                Category.TEMPORARIES,
-                kv.per_layer_step,
-                "one layer's K/V being re-concatenated",
-                "cache_utils.py DynamicLayer.update torch.cat",
-            ),
+            _item(Category.TEMPORARIES, kv.per_layer_step, "one layer's K/V being re-concatenated",
+                  "cache_utils.py DynamicLayer.update torch.cat"),
         ]
-    items.append(
-        _item(
-            Category.LOGITS_LOSS,
-            logits,
-            "last-token logits and their fp32 copy",
-            "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)",
-        )
-    )
+    items.append(_item(Category.LOGITS_LOSS, logits, "last-token logits and their fp32 copy",
+                       "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)"))
     allocated = sum(i.bytes for i in items if i.phase is Phase.GENERATE)
     items += [
-        _item(
-            Category.ALLOCATOR_RESERVE,
-            allocator_reserve_bytes(allocated),
-            "cached, not allocated",
-            RESERVE_SOURCE,
-            Basis.ASSUMPTION,
-        ),
+        _item(Category.ALLOCATOR_RESERVE, allocator_reserve_bytes(allocated), "cached, not allocated",
+              RESERVE_SOURCE, Basis.ASSUMPTION),
         _item(Category.CUDA_CONTEXT, cuda_context_bytes(gpu), "CUDA context", CONTEXT_SOURCE, Basis.ASSUMPTION),
     ]
     ledger = Ledger(
@@ -163,28 +136,19 @@ def infer_ledger(m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, h
         items=tuple(items),
         engine="analytic",
         moments=MappingProxyType({Phase.LOAD: "weights loaded", Phase.GENERATE: moment}),
-        settings=MappingProxyType(
-            {
-                "mode": "infer",
-                "batch": B,
-                "prompt": P,
-                "new_tokens": N,
-                "dtype": spec.dtype.value,
-                "cache": "static" if spec.static_cache else "dynamic",
-                "attn": spec.attn.value,
-                "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
-            }
-        ),
+        settings=MappingProxyType({
+            "mode": "infer", "batch": B, "prompt": P, "new_tokens": N, "dtype": spec.dtype.value,
+            "cache": "static" if spec.static_cache else "dynamic", "attn": spec.attn.value,
+            "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
+        }),
     )
     from dataclasses import replace
 
     verdict = None if gpu is None else make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
     cache = ledger.bytes_of(Category.KV_CACHE, Phase.GENERATE)
-    advice = (
-        f"The KV cache ({fmt_bytes(cache)}) "
-        + ("outweighs the weights" if cache > w else "is smaller than the weights")
-        + f" ({fmt_bytes(w)}); fewer sequences or tokens shrink it linearly."
-    )
+    advice = (f"The KV cache ({fmt_bytes(cache)}) "
+              + ("outweighs the weights" if cache > w else "is smaller than the weights")
+              + f" ({fmt_bytes(w)}); fewer sequences or tokens shrink it linearly.")
     return replace(ledger, verdict=verdict, advice=advice)
 
 
@@ -230,14 +194,8 @@ def max_concurrency(m: ModelSpec, spec: InferSpec, gpu: GPUSpec, *, headroom: fl
         max_batch=best,
         usable_bytes=usable,
         weights_bytes=weight_bytes(m, spec),
-        cache_per_sequence=kv_cache_bytes(
-            m,
-            batch=1,
-            prompt=spec.prompt,
-            new_tokens=spec.new_tokens,
-            dtype_bytes=spec.dtype.bytes,
-            static=spec.static_cache,
-        ).peak,
+        cache_per_sequence=kv_cache_bytes(m, batch=1, prompt=spec.prompt, new_tokens=spec.new_tokens,
+                                          dtype_bytes=spec.dtype.bytes, static=spec.static_cache).peak,
         device_at_max=at,
         gpu=gpu.name,
     )

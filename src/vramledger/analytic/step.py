@@ -197,8 +197,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         logits_head=lg.head_grad_moment + head_input,
         final_hidden_bytes=final_hidden,
         head_cast_bytes=m.vocab_size * m.hidden_size * 2
-        if (wb.head_trainable and train.precision.mixed and wb.trainable_dtype.bytes == 4)
-        else 0,
+        if (wb.head_trainable and train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0,
         layer_backward_temp=layer_temp,
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb)
@@ -219,24 +218,16 @@ def _persistent(mo: _Moment, p: StepParts, train: TrainSpec, *, grads: int, auto
         label = "adapters" if train.adapters else "trainable"
         mo.add(Category.WEIGHTS, f"{label} ({p.weights.trainable_dtype.value})", p.trainable_bytes, src["weights"])
     if p.master_bytes:
-        mo.add(
-            Category.MASTER_WEIGHTS,
-            "fp32 master copy (ZeRO shard)",
-            p.master_bytes,
-            "DeepSpeed bf16/fp16 optimizer: fp32 master partition, 4·P/N",
-        )
+        mo.add(Category.MASTER_WEIGHTS, "fp32 master copy (ZeRO shard)", p.master_bytes,
+               "DeepSpeed bf16/fp16 optimizer: fp32 master partition, 4·P/N")
     if autocast and p.autocast_copy_bytes:
         mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, src["autocast"])
     if states and p.state_bytes:
         mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
     if grads:
         mo.add(Category.GRADIENTS, "gradients", grads, src["grads"])
-    mo.add(
-        Category.WORKSPACE,
-        "cuBLAS workspaces",
-        p.workspace_bytes,
-        "torch CublasHandlePool.cpp getChosenWorkspaceSize, one per handle (forward and backward threads)",
-    )
+    mo.add(Category.WORKSPACE, "cuBLAS workspaces", p.workspace_bytes,
+           "torch CublasHandlePool.cpp getChosenWorkspaceSize, one per handle (forward and backward threads)")
 
 
 def _activations(mo: _Moment, p: StepParts, train: TrainSpec, *, saved_logits: bool = False) -> None:
@@ -247,12 +238,8 @@ def _activations(mo: _Moment, p: StepParts, train: TrainSpec, *, saved_logits: b
     if p.extra_saved_bytes:
         mo.add(Category.ACTIVATIONS, "final norm, RoPE tables", p.extra_saved_bytes, src["acts"])
     if p.scores_bytes:
-        mo.add(
-            Category.ATTENTION_SCORES,
-            "length² tensors of every layer",
-            p.scores_bytes,
-            "eager softmax fp32 + cast probs (or padded SDPA's additive mask), analytic/activations.py",
-        )
+        mo.add(Category.ATTENTION_SCORES, "length² tensors of every layer", p.scores_bytes,
+               "eager softmax fp32 + cast probs (or padded SDPA's additive mask), analytic/activations.py")
     if saved_logits and p.logits_saved:
         mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, p.logits_source)
 
@@ -276,22 +263,14 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     _persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(fwd, p, train)
     fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
-    fwd.add(
-        Category.TEMPORARIES,
-        "final hidden state (model output, alive during the loss)",
-        p.final_hidden_bytes,
-        "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives",
-    )
+    fwd.add(Category.TEMPORARIES, "final hidden state (model output, alive during the loss)", p.final_hidden_bytes,
+            "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives")
     fwd_layer = _Moment(name="inside the last decoder layer's forward")
     _persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
     _activations(fwd_layer, p, train)
-    fwd_layer.add(
-        Category.TEMPORARIES,
-        "transients of one layer",
-        p.forward_layer_temp + p.dequant_temp,
-        "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
-        "QLoRA dequantised weight",
-    )
+    fwd_layer.add(Category.TEMPORARIES, "transients of one layer", p.forward_layer_temp + p.dequant_temp,
+                  "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
+                  "QLoRA dequantised weight")
     out[Phase.FORWARD] = max((fwd, fwd_layer), key=lambda mo: mo.total)
 
     # Backward candidates.
@@ -301,9 +280,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     keep_casts = not train.grad_ckpt
     _persistent(b_loss, p, train, grads=grads_prev, autocast=keep_casts, states=True)
     if not keep_casts:
-        b_loss.add(
-            Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes, _sources()["autocast"]
-        )
+        b_loss.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
+                   _sources()["autocast"])
     _activations(b_loss, p, train)
     b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
     cands.append(b_loss)
@@ -314,49 +292,29 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
         head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
     _persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=keep_casts, states=True)
     if not keep_casts:
-        b_top.add(
-            Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes, _sources()["autocast"]
-        )
+        b_top.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
+                  _sources()["autocast"])
     _activations(b_top, p, train)
     if train.grad_ckpt and p.weights.trainable_layers:
         b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, _sources()["acts"])
-        b_top.add(
-            Category.ATTENTION_SCORES,
-            "one layer's length² tensors (recomputed)",
-            p.layer_scores_bytes,
-            "analytic/activations.py",
-        )
+        b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
+                  "analytic/activations.py")
     if train.grad_ckpt:
-        b_top.add(
-            Category.TEMPORARIES,
-            "DoRA weight norm in the recomputed forward",
-            p.dora_temp,
-            "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)",
-        )
-    b_top.add(
-        Category.TEMPORARIES,
-        "4-bit weight dequantised for one matmul",
-        p.dequant_temp,
-        "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time",
-    )
-    b_top.add(
-        Category.TEMPORARIES,
-        "gradients of hidden states and MLP intermediates",
-        p.layer_backward_temp,
-        "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)",
-    )
+        b_top.add(Category.TEMPORARIES, "DoRA weight norm in the recomputed forward", p.dora_temp,
+                  "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)")
+    b_top.add(Category.TEMPORARIES, "4-bit weight dequantised for one matmul", p.dequant_temp,
+              "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time")
+    b_top.add(Category.TEMPORARIES, "gradients of hidden states and MLP intermediates", p.layer_backward_temp,
+              "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)")
     cands.append(b_top)
 
     b_end = _Moment(name="end of backward (every gradient allocated)")
     _persistent(b_end, p, train, grads=p.grad_bytes, autocast=False, states=True)
     if p.weights.embedding_trainable and (m.tie_word_embeddings or accum):
-        b_end.add(
-            Category.TEMPORARIES,
-            "embedding gradient before accumulation",
-            p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
-            "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
-            "(tied lm_head, or an earlier micro-step)",
-        )
+        b_end.add(Category.TEMPORARIES, "embedding gradient before accumulation",
+                  p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
+                  "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
+                  "(tied lm_head, or an earlier micro-step)")
     cands.append(b_end)
     out[Phase.BACKWARD] = max(cands, key=lambda mo: mo.total)
 
@@ -383,24 +341,8 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
                 items.append(LineItem(category=cat, phase=phase, bytes=n, label=label, source=source, basis=basis))
         if phase in reserves:
             n, source, basis = reserves[phase]
-            items.append(
-                LineItem(
-                    category=Category.ALLOCATOR_RESERVE,
-                    phase=phase,
-                    bytes=n,
-                    label="cached, not allocated",
-                    source=source,
-                    basis=basis,
-                )
-            )
-        items.append(
-            LineItem(
-                category=Category.CUDA_CONTEXT,
-                phase=phase,
-                bytes=cuda_context_bytes(gpu),
-                label="CUDA context",
-                source=CONTEXT_SOURCE,
-                basis=Basis.ASSUMPTION,
-            )
-        )
+            items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase, bytes=n,
+                                  label="cached, not allocated", source=source, basis=basis))
+        items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=cuda_context_bytes(gpu),
+                              label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
     return tuple(items), names

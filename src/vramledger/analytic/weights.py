@@ -161,9 +161,8 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
             trainable_matrix_params=matrix,
             largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
             largest_frozen_matrix_numel=largest_frozen,
-            frozen_matrix_params=(m.num_layers - k)
-            * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
-            + lm_head_numel,
+            frozen_matrix_params=(m.num_layers - k) * sum(lin.in_features * lin.out_features * lin.per_layer
+                                                          for lin in linears) + lm_head_numel,
             embedding_trainable=False,
             head_trainable=False,
             norms_trainable=k > 0,

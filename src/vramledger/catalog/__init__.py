@@ -129,7 +129,9 @@ def load_config_file(path: Path) -> ModelSpec:
 def resolve_model(name: str) -> ModelSpec:
     """A ModelSpec from a path, a catalog name or the local HF cache; unknown names get close matches."""
     if not name or not name.strip():
-        raise VramledgerError("model: empty name; pass a catalog name (see `vramledger models`) or a config.json")
+        raise VramledgerError(
+            "model: empty name; pass a catalog name (see `vramledger models`) or a config.json"
+        )
     path = Path(name).expanduser()
     if name.endswith(".json") or path.exists():
         return load_config_file(path)
@@ -197,5 +199,6 @@ def resolve_gpu(name: str) -> GPUSpec:
     close = difflib.get_close_matches(norm, list(_gpu_index()), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise VramledgerError(
-        f"gpu: {name!r} is not in the catalog{hint} (or give a size such as --gpu 24GiB; `vramledger gpus` lists them)"
+        f"gpu: {name!r} is not in the catalog{hint} "
+        "(or give a size such as --gpu 24GiB; `vramledger gpus` lists them)"
     )

@@ -34,17 +34,9 @@ def run(args: argparse.Namespace) -> int:
     if inputs.gpu is None:
         raise VramledgerError("accum needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
     g = args.global_batch or inputs.train.micro_batch * inputs.train.grad_accum
-    report = accum_report(
-        inputs.model,
-        inputs.train,
-        inputs.gpu,
-        inputs.headroom,
-        global_batch=g,
-        dataset_size=args.dataset_size,
-        epochs=args.epochs,
-        scheduler=args.lr_scheduler.strip().lower(),
-        warmup_ratio=args.warmup_ratio,
-    )
+    report = accum_report(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=g,
+                          dataset_size=args.dataset_size, epochs=args.epochs,
+                          scheduler=args.lr_scheduler.strip().lower(), warmup_ratio=args.warmup_ratio)
     if inputs.warnings:
         from dataclasses import replace
 

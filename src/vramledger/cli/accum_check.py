@@ -38,7 +38,9 @@ def _run(args: argparse.Namespace) -> int:
         return _run_script(args)
     from vramledger.accum.equivalence import EquivalenceConfig, run_equivalence
 
-    result = run_equivalence(EquivalenceConfig(micro_batches=args.micro_batches, seed=args.seed, dtype=args.dtype))
+    result = run_equivalence(
+        EquivalenceConfig(micro_batches=args.micro_batches, seed=args.seed, dtype=args.dtype)
+    )
     if args.json:
         out: dict[str, Any] = dataclasses.asdict(result)
         out["total_target_tokens"] = result.total_target_tokens

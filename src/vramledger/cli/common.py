@@ -99,23 +99,16 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
         "--precision",
         help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)",
     )
-    g.add_argument(
-        "--optimizer",
-        help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
-        "adafactor | sgd | lion_32bit | … (default adamw_torch)",
-    )
+    g.add_argument("--optimizer", help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
+                   "adafactor | sgd | lion_32bit | … (default adamw_torch)")
     g.add_argument("--sgd-momentum", type=float, help="SGD momentum (default 0)")
     ck = g.add_mutually_exclusive_group()
     ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None, help="gradient checkpointing")
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", help="no gradient checkpointing")
     g.add_argument("--attn", help="eager | sdpa | flash_attention_2 (default sdpa)")
     g.add_argument("--loss", help="standard | fused (Liger) | chunked (default standard)")
-    g.add_argument(
-        "--packing",
-        action="store_true",
-        default=None,
-        help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1",
-    )
+    g.add_argument("--packing", action="store_true", default=None,
+                   help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
     g.add_argument("--eval-batch", type=int, help="evaluation batch size (adds an eval phase)")
     g.add_argument("--eval-seq", type=int, help="evaluation sequence length (default: --seq)")
     g.add_argument("--eval-logits", help="what eval keeps for metrics: none (loss only) | full | argmax (default none)")
@@ -273,12 +266,8 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("reports")
     g.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML report (table + figures)")
     g.add_argument("--png", type=Path, metavar="DIR", help="write the figures as PNG files into DIR")
-    g.add_argument(
-        "--bars",
-        action="store_true",
-        default=None,
-        help="show text bars of the bill (default: when the output is a terminal)",
-    )
+    g.add_argument("--bars", action="store_true", default=None,
+                   help="show text bars of the bill (default: when the output is a terminal)")
 
 
 def show_bars(args: argparse.Namespace) -> bool:

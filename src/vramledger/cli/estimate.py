@@ -29,20 +29,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true", help="print the ledger as JSON")
     p.add_argument("--sources", action="store_true", help="list every line of the peak with its formula and source")
     g = p.add_argument_group("inference (--mode infer)")
-    g.add_argument(
-        "--mode",
-        choices=("train", "infer"),
-        default="train",
-        help="train (default): a training step; infer: one generate() call (weights + KV cache)",
-    )
+    g.add_argument("--mode", choices=("train", "infer"), default="train",
+                   help="train (default): a training step; infer: one generate() call (weights + KV cache)")
     g.add_argument("--prompt", type=int, help="infer: prompt tokens per sequence (default: --seq, 2048)")
     g.add_argument("--new-tokens", type=int, help="infer: max_new_tokens (default 256)")
     g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
-    g.add_argument(
-        "--max-concurrency",
-        action="store_true",
-        help="infer: how many sequences of this length fit next to the weights on --gpu",
-    )
+    g.add_argument("--max-concurrency", action="store_true",
+                   help="infer: how many sequences of this length fit next to the weights on --gpu")
     add_output_options(p)
     p.set_defaults(run=run)
 
@@ -89,15 +82,8 @@ def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:
     from vramledger.errors import VramledgerError
 
     t = inputs.train
-    spec = InferSpec(
-        batch=t.micro_batch,
-        prompt=args.prompt or t.seq_len,
-        new_tokens=args.new_tokens or 256,
-        dtype=t.precision.compute,
-        quant=t.quant,
-        attn=t.attn,
-        static_cache=args.static_cache,
-    )
+    spec = InferSpec(batch=t.micro_batch, prompt=args.prompt or t.seq_len, new_tokens=args.new_tokens or 256,
+                     dtype=t.precision.compute, quant=t.quant, attn=t.attn, static_cache=args.static_cache)
     ledger = infer_ledger(inputs.model, spec, gpu=inputs.gpu, headroom=inputs.headroom)
     conc = None
     if args.max_concurrency:

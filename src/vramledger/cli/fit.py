@@ -39,16 +39,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args)
     if inputs.gpu is None:
         raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    report = fit(
-        inputs.model,
-        inputs.train,
-        inputs.gpu,
-        inputs.headroom,
-        max_batch=args.max_batch,
-        granularity=args.granularity,
-        max_len=args.max_len,
-        exact=args.exact,
-    )
+    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
+                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
     if inputs.warnings:
         from dataclasses import replace
 

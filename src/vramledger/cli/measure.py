@@ -80,7 +80,8 @@ def _run(args: argparse.Namespace) -> int:
             "counters": m.result.raw.get("counters", {}),
             "predictions": {k: ledger_figures(v) for k, v in preds.items()},
             "errors": {
-                k: {f: relative_error(ledger_figures(v)[f], measured[f]) for f in FIGURES} for k, v in preds.items()
+                k: {f: relative_error(ledger_figures(v)[f], measured[f]) for f in FIGURES}
+                for k, v in preds.items()
             },
             "notes": notes,
             "snapshot": m.result.raw.get("snapshot"),

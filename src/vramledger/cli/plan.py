@@ -30,9 +30,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--granularity", type=int, default=128, help="shorter lengths on multiples of this (default 128)")
     p.add_argument("--top", type=int, default=8, help="plans to show (default 8)")
     p.add_argument("--write-config", type=Path, metavar="FILE", help="write the best plan as a training config")
-    p.add_argument(
-        "--write-format", help="llamafactory | trl | axolotl (default: the --config's format, else llamafactory)"
-    )
+    p.add_argument("--write-format", help="llamafactory | trl | axolotl (default: the --config's format, "
+                   "else llamafactory)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_output_options(p)
     p.set_defaults(run=run)
@@ -44,15 +43,8 @@ def run(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args)
     if inputs.gpu is None:
         raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    result = plan(
-        inputs.model,
-        inputs.train,
-        inputs.gpu,
-        inputs.headroom,
-        global_batch=args.global_batch,
-        batch_given="micro_batch" in inputs.provenance,
-        granularity=args.granularity,
-    )
+    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
+                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
     if inputs.warnings:
         from dataclasses import replace
 

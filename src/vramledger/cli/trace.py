@@ -24,12 +24,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument(
-        "--alloc-conf",
-        metavar="CONF",
-        help="PYTORCH_CUDA_ALLOC_CONF to replay, e.g. expandable_segments:True (default: the "
-        "environment's PYTORCH_CUDA_ALLOC_CONF, else torch's defaults); compared with the defaults",
-    )
+    p.add_argument("--alloc-conf", metavar="CONF",
+                   help="PYTORCH_CUDA_ALLOC_CONF to replay, e.g. expandable_segments:True (default: the "
+                   "environment's PYTORCH_CUDA_ALLOC_CONF, else torch's defaults); compared with the defaults")
     p.add_argument("--json", action="store_true", help="machine-readable output (estimate's keys + trace keys)")
     p.add_argument("--timeline", action="store_true", help="with --json: include the live-bytes timeline")
     add_output_options(p)

@@ -87,7 +87,9 @@ def trial_spec(
     from vramledger.measure.serial import train_to_dict
 
     if steps < 1:
-        raise VramledgerError(f"--steps must be at least 1 (got {steps}); 3 makes the optimizer states resident")
+        raise VramledgerError(
+            f"--steps must be at least 1 (got {steps}); 3 makes the optimizer states resident"
+        )
     return {
         "model_name": model.name,
         "hf_config": dict(hf_config) if hf_config is not None else hf_config_for(model),
@@ -116,7 +118,9 @@ def run_worker(
         )
     except subprocess.TimeoutExpired as exc:
         tail = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        return TrialResult(status="timeout", error=f"no result within {timeout_s:g} s", stderr_tail=tail[-2000:])
+        return TrialResult(
+            status="timeout", error=f"no result within {timeout_s:g} s", stderr_tail=tail[-2000:]
+        )
     raw: dict[str, Any] | None = None
     for line in reversed(proc.stdout.strip().splitlines()):
         try:
@@ -167,7 +171,9 @@ def ledger_from_result(result: TrialResult, model: ModelSpec, train: TrainSpec) 
     for name, fig in phases.items():
         phase = Phase(name)
         alloc = int(fig["allocated"])
-        known: list[tuple[Category, int, str]] = [(Category.WEIGHTS, weights, "weights resident after loading")]
+        known: list[tuple[Category, int, str]] = [
+            (Category.WEIGHTS, weights, "weights resident after loading")
+        ]
         if phase is not Phase.LOAD and steps > 1 and opt_state:
             known.append((Category.OPTIMIZER_STATE, opt_state, "optimizer state tensors (measured sizes)"))
         if phase is Phase.OPTIMIZER and grads:
@@ -183,7 +189,9 @@ def ledger_from_result(result: TrialResult, model: ModelSpec, train: TrainSpec) 
                 Phase.OPTIMIZER: "rest of the peak: optimizer temporaries",
                 Phase.GENERATE: "rest of the peak: KV cache, logits and activations",
             }.get(phase, "rest of the peak: activations, temporaries, gradients so far")
-            items.append(LineItem(category=rest_cat, phase=phase, bytes=budget, label=label, source=src_alloc, basis=m))
+            items.append(
+                LineItem(category=rest_cat, phase=phase, bytes=budget, label=label, source=src_alloc, basis=m)
+            )
         reserve = max(0, int(fig["reserved"]) - alloc)
         items.append(
             LineItem(

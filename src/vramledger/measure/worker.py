@@ -227,7 +227,9 @@ def _quantize_linears(model: Any, quant: Any, compute_dtype: Any, device: Any) -
                 threshold=6.0,
                 device="meta",
             )
-            new.weight = bnb.nn.Int8Params(old.weight.data.to("cpu"), requires_grad=False, has_fp16_weights=False)
+            new.weight = bnb.nn.Int8Params(
+                old.weight.data.to("cpu"), requires_grad=False, has_fp16_weights=False
+            )
         if has_bias:
             new.bias = torch.nn.Parameter(old.bias.data.to("cpu"), requires_grad=False)
         setattr(parent, name.rsplit(".", 1)[-1], new.to(device))  # .to(cuda) quantizes
@@ -361,7 +363,9 @@ def _check_supported(train: Any) -> None:
     from vramledger.specs import Loss
 
     if train.loss is not Loss.STANDARD:
-        raise Unsupported(f"loss {train.loss.value} is not run by the harness (transformers' standard loss only)")
+        raise Unsupported(
+            f"loss {train.loss.value} is not run by the harness (transformers' standard loss only)"
+        )
     if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
         raise Unsupported("the harness measures one GPU without ZeRO/FSDP or offload")
 
@@ -488,7 +492,9 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
                 result["phase"] = "generate"
                 model.eval()
                 n_new = train.generation_max_new_tokens or 128
-                prompt = ids.new_zeros((train.eval_batch or train.micro_batch, train.eval_seq_len or train.seq_len))
+                prompt = ids.new_zeros(
+                    (train.eval_batch or train.micro_batch, train.eval_seq_len or train.seq_len)
+                )
                 with _phase(probe, extra, "generate"), torch.no_grad(), autocast():
                     model.generate(
                         input_ids=prompt,

@@ -59,13 +59,8 @@ class Precision(str, enum.Enum):
         return self.compute
 
 
-_COMPUTE = {
-    "fp32": DType.FP32,
-    "bf16-mixed": DType.BF16,
-    "bf16-true": DType.BF16,
-    "fp16-mixed": DType.FP16,
-    "fp16-true": DType.FP16,
-}
+_COMPUTE = {"fp32": DType.FP32, "bf16-mixed": DType.BF16, "bf16-true": DType.BF16, "fp16-mixed": DType.FP16,
+            "fp16-true": DType.FP16}
 
 
 class Optimizer(str, enum.Enum):
@@ -255,7 +250,9 @@ class TrainSpec:
                 f"{self.method.value} with quantisation)"
             )
         if self.attn is Attention.FLASH2 and self.precision is Precision.FP32:
-            raise VramledgerError("flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa")
+            raise VramledgerError(
+                "flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa"
+            )
 
     @property
     def adapters(self) -> bool:

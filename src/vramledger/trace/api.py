@@ -42,10 +42,15 @@ def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
     new_bytes = {sid: quantised_weight_bytes(n, rows, quant) for sid, n, rows in result.quantised}
     if not new_bytes:
         return result.events
-    return [dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e for e in result.events]
+    return [
+        dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e
+        for e in result.events
+    ]
 
 
-def _trace(model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None) -> tuple[TraceResult, list[Event]]:
+def _trace(
+    model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None
+) -> tuple[TraceResult, list[Event]]:
     result = run_trace(model, train, config=config)
     events = result.events
     if train.quant is not None:
@@ -99,7 +104,9 @@ def trace_step(
     if alloc_conf.ignored_keys:
         warnings += (f"alloc conf: {', '.join(alloc_conf.ignored_keys)} do not change device memory; ignored",)
     moments: dict[Phase, str] = {
-        p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})" for p, pk in peaks.items() if p is not Phase.LOAD
+        p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})"
+        for p, pk in peaks.items()
+        if p is not Phase.LOAD
     }
     ledger = Ledger(
         model=model.name,
@@ -118,7 +125,9 @@ def trace_step(
         default=None,
     )
     advice = (
-        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}." if biggest else ""
+        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."
+        if biggest
+        else ""
     )
     verdict = None
     if gpu is not None:

@@ -83,7 +83,9 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.storages: dict[int, StorageInfo] = {}
-        self._live: dict[int, int] = {}  # StorageImpl address -> sid (addresses are unique among live storages)
+        self._live: dict[
+            int, int
+        ] = {}  # StorageImpl address -> sid (addresses are unique among live storages)
         self._next_sid = 0
         self.phase = Phase.LOAD
         self.step = 0
