@@ -131,3 +131,29 @@ def test_the_ground_truth_record_with_its_snapshot(tmp_path: Path, snapshot: dic
     assert ev.snapshot is not None and ev.message is not None and ev.phase == "backward"
     pm = explain(ev)
     assert (pm.capacity_bytes, pm.diagnosis) == (1100 * MiB, Diagnosis.FRAGMENTATION)
+
+
+def test_the_ground_truth_record_of_a_cpu_smoke_run(tmp_path: Path) -> None:
+    """``oom_fixtures.py --device cpu --smoke`` records a simulated OOM: no CUDA message, no snapshot, the byte
+    counter's figures in ``at_oom`` (keys as that script writes them)."""
+    record = {
+        "case": "backward",
+        "status": "oom",
+        "phase": "backward",
+        "message": "simulated CPU OOM in aten._log_softmax_backward_data.default: tried to allocate 262144 bytes; "
+        "2209608 bytes live exceed the fake capacity 2156368",
+        "at_oom": {
+            "phase": "backward",
+            "requested": 262144,
+            "allocated": 2209608,
+            "reserved": 2209608,
+            "max_allocated": 2209608,
+            "max_reserved": 2209608,
+            "memory_stats": None,
+        },
+        "requested": 262144,
+    }
+    (tmp_path / "oom_backward.json").write_text(json.dumps(record))
+    pm = explain(read_evidence(tmp_path / "oom_backward.json"))
+    assert (pm.requested_bytes, pm.allocated_bytes, pm.evidence.message) == (262144, 2209608, None)
+    assert pm.diagnosis is Diagnosis.CAPACITY and pm.evidence.phase == "backward"

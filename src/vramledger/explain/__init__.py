@@ -104,10 +104,13 @@ def _from_record(rec: Mapping[str, Any], path: Path) -> Evidence:
             if is_snapshot(snapshot):
                 ev = evidence_from_snapshot(snapshot, source=f"{path} + {name}", message=msg)
                 break
+    capped = msg is not None and msg.allowed_bytes is not None  # the observer passes the cap when one is set
+    limit = at.get("observer_limit_or_total")
     return replace(
         ev,
         requested_bytes=at.get("requested"),
-        capacity_bytes=at.get("observer_limit_or_total"),
+        capacity_bytes=None if capped else limit,
+        allowed_bytes=limit if capped else None,
         free_bytes=at.get("observer_device_free"),
         allocated_bytes=at.get("allocated"),
         reserved_bytes=at.get("reserved"),
@@ -140,6 +143,7 @@ def _from_jsonl(text: str, path: Path) -> Evidence:
         ev,
         requested_bytes=oom.get("requested_bytes"),
         capacity_bytes=oom.get("capacity_bytes"),
+        allowed_bytes=oom.get("allowed_bytes"),
         free_bytes=oom.get("free_bytes"),
         allocated_bytes=oom.get("allocated_bytes"),
         reserved_bytes=oom.get("reserved_bytes"),

@@ -29,13 +29,16 @@ def write_postmortem(w: MemoryWatcher, *, device: int, requested: int, limit: in
     base = w.out.parent if w.out is not None else Path.cwd()
     stem = f"oom_step{w.step.step}"
     current = w.stats.current()
+    capacity = w.stats.capacity()
     batch = {
         "shape": list(w.step.batches[-1]) if w.step.batches else None,
         "longest": list(w.longest) if w.longest else None,
     }
     extra: dict[str, Any] = {
         "requested_bytes": requested,
-        "capacity_bytes": limit,
+        # the observer passes the memory-fraction cap when one is set, else the device total
+        "capacity_bytes": capacity if capacity is not None else limit,
+        "allowed_bytes": limit if capacity is not None and limit < capacity else None,
         "free_bytes": free,
         "allocated_bytes": None if current is None else current[0],
         "reserved_bytes": None if current is None else current[1],

@@ -82,10 +82,19 @@ def reason_text(pm: PostMortem) -> str:
             "expandable_segments:True, which maps memory in 20 MiB pages, avoid needing one large piece."
         )
     if d is Diagnosis.CAPACITY:
+        left = (
+            f" ({fmt_bytes(pm.free_bytes)} free of {fmt_bytes(pm.capacity_bytes)})"
+            if pm.free_bytes is not None and pm.capacity_bytes is not None
+            else ""
+        )
+        cache = (
+            f"; the cache held only {fmt_bytes(pm.cached_free_bytes)} free, so this is the step's size, not "
+            "fragmentation"
+            if pm.cached_free_bytes is not None
+            else ""
+        )
         return (
-            f"{_b(pm.allocated_bytes)} in live tensors plus the {req} asked exceed what the GPU had left "
-            f"({_b(pm.free_bytes)} free of {_b(pm.capacity_bytes)}); the cache held only "
-            f"{_b(pm.cached_free_bytes)} free, so this is the step's size, not fragmentation."
+            f"{_b(pm.allocated_bytes)} in live tensors plus the {req} asked exceed what the GPU had left{left}{cache}."
         )
     return f"only the request ({req}) is known; pass the whole error message or a snapshot for a cause."
 
