@@ -137,8 +137,8 @@ def test_a_peft_model_is_predicted_as_lora_with_its_own_settings(tiny_llama: Any
     # trainable parameters: the ledger's count equals the live model's
     trainable = sum(p.numel() for p in model.parameters() if p.requires_grad)
     from vramledger.analytic import estimate
-    from vramledger.explain.specs_io import specs_from_dict
+    from vramledger.explain import setup_from_record
 
-    spec_model, spec_train = specs_from_dict(predict["setup"], "test")
+    spec_model, spec_train = setup_from_record(predict["setup"], "test")
     print("expected trainable", trainable, "got", estimate(spec_model, spec_train).trainable_params)
     assert estimate(spec_model, spec_train).trainable_params == trainable

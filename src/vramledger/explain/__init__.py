@@ -172,6 +172,25 @@ def _recorded_setup(records: list[dict[str, Any]]) -> dict[str, Any] | None:
     }
 
 
+def setup_to_record(model: ModelSpec, train: TrainSpec) -> dict[str, Any]:
+    """The specs a callback predicted for, as JSON data (``measure.serial`` for the TrainSpec)."""
+    import dataclasses
+
+    from vramledger.measure.serial import train_to_dict
+
+    return {"model": dataclasses.asdict(model), "train": train_to_dict(train)}
+
+
+def setup_from_record(data: Mapping[str, Any], source: str) -> tuple[ModelSpec, TrainSpec]:
+    """The inverse of ``setup_to_record``; a record that does not fit these specs raises one clear line."""
+    from vramledger.measure.serial import train_from_dict
+
+    try:
+        return ModelSpec(**data["model"]), train_from_dict(dict(data["train"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise VramledgerError(f"{source}: the recorded setup cannot be read ({exc}); pass --config instead") from None
+
+
 def gpu_of(name: str, capacity: int) -> GPUSpec:
     """The catalog GPU called ``name`` when its memory is ``capacity``, else a GPU of that capacity."""
     from vramledger.catalog import resolve_gpu
@@ -199,9 +218,7 @@ def explain(
     ``gpu`` (else a GPU of the capacity the evidence reports)."""
     pm = diagnose(ev)
     if (model is None or train is None) and ev.recorded_setup is not None:
-        from vramledger.explain.specs_io import specs_from_dict
-
-        model, train = specs_from_dict(ev.recorded_setup["specs"], ev.source)
+        model, train = setup_from_record(ev.recorded_setup["specs"], ev.source)
         fmt = ev.recorded_setup.get("fmt") or ""
     if model is None or train is None:
         return pm

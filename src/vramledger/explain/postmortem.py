@@ -71,7 +71,7 @@ class Evidence:
     batch: Mapping[str, Any] | None = None
     """The batch that was running: shape, tokens, the longest so far."""
     recorded_setup: Mapping[str, Any] | None = None
-    """The setup a callback predicted for (``explain.specs_io``), with ``framework`` and ``capacity_bytes``."""
+    """The setup a callback predicted for (``explain.setup_to_record``), with the format of its fixes, its device and capacity."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -203,7 +203,7 @@ class MemoryWatcher:
             return
         from vramledger.analytic import estimate
         from vramledger.errors import VramledgerError
-        from vramledger.explain.specs_io import specs_to_dict
+        from vramledger.explain import setup_to_record
 
         try:
             self.setup = self._predictor(b, length)
@@ -231,7 +231,7 @@ class MemoryWatcher:
                 },
                 "settings": {k: _plain(x) for k, x in ledger.settings.items()},
                 "provenance": self.setup.provenance,
-                "setup": specs_to_dict(self.setup.model, self.setup.train),
+                "setup": setup_to_record(self.setup.model, self.setup.train),
                 "warnings": list(self.setup.warnings),
             }
         )
