@@ -181,3 +181,20 @@ def test_explain_rebuilds_the_prediction_from_the_jsonl(tiny_llama: Any, tmp_pat
     assert later["prediction"]["phase"] == "forward"
     assert [f["change"] for f in later["fixes"]] == [f["change"] for f in oom["fixes"]]
     assert later["by_category"] == oom["by_category"]
+
+
+def test_a_failing_postmortem_never_replaces_the_oom(tiny_llama: Any, tmp_path: Path) -> None:
+    """The observer runs inside the allocator's failure: an error of ours is recorded, not raised."""
+    from vramledger.integrations.loop import watch_memory
+
+    class Broken(FakeStats):
+        def snapshot(self) -> dict[str, Any] | None:
+            raise RuntimeError("snapshot failed")
+
+    stats = Broken()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with watch_memory(tiny_llama, out=tmp_path / "m.jsonl", stats=stats, record_history=True):
+            stats.observer(0, REQUEST, 1100 * MiB, 12 * MiB)  # must not raise
+    oom = next(r for r in _records(tmp_path / "m.jsonl") if r["event"] == "oom")
+    assert "postmortem_error" in oom and any("post-mortem failed" in str(c.message) for c in caught)

@@ -240,7 +240,7 @@ class MemoryWatcher:
 
             self._note(
                 f"predicted NOT to fit: batch {b} x {length} needs {fmt_bytes(v.device_total_bytes)} on the device "
-                f"({ledger.peak_phase.value}), {fmt_bytes(v.usable_bytes)} usable of {fmt_bytes(v.capacity_bytes)}; "
+                f"({ledger.peak_phase.value}), {fmt_bytes(v.usable_bytes)} usable of {fmt_bytes(v.capacity_bytes)}. "
                 f"{ledger.advice}",
                 key=f"fit-{b}x{length}",
             )
@@ -289,7 +289,13 @@ class MemoryWatcher:
             return
         from vramledger.integrations.postmortem import write_postmortem
 
-        record = write_postmortem(self, device=device, requested=requested, limit=limit, free=free)
+        try:
+            record = write_postmortem(self, device=device, requested=requested, limit=limit, free=free)
+        except Exception as exc:  # noqa: BLE001 - the observer runs inside the allocator's failure: our own
+            # error must never replace the user's OutOfMemoryError, so it is recorded and the OOM goes on
+            self._write({"event": "oom", "requested_bytes": requested, "postmortem_error": repr(exc)})
+            self._warn(f"CUDA out of memory; the post-mortem failed ({exc!r})")
+            return
         self._write({"event": "oom", **record})
         self._warn(f"CUDA out of memory: {record.get('diagnosis')}; post-mortem in {record.get('postmortem_text')}")
 
