@@ -198,3 +198,22 @@ def test_a_failing_postmortem_never_replaces_the_oom(tiny_llama: Any, tmp_path: 
             stats.observer(0, REQUEST, 1100 * MiB, 12 * MiB)  # must not raise
     oom = next(r for r in _records(tmp_path / "m.jsonl") if r["event"] == "oom")
     assert "postmortem_error" in oom and any("post-mortem failed" in str(c.message) for c in caught)
+
+
+def test_a_model_without_a_transformers_config_trains_on_with_one_warning(tmp_path: Path) -> None:
+    import torch
+
+    from vramledger.integrations.loop import watch_memory
+
+    model = torch.nn.Linear(4, 4)  # no config.model_type: nothing to predict from
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with watch_memory(model, out=tmp_path / "m.jsonl", stats=FakeStats()) as w:
+            for step in range(2):
+                w.batch((2, 4 + step))
+                with w.phase("forward"):
+                    model(torch.ones(2, 4)).sum()
+                w.end_step(step)
+    notes = [str(c.message) for c in caught if c.category.__name__ == "MemoryWarning"]
+    assert len(notes) == 1 and notes[0].startswith("no prediction:")
+    assert len([r for r in _records(tmp_path / "m.jsonl") if r["event"] == "step"]) == 2

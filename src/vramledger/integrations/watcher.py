@@ -202,13 +202,13 @@ class MemoryWatcher:
         if self._predictor is None:
             return
         from vramledger.analytic import estimate
-        from vramledger.errors import VramledgerError
         from vramledger.explain import setup_to_record
 
         try:
             self.setup = self._predictor(b, length)
             ledger = estimate(self.setup.model, self.setup.train, gpu=self._gpu(), headroom=self.headroom)
-        except VramledgerError as exc:
+        except Exception as exc:  # noqa: BLE001 - a callback must never stop the user's training run: a setup we
+            # cannot read (VramledgerError, or an unexpected object) ends the predictions with one warning
             self._note(f"no prediction: {exc}", key="predict-error")
             self._predictor = None
             return
