@@ -131,14 +131,18 @@ def _is_modeling(frame: Mapping[str, Any]) -> bool:
     return "/models/" in f and "/modeling_" in f
 
 
+def _short(frame: Mapping[str, Any]) -> str:
+    return f"{'/'.join(_file(frame).rsplit('/', 2)[-2:])}:{frame.get('line', '?')} {_name(frame)}"
+
+
 def where(frames: Iterable[Mapping[str, Any]]) -> str:
-    """The innermost frame outside ``torch.nn``'s generic module code, as ``file.py:line name`` (for display)."""
+    """The innermost frame outside ``torch.nn``'s generic module code, as ``dir/file.py:line name``."""
     frames = list(frames)
     for frame in frames:
         f = _file(frame)
         if "/torch/nn/" not in f and f not in ("", "??"):
-            return f"{f.rsplit('/', 1)[-1]}:{frame.get('line', '?')} {_name(frame)}"
-    return f"{_file(frames[0]).rsplit('/', 1)[-1]}:{frames[0].get('line', '?')} {_name(frames[0])}" if frames else ""
+            return _short(frame)
+    return _short(frames[0]) if frames else ""
 
 
 def bucket_of(frames: tuple[Mapping[str, Any], ...]) -> Bucket:

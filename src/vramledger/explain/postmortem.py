@@ -71,7 +71,7 @@ class Evidence:
     batch: Mapping[str, Any] | None = None
     """The batch that was running: shape, tokens, the longest so far."""
     recorded_setup: Mapping[str, Any] | None = None
-    """The setup a callback predicted for (``explain.setup_to_record``), with the format of its fixes, its device and capacity."""
+    """The setup a callback predicted for (``explain.setup_to_record``), the format of its fixes, its device."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -26,7 +26,7 @@ def _bars(pm: PostMortem) -> str:
     )
     return (
         "<h2>Where the memory went</h2><table><thead><tr><th>line</th><th>bytes</th><th></th>"
-        f"<th>largest block allocated at</th></tr></thead><tbody>{rows}</tbody></table>"
+        f'<th style="text-align:left">largest block allocated at</th></tr></thead><tbody>{rows}</tbody></table>'
     )
 
 
