@@ -1,6 +1,7 @@
 """Give every live block of a snapshot a line of the bill, from the stack that allocated it (or its address).
 
-Rules, in order, over a block's frames (innermost first, as ``torch.cuda.memory._snapshot`` lists them);
+Rules, in order, over a block's frames (innermost first, as ``torch.cuda.memory._snapshot`` lists them: the
+flame graphs of torch/cuda/_memory_viz.py ``_write_blocks`` reverse them to put the root first);
 "modeling frames" are ``forward`` frames in transformers' ``models/*/modeling_*.py``:
 1. a frame in ``torch/optim/``: optimizer state when the stack passes ``_init_group`` (where AdamW, SGD, Adafactor
    create ``state[p]``, torch/optim/adamw.py ``_init_group``), else step temporaries;
