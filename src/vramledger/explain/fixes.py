@@ -17,6 +17,9 @@ from vramledger.explain.postmortem import EXPANDABLE_FIX, EXPANDABLE_PRICE, Diag
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 
 MAX_FIXES = 3
+_HF_NAMES = {"gradient_checkpointing": "activation_checkpointing"}
+"""TRL's keys under their transformers 5 names: ``TrainingArguments.gradient_checkpointing`` is a deprecated alias of
+``activation_checkpointing`` (training_args.py ``__post_init__``; ``adapters.hf.read_trainer`` reads both)."""
 
 
 def changed_keys(
@@ -36,6 +39,8 @@ def changed_keys(
         return {}
     out: dict[str, object] = {k: v for k, v in b.items() if a.get(k) != v}
     out.update({k: None for k in a if k not in b})
+    if fmt == "hf":
+        out = {_HF_NAMES.get(k, k): v for k, v in out.items()}
     if allowed is not None:
         keep = set(allowed)
         out = {k: v for k, v in out.items() if k in keep}
