@@ -157,3 +157,15 @@ def test_the_ground_truth_record_of_a_cpu_smoke_run(tmp_path: Path) -> None:
     pm = explain(read_evidence(tmp_path / "oom_backward.json"))
     assert (pm.requested_bytes, pm.allocated_bytes, pm.evidence.message) == (262144, 2209608, None)
     assert pm.diagnosis is Diagnosis.CAPACITY and pm.evidence.phase == "backward"
+
+
+def test_the_failing_device_is_found(tmp_path: Path) -> None:
+    """A snapshot of GPU 1 (segments say device 1, the oom is in device_traces[1]) reads as GPU 1's."""
+    snap = make_snapshot()
+    snap["segments"][0]["device"] = 1
+    snap["device_traces"] = [[], snap["device_traces"][0]]
+    path = tmp_path / "gpu1.pickle"
+    path.write_bytes(pickle.dumps(snap))
+    ev = read_evidence(path)
+    assert ev.snapshot is not None and ev.snapshot.oom_request_bytes == REQUEST
+    assert ev.snapshot.allocated_bytes == facts(make_snapshot()).allocated_bytes

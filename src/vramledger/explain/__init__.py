@@ -23,7 +23,7 @@ from vramledger.errors import VramledgerError
 from vramledger.explain.attribute import attribute, traced_allocs
 from vramledger.explain.oom_message import parse_message
 from vramledger.explain.postmortem import Evidence, PostMortem, compare, diagnose, shortfall
-from vramledger.explain.snapshot import decode, facts, is_snapshot
+from vramledger.explain.snapshot import decode, facts, failed_device, is_snapshot
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 
 __all__ = ["Evidence", "PostMortem", "evidence_from_snapshot", "explain", "read_evidence", "read_evidence_text"]
@@ -41,9 +41,15 @@ def read_evidence_text(text: str, *, source: str) -> Evidence:
 
 
 def evidence_from_snapshot(
-    snapshot: Mapping[str, Any], *, source: str, device: int = 0, known: Mapping[int, Any] | None = None, **extra: Any
+    snapshot: Mapping[str, Any],
+    *,
+    source: str,
+    device: int | None = None,
+    known: Mapping[int, Any] | None = None,
+    **extra: Any,
 ) -> Evidence:
     """Evidence from a snapshot dictionary (``known``: data pointer → bucket, for exact attribution)."""
+    device = failed_device(snapshot) if device is None else device
     snap = facts(snapshot, device)
     shares = attribute(snap, traced_addresses=traced_allocs(snapshot, device), known=known)
     return Evidence(source=source, snapshot=snap, shares=shares, **extra)

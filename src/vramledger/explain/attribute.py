@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from vramledger.explain.snapshot import Block, SnapshotFacts
+from vramledger.explain.snapshot import Block, SnapshotFacts, device_trace
 from vramledger.ledger import Category
 
 
@@ -222,8 +222,7 @@ def _classify(block: Block, ptrs: list[int], known: Mapping[int, Bucket], traced
 
 def traced_allocs(snapshot: Mapping[str, Any], device: int = 0) -> frozenset[int]:
     """Addresses of every ``alloc`` in the recorded trace of ``device``."""
-    traces = snapshot.get("device_traces") or []
-    trace = traces[device] if 0 <= device < len(traces) and isinstance(traces[device], list) else []
+    trace = device_trace(snapshot, device)
     return frozenset(
         int(e["addr"])
         for e in trace

@@ -103,6 +103,24 @@ def _int(value: Any) -> int:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0
 
 
+def device_trace(snapshot: Mapping[str, Any], device: int) -> Sequence[Any]:
+    """The recorded actions of one device (``device_traces`` is indexed by device)."""
+    traces: Sequence[Any] = snapshot.get("device_traces") or []
+    return traces[device] if 0 <= device < len(traces) and isinstance(traces[device], list) else []
+
+
+def failed_device(snapshot: Mapping[str, Any]) -> int:
+    """The device whose trace holds an ``oom`` entry (the last such), else the first device with segments, else 0."""
+    traces = snapshot.get("device_traces") or []
+    for device in reversed(range(len(traces))):
+        if any(isinstance(e, Mapping) and e.get("action") == "oom" for e in device_trace(snapshot, device)):
+            return device
+    for seg in snapshot.get("segments") or []:
+        if isinstance(seg, Mapping) and isinstance(seg.get("device"), int):
+            return int(seg["device"])
+    return 0
+
+
 def facts(snapshot: Mapping[str, Any], device: int = 0) -> SnapshotFacts:
     """Sum the segments and blocks of ``snapshot``; find the last OOM in ``device``'s trace."""
     blocks: list[Block] = []
@@ -131,9 +149,7 @@ def facts(snapshot: Mapping[str, Any], device: int = 0) -> SnapshotFacts:
     live = [b for b in blocks if b.live]
     free = [b for b in blocks if not b.live]
     oom_size = oom_free = None
-    traces: Sequence[Any] = snapshot.get("device_traces") or []
-    trace = traces[device] if 0 <= device < len(traces) and isinstance(traces[device], list) else []
-    for entry in reversed(trace):
+    for entry in reversed(device_trace(snapshot, device)):
         if isinstance(entry, Mapping) and entry.get("action") == "oom":
             oom_size, oom_free = _int(entry.get("size")), _int(entry.get("device_free"))
             break
