@@ -27,6 +27,7 @@ COMMANDS: tuple[str, ...] = (
     "accum_check",
     "convert",
     "explain",
+    "ui",
 )
 
 
