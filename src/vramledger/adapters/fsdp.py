@@ -3,7 +3,8 @@ keys → sharding stage, offload, checkpointing and world size.
 
 FSDP sharding maps onto ``TrainSpec.fsdp`` (``specs/distributed.py`` ``Sharding``): ``FULL_SHARD`` shards
 parameters, gradients and optimizer states; ``SHARD_GRAD_OP`` keeps parameters whole between forward and backward;
-``NO_SHARD`` is DDP; FSDP2's ``reshard_after_forward=True/False`` is FULL_SHARD/SHARD_GRAD_OP. Defaults are accelerate 1.15's (``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin``:
+``NO_SHARD`` is DDP; FSDP2's ``reshard_after_forward=True/False`` is FULL_SHARD/SHARD_GRAD_OP. Defaults are
+accelerate 1.15's (``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin``:
 ``sharding_strategy='FULL_SHARD'``, ``reshard_after_forward=True`` for ``fsdp_version=2``).
 """
 

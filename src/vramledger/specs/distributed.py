@@ -56,8 +56,13 @@ class ZeroBuffers:
     ``trainer_config_finalize``)."""
 
     def __post_init__(self) -> None:
-        for name in ("reduce_bucket_size", "allgather_bucket_size", "prefetch_bucket_size", "max_live_parameters",
-                     "param_persistence_threshold"):
+        for name in (
+            "reduce_bucket_size",
+            "allgather_bucket_size",
+            "prefetch_bucket_size",
+            "max_live_parameters",
+            "param_persistence_threshold",
+        ):
             if getattr(self, name) < 0:
                 raise VramledgerError(f"deepspeed {name} must be 0 or more elements (got {getattr(self, name)})")
 
@@ -69,7 +74,7 @@ class ZeroBuffers:
             "stage3_param_persistence_threshold": ("param_persistence_threshold", 10 * hidden),
         }
         fields = dict(auto[k] for k in self.auto if k in auto)
-        return replace(self, auto=(), **fields)
+        return replace(self, auto=(), **fields)  # type: ignore[arg-type]  # the keys above are all int fields
 
     def overlap(self, stage: int) -> bool:
         return self.overlap_comm if self.overlap_comm is not None else stage == 3

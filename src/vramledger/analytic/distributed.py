@@ -1,0 +1,508 @@
+"""Per-rank memory of a data-parallel step: DDP, PyTorch FSDP (1 and 2), DeepSpeed ZeRO-1/2/3, CPU offload.
+
+The single-GPU step (analytic/step.py) is computed first; ``rank_parts`` then says what rank 0 keeps of each
+persistent line and which communication buffers the engine adds. Rank 0 is the rank that holds most: FSDP2 pads
+each parameter's dim-0 shard and ZeRO pads its flat partitions, both giving the first ranks the ceiling share.
+
+Legend: N ranks sharing a shard (world size; the GPUs of a node under HYBRID_SHARD); Pt trainable parameters;
+u bytes per element of the unsharded (all-gathered) parameters: the compute dtype under a mixed-precision policy,
+else the storage dtype; s bytes per element of DeepSpeed's model copy (2 under bf16/fp16, else 4).
+
+Sources, each the code that allocates:
+- DDP: torch/nn/parallel/distributed.py ``DistributedDataParallel(bucket_cap_mb=25, gradient_as_bucket_view=
+  False)``; torch/csrc/distributed/c10d/reducer.cpp ``Reducer::initialize_buckets`` allocates every bucket's
+  flat ``gradients`` tensor at construction: together one more copy of all gradients, for the whole run.
+- FSDP2: torch/distributed/fsdp/_fully_shard/_fsdp_param.py (each parameter a DTensor sharded on dim 0),
+  _fsdp_collectives.py ``foreach_all_gather`` (``all_gather_output`` of a whole unit, in the param dtype of the
+  ``MixedPrecisionPolicy``) and ``foreach_reduce`` (``reduce_scatter_input`` of the unit's unsharded gradients),
+  _fsdp_state.py ``_lazy_init`` ("For the root, do not reshard after forward": the root unit, embeddings, final
+  norm and output layer, stays unsharded from forward to backward), _fsdp_param_group.py implicit prefetching
+  (the next unit's all-gather is issued while the current one computes). FSDP1 (_flat_param.py, _runtime_utils.py
+  ``_post_forward_reshard``: the root is not freed after forward either) holds the same bytes.
+- DeepSpeed ZeRO-1/2: deepspeed/runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer``: trainable parameters
+  flattened into ``bit16_groups_flat`` (in place, s bytes, whole on every rank), ``single_partition_of_fp32_groups``
+  (the fp32 master partition), the fp32 gradient partition built in ``step`` (``single_grad_partition``),
+  ``grads_in_partition`` (stage 2 with ``contiguous_gradients``), the ``ipg_buckets`` reduce buffers of
+  ``reduce_bucket_size`` elements (a second one with ``overlap_comm``); frozen parameters stay outside the
+  optimizer, in the engine's dtype (engine.py ``_configure_distributed_model``: ``module.bfloat16()``).
+- DeepSpeed ZeRO-3: deepspeed/runtime/zero/stage3.py ``DeepSpeedZeroOptimizer_Stage3``: every parameter,
+  frozen ones too, partitioned (parameter_offload.py ``_convert_to_zero_parameters``); those under
+  ``param_persistence_threshold`` elements kept whole (``mark_persistent_parameters``); one ipg bucket of
+  ``reduce_bucket_size``; ``grad_partitions_flat_buffer``; gathered parameters bounded by the prefetch bucket and
+  ``max_live_parameters`` (partitioned_param_coordinator.py ``fetch_sub_module``).
+- DeepSpeed's own figure: stage_1_and_2.py ``estimate_zero2_model_states_mem_needs`` (2·P + 18·P/N) and stage3.py
+  ``estimate_zero3_model_states_mem_needs`` (4·largest layer + 18·P/N), which assume every parameter trains and
+  count model states only.
+
+Assumptions (stated, awaiting a GPU measurement): FSDP wraps each decoder layer and the root (accelerate's
+``TRANSFORMER_BASED_WRAP``, torchtune's ``shard_model``); under a mixed-precision policy the all-gathered
+parameters and the reduce-scatter are in the compute dtype (accelerate's bf16 policy) and autocast then copies
+nothing; ZeRO-3 keeps one decoder layer plus the prefetch bucket gathered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramledger.analytic.params import embedding_params, head_params, layer_norm_params, layer_params
+from vramledger.analytic.weights import WeightBudget
+from vramledger.ledger import Category, Phase
+from vramledger.specs import Method, ModelSpec, Optimizer, Sharding, TrainSpec, ZeroBuffers
+
+_FB = frozenset((Phase.FORWARD, Phase.BACKWARD))
+_ALL = frozenset((Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
+
+DDP_SOURCE = (
+    "torch/nn/parallel/distributed.py DistributedDataParallel (bucket_cap_mb=25, gradient_as_bucket_view=False): "
+    "c10d reducer.cpp Reducer::initialize_buckets allocates every bucket's flat gradients at construction"
+)
+FSDP_AG_SOURCE = (
+    "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_all_gather: a unit's all_gather_output, copied out into "
+    "its unsharded parameters; the next unit prefetched (_fsdp_param_group.py)"
+)
+FSDP_ROOT_SOURCE = (
+    "torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root unit is not resharded after forward "
+    "(FSDP1 _runtime_utils.py _post_forward_reshard likewise)"
+)
+FSDP_RS_SOURCE = (
+    "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one unit's unsharded gradients and its "
+    "reduce_scatter_input"
+)
+ZERO12_SOURCE = "deepspeed/runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer"
+ZERO3_SOURCE = "deepspeed/runtime/zero/stage3.py DeepSpeedZeroOptimizer_Stage3"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Buffer:
+    """One engine buffer: its bytes on rank 0 and the phases in which it is live at the phase's peak."""
+
+    label: str
+    category: Category
+    bytes: int
+    phases: frozenset[Phase]
+    source: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RankParts:
+    """What rank 0 holds of the persistent lines, the buffers its engine adds, and what moved to the host."""
+
+    engine: str
+    """``ddp``, ``fsdp1``/``fsdp2`` with the strategy, ``zero-1..3``, or ``single`` (offload on one GPU)."""
+    ranks: int
+    """Ranks one shard is spread over (N)."""
+    frozen: int
+    trainable: int
+    master: int
+    grads: int
+    states: int
+    step_temp: int
+    autocast: int
+    buffers: tuple[Buffer, ...] = ()
+    host_bytes: int = 0
+    """Bytes the engine keeps in host memory instead (offload)."""
+    sharded: tuple[str, ...] = ()
+    replicated: tuple[str, ...] = ()
+    master_label: str = "fp32 master copy (ZeRO partition)"
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+
+def _div(n: int, ranks: int) -> int:
+    """Rank 0's share: the ceiling (the padded shard)."""
+    return -(-n // ranks)
+
+
+def _engine(train: TrainSpec) -> str:
+    if train.fsdp is not None:
+        return f"fsdp{train.fsdp_version} {train.fsdp.value}"
+    if train.zero_stage:
+        return f"zero-{train.zero_stage}"
+    return "ddp" if train.world_size > 1 else "single"
+
+
+def _layer_trainable_numel(m: ModelSpec, wb: WeightBudget, train: TrainSpec) -> int:
+    """Trainable elements in one trained decoder layer (adapters, or the whole layer)."""
+    if train.adapters:
+        return sum(a.params for a in wb.adapted)
+    return layer_params(m) if wb.trainable_layers else 0
+
+
+def _fp32_states(states: int, train: TrainSpec, wb: WeightBudget) -> int:
+    """Optimizer states over an fp32 copy: DeepSpeed steps its fp32 master partition whatever the model dtype."""
+    eight_bit = train.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
+    return states if eight_bit else states * 4 // wb.trainable_dtype.bytes
+
+
+def rank_parts(
+    m: ModelSpec,
+    train: TrainSpec,
+    wb: WeightBudget,
+    *,
+    frozen: int,
+    trainable: int,
+    grads: int,
+    states: int,
+    step_temp: int,
+    autocast: int,
+) -> RankParts:
+    """Rank 0's share of the single-GPU lines under ``train``'s data-parallel engine, with its buffers."""
+    if train.fsdp is not None:
+        return _fsdp(m, train, wb, frozen, trainable, grads, states, step_temp, autocast)
+    if train.zero_stage:
+        return _zero(m, train, wb, frozen, grads, states)
+    host = 0
+    notes: tuple[str, ...] = ()
+    if train.offload_optimizer:
+        # DeepSpeed ZeRO-Offload's CPU Adam without ZeRO sharding: states and the step on the host; the GPU keeps
+        # weights and gradients (copied to the host each step).
+        host, states, step_temp = states, 0, 0
+    if train.offload_params:
+        notes = ("parameter offload needs ZeRO-3 or FSDP: weights are counted on the GPU",)
+    buffers: tuple[Buffer, ...] = ()
+    if train.world_size > 1:
+        buffers = (
+            Buffer(
+                label="DDP gradient buckets (a second copy of the gradients)",
+                category=Category.GRADIENTS,
+                bytes=grads,
+                phases=_ALL,
+                source=DDP_SOURCE,
+            ),
+        )
+    return RankParts(
+        engine=_engine(train),
+        ranks=1,
+        frozen=frozen,
+        trainable=trainable,
+        master=0,
+        grads=grads,
+        states=states,
+        step_temp=step_temp,
+        autocast=autocast,
+        buffers=buffers,
+        host_bytes=host,
+        replicated=("weights", "gradients", "optimizer state"),
+        notes=notes,
+    )
+
+
+def _fsdp(
+    m: ModelSpec,
+    train: TrainSpec,
+    wb: WeightBudget,
+    frozen: int,
+    trainable: int,
+    grads: int,
+    states: int,
+    step_temp: int,
+    autocast: int,
+) -> RankParts:
+    strategy = train.fsdp
+    assert strategy is not None
+    ranks = {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: min(train.gpus_per_node, train.world_size)}.get(
+        strategy, train.world_size
+    )
+    if strategy is Sharding.NO_SHARD:
+        # NO_SHARD all-reduces each unit's gradients in place: DDP's memory without the buckets.
+        return RankParts(
+            engine=_engine(train),
+            ranks=1,
+            frozen=frozen,
+            trainable=trainable,
+            master=0,
+            grads=grads,
+            states=states,
+            step_temp=step_temp,
+            autocast=autocast,
+            replicated=("weights", "gradients", "optimizer state"),
+        )
+    mixed = train.precision.mixed
+    u = train.precision.compute.bytes if mixed else wb.trainable_dtype.bytes
+    if train.method is not Method.FULL and not mixed:
+        u = train.frozen_dtype.bytes
+    if train.quant is not None:
+        u = train.precision.compute.bytes  # bnb's FSDP path all-gathers the packed storage; bounded by bf16
+    layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
+    root = embedding_params(m) + head_params(m)
+    trained_layer = _layer_trainable_numel(m, wb, train)
+    buffers = [
+        Buffer(
+            label="root unit unsharded (embeddings, final norm, output layer)",
+            category=Category.WEIGHTS,
+            bytes=root * u,
+            phases=_FB,
+            source=FSDP_ROOT_SOURCE,
+        )
+    ]
+    if strategy is Sharding.SHARD_GRAD_OP:
+        buffers.append(
+            Buffer(
+                label="every decoder layer unsharded (kept from forward to backward)",
+                category=Category.WEIGHTS,
+                bytes=m.num_layers * layer * u,
+                phases=_FB,
+                source="FSDP SHARD_GRAD_OP / fully_shard(reshard_after_forward=False)",
+            )
+        )
+    else:
+        buffers.append(
+            Buffer(
+                label="one decoder layer unsharded + the next one prefetched",
+                category=Category.WEIGHTS,
+                bytes=2 * layer * u,
+                phases=_FB,
+                source=FSDP_AG_SOURCE,
+            )
+        )
+    if trained_layer:
+        buffers.append(
+            Buffer(
+                label="one layer's unsharded gradients + reduce-scatter input",
+                category=Category.GRADIENTS,
+                bytes=2 * trained_layer * u,
+                phases=frozenset((Phase.BACKWARD,)),
+                source=FSDP_RS_SOURCE,
+            )
+        )
+    notes: list[str] = []
+    host = 0
+    frozen_r, trainable_r = _div(frozen, ranks), _div(trainable, ranks)
+    grads_r, states_r, temp_r = _div(grads, ranks), _div(states, ranks), _div(step_temp, ranks)
+    if train.offload_optimizer and not train.offload_params:
+        notes.append(
+            "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="
+            "True)): modelled as --offload param"
+        )
+    if train.offload_optimizer or train.offload_params:
+        # CPUOffload / CPUOffloadPolicy: sharded parameters, their gradients and the optimizer step on the host; each
+        # unit's shard is copied to the GPU for its all-gather.
+        host = frozen_r + trainable_r + grads_r + states_r
+        buffers.append(
+            Buffer(
+                label="host-to-device copy of one unit's shard",
+                category=Category.TEMPORARIES,
+                bytes=_div(layer * u, ranks),
+                phases=_FB,
+                source="torch fsdp _fsdp_param.py: offloaded shards copied to the device before all-gather",
+            )
+        )
+        frozen_r = trainable_r = grads_r = states_r = temp_r = 0
+    return RankParts(
+        engine=_engine(train),
+        ranks=ranks,
+        frozen=frozen_r,
+        trainable=trainable_r,
+        master=0,
+        grads=grads_r,
+        states=states_r,
+        step_temp=temp_r,
+        autocast=0 if mixed else autocast,
+        buffers=tuple(buffers),
+        host_bytes=host,
+        sharded=("weights", "gradients", "optimizer state"),
+        replicated=("activations", "logits", "one or two unsharded layers at a time"),
+        notes=tuple(notes),
+    )
+
+
+def zero_buffers(m: ModelSpec, train: TrainSpec) -> ZeroBuffers:
+    """DeepSpeed's bucket sizes for this run (its defaults, ``"auto"`` resolved from the hidden size)."""
+    return (train.zero_buffers or ZeroBuffers()).resolved(m.hidden_size)
+
+
+def _persistent_numel(m: ModelSpec, threshold: int) -> int:
+    """ZeRO-3 keeps parameters under ``threshold`` elements whole: the norms (and biases) of a Llama-like model."""
+    small = layer_norm_params(m) if m.hidden_size < threshold else 0
+    final = m.hidden_size if m.hidden_size < threshold else 0
+    return m.num_layers * small + final
+
+
+def _zero(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: int, grads: int, states: int) -> RankParts:
+    stage, N = train.zero_stage, train.world_size
+    zb = zero_buffers(m, train)
+    c = train.precision.compute.bytes
+    s = 2 if c == 2 else 4  # the engine casts the module to bf16/fp16 (engine.py _configure_distributed_model)
+    Pt = wb.trainable_params
+    src = ZERO3_SOURCE if stage == 3 else ZERO12_SOURCE
+    fp32_states = _fp32_states(states, train, wb)
+    master = 0 if c == 4 else _div(4 * Pt, N)
+    trainable = Pt * s if stage < 3 else _div(Pt * s, N)
+    # stage 1: each parameter's .grad, whole, until the reduce at the accumulation boundary; stage 2:
+    # grads_in_partition; stage 3: grad_partitions_flat_buffer
+    grads_r = Pt * s if stage == 1 else _div(Pt * s, N)
+    frozen_r = frozen
+    buffers: list[Buffer] = []
+    n_buckets = 2 if (stage < 3 and zb.overlap(stage)) else 1
+    if zb.contiguous_gradients or stage == 3:
+        buffers.append(
+            Buffer(
+                label=f"reduce bucket{'s' if n_buckets > 1 else ''} ({n_buckets} × reduce_bucket_size "
+                f"{zb.reduce_bucket_size:,})",
+                category=Category.GRADIENTS,
+                bytes=n_buckets * zb.reduce_bucket_size * s,
+                phases=_ALL,
+                source=f"{src}: ipg_buckets buffer of reduce_bucket_size elements"
+                + (" (buf_0, buf_1 with overlap_comm)" if stage < 3 else ""),
+            )
+        )
+    if stage == 3:
+        persistent = _persistent_numel(m, zb.param_persistence_threshold)
+        frozen_numel = wb.total_params - Pt
+        frozen_r = _div(max(frozen_numel - persistent, 0) * s, N) + persistent * s
+        gathered = min(zb.max_live_parameters, layer_params(m) + zb.prefetch_bucket_size)
+        buffers.append(
+            Buffer(
+                label="gathered parameters (one layer + prefetch bucket, ≤ max_live_parameters)",
+                category=Category.WEIGHTS,
+                bytes=gathered * s,
+                phases=_FB,
+                source=f"{src}: partitioned_param_coordinator.py fetch_sub_module, stage3_prefetch_bucket_size "
+                f"{zb.prefetch_bucket_size:,}, stage3_max_live_parameters {zb.max_live_parameters:,}",
+            )
+        )
+    elif train.quant is None:
+        frozen_r = (wb.total_params - Pt) * s  # in the engine's dtype, whole on every rank
+    host = 0
+    if train.offload_optimizer:
+        host += master + _div(fp32_states, N) + _div(4 * Pt, N)
+        master, fp32_states = 0, 0
+        grads_r = 0 if stage >= 2 else grads_r  # partitions accumulate in pinned host memory
+    else:
+        fp32_states = _div(fp32_states, N)
+        buffers.append(
+            Buffer(
+                label="fp32 gradient partition for the step",
+                category=Category.TEMPORARIES,
+                bytes=_div(4 * Pt, N),
+                phases=frozenset((Phase.OPTIMIZER,)),
+                source=f"{src}: step() single_grad_partition = flat partition .to(fp32)",
+            )
+        )
+    if train.offload_params and stage == 3:
+        host += frozen_r + trainable
+        persistent_b = _persistent_numel(m, zb.param_persistence_threshold) * s
+        frozen_r, trainable = persistent_b, 0
+    sharded = {
+        1: ("optimizer state", "fp32 master"),
+        2: ("optimizer state", "fp32 master", "gradients"),
+        3: ("optimizer state", "fp32 master", "gradients", "weights"),
+    }[stage]
+    replicated = ("weights", "activations") if stage < 3 else ("activations", "small parameters (persistent)")
+    return RankParts(
+        engine=_engine(train),
+        ranks=N,
+        frozen=frozen_r,
+        trainable=trainable,
+        master=master,
+        grads=grads_r,
+        states=fp32_states,
+        step_temp=0,
+        autocast=0,
+        buffers=tuple(buffers),
+        host_bytes=host,
+        sharded=sharded,
+        replicated=replicated,
+        master_label="fp32 master copy (ZeRO partition)",
+    )
+
+
+def deepspeed_estimate(m: ModelSpec, train: TrainSpec, total_params: int) -> int | None:
+    """DeepSpeed's own per-GPU figure for the model states (stage_1_and_2.py
+    ``estimate_zero2_model_states_mem_needs`` for ZeRO-1/2, stage3.py ``estimate_zero3_model_states_mem_needs``
+    for ZeRO-3), or None without ZeRO. It assumes every parameter trains and counts no buffers or activations."""
+    if not train.zero_stage:
+        return None
+    N, P = train.world_size, total_params
+    if train.zero_stage < 3:
+        return 2 * P if train.offload_optimizer else 2 * P + int(18 * P / N)
+    largest = 4 * max(layer_params(m), embedding_params(m))
+    if train.offload_optimizer:
+        return largest if train.offload_params else largest + int(2 * P / N)
+    return largest + int(18 * P / N)
+
+
+def add_buffers(moment: object, phase: Phase, buffers: tuple[Buffer, ...]) -> None:
+    """Add the engine's buffers live in ``phase`` to a step moment (analytic/step.py ``_Moment``)."""
+    for b in buffers:
+        if phase in b.phases:
+            moment.add(b.category, b.label, b.bytes, b.source)  # type: ignore[attr-defined]
+
+
+def distributed_settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
+    """The per-rank facts shown with the ledger: engine, ranks, what is sharded and replicated, host bytes, and
+    DeepSpeed's own figure beside ours."""
+    from vramledger.analytic.step import step_parts
+
+    p = step_parts(m, train)
+    rp = rank_parts_of(m, train)
+    out: dict[str, object] = {
+        "engine": rp.engine,
+        "world_size": train.world_size,
+        "shard_ranks": rp.ranks,
+        "rank": 0,
+        "sharded": list(rp.sharded),
+        "replicated": list(rp.replicated),
+        "host_bytes": rp.host_bytes,
+        "model_states_bytes": p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.grad_bytes + p.state_bytes,
+    }
+    ds = deepspeed_estimate(m, train, p.weights.total_params)
+    if ds is not None:
+        out["deepspeed_estimate_bytes"] = ds
+        out["deepspeed_estimate_source"] = "deepspeed " + (
+            "stage3.py estimate_zero3_model_states_mem_needs"
+            if train.zero_stage == 3
+            else "stage_1_and_2.py estimate_zero2_model_states_mem_needs"
+        )
+    return out
+
+
+def rank_parts_of(m: ModelSpec, train: TrainSpec) -> RankParts:
+    """``rank_parts`` from the specs alone (recomputes the single-GPU lines it starts from)."""
+    from dataclasses import replace
+
+    from vramledger.analytic.step import step_parts
+
+    single = replace(train, world_size=1, zero_stage=0, fsdp=None, offload_optimizer=False, offload_params=False)
+    p = step_parts(m, single)
+    return rank_parts(
+        m,
+        train,
+        p.weights,
+        frozen=p.frozen_bytes,
+        trainable=p.trainable_bytes,
+        grads=p.grad_bytes,
+        states=p.state_bytes,
+        step_temp=p.step_temp_bytes,
+        autocast=p.autocast_copy_bytes,
+    )
+
+
+def distributed_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
+    """Notes that go with a per-rank ledger: the engine's assumptions and DeepSpeed's own figure."""
+    from vramledger.units import fmt_bytes
+
+    rp = rank_parts_of(m, train)
+    out = list(rp.notes)
+    if train.fsdp is not None and train.zero_stage == 0 and train.world_size == 1:
+        out.append("FSDP on one GPU shards nothing: pass --world-size N")
+    if rp.ranks > 1 or train.world_size > 1:
+        out.append(
+            f"per-rank memory of rank 0 ({rp.engine}, {train.world_size} GPUs; rank 0 holds the padded, largest "
+            f"shard): sharded {', '.join(rp.sharded) or 'nothing'}; replicated {', '.join(rp.replicated)}"
+        )
+    if rp.host_bytes:
+        out.append(f"offload keeps {fmt_bytes(rp.host_bytes)} per rank in host memory (not counted on the GPU)")
+    ds = deepspeed_estimate(m, train, count_total(m, train))
+    if ds is not None:
+        out.append(
+            f"DeepSpeed's own estimate_zero{3 if train.zero_stage == 3 else 2}_model_states_mem_needs gives "
+            f"{fmt_bytes(ds)} per GPU of model states (it assumes every parameter trains, and counts no buckets, "
+            "activations or logits): compare with weights + master + gradients + optimizer state above"
+        )
+    return out
+
+
+def count_total(m: ModelSpec, train: TrainSpec) -> int:
+    from vramledger.analytic.weights import weight_budget
+
+    return weight_budget(m, train).total_params
