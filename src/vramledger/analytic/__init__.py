@@ -36,7 +36,7 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     if train.distributed:
         from vramledger.analytic.distributed import distributed_warnings
 
-        out.extend(distributed_warnings(m, train))
+        out.extend(distributed_warnings(m, train, step_parts))
     if train.quant is not None and train.optimizer.value.startswith("paged"):
         out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
     from vramledger.analytic.evaluation import eval_warnings
@@ -128,6 +128,6 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
     if train.distributed:
         from vramledger.analytic.distributed import distributed_settings
 
-        s["distributed"] = distributed_settings(m, train)
+        s["distributed"] = distributed_settings(m, train, step_parts)
     return s
 

@@ -42,12 +42,14 @@ nothing; ZeRO-3 keeps one decoder layer plus the prefetch bucket gathered.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from vramledger.analytic.params import embedding_params, head_params, layer_norm_params, layer_params
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category, Phase
-from vramledger.specs import Method, ModelSpec, Optimizer, Sharding, TrainSpec, ZeroBuffers
+from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Optimizer, Precision, Sharding, TrainSpec, ZeroBuffers
 
 _FB = frozenset((Phase.FORWARD, Phase.BACKWARD))
 _ALL = frozenset((Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
@@ -224,7 +226,6 @@ def _fsdp(
         u = train.precision.compute.bytes  # bnb's FSDP path all-gathers the packed storage; bounded by bf16
     layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
     root = embedding_params(m) + head_params(m)
-    trained_layer = _layer_trainable_numel(m, wb, train)
     buffers = [
         Buffer(
             label="root unit unsharded (embeddings, final norm, output layer)",
@@ -245,23 +246,17 @@ def _fsdp(
             )
         )
     else:
+        # At the loss, where forward and backward peak, one unit is unsharded besides the root: the last decoder
+        # layer, gathered for the start of backward (the bench/distributed traces). Inside a layer's backward it is
+        # two (current + prefetch) plus that layer's unsharded gradients and reduce-scatter input
+        # (FSDP_RS_SOURCE), a moment that peaks only when the loss is small; not modelled.
         buffers.append(
             Buffer(
-                label="one decoder layer unsharded + the next one prefetched",
+                label="one decoder layer unsharded",
                 category=Category.WEIGHTS,
-                bytes=2 * layer * u,
+                bytes=layer * u,
                 phases=_FB,
                 source=FSDP_AG_SOURCE,
-            )
-        )
-    if trained_layer:
-        buffers.append(
-            Buffer(
-                label="one layer's unsharded gradients + reduce-scatter input",
-                category=Category.GRADIENTS,
-                bytes=2 * trained_layer * u,
-                phases=frozenset((Phase.BACKWARD,)),
-                source=FSDP_RS_SOURCE,
             )
         )
     notes: list[str] = []
@@ -428,13 +423,90 @@ def add_buffers(moment: object, phase: Phase, buffers: tuple[Buffer, ...]) -> No
             moment.add(b.category, b.label, b.bytes, b.source)  # type: ignore[attr-defined]
 
 
-def distributed_settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
-    """The per-rank facts shown with the ledger: engine, ranks, what is sharded and replicated, host bytes, and
-    DeepSpeed's own figure beside ours."""
-    from vramledger.analytic.step import step_parts
+def single_gpu_spec(train: TrainSpec) -> TrainSpec:
+    """The same step on one GPU without an engine: what every rank computes before sharding."""
+    return replace(train, world_size=1, zero_stage=0, fsdp=None, offload_optimizer=False, offload_params=False)
 
-    p = step_parts(m, train)
-    rp = rank_parts_of(m, train)
+
+_ACTIVATION_FIELDS = (
+    "saved_layers_bytes",
+    "layer_bytes",
+    "scores_bytes",
+    "layer_scores_bytes",
+    "extra_saved_bytes",
+    "logits_forward",
+    "logits_saved",
+    "logits_backward",
+    "logits_head",
+    "final_hidden_bytes",
+    "layer_backward_temp",
+    "dora_temp",
+    "forward_layer_temp",
+    "dequant_temp",
+)
+
+
+def _engine_casts(train: TrainSpec) -> bool:
+    """FSDP's mixed-precision policy (parameters all-gathered in the compute dtype) and DeepSpeed's bf16/fp16 engine
+    (engine.py ``module.bfloat16()``, no autocast) run the whole model in the compute dtype: its activations are
+    those of pure ``*-true`` precision, not autocast's fp32 residual stream (the traces of bench/distributed show
+    the same saved bytes for bf16-mixed and bf16-true under FSDP)."""
+    return train.precision.mixed and (train.fsdp is not None or train.zero_stage > 0)
+
+
+def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, single: Callable[..., Any]) -> Any:
+    """analytic/step.py ``StepParts`` of rank 0: the single-GPU parts (``single`` is ``step_parts``), with the
+    activations of the engine's compute dtype and rank 0's share of the persistent lines, plus the buffers."""
+    one = single_gpu_spec(train)
+    p = single(m, one, gpu)
+    if _engine_casts(train):
+        pure = Precision.BF16 if train.precision.compute is DType.BF16 else Precision.FP16
+        act = single(m, replace(one, precision=pure), gpu)
+        p = replace(p, head_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
+    rp = rank_parts(
+        m,
+        train,
+        p.weights,
+        frozen=p.frozen_bytes,
+        trainable=p.trainable_bytes,
+        grads=p.grad_bytes,
+        states=p.state_bytes,
+        step_temp=p.step_temp_bytes,
+        autocast=p.autocast_copy_bytes,
+    )
+    return replace(
+        p,
+        frozen_bytes=rp.frozen,
+        trainable_bytes=rp.trainable,
+        master_bytes=rp.master,
+        grad_bytes=rp.grads,
+        state_bytes=rp.states,
+        step_temp_bytes=rp.step_temp,
+        autocast_copy_bytes=rp.autocast,
+        buffers=rp.buffers,
+    )
+
+
+def _rank_parts_of(m: ModelSpec, train: TrainSpec, single: Callable[..., Any]) -> RankParts:
+    p = single(m, single_gpu_spec(train))
+    return rank_parts(
+        m,
+        train,
+        p.weights,
+        frozen=p.frozen_bytes,
+        trainable=p.trainable_bytes,
+        grads=p.grad_bytes,
+        states=p.state_bytes,
+        step_temp=p.step_temp_bytes,
+        autocast=p.autocast_copy_bytes,
+    )
+
+
+def distributed_settings(m: ModelSpec, train: TrainSpec, single: Callable[..., Any]) -> dict[str, object]:
+    """The per-rank facts shown with the ledger: engine, ranks, what is sharded and replicated, host bytes, and
+    DeepSpeed's own figure beside ours. ``single`` is analytic/step.py ``step_parts``."""
+    p = single(m, train)
+    rp = _rank_parts_of(m, train, single)
     out: dict[str, object] = {
         "engine": rp.engine,
         "world_size": train.world_size,
@@ -456,34 +528,13 @@ def distributed_settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
     return out
 
 
-def rank_parts_of(m: ModelSpec, train: TrainSpec) -> RankParts:
-    """``rank_parts`` from the specs alone (recomputes the single-GPU lines it starts from)."""
-    from dataclasses import replace
-
-    from vramledger.analytic.step import step_parts
-
-    single = replace(train, world_size=1, zero_stage=0, fsdp=None, offload_optimizer=False, offload_params=False)
-    p = step_parts(m, single)
-    return rank_parts(
-        m,
-        train,
-        p.weights,
-        frozen=p.frozen_bytes,
-        trainable=p.trainable_bytes,
-        grads=p.grad_bytes,
-        states=p.state_bytes,
-        step_temp=p.step_temp_bytes,
-        autocast=p.autocast_copy_bytes,
-    )
-
-
-def distributed_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
+def distributed_warnings(m: ModelSpec, train: TrainSpec, single: Callable[..., Any]) -> list[str]:
     """Notes that go with a per-rank ledger: the engine's assumptions and DeepSpeed's own figure."""
     from vramledger.units import fmt_bytes
 
-    rp = rank_parts_of(m, train)
+    rp = _rank_parts_of(m, train, single)
     out = list(rp.notes)
-    if train.fsdp is not None and train.zero_stage == 0 and train.world_size == 1:
+    if train.fsdp is not None and train.world_size == 1:
         out.append("FSDP on one GPU shards nothing: pass --world-size N")
     if rp.ranks > 1 or train.world_size > 1:
         out.append(
@@ -492,7 +543,7 @@ def distributed_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         )
     if rp.host_bytes:
         out.append(f"offload keeps {fmt_bytes(rp.host_bytes)} per rank in host memory (not counted on the GPU)")
-    ds = deepspeed_estimate(m, train, count_total(m, train))
+    ds = deepspeed_estimate(m, train, single(m, train).weights.total_params)
     if ds is not None:
         out.append(
             f"DeepSpeed's own estimate_zero{3 if train.zero_stage == 3 else 2}_model_states_mem_needs gives "
@@ -500,9 +551,3 @@ def distributed_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
             "activations or logits): compare with weights + master + gradients + optimizer state above"
         )
     return out
-
-
-def count_total(m: ModelSpec, train: TrainSpec) -> int:
-    from vramledger.analytic.weights import weight_budget
-
-    return weight_budget(m, train).total_params

@@ -29,7 +29,7 @@ from vramledger.analytic.activations import (
     residual_bytes,
     rope_bytes_per_token,
 )
-from vramledger.analytic.distributed import Buffer, add_buffers, rank_parts
+from vramledger.analytic.distributed import Buffer, add_buffers, rank_step_parts
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
@@ -115,6 +115,8 @@ def _sources() -> dict[str, str]:
 
 @lru_cache(maxsize=4096)
 def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
+    if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed.py
+        return rank_step_parts(m, train, gpu, single=step_parts)
     wb = weight_budget(m, train)
     T, B = train.tokens, train.micro_batch
     c = train.precision.compute.bytes
@@ -157,12 +159,6 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
     master = 0
-    buffers: tuple[Buffer, ...] = ()
-    if train.distributed:  # rank 0's share and the engine's buffers: analytic/distributed.py
-        rp = rank_parts(m, train, wb, frozen=frozen, trainable=trainable, grads=grads, states=states,
-                        step_temp=step_temp, autocast=autocast_copies)
-        frozen, trainable, master, grads, states = rp.frozen, rp.trainable, rp.master, rp.grads, rp.states
-        step_temp, autocast_copies, buffers = rp.step_temp, rp.autocast, rp.buffers
 
     # Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates.
     H, I = m.hidden_size, (m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size)
@@ -199,7 +195,6 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         workspace_bytes=cublas_workspace_bytes(gpu),
         optimizer_source=opt.source,
         logits_source=lg.source,
-        buffers=buffers,
     )
 
 
