@@ -44,18 +44,22 @@ ENGINES: dict[str, dict[str, Any]] = {
     "fsdp1-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 1},
     "ddp": {},
 }
-# (model, engine, world, method, precision, batch, seq, grad_ckpt)
+# (model, engine, world, method, precision, batch, seq, grad_ckpt). One unpadded sequence per micro-batch, so that
+# the single-GPU lines the engines start from are exact (a padded batch adds the analytic mask terms); FSDP1 cannot
+# flatten fp32 adapters with a bf16 base (a real run fails too), so its LoRA rows are pure bf16.
 GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
-    (model, engine, world, method, precision, 2, 512, ckpt)
-    for model in ("mid",)
+    ("mid", engine, world, method, precision, 1, 1024, False)
     for engine in ENGINES
     for world in (2, 8)
-    for method, precision in (("full", "bf16-true"), ("full", "bf16-mixed"), ("lora", "bf16-mixed"))
-    for ckpt in (False,)
+    for method, precision in (
+        ("full", "bf16-true"),
+        ("full", "bf16-mixed"),
+        ("freeze", "bf16-mixed"),
+        ("lora", "bf16-true" if engine.startswith("fsdp1") else "bf16-mixed"),
+    )
 ] + [
-    ("llama-3.2-1b", engine, 8, method, "bf16-mixed", 1, 1024, True)
+    ("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True)
     for engine in ("fsdp2", "fsdp1", "ddp")
-    for method in ("full", "lora")
 ]
 
 
@@ -75,8 +79,14 @@ def _specs(row: tuple[str, str, int, str, str, int, int, bool]) -> tuple[ModelSp
     return spec, train, config
 
 
-def _phases(ledger: Ledger) -> dict[str, int]:
-    return {p.value: ledger.allocated(p) for p in PHASES if p in ledger.phases}
+def _phases(ledger: Ledger) -> dict[str, Any]:
+    """Allocated bytes at each phase's peak, and by category."""
+    return {
+        p.value: {"allocated": ledger.allocated(p),
+                  "by_category": {c.value: ledger.bytes_of(c, p) for c in ledger.categories() if c.allocated}}
+        for p in PHASES
+        if p in ledger.phases
+    }
 
 
 def analytic(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
@@ -97,6 +107,21 @@ def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any
         ledger = trace_step(m, t, config=config)
     return {"seconds": round(time.time() - start, 1), "peak_allocated": ledger.peak_allocated,
             "phases": _phases(ledger), "versions": ledger.settings.get("versions", "")}
+
+
+def single_view(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
+    """The same step on one GPU in the dtype the engine computes in (analytic/distributed.py ``single_gpu_spec``
+    and ``_engine_casts``), traced and estimated: the single-GPU error the per-rank figures inherit."""
+    from vramledger.analytic import estimate
+    from vramledger.analytic.distributed import compute_view
+    from vramledger.trace import trace_step
+
+    m, t, config = _specs(row)
+    view = compute_view(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced_peak = trace_step(m, view, config=config).peak_allocated
+    return {"trace_peak_allocated": traced_peak, "analytic_peak_allocated": estimate(m, view).peak_allocated}
 
 
 def _load() -> dict[str, dict[str, Any]]:
@@ -126,8 +151,21 @@ def main() -> None:
     ap.add_argument("--analytic", action="store_true")
     ap.add_argument("--only")
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--views", action="store_true", help="add the single-GPU compute view of the LoRA rows")
     args = ap.parse_args()
     rows = _load()
+    if args.views:
+        cache: dict[str, dict[str, Any]] = {}
+        for row in GRID:
+            d = rows.get(_id(row))
+            if d is None or row[3] != "lora":
+                continue
+            key = _id((row[0], "single", 1, *row[3:]))
+            if key not in cache:
+                cache[key] = single_view(row)
+            d["single_view"] = cache[key]
+        _save(rows)
+        return
     if args.table:
         print(table(rows))
         return

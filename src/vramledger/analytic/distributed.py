@@ -344,6 +344,10 @@ def _zero(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: int, grads: 
         persistent = _persistent_numel(m, zb.param_persistence_threshold)
         frozen_numel = wb.total_params - Pt
         frozen_r = _div(max(frozen_numel - persistent, 0) * s, N) + persistent * s
+        if train.quant is not None:
+            # QLoRA under ZeRO-3 (bnb_4bit_quant_storage in the engine's dtype): the packed 4-bit storage is what
+            # is partitioned
+            frozen_r = _div(frozen, N) + persistent * s
         gathered = min(zb.max_live_parameters, layer_params(m) + zb.prefetch_bucket_size)
         buffers.append(
             Buffer(
@@ -454,14 +458,25 @@ def _engine_casts(train: TrainSpec) -> bool:
     return train.precision.mixed and (train.fsdp is not None or train.zero_stage > 0)
 
 
+def compute_view(train: TrainSpec) -> TrainSpec:
+    """The single-GPU step whose activations rank 0 has: under an engine that casts the whole model
+    (``_engine_casts``), pure precision with the adapters in the compute dtype too (FSDP's policy casts them with
+    the rest; PEFT's fp32 adapter path never runs); otherwise the step itself."""
+    one = single_gpu_spec(train)
+    if not _engine_casts(train):
+        return one
+    pure = Precision.BF16 if train.precision.compute is DType.BF16 else Precision.FP16
+    lora = replace(one.lora, adapter_fp32=False) if one.lora is not None else None
+    return replace(one, precision=pure, lora=lora)
+
+
 def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, single: Callable[..., Any]) -> Any:
     """analytic/step.py ``StepParts`` of rank 0: the single-GPU parts (``single`` is ``step_parts``), with the
     activations of the engine's compute dtype and rank 0's share of the persistent lines, plus the buffers."""
     one = single_gpu_spec(train)
     p = single(m, one, gpu)
     if _engine_casts(train):
-        pure = Precision.BF16 if train.precision.compute is DType.BF16 else Precision.FP16
-        act = single(m, replace(one, precision=pure), gpu)
+        act = single(m, compute_view(train), gpu)
         p = replace(p, head_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
     rp = rank_parts(
         m,
@@ -520,7 +535,7 @@ def distributed_settings(m: ModelSpec, train: TrainSpec, single: Callable[..., A
     ds = deepspeed_estimate(m, train, p.weights.total_params)
     if ds is not None:
         out["deepspeed_estimate_bytes"] = ds
-        out["deepspeed_estimate_source"] = "deepspeed " + (
+        out["deepspeed_estimate_source"] = (
             "stage3.py estimate_zero3_model_states_mem_needs"
             if train.zero_stage == 3
             else "stage_1_and_2.py estimate_zero2_model_states_mem_needs"
@@ -536,18 +551,6 @@ def distributed_warnings(m: ModelSpec, train: TrainSpec, single: Callable[..., A
     out = list(rp.notes)
     if train.fsdp is not None and train.world_size == 1:
         out.append("FSDP on one GPU shards nothing: pass --world-size N")
-    if rp.ranks > 1 or train.world_size > 1:
-        out.append(
-            f"per-rank memory of rank 0 ({rp.engine}, {train.world_size} GPUs; rank 0 holds the padded, largest "
-            f"shard): sharded {', '.join(rp.sharded) or 'nothing'}; replicated {', '.join(rp.replicated)}"
-        )
     if rp.host_bytes:
         out.append(f"offload keeps {fmt_bytes(rp.host_bytes)} per rank in host memory (not counted on the GPU)")
-    ds = deepspeed_estimate(m, train, single(m, train).weights.total_params)
-    if ds is not None:
-        out.append(
-            f"DeepSpeed's own estimate_zero{3 if train.zero_stage == 3 else 2}_model_states_mem_needs gives "
-            f"{fmt_bytes(ds)} per GPU of model states (it assumes every parameter trains, and counts no buckets, "
-            "activations or logits): compare with weights + master + gradients + optimizer state above"
-        )
     return out

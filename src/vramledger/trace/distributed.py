@@ -200,6 +200,14 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
     mp = None
     if train.precision.mixed:
         mp = MixedPrecision(param_dtype=_mixed(train), reduce_dtype=_mixed(train), buffer_dtype=_mixed(train))
+    dtypes = {p.dtype for p in hf.parameters()}
+    if len(dtypes) > 1:
+        # _flat_param.py _validate_tensors_to_flatten: "Must flatten tensors with uniform dtype" - a real run fails
+        raise VramledgerError(
+            "trace: FSDP1 flattens each unit into one tensor of one dtype, and this model mixes "
+            f"{' and '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))} (fp32 adapters over a bf16 "
+            "base): a real run fails the same way; use --fsdp-version 2, or --precision bf16-true"
+        )
     return FullyShardedDataParallel(
         hf,
         auto_wrap_policy=ModuleWrapPolicy(_layer_classes(hf, m)),
