@@ -27,7 +27,7 @@ sys.path.insert(0, str(ROOT / "src"))
 from vramledger.catalog import resolve_model  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.ledger import Ledger, Phase  # noqa: E402
-from vramledger.specs import Method, ModelSpec, Precision, Sharding, TrainSpec  # noqa: E402
+from vramledger.specs import LoraSpec, Method, ModelSpec, Precision, Sharding, TrainSpec  # noqa: E402
 
 OUT = Path(__file__).with_name("grid.jsonl")
 PHASES = (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
@@ -74,8 +74,10 @@ def _specs(row: tuple[str, str, int, str, str, int, int, bool]) -> tuple[ModelSp
         spec, config = model_spec_from_config(MID, name="mid", source="bench"), MID
     else:
         spec, config = resolve_model(model), None
+    # pure bf16 LoRA keeps its adapters in bf16 (torchtune, LitGPT), which FSDP1 needs to flatten a unit
+    lora = LoraSpec(adapter_fp32=False) if method == "lora" and precision == "bf16-true" else None
     train = TrainSpec(method=Method(method), precision=Precision(precision), micro_batch=b, seq_len=L,
-                      grad_ckpt=ckpt, world_size=world, **ENGINES[engine])
+                      grad_ckpt=ckpt, world_size=world, lora=lora, **ENGINES[engine])
     return spec, train, config
 
 

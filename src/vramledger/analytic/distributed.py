@@ -245,6 +245,17 @@ def _fsdp(
                 source="FSDP SHARD_GRAD_OP / fully_shard(reshard_after_forward=False)",
             )
         )
+        # Seen in the bench/distributed traces (FSDP2), not yet explained from the source: at the loss one more
+        # layer-sized all-gather buffer is live; gone by the backward peak.
+        buffers.append(
+            Buffer(
+                label="one more layer-sized all-gather buffer (traced, unexplained)",
+                category=Category.WEIGHTS,
+                bytes=layer * u,
+                phases=frozenset((Phase.FORWARD,)),
+                source="bench/distributed/grid.jsonl FSDP2 SHARD_GRAD_OP traces",
+            )
+        )
     else:
         # At the loss, where forward and backward peak, one unit is unsharded besides the root: the last decoder
         # layer, gathered for the start of backward (the bench/distributed traces). Inside a layer's backward it is

@@ -200,7 +200,12 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
     mp = None
     if train.precision.mixed:
         mp = MixedPrecision(param_dtype=_mixed(train), reduce_dtype=_mixed(train), buffer_dtype=_mixed(train))
-    dtypes = {p.dtype for p in hf.parameters()}
+    classes = _layer_classes(hf, m)
+    layers = [mod for mod in hf.modules() if type(mod) in classes]
+    in_layers = {id(p) for layer in layers for p in layer.parameters()}
+    units = [{p.dtype for p in layer.parameters()} for layer in layers]
+    units.append({p.dtype for p in hf.parameters() if id(p) not in in_layers})
+    dtypes = max(units, key=len)
     if len(dtypes) > 1:
         # _flat_param.py _validate_tensors_to_flatten: "Must flatten tensors with uniform dtype" - a real run fails
         raise VramledgerError(
@@ -210,7 +215,7 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
         )
     return FullyShardedDataParallel(
         hf,
-        auto_wrap_policy=ModuleWrapPolicy(_layer_classes(hf, m)),
+        auto_wrap_policy=ModuleWrapPolicy(classes),
         sharding_strategy=strategy,
         mixed_precision=mp,
         device_id=torch.device("cpu"),
@@ -278,10 +283,9 @@ def data_parallel(hf: Any, m: ModelSpec, train: TrainSpec, rec: Recorder) -> Ite
 
 
 def _loaded_on_host(rec: Recorder, wrap_start: int) -> None:
-    """Whole parameters that the wrapper replaced by shards never reach the GPU in a real run (accelerate loads on
-    the CPU or the meta device and FSDP moves only the shards): they count as host memory."""
+    """Whole parameters that the wrapper replaced by shards, and what it built and dropped while sharding (FSDP1's
+    unsharded flat parameters), never reach the GPU in a real run (accelerate loads on the CPU or the meta device
+    and the wrapper moves only the shards): they count as host memory."""
     for e in rec.events[wrap_start:]:
         if e.kind == "free":
-            info = rec.storages[e.storage]
-            if info.alloc_index < wrap_start:
-                info.category = "host"
+            rec.storages[e.storage].category = "host"
