@@ -19,20 +19,6 @@ Sources, each the code that allocates:
   norm and output layer, stays unsharded from forward to backward), _fsdp_param_group.py implicit prefetching
   (the next unit's all-gather is issued while the current one computes). FSDP1 (_flat_param.py, _runtime_utils.py
   ``_post_forward_reshard``: the root is not freed after forward either) holds the same bytes.
-- DeepSpeed ZeRO-1/2: deepspeed/runtime/zero/stage_1_and_2.py ``DeepSpeedZeroOptimizer``: trainable parameters
-  flattened into ``bit16_groups_flat`` (in place, s bytes, whole on every rank), ``single_partition_of_fp32_groups``
-  (the fp32 master partition), the fp32 gradient partition built in ``step`` (``single_grad_partition``),
-  ``grads_in_partition`` (stage 2 with ``contiguous_gradients``), the ``ipg_buckets`` reduce buffers of
-  ``reduce_bucket_size`` elements (a second one with ``overlap_comm``); frozen parameters stay outside the
-  optimizer, in the engine's dtype (engine.py ``_configure_distributed_model``: ``module.bfloat16()``).
-- DeepSpeed ZeRO-3: deepspeed/runtime/zero/stage3.py ``DeepSpeedZeroOptimizer_Stage3``: every parameter,
-  frozen ones too, partitioned (parameter_offload.py ``_convert_to_zero_parameters``); those under
-  ``param_persistence_threshold`` elements kept whole (``mark_persistent_parameters``); one ipg bucket of
-  ``reduce_bucket_size``; ``grad_partitions_flat_buffer``; gathered parameters bounded by the prefetch bucket and
-  ``max_live_parameters`` (partitioned_param_coordinator.py ``fetch_sub_module``).
-- DeepSpeed's own figure: stage_1_and_2.py ``estimate_zero2_model_states_mem_needs`` (2·P + 18·P/N) and stage3.py
-  ``estimate_zero3_model_states_mem_needs`` (4·largest layer + 18·P/N), which assume every parameter trains and
-  count model states only.
 
 Assumptions (stated, awaiting a GPU measurement): FSDP wraps each decoder layer and the root (accelerate's
 ``TRANSFORMER_BASED_WRAP``, torchtune's ``shard_model``); under a mixed-precision policy the all-gathered
@@ -43,16 +29,26 @@ nothing; ZeRO-3 keeps one decoder layer plus the prefetch bucket gathered.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any
 
-from vramledger.analytic.params import embedding_params, head_params, layer_norm_params, layer_params
+from vramledger.analytic.params import embedding_params, head_params, layer_params
+from vramledger.analytic.rank import (
+    ALL_PHASES,
+    FWD_BWD,
+    Buffer,
+    RankParts,
+    SingleLines,
+    add_buffers,
+    engine_name,
+    share,
+)
 from vramledger.analytic.weights import WeightBudget
+from vramledger.analytic.zero import deepspeed_estimate, zero_rank_parts
 from vramledger.ledger import Category, Phase
-from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Optimizer, Precision, Sharding, TrainSpec, ZeroBuffers
+from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Precision, Sharding, TrainSpec
 
-_FB = frozenset((Phase.FORWARD, Phase.BACKWARD))
-_ALL = frozenset((Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
+__all__ = ["Buffer", "add_buffers", "compute_view", "rank_step_parts", "single_gpu_spec"]
 
 DDP_SOURCE = (
     "torch/nn/parallel/distributed.py DistributedDataParallel (bucket_cap_mb=25, gradient_as_bucket_view=False): "
@@ -70,94 +66,20 @@ FSDP_RS_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one unit's unsharded gradients and its "
     "reduce_scatter_input"
 )
-ZERO12_SOURCE = "deepspeed/runtime/zero/stage_1_and_2.py DeepSpeedZeroOptimizer"
-ZERO3_SOURCE = "deepspeed/runtime/zero/stage3.py DeepSpeedZeroOptimizer_Stage3"
 
 
-@dataclass(frozen=True, kw_only=True, slots=True)
-class Buffer:
-    """One engine buffer: its bytes on rank 0 and the phases in which it is live at the phase's peak."""
-
-    label: str
-    category: Category
-    bytes: int
-    phases: frozenset[Phase]
-    source: str
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RankParts:
-    """What rank 0 holds of the persistent lines, the buffers its engine adds, and what moved to the host."""
-
-    engine: str
-    """``ddp``, ``fsdp1``/``fsdp2`` with the strategy, ``zero-1..3``, or ``single`` (offload on one GPU)."""
-    ranks: int
-    """Ranks one shard is spread over (N)."""
-    frozen: int
-    trainable: int
-    master: int
-    grads: int
-    states: int
-    step_temp: int
-    autocast: int
-    buffers: tuple[Buffer, ...] = ()
-    host_bytes: int = 0
-    """Bytes the engine keeps in host memory instead (offload)."""
-    sharded: tuple[str, ...] = ()
-    replicated: tuple[str, ...] = ()
-    master_label: str = "fp32 master copy (ZeRO partition)"
-    notes: tuple[str, ...] = field(default=(), compare=False)
-
-
-def _div(n: int, ranks: int) -> int:
-    """Rank 0's share: the ceiling (the padded shard)."""
-    return -(-n // ranks)
-
-
-def _engine(train: TrainSpec) -> str:
-    if train.fsdp is not None:
-        return f"fsdp{train.fsdp_version} {train.fsdp.value}"
-    if train.zero_stage:
-        return f"zero-{train.zero_stage}"
-    return "ddp" if train.world_size > 1 else "single"
-
-
-def _layer_trainable_numel(m: ModelSpec, wb: WeightBudget, train: TrainSpec) -> int:
-    """Trainable elements in one trained decoder layer (adapters, or the whole layer)."""
-    if train.adapters:
-        return sum(a.params for a in wb.adapted)
-    return layer_params(m) if wb.trainable_layers else 0
-
-
-def _fp32_states(states: int, train: TrainSpec, wb: WeightBudget) -> int:
-    """Optimizer states over an fp32 copy: DeepSpeed steps its fp32 master partition whatever the model dtype."""
-    eight_bit = train.optimizer in (Optimizer.ADAMW_8BIT, Optimizer.PAGED_ADAMW_8BIT, Optimizer.LION_8BIT)
-    return states if eight_bit else states * 4 // wb.trainable_dtype.bytes
-
-
-def rank_parts(
-    m: ModelSpec,
-    train: TrainSpec,
-    wb: WeightBudget,
-    *,
-    frozen: int,
-    trainable: int,
-    grads: int,
-    states: int,
-    step_temp: int,
-    autocast: int,
-) -> RankParts:
+def rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) -> RankParts:
     """Rank 0's share of the single-GPU lines under ``train``'s data-parallel engine, with its buffers."""
     if train.fsdp is not None:
-        return _fsdp(m, train, wb, frozen, trainable, grads, states, step_temp, autocast)
+        return _fsdp(m, train, wb, one)
     if train.zero_stage:
-        return _zero(m, train, wb, frozen, grads, states)
+        return zero_rank_parts(m, train, wb, one.frozen, one.states)
     host = 0
     notes: tuple[str, ...] = ()
     if train.offload_optimizer:
         # DeepSpeed ZeRO-Offload's CPU Adam without ZeRO sharding: states and the step on the host; the GPU keeps
         # weights and gradients (copied to the host each step).
-        host, states, step_temp = states, 0, 0
+        host, one = one.states, replace(one, states=0, step_temp=0)
     if train.offload_params:
         notes = ("parameter offload needs ZeRO-3 or FSDP: weights are counted on the GPU",)
     buffers: tuple[Buffer, ...] = ()
@@ -166,21 +88,28 @@ def rank_parts(
             Buffer(
                 label="DDP gradient buckets (a second copy of the gradients)",
                 category=Category.GRADIENTS,
-                bytes=grads,
-                phases=_ALL,
+                bytes=one.grads,
+                phases=ALL_PHASES,
                 source=DDP_SOURCE,
             ),
         )
+    return _replicated(train, one, buffers=buffers, host=host, notes=notes)
+
+
+def _replicated(
+    train: TrainSpec, one: SingleLines, *, buffers: tuple[Buffer, ...] = (), host: int = 0, notes: tuple[str, ...] = ()
+) -> RankParts:
+    """Every rank holds the whole model, gradients and states (DDP, FSDP NO_SHARD)."""
     return RankParts(
-        engine=_engine(train),
+        engine=engine_name(train),
         ranks=1,
-        frozen=frozen,
-        trainable=trainable,
+        frozen=one.frozen,
+        trainable=one.trainable,
         master=0,
-        grads=grads,
-        states=states,
-        step_temp=step_temp,
-        autocast=autocast,
+        grads=one.grads,
+        states=one.states,
+        step_temp=one.step_temp,
+        autocast=one.autocast,
         buffers=buffers,
         host_bytes=host,
         replicated=("weights", "gradients", "optimizer state"),
@@ -188,36 +117,14 @@ def rank_parts(
     )
 
 
-def _fsdp(
-    m: ModelSpec,
-    train: TrainSpec,
-    wb: WeightBudget,
-    frozen: int,
-    trainable: int,
-    grads: int,
-    states: int,
-    step_temp: int,
-    autocast: int,
-) -> RankParts:
+def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) -> RankParts:
     strategy = train.fsdp
     assert strategy is not None
     ranks = {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: min(train.gpus_per_node, train.world_size)}.get(
         strategy, train.world_size
     )
-    if strategy is Sharding.NO_SHARD:
-        # NO_SHARD all-reduces each unit's gradients in place: DDP's memory without the buckets.
-        return RankParts(
-            engine=_engine(train),
-            ranks=1,
-            frozen=frozen,
-            trainable=trainable,
-            master=0,
-            grads=grads,
-            states=states,
-            step_temp=step_temp,
-            autocast=autocast,
-            replicated=("weights", "gradients", "optimizer state"),
-        )
+    if strategy is Sharding.NO_SHARD:  # all-reduces each unit's gradients in place: DDP without the buckets
+        return _replicated(train, one)
     mixed = train.precision.mixed
     u = train.precision.compute.bytes if mixed else wb.trainable_dtype.bytes
     if train.method is not Method.FULL and not mixed:
@@ -226,12 +133,15 @@ def _fsdp(
         u = train.precision.compute.bytes  # bnb's FSDP path all-gathers the packed storage; bounded by bf16
     layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
     root = embedding_params(m) + head_params(m)
+    # FSDP1 reshards the root in its post-backward hook; when backward never reaches the embeddings (frozen lower
+    # layers) that hook does not run and the root stays unsharded through the optimizer step (the traces).
+    stuck = train.fsdp_version == 1 and train.method is Method.FREEZE and not wb.embedding_trainable
     buffers = [
         Buffer(
             label="root unit unsharded (embeddings, final norm, output layer)",
             category=Category.WEIGHTS,
             bytes=root * u,
-            phases=_FB,
+            phases=ALL_PHASES if stuck else FWD_BWD,
             source=FSDP_ROOT_SOURCE,
         )
     ]
@@ -241,7 +151,7 @@ def _fsdp(
                 label="every decoder layer unsharded (kept from forward to backward)",
                 category=Category.WEIGHTS,
                 bytes=m.num_layers * layer * u,
-                phases=_FB,
+                phases=FWD_BWD,
                 source="FSDP SHARD_GRAD_OP / fully_shard(reshard_after_forward=False)",
             )
         )
@@ -258,22 +168,23 @@ def _fsdp(
         )
     else:
         # At the loss, where forward and backward peak, one unit is unsharded besides the root: the last decoder
-        # layer, gathered for the start of backward (the bench/distributed traces). Inside a layer's backward it is
-        # two (current + prefetch) plus that layer's unsharded gradients and reduce-scatter input
-        # (FSDP_RS_SOURCE), a moment that peaks only when the loss is small; not modelled.
+        # layer, gathered for the start of backward; FSDP1 frees it after forward and gathers it again in the loss's
+        # backward, FSDP2 keeps it (the bench/distributed traces). Inside a layer's backward it is two (current +
+        # prefetch) plus that layer's unsharded gradients and reduce-scatter input (FSDP_RS_SOURCE), a moment that
+        # peaks only when the loss is small; not modelled.
         buffers.append(
             Buffer(
                 label="one decoder layer unsharded",
                 category=Category.WEIGHTS,
                 bytes=layer * u,
-                phases=_FB,
+                phases=FWD_BWD if train.fsdp_version == 2 else frozenset((Phase.BACKWARD,)),
                 source=FSDP_AG_SOURCE,
             )
         )
     notes: list[str] = []
     host = 0
-    frozen_r, trainable_r = _div(frozen, ranks), _div(trainable, ranks)
-    grads_r, states_r, temp_r = _div(grads, ranks), _div(states, ranks), _div(step_temp, ranks)
+    frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
+    grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
     if train.offload_optimizer and not train.offload_params:
         notes.append(
             "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="
@@ -287,14 +198,14 @@ def _fsdp(
             Buffer(
                 label="host-to-device copy of one unit's shard",
                 category=Category.TEMPORARIES,
-                bytes=_div(layer * u, ranks),
-                phases=_FB,
+                bytes=share(layer * u, ranks),
+                phases=FWD_BWD,
                 source="torch fsdp _fsdp_param.py: offloaded shards copied to the device before all-gather",
             )
         )
         frozen_r = trainable_r = grads_r = states_r = temp_r = 0
     return RankParts(
-        engine=_engine(train),
+        engine=engine_name(train),
         ranks=ranks,
         frozen=frozen_r,
         trainable=trainable_r,
@@ -302,140 +213,13 @@ def _fsdp(
         grads=grads_r,
         states=states_r,
         step_temp=temp_r,
-        autocast=0 if mixed else autocast,
+        autocast=0 if mixed else one.autocast,
         buffers=tuple(buffers),
         host_bytes=host,
         sharded=("weights", "gradients", "optimizer state"),
         replicated=("activations", "logits", "one or two unsharded layers at a time"),
         notes=tuple(notes),
     )
-
-
-def zero_buffers(m: ModelSpec, train: TrainSpec) -> ZeroBuffers:
-    """DeepSpeed's bucket sizes for this run (its defaults, ``"auto"`` resolved from the hidden size)."""
-    return (train.zero_buffers or ZeroBuffers()).resolved(m.hidden_size)
-
-
-def _persistent_numel(m: ModelSpec, threshold: int) -> int:
-    """ZeRO-3 keeps parameters under ``threshold`` elements whole: the norms (and biases) of a Llama-like model."""
-    small = layer_norm_params(m) if m.hidden_size < threshold else 0
-    final = m.hidden_size if m.hidden_size < threshold else 0
-    return m.num_layers * small + final
-
-
-def _zero(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: int, grads: int, states: int) -> RankParts:
-    stage, N = train.zero_stage, train.world_size
-    zb = zero_buffers(m, train)
-    c = train.precision.compute.bytes
-    s = 2 if c == 2 else 4  # the engine casts the module to bf16/fp16 (engine.py _configure_distributed_model)
-    Pt = wb.trainable_params
-    src = ZERO3_SOURCE if stage == 3 else ZERO12_SOURCE
-    fp32_states = _fp32_states(states, train, wb)
-    master = 0 if c == 4 else _div(4 * Pt, N)
-    trainable = Pt * s if stage < 3 else _div(Pt * s, N)
-    # stage 1: each parameter's .grad, whole, until the reduce at the accumulation boundary; stage 2:
-    # grads_in_partition; stage 3: grad_partitions_flat_buffer
-    grads_r = Pt * s if stage == 1 else _div(Pt * s, N)
-    frozen_r = frozen
-    buffers: list[Buffer] = []
-    n_buckets = 2 if (stage < 3 and zb.overlap(stage)) else 1
-    if zb.contiguous_gradients or stage == 3:
-        buffers.append(
-            Buffer(
-                label=f"reduce bucket{'s' if n_buckets > 1 else ''} ({n_buckets} × reduce_bucket_size "
-                f"{zb.reduce_bucket_size:,})",
-                category=Category.GRADIENTS,
-                bytes=n_buckets * zb.reduce_bucket_size * s,
-                phases=_ALL,
-                source=f"{src}: ipg_buckets buffer of reduce_bucket_size elements"
-                + (" (buf_0, buf_1 with overlap_comm)" if stage < 3 else ""),
-            )
-        )
-    if stage == 3:
-        persistent = _persistent_numel(m, zb.param_persistence_threshold)
-        frozen_numel = wb.total_params - Pt
-        frozen_r = _div(max(frozen_numel - persistent, 0) * s, N) + persistent * s
-        if train.quant is not None:
-            # QLoRA under ZeRO-3 (bnb_4bit_quant_storage in the engine's dtype): the packed 4-bit storage is what
-            # is partitioned
-            frozen_r = _div(frozen, N) + persistent * s
-        gathered = min(zb.max_live_parameters, layer_params(m) + zb.prefetch_bucket_size)
-        buffers.append(
-            Buffer(
-                label="gathered parameters (one layer + prefetch bucket, ≤ max_live_parameters)",
-                category=Category.WEIGHTS,
-                bytes=gathered * s,
-                phases=_FB,
-                source=f"{src}: partitioned_param_coordinator.py fetch_sub_module, stage3_prefetch_bucket_size "
-                f"{zb.prefetch_bucket_size:,}, stage3_max_live_parameters {zb.max_live_parameters:,}",
-            )
-        )
-    elif train.quant is None:
-        frozen_r = (wb.total_params - Pt) * s  # in the engine's dtype, whole on every rank
-    host = 0
-    if train.offload_optimizer:
-        host += master + _div(fp32_states, N) + _div(4 * Pt, N)
-        master, fp32_states = 0, 0
-        grads_r = 0 if stage >= 2 else grads_r  # partitions accumulate in pinned host memory
-    else:
-        fp32_states = _div(fp32_states, N)
-        buffers.append(
-            Buffer(
-                label="fp32 gradient partition for the step",
-                category=Category.TEMPORARIES,
-                bytes=_div(4 * Pt, N),
-                phases=frozenset((Phase.OPTIMIZER,)),
-                source=f"{src}: step() single_grad_partition = flat partition .to(fp32)",
-            )
-        )
-    if train.offload_params and stage == 3:
-        host += frozen_r + trainable
-        persistent_b = _persistent_numel(m, zb.param_persistence_threshold) * s
-        frozen_r, trainable = persistent_b, 0
-    sharded = {
-        1: ("optimizer state", "fp32 master"),
-        2: ("optimizer state", "fp32 master", "gradients"),
-        3: ("optimizer state", "fp32 master", "gradients", "weights"),
-    }[stage]
-    replicated = ("weights", "activations") if stage < 3 else ("activations", "small parameters (persistent)")
-    return RankParts(
-        engine=_engine(train),
-        ranks=N,
-        frozen=frozen_r,
-        trainable=trainable,
-        master=master,
-        grads=grads_r,
-        states=fp32_states,
-        step_temp=0,
-        autocast=0,
-        buffers=tuple(buffers),
-        host_bytes=host,
-        sharded=sharded,
-        replicated=replicated,
-        master_label="fp32 master copy (ZeRO partition)",
-    )
-
-
-def deepspeed_estimate(m: ModelSpec, train: TrainSpec, total_params: int) -> int | None:
-    """DeepSpeed's own per-GPU figure for the model states (stage_1_and_2.py
-    ``estimate_zero2_model_states_mem_needs`` for ZeRO-1/2, stage3.py ``estimate_zero3_model_states_mem_needs``
-    for ZeRO-3), or None without ZeRO. It assumes every parameter trains and counts no buffers or activations."""
-    if not train.zero_stage:
-        return None
-    N, P = train.world_size, total_params
-    if train.zero_stage < 3:
-        return 2 * P if train.offload_optimizer else 2 * P + int(18 * P / N)
-    largest = 4 * max(layer_params(m), embedding_params(m))
-    if train.offload_optimizer:
-        return largest if train.offload_params else largest + int(2 * P / N)
-    return largest + int(18 * P / N)
-
-
-def add_buffers(moment: object, phase: Phase, buffers: tuple[Buffer, ...]) -> None:
-    """Add the engine's buffers live in ``phase`` to a step moment (analytic/step.py ``_Moment``)."""
-    for b in buffers:
-        if phase in b.phases:
-            moment.add(b.category, b.label, b.bytes, b.source)  # type: ignore[attr-defined]
 
 
 def single_gpu_spec(train: TrainSpec) -> TrainSpec:
@@ -489,17 +273,7 @@ def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, sing
     if _engine_casts(train):
         act = single(m, compute_view(train), gpu)
         p = replace(p, head_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
-    rp = rank_parts(
-        m,
-        train,
-        p.weights,
-        frozen=p.frozen_bytes,
-        trainable=p.trainable_bytes,
-        grads=p.grad_bytes,
-        states=p.state_bytes,
-        step_temp=p.step_temp_bytes,
-        autocast=p.autocast_copy_bytes,
-    )
+    rp = rank_parts(m, train, p.weights, SingleLines.of(p))
     return replace(
         p,
         frozen_bytes=rp.frozen,
@@ -515,17 +289,7 @@ def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, sing
 
 def _rank_parts_of(m: ModelSpec, train: TrainSpec, single: Callable[..., Any]) -> RankParts:
     p = single(m, single_gpu_spec(train))
-    return rank_parts(
-        m,
-        train,
-        p.weights,
-        frozen=p.frozen_bytes,
-        trainable=p.trainable_bytes,
-        grads=p.grad_bytes,
-        states=p.state_bytes,
-        step_temp=p.step_temp_bytes,
-        autocast=p.autocast_copy_bytes,
-    )
+    return rank_parts(m, train, p.weights, SingleLines.of(p))
 
 
 def distributed_settings(m: ModelSpec, train: TrainSpec, single: Callable[..., Any]) -> dict[str, object]:
