@@ -36,12 +36,11 @@ MID = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "n
        "num_key_value_heads": 4, "num_hidden_layers": 8, "vocab_size": 32000, "torch_dtype": "bfloat16",
        "tie_word_embeddings": False, "max_position_embeddings": 8192}
 
-# engine: fsdp2 / fsdp2-sgo / fsdp1 / fsdp1-sgo / ddp
+# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
 ENGINES: dict[str, dict[str, Any]] = {
     "fsdp2": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 2},
     "fsdp2-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 2},
     "fsdp1": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 1},
-    "fsdp1-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 1},
     "ddp": {},
 }
 # (model, engine, world, method, precision, batch, seq, grad_ckpt). One unpadded sequence per micro-batch, so that

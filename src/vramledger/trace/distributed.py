@@ -39,12 +39,30 @@ ALL_GATHER = "all_gather"
 REDUCE_SCATTER = "reduce_scatter"
 
 
+def wrapper_settings(train: TrainSpec) -> dict[str, object]:
+    """What was traced: the wrapper, the world size, and that the figures are rank 0's."""
+    wrapper = "DDP" if train.fsdp is None else f"FSDP{train.fsdp_version} {train.fsdp.value}"
+    return {
+        "wrapper": wrapper,
+        "world_size": train.world_size,
+        "rank": 0,
+        "process_group": "torch.testing._internal.distributed.fake_pg (backend 'fake')",
+    }
+
+
 def check_traceable(train: TrainSpec) -> None:
     """The data-parallel setups ``trace`` can run; one clear line for the others."""
     if train.zero_stage:
         raise VramledgerError(
             f"trace: DeepSpeed ZeRO-{train.zero_stage} is not traced (its engine needs CUDA); use `vramledger "
             "estimate`, or --fsdp full_shard to trace the PyTorch equivalent"
+        )
+    if train.fsdp is Sharding.SHARD_GRAD_OP and train.fsdp_version == 1:
+        # FlatParamHandle._writeback_orig_params asserts that the unsharded flat parameter is allocated, which it
+        # is not on fake tensors at that point; not yet worked around
+        raise VramledgerError(
+            "trace: FSDP1 SHARD_GRAD_OP is not traced yet; use --fsdp-version 2 (the same bytes) "
+            "or `vramledger estimate`"
         )
     if train.offload_optimizer or train.offload_params:
         raise VramledgerError(
