@@ -161,7 +161,9 @@ def main() -> None:
             d = rows.get(_id(row))
             if d is None or row[3] != "lora":
                 continue
-            key = _id((row[0], "single", 1, *row[3:]))
+            from vramledger.analytic.distributed import compute_view
+
+            key = repr(compute_view(_specs(row)[1]))
             if key not in cache:
                 cache[key] = single_view(row)
             d["single_view"] = cache[key]

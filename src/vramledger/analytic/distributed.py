@@ -89,7 +89,7 @@ def rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLine
                 label="DDP gradient buckets (a second copy of the gradients)",
                 category=Category.GRADIENTS,
                 bytes=one.grads,
-                phases=ALL_PHASES,
+                phases=ALL_PHASES | {Phase.LOAD},  # allocated when DDP wraps the model
                 source=DDP_SOURCE,
             ),
         )
@@ -133,9 +133,9 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         u = train.precision.compute.bytes  # bnb's FSDP path all-gathers the packed storage; bounded by bf16
     layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
     root = embedding_params(m) + head_params(m)
-    # FSDP1 reshards the root in its post-backward hook; when backward never reaches the embeddings (frozen lower
-    # layers) that hook does not run and the root stays unsharded through the optimizer step (the traces).
-    stuck = train.fsdp_version == 1 and train.method is Method.FREEZE and not wb.embedding_trainable
+    # FSDP1 reshards the root in its post-backward hook, which runs only for a unit with trainable parameters: with
+    # a frozen root (LoRA, freeze) the root stays unsharded through the optimizer step (the traces).
+    stuck = train.fsdp_version == 1 and not (wb.embedding_trainable or wb.head_trainable)
     buffers = [
         Buffer(
             label="root unit unsharded (embeddings, final norm, output layer)",
@@ -179,12 +179,32 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
                 bytes=layer * u,
                 phases=FWD_BWD if train.fsdp_version == 2 else frozenset((Phase.BACKWARD,)),
                 source=FSDP_AG_SOURCE,
+                at_end_of_backward=False,
+            )
+        )
+    trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
+    root_trained = root if trained else 0
+    if root_trained:
+        # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
+        # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
+        buffers.append(
+            Buffer(
+                label="root unit's unsharded gradients (until its reduce-scatter)",
+                category=Category.GRADIENTS,
+                bytes=root_trained * u,
+                phases=frozenset((Phase.BACKWARD,)),
+                source=FSDP_RS_SOURCE,
+                at_end_of_backward=True,
             )
         )
     notes: list[str] = []
     host = 0
     frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
     grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
+    if train.fsdp_version == 1 and train.adapters:
+        # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
+        # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1).
+        grads_r = share(wb.trainable_layers * layer * wb.trainable_dtype.bytes, ranks)
     if train.offload_optimizer and not train.offload_params:
         notes.append(
             "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="

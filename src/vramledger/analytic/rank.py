@@ -22,6 +22,13 @@ class Buffer:
     bytes: int
     phases: frozenset[Phase]
     source: str
+    at_end_of_backward: bool | None = None
+    """None: at whichever moment holds the phase's peak; True: only when that is the end of backward (every gradient
+    allocated); False: never then."""
+
+
+END_OF_BACKWARD = "end of backward"
+"""How analytic/step.py ``moments`` names the backward moment where every gradient is allocated."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -86,6 +93,7 @@ def engine_name(train: TrainSpec) -> str:
 
 def add_buffers(moment: object, phase: Phase, buffers: tuple[Buffer, ...]) -> None:
     """Add the engine's buffers live in ``phase`` to a step moment (analytic/step.py ``_Moment``)."""
+    at_end = str(getattr(moment, "name", "")).startswith(END_OF_BACKWARD)
     for b in buffers:
-        if phase in b.phases:
+        if phase in b.phases and b.at_end_of_backward in (None, at_end):
             moment.add(b.category, b.label, b.bytes, b.source)  # type: ignore[attr-defined]

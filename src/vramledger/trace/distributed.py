@@ -27,7 +27,7 @@ all-reduce future carries no buffer); neither allocates on a GPU beyond what is 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from vramledger.errors import VramledgerError
@@ -109,11 +109,18 @@ def recorded_resizes(rec: Recorder) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def _stream_of(rec: Recorder, module: Any, name: str, stream: str) -> Iterator[None]:
-    """Run ``module.name`` with ``rec.stream`` set to ``stream`` (restored after each call and on exit)."""
+def _stream_of(
+    rec: Recorder, module: Any, name: str, stream: str, grads: Callable[..., Iterable[Any]] | None = None
+) -> Iterator[None]:
+    """Run ``module.name`` with ``rec.stream`` set to ``stream`` (restored after each call and on exit). ``grads``
+    picks, from the call's arguments, the unsharded gradients it reduces: they are gradients (the trace would
+    otherwise file the output layer's under logits, by module)."""
     original = getattr(module, name)
 
     def tagged(*args: Any, **kwargs: Any) -> Any:
+        for g in grads(*args, **kwargs) if grads is not None else ():
+            if g is not None:
+                rec.mark(g, Category.GRADIENTS.value)
         outer, rec.stream = rec.stream, stream
         try:
             return original(*args, **kwargs)
@@ -135,12 +142,16 @@ def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
             from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
 
             stack.enter_context(_stream_of(rec, pg, "foreach_all_gather", ALL_GATHER))
-            stack.enter_context(_stream_of(rec, pg, "foreach_reduce", REDUCE_SCATTER))
+            stack.enter_context(
+                _stream_of(rec, pg, "foreach_reduce", REDUCE_SCATTER, lambda _params, unsharded, *_a, **_k: unsharded)
+            )
         else:
             from torch.distributed.fsdp import _runtime_utils as ru
 
             stack.enter_context(_stream_of(rec, ru, "_unshard", ALL_GATHER))
-            stack.enter_context(_stream_of(rec, ru, "_reduce_grad", REDUCE_SCATTER))
+            stack.enter_context(
+                _stream_of(rec, ru, "_reduce_grad", REDUCE_SCATTER, lambda _state, handle: [handle.flat_param.grad])
+            )
         yield
 
 
@@ -297,7 +308,16 @@ def data_parallel(hf: Any, m: ModelSpec, train: TrainSpec, rec: Recorder) -> Ite
             stack.enter_context(tagged_streams(rec, train.fsdp_version))
             wrapped = _fsdp2(hf, m, train) if train.fsdp_version == 2 else _fsdp1(hf, m, train)
         _loaded_on_host(rec, start)
+        if train.fsdp is None:  # what DDP allocated and kept: its gradient buckets
+            _mark_kept(rec, start, Category.GRADIENTS.value)
         yield wrapped
+
+
+def _mark_kept(rec: Recorder, wrap_start: int, category: str) -> None:
+    for e in rec.events[wrap_start:]:
+        info = rec.storages[e.storage]
+        if e.kind == "alloc" and info.free_index < 0:
+            info.category = category
 
 
 def _loaded_on_host(rec: Recorder, wrap_start: int) -> None:
