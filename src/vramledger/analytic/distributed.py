@@ -201,9 +201,11 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     host = 0
     frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
     grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
-    if train.fsdp_version == 1 and train.adapters:
+    if train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype:
         # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
-        # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1).
+        # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1). Only
+        # when adapters and base share a dtype and so a unit (use_orig_params=True, e.g. LitGPT, torchtune); fp32
+        # adapters over a bf16 base cannot share one, and PEFT's fsdp_auto_wrap_policy wraps them on their own.
         grads_r = share(wb.trainable_layers * layer * wb.trainable_dtype.bytes, ranks)
     if train.offload_optimizer and not train.offload_params:
         notes.append(
