@@ -32,9 +32,18 @@ from vramledger.specs import LoraSpec, Method, ModelSpec, Precision, Sharding, T
 OUT = Path(__file__).with_name("grid.jsonl")
 PHASES = (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
-MID = {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
-       "num_key_value_heads": 4, "num_hidden_layers": 8, "vocab_size": 32000, "torch_dtype": "bfloat16",
-       "tie_word_embeddings": False, "max_position_embeddings": 8192}
+MID = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 8,
+    "vocab_size": 32000,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 8192,
+}
 
 # engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
 ENGINES: dict[str, dict[str, Any]] = {
@@ -56,10 +65,7 @@ GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
         ("freeze", "bf16-mixed"),
         ("lora", "bf16-true" if engine.startswith("fsdp1") else "bf16-mixed"),
     )
-] + [
-    ("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True)
-    for engine in ("fsdp2", "fsdp1", "ddp")
-]
+] + [("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True) for engine in ("fsdp2", "fsdp1", "ddp")]
 
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
@@ -75,16 +81,26 @@ def _specs(row: tuple[str, str, int, str, str, int, int, bool]) -> tuple[ModelSp
         spec, config = resolve_model(model), None
     # pure bf16 LoRA keeps its adapters in bf16 (torchtune, LitGPT), which FSDP1 needs to flatten a unit
     lora = LoraSpec(adapter_fp32=False) if method == "lora" and precision == "bf16-true" else None
-    train = TrainSpec(method=Method(method), precision=Precision(precision), micro_batch=b, seq_len=L,
-                      grad_ckpt=ckpt, world_size=world, lora=lora, **ENGINES[engine])
+    train = TrainSpec(
+        method=Method(method),
+        precision=Precision(precision),
+        micro_batch=b,
+        seq_len=L,
+        grad_ckpt=ckpt,
+        world_size=world,
+        lora=lora,
+        **ENGINES[engine],
+    )
     return spec, train, config
 
 
 def _phases(ledger: Ledger) -> dict[str, Any]:
     """Allocated bytes at each phase's peak, and by category."""
     return {
-        p.value: {"allocated": ledger.allocated(p),
-                  "by_category": {c.value: ledger.bytes_of(c, p) for c in ledger.categories() if c.allocated}}
+        p.value: {
+            "allocated": ledger.allocated(p),
+            "by_category": {c.value: ledger.bytes_of(c, p) for c in ledger.categories() if c.allocated},
+        }
         for p in PHASES
         if p in ledger.phases
     }
@@ -106,8 +122,12 @@ def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ledger = trace_step(m, t, config=config)
-    return {"seconds": round(time.time() - start, 1), "peak_allocated": ledger.peak_allocated,
-            "phases": _phases(ledger), "versions": ledger.settings.get("versions", "")}
+    return {
+        "seconds": round(time.time() - start, 1),
+        "peak_allocated": ledger.peak_allocated,
+        "phases": _phases(ledger),
+        "versions": ledger.settings.get("versions", ""),
+    }
 
 
 def single_view(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
@@ -184,8 +204,11 @@ def main() -> None:
             continue
         d = {"id": rid, "trace": traced(row), "analytic": analytic(row)}
         t, a = d["trace"]["peak_allocated"], d["analytic"]["peak_allocated"]
-        print(f"{rid}: trace {t / 2**30:.3f} GiB, estimate {a / 2**30:.3f} GiB ({100 * (a - t) / t:+.1f}%), "
-              f"{d['trace']['seconds']} s", flush=True)
+        print(
+            f"{rid}: trace {t / 2**30:.3f} GiB, estimate {a / 2**30:.3f} GiB ({100 * (a - t) / t:+.1f}%), "
+            f"{d['trace']['seconds']} s",
+            flush=True,
+        )
         if args.only:
             print(json.dumps(d, indent=1))
             return

@@ -22,22 +22,36 @@ def test_accelerate_fsdp_defaults_to_version_1(tmp_path: Path) -> None:
 
 def test_fsdp2_reshard_after_forward_false_is_shard_grad_op(tmp_path: Path) -> None:
     cfg = tmp_path / "acc.yaml"
-    cfg.write_text("distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n"
-                   "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n")
+    cfg.write_text(
+        "distributed_type: FSDP\nnum_processes: 4\nmixed_precision: bf16\nfsdp_config:\n"
+        "  fsdp_version: 2\n  fsdp_reshard_after_forward: false\n"
+    )
     t = load_config(None, accelerate_config=cfg).train
     assert (t.fsdp, t.fsdp_version, t.world_size) == (Sharding.SHARD_GRAD_OP, 2, 4)
 
 
-@pytest.mark.parametrize(("words", "expected"), [
-    ("full_shard auto_wrap", Sharding.FULL_SHARD),
-    ("shard_grad_op auto_wrap", Sharding.SHARD_GRAD_OP),
-    ("hybrid_shard auto_wrap", Sharding.HYBRID_SHARD),
-], ids=["full", "grad-op", "hybrid"])
+@pytest.mark.parametrize(
+    ("words", "expected"),
+    [
+        ("full_shard auto_wrap", Sharding.FULL_SHARD),
+        ("shard_grad_op auto_wrap", Sharding.SHARD_GRAD_OP),
+        ("hybrid_shard auto_wrap", Sharding.HYBRID_SHARD),
+    ],
+    ids=["full", "grad-op", "hybrid"],
+)
 def test_hf_trainer_fsdp_string(tmp_path: Path, words: str, expected: Sharding) -> None:
     # transformers TrainingArguments.fsdp: "full_shard auto_wrap" etc.
     cfg = tmp_path / "args.json"
-    cfg.write_text(json.dumps({"model_name_or_path": "meta-llama/Llama-3.1-8B", "fsdp": words, "bf16": True,
-                               "per_device_train_batch_size": 1}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_name_or_path": "meta-llama/Llama-3.1-8B",
+                "fsdp": words,
+                "bf16": True,
+                "per_device_train_batch_size": 1,
+            }
+        )
+    )
     t = load_config(cfg, overrides=["world_size=8"]).train
     assert t.fsdp is expected and t.zero_stage == 0
 
@@ -56,8 +70,18 @@ def test_torchtune_distributed_recipe_is_fsdp2(tmp_path: Path) -> None:
 
 def test_deepspeed_overlap_comm_and_buckets(tmp_path: Path) -> None:
     ds = tmp_path / "ds.json"
-    ds.write_text(json.dumps({"zero_optimization": {"stage": 2, "overlap_comm": True, "reduce_bucket_size": 2e8,
-                                                    "contiguous_gradients": True}}))
+    ds.write_text(
+        json.dumps(
+            {
+                "zero_optimization": {
+                    "stage": 2,
+                    "overlap_comm": True,
+                    "reduce_bucket_size": 2e8,
+                    "contiguous_gradients": True,
+                }
+            }
+        )
+    )
     rc = load_config(None, deepspeed=ds)
     zb = rc.train.zero_buffers
     assert zb is not None and zb.overlap(2) and zb.reduce_bucket_size == 200_000_000

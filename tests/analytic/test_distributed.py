@@ -25,8 +25,9 @@ def _line(ledger, phase: Phase, label_start: str) -> int:  # type: ignore[no-unt
 def test_fsdp_shards_the_frozen_base_of_a_70b_lora() -> None:
     # FSDP FULL_SHARD shards every parameter, frozen ones included: the bf16 base is 2·P_frozen/8 per rank, not
     # 2·P_frozen (the divide-the-trainable-only model kept the whole base, ~140 GB on every rank).
-    t = TrainSpec(method=Method.LORA, micro_batch=1, seq_len=2048, grad_ckpt=True, world_size=8,
-                  fsdp=Sharding.FULL_SHARD)
+    t = TrainSpec(
+        method=Method.LORA, micro_batch=1, seq_len=2048, grad_ckpt=True, world_size=8, fsdp=Sharding.FULL_SHARD
+    )
     p = step_parts(L70B, t)
     frozen = p.weights.total_params - p.weights.trainable_params
     assert p.frozen_bytes == -(-frozen * 2 // 8)
@@ -70,12 +71,21 @@ def test_zero2_buffers_by_hand() -> None:
     # stage_1_and_2.py: bf16 flat model copy 2P (whole), fp32 master 4P/N, AdamW 8P/N, grads_in_partition 2P/N,
     # one ipg bucket of reduce_bucket_size bf16 elements (overlap_comm off), fp32 grad partition 4P/N in step().
     N = 8
-    t = TrainSpec(method=Method.FULL, precision=Precision.BF16_MIXED, world_size=N, zero_stage=2,
-                  zero_buffers=ZeroBuffers(reduce_bucket_size=4096 * 4096))
+    t = TrainSpec(
+        method=Method.FULL,
+        precision=Precision.BF16_MIXED,
+        world_size=N,
+        zero_stage=2,
+        zero_buffers=ZeroBuffers(reduce_bucket_size=4096 * 4096),
+    )
     p = step_parts(L8B, t)
     ceil = lambda n: -(-n // N)  # noqa: E731
     assert (p.trainable_bytes, p.master_bytes, p.state_bytes, p.grad_bytes) == (
-        2 * P8B, ceil(4 * P8B), ceil(8 * P8B), ceil(2 * P8B))
+        2 * P8B,
+        ceil(4 * P8B),
+        ceil(8 * P8B),
+        ceil(2 * P8B),
+    )
     ledger = estimate(L8B, t)
     assert _line(ledger, Phase.BACKWARD, "reduce bucket") == 4096 * 4096 * 2
     assert _line(ledger, Phase.OPTIMIZER, "fp32 gradient partition") == ceil(4 * P8B)
@@ -99,11 +109,15 @@ def test_hf_auto_buckets_resolve_from_hidden() -> None:
     assert zb.reduce_bucket_size == 4096**2 and zb.prefetch_bucket_size == int(0.9 * 4096**2)
 
 
-@pytest.mark.parametrize(("stage", "offload", "expected"), [
-    (2, False, lambda P, N: 2 * P + int(18 * P / N)),
-    (2, True, lambda P, N: 2 * P),
-    (3, False, lambda P, N: 4 * 128256 * 4096 + int(18 * P / N)),  # largest "layer": the embedding
-], ids=["zero2", "zero2-offload", "zero3"])
+@pytest.mark.parametrize(
+    ("stage", "offload", "expected"),
+    [
+        (2, False, lambda P, N: 2 * P + int(18 * P / N)),
+        (2, True, lambda P, N: 2 * P),
+        (3, False, lambda P, N: 4 * 128256 * 4096 + int(18 * P / N)),  # largest "layer": the embedding
+    ],
+    ids=["zero2", "zero2-offload", "zero3"],
+)
 def test_deepspeed_own_formula(stage: int, offload: bool, expected) -> None:  # type: ignore[no-untyped-def]
     # deepspeed stage_1_and_2.py estimate_zero2_model_states_mem_needs, stage3.py estimate_zero3_..., verbatim terms
     t = TrainSpec(method=Method.FULL, world_size=8, zero_stage=stage, offload_optimizer=offload)

@@ -106,13 +106,27 @@ def test_fsdp_shards_shrink_the_step_and_estimate_agrees() -> None:
     assert abs(est.allocated(Phase.OPTIMIZER) - traced.allocated(Phase.OPTIMIZER)) <= 0.03 * traced.peak_allocated
 
 
-@pytest.mark.parametrize(("kw", "message"), [
-    ({"zero_stage": 3, "world_size": 8}, "DeepSpeed ZeRO-3 is not traced"),
-    ({"fsdp": Sharding.FULL_SHARD, "world_size": 8, "offload_params": True, "offload_optimizer": True},
-     "CPU offload is not traced"),
-    ({"fsdp": Sharding.FULL_SHARD, "fsdp_version": 1, "world_size": 2, "method": Method.LORA,
-      "precision": Precision.BF16_MIXED}, "FSDP1 flattens each unit into one tensor of one dtype"),
-], ids=["zero", "offload", "fsdp1-mixed-dtypes"])
+@pytest.mark.parametrize(
+    ("kw", "message"),
+    [
+        ({"zero_stage": 3, "world_size": 8}, "DeepSpeed ZeRO-3 is not traced"),
+        (
+            {"fsdp": Sharding.FULL_SHARD, "world_size": 8, "offload_params": True, "offload_optimizer": True},
+            "CPU offload is not traced",
+        ),
+        (
+            {
+                "fsdp": Sharding.FULL_SHARD,
+                "fsdp_version": 1,
+                "world_size": 2,
+                "method": Method.LORA,
+                "precision": Precision.BF16_MIXED,
+            },
+            "FSDP1 flattens each unit into one tensor of one dtype",
+        ),
+    ],
+    ids=["zero", "offload", "fsdp1-mixed-dtypes"],
+)
 def test_untraceable_setups_say_so(kw: dict[str, object], message: str) -> None:
     with pytest.raises(VramledgerError, match=message):
         trace_step(M, dataclasses.replace(BASE, **kw), config=CFG)  # type: ignore[arg-type]
