@@ -130,3 +130,39 @@ def test_fsdp_shards_shrink_the_step_and_estimate_agrees() -> None:
 def test_untraceable_setups_say_so(kw: dict[str, object], message: str) -> None:
     with pytest.raises(VramledgerError, match=message):
         trace_step(M, dataclasses.replace(BASE, **kw), config=CFG)  # type: ignore[arg-type]
+
+
+def test_trace_cli_runs_fsdp_from_flags(tmp_path, capsys) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from vramledger.cli import main
+
+    cfg = tmp_path / "config.json"
+    cfg.write_text(json.dumps(CFG))
+    code = main(
+        [
+            "trace",
+            str(cfg),
+            "--method",
+            "full",
+            "--precision",
+            "bf16-true",
+            "--batch",
+            "2",
+            "--seq",
+            "40",
+            "--world-size",
+            "2",
+            "--fsdp",
+            "full_shard",
+            "--json",
+        ]
+    )
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert out["settings"]["distributed"] == {
+        "wrapper": "FSDP2 full_shard",
+        "world_size": 2,
+        "rank": 0,
+        "process_group": "torch.testing._internal.distributed.fake_pg (backend 'fake')",
+    }
