@@ -68,6 +68,13 @@ def run(args: argparse.Namespace) -> int:
         if args.sources:
             print()
             print(render_sources(ledger))
+        if "distributed" in ledger.settings and inputs.train.world_size > 1:  # per-rank section: docs/distributed.md
+            from vramledger.plan.multigpu import multi_gpu_options
+            from vramledger.report.distributed_view import render_distributed
+
+            print()
+            print(render_distributed(ledger.settings["distributed"],  # type: ignore[arg-type]
+                                     multi_gpu_options(inputs.model, inputs.train, inputs.gpu)))
     for path in write_outputs(args, ledger, inputs=inputs):
         print(f"wrote {path}", file=sys.stderr)
     if ledger.verdict is not None and not ledger.verdict.fits:
