@@ -74,6 +74,7 @@ def load_config(
     fields: dict[str, Any] = {}
     provenance: dict[str, str] = {}
     warnings: list[str] = []
+    seen: set[str] = set()
     kind = normalise_format(fmt) if fmt else ""
     model: str | None = None
     trainer = None
@@ -84,7 +85,8 @@ def load_config(
         fields.update(r.fields)
         provenance.update(r.provenance)
         for w in r.warnings:
-            if w not in warnings:
+            if w not in seen:
+                seen.add(w)
                 warnings.append(w)
 
     if path is None and overrides:
@@ -248,8 +250,9 @@ def _hidden_size(name: str | None) -> int | None:
 def _check_model(name: str, key: str, path: Path) -> None:
     """The model must be resolvable offline: a local path, a catalog name, or a snapshot in the HF cache."""
     from vramledger import catalog
+    from vramledger.userfiles import path_exists
 
-    if Path(name).expanduser().exists() or catalog.catalog_entry(name) is not None:
+    if path_exists(name) or catalog.catalog_entry(name) is not None:
         return
     if catalog._from_hf_cache(name) is not None:
         return

@@ -17,10 +17,8 @@ from types import MappingProxyType
 from vramledger.analytic.evaluation import eval_advice
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.ledger import Category, Ledger, make_verdict
-from vramledger.specs import Attention, GPUSpec, Loss, Method, ModelSpec, TrainSpec
+from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Loss, Method, ModelSpec, TrainSpec
 from vramledger.units import fmt_bytes
-
-DEFAULT_HEADROOM = 0.08
 
 __all__ = ["DEFAULT_HEADROOM", "estimate", "step_parts"]
 

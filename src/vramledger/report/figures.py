@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, Ledger, Phase
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 DEFAULT_LENGTHS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
@@ -152,7 +153,7 @@ def cliff_figure(
     train: TrainSpec,
     *,
     gpu: GPUSpec | None = None,
-    headroom: float = 0.08,
+    headroom: float = DEFAULT_HEADROOM,
     batches: Iterable[int] = DEFAULT_BATCHES,
     lengths: Iterable[int] = DEFAULT_LENGTHS,
 ) -> CliffFigure:
@@ -334,7 +335,7 @@ def all_figures(
     model: ModelSpec | None = None,
     train: TrainSpec | None = None,
     gpu: GPUSpec | None = None,
-    headroom: float = 0.08,
+    headroom: float = DEFAULT_HEADROOM,
     remedies: Iterable[RemedyResult | tuple[str, int, float]] | None = None,
 ) -> Figures:
     """Every figure that applies: the cliff needs the specs, the timeline a trace, remedies a plan."""

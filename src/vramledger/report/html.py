@@ -12,7 +12,6 @@ import html
 import re
 from pathlib import Path
 
-from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, Ledger
 from vramledger.report.figures import Figures, bill_figure
 from vramledger.units import fmt_bytes
@@ -186,10 +185,8 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
 
 
 def write_html(path: Path, ledger: Ledger, figures: Figures | None = None) -> Path:
-    """Write the page to ``path`` (parent folders must exist) and return it."""
-    text = render_html(ledger, figures)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise VramledgerError(f"--html: cannot write {path}: {exc.strerror}; pass a writable file path") from exc
-    return path
+    """Write the page to ``path`` (parent folders must exist) through a temporary file renamed into place, and
+    return it."""
+    from vramledger.userfiles import write_atomic
+
+    return write_atomic(path, render_html(ledger, figures), "--html")

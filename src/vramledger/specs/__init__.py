@@ -1,6 +1,6 @@
 """What the user asks about: the model, the training setup and the GPU, as frozen validated dataclasses."""
 
-from vramledger.specs.gpu import GPUSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM, GPUSpec, check_headroom
 from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
     Attention,
@@ -16,6 +16,7 @@ from vramledger.specs.train import (
 )
 
 __all__ = [
+    "DEFAULT_HEADROOM",
     "Attention",
     "DType",
     "EvalLogits",
@@ -28,4 +29,5 @@ __all__ = [
     "Precision",
     "QuantSpec",
     "TrainSpec",
+    "check_headroom",
 ]

@@ -9,6 +9,7 @@ from typing import Any
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
 from vramledger.trace.oom import device_events, device_lines, replay_outcome
 from vramledger.trace.recorder import Event, round_block
@@ -70,7 +71,7 @@ def trace_step(
     train: TrainSpec,
     *,
     gpu: GPUSpec | None = None,
-    headroom: float = 0.08,
+    headroom: float = DEFAULT_HEADROOM,
     config: dict[str, Any] | None = None,
     alloc_conf: AllocatorConf = DEFAULT_CONF,
 ) -> Ledger:
