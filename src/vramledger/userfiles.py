@@ -180,10 +180,18 @@ def load_file(path: Path, what: str = "config") -> Any:
     return load_mapping_text(read_text(path, what), what, path)
 
 
+def user_path(text: str) -> Path:
+    """``Path(text).expanduser()``, or the path as given when ``~user`` names no one (expanduser would raise)."""
+    try:
+        return Path(text).expanduser()
+    except (RuntimeError, KeyError, ValueError):
+        return Path(text)
+
+
 def path_exists(text: str) -> bool:
     """``Path(text).expanduser().exists()`` that answers False for names no file can have (too long, NUL)."""
     try:
-        return Path(text).expanduser().exists()
+        return user_path(text).exists()
     except (OSError, ValueError, RuntimeError):
         return False
 
@@ -255,7 +263,6 @@ def input_paths(values: Sequence[object]) -> list[Path]:
     for v in values:
         if v is None or v == "":
             continue
-        p = Path(str(v))
         if path_exists(str(v)):
-            out.append(p.expanduser())
+            out.append(user_path(str(v)))
     return out

@@ -149,8 +149,22 @@ def test_many_unknown_keys_are_summarised_not_deduplicated_quadratically(capsys,
         (["estimate", "llama-3.2-1b", "--headroom", "nan"], "argument --headroom"),
         (["convert", "llama-3.2-1b", "--to", "banana"], "--to: unknown format 'banana'"),
     ],
-    ids=["prompt-0", "gpu-empty", "quant-empty", "momentum-neg", "momentum-nan", "momentum-inf", "alpha-nan",
-         "freeze-0", "eval-steps-0", "max-len-0", "top-0", "global-batch-0", "headroom-nan", "to-banana"],
+    ids=[
+        "prompt-0",
+        "gpu-empty",
+        "quant-empty",
+        "momentum-neg",
+        "momentum-nan",
+        "momentum-inf",
+        "alpha-nan",
+        "freeze-0",
+        "eval-steps-0",
+        "max-len-0",
+        "top-0",
+        "global-batch-0",
+        "headroom-nan",
+        "to-banana",
+    ],
 )
 def test_nonsense_is_refused(capsys, argv: list[str], says: str) -> None:
     bad(capsys, *argv, says=says)
@@ -202,3 +216,12 @@ def test_an_unexpected_failure_is_one_line_and_exit_1(capsys, monkeypatch) -> No
     code, _, err = run(capsys, "estimate", "llama-3.2-1b")
     assert code == 1
     assert err.startswith("error: unexpected ZeroDivisionError") and err.count("\n") == 1
+
+
+# -- found by tests/cli/test_fuzz.py ----------------------------------------------------------------------------
+def test_control_characters_in_a_value_stay_on_one_line(capsys) -> None:
+    bad(capsys, "estimate", "llama-3.2-1b", "--lora-targets", "0\x1e0\nq", says=r"lora targets: 0\x1e0\nq")
+
+
+def test_a_tilde_user_that_does_not_exist(capsys) -> None:
+    bad(capsys, "estimate", "~0", says="is not in the catalog")  # Path.expanduser raised RuntimeError

@@ -176,7 +176,17 @@ def test_write_config_when_nothing_fits_exits_3(capsys, user_config: Path, tmp_p
 
 
 def test_write_format_must_be_a_writer(capsys, user_config: Path, tmp_path: Path) -> None:
-    code, _, err = run(capsys, "plan", "--config", user_config, "--gpu", "24GiB", "--write-format", "banana",
-                       "--write-config", tmp_path / "o.yaml")
+    code, _, err = run(
+        capsys,
+        "plan",
+        "--config",
+        user_config,
+        "--gpu",
+        "24GiB",
+        "--write-format",
+        "banana",
+        "--write-config",
+        tmp_path / "o.yaml",
+    )
     one_error(code, err, "--write-format: unknown format 'banana'")
     assert not (tmp_path / "o.yaml").exists()

@@ -174,6 +174,12 @@ def load_config(
         )
     model_name = model or ""
     if path is not None and kind not in ("deepspeed", "fsdp") and require_model:
+        unknown = main.extras.get("unknown_builder") if main is not None else None
+        if not model_name and unknown:
+            raise VramledgerError(
+                f"{path}: the torchtune builder {unknown!r} (model._component_) is not in vramledger's table; pass "
+                f"the model's config.json before --config (vramledger estimate /path/to/config.json --config {path})"
+            )
         if not model_name:
             raise VramledgerError(
                 f"{path}: names no model ({_MODEL_KEYS.get(kind, 'model')}); add it to the file or pass the model "

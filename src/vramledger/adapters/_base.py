@@ -294,9 +294,9 @@ def _short(v: Any) -> str:
 def resolve_relative(name: str, config_path: Path | None) -> Path:
     """A path named inside a config: as given (relative to the working directory, as the frameworks open it),
     else relative to the config file's folder."""
-    from vramledger.userfiles import path_exists
+    from vramledger.userfiles import path_exists, user_path
 
-    path = Path(name).expanduser()
+    path = user_path(name)
     if path.is_absolute() or path_exists(str(path)) or config_path is None:
         return path
     beside = config_path.parent / path

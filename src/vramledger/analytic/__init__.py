@@ -120,7 +120,8 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
             "dora": train.lora.dora,
         }
     if train.quant is not None:
-        s["quant"] = {"bits": train.quant.bits, "type": train.quant.quant_type, "double": train.quant.double_quant}
+        q = train.quant
+        s["quant"] = {"bits": q.bits, "type": q.quant_type if q.bits == 4 else "int8", "double": q.double_quant}
     if train.method is Method.FREEZE:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
     return s

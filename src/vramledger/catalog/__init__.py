@@ -132,9 +132,9 @@ def resolve_model(name: str) -> ModelSpec:
         raise VramledgerError(
             "model: empty name; pass a catalog name (see `vramledger models`) or a config.json"
         )
-    from vramledger.userfiles import path_exists
+    from vramledger.userfiles import path_exists, user_path
 
-    path = Path(name).expanduser()
+    path = user_path(name)
     if name.endswith(".json") or path_exists(name):
         return load_config_file(path)
     key = _name_index().get(_norm(name))

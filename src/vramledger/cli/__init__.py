@@ -48,6 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    """The message with every control character escaped: what the user typed may hold newlines or \\x1e."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one command; return its exit code (``vramledger.errors``: 0 yes, 3 no, 2 bad input, 1 unexpected).
 
@@ -63,7 +68,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         check_outputs(args)
         return int(args.run(args) or EXIT_OK)
     except VramledgerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -77,7 +82,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if os.environ.get("VRAMLEDGER_DEBUG"):
             raise
         print(
-            f"error: unexpected {type(exc).__name__}: {str(exc)[:200]} (a bug in vramledger {__version__}; "
+            f"error: unexpected {type(exc).__name__}: {_one_line(str(exc))[:200]} (a bug in vramledger {__version__}; "
             "please report it with the command; VRAMLEDGER_DEBUG=1 shows the traceback)",
             file=sys.stderr,
         )
