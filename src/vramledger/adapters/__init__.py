@@ -207,6 +207,42 @@ def load_config(
     )
 
 
+PRESETS: dict[str, dict[str, Any]] = {
+    # The least a user writes to fine-tune with LoRA in each framework; every other key is the framework's own
+    # default, cited by its adapter (checkpointing, optimizer, rank, length...). bf16 is set where the framework
+    # leaves fp32 as the default: every example config of these frameworks turns it on.
+    "hf": {"output_dir": "out", "bf16": True},
+    "llamafactory": {"stage": "sft", "finetuning_type": "lora", "bf16": True},
+    "trl": {"use_peft": True},
+    "axolotl": {"adapter": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_linear": True, "bf16": True},
+}
+"""``--preset``: a flag-only estimate with a framework's defaults instead of vramledger's bare ones."""
+DEFAULT_PRESET = "llamafactory"
+"""The preset a flag-only estimate uses when none is given: LLaMA-Factory's defaults (gradient checkpointing on,
+the fused AdamW, rank 8 on every linear layer), what its example configs train with."""
+
+
+def preset_config(kind: str, model: str) -> ResolvedConfig:
+    """The TrainSpec a framework builds from ``PRESETS[kind]`` for ``model``, with the provenance of each field."""
+    from vramledger.adapters._base import Reader
+
+    if kind not in PRESETS:
+        raise VramledgerError(f"--preset: unknown preset {kind!r}; choose one of {', '.join(PRESETS)}")
+    raw = dict(PRESETS[kind]) | {_MODEL_KEYS[kind]: model}
+    r = Reader(raw, framework=kind, source=f"--preset {kind}")
+    _load_main(kind, r)
+    # how the framework trains, not the shapes: batch, length and evaluation stay the flags' (or vramledger's)
+    keep = _TRAIN_FIELDS - _SHAPE_FIELDS
+    train_fields = {k: v for k, v in r.fields.items() if k in keep}
+    provenance = {k: v for k, v in r.provenance.items() if k in keep}
+    return ResolvedConfig(model=model, train=TrainSpec(**train_fields), provenance=provenance, format=kind)
+
+
+_SHAPE_FIELDS = frozenset({"micro_batch", "seq_len", "grad_accum", "packing", "eval_batch", "eval_seq_len",
+                           "eval_accumulation_steps", "eval_steps_total", "eval_logits", "predict_with_generate",
+                           "generation_max_new_tokens", "world_size", "zero_stage", "loss_chunk_tokens"})
+
+
 def _load_main(kind: str, r: Any) -> str | None:
     from vramledger.adapters import axolotl, hf, llamafactory, torchtune, trl
 

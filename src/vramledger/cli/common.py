@@ -82,6 +82,9 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
                    help="a training config: LLaMA-Factory, HF TrainingArguments, TRL, axolotl")
     p.add_argument("--format", type=name, help="the config's kind, when it cannot be detected from its content")
     p.add_argument("--deepspeed", type=in_path, help="a DeepSpeed JSON config")
+    p.add_argument("--preset", type=name,
+                   help="without --config: the defaults of hf | llamafactory | trl | axolotl, or none for vramledger's "
+                   "bare ones (default llamafactory: checkpointing on, fused AdamW, LoRA rank 8 on all linear layers)")
     p.add_argument("--accelerate-config", type=in_path, help="an accelerate (FSDP) YAML config")
 
 
@@ -161,6 +164,16 @@ class Inputs:
     catalog entry's hub id may differ (``Qwen/Qwen2.5-7B-Instruct`` resolves to the base model's shapes)."""
     config_format: str = ""
     """The format of ``--config`` (detected or given), empty without one."""
+    notes: tuple[str, ...] = ()
+    """What the user should know about how the input was read (the preset used); ``print_notes`` shows them."""
+
+
+def print_notes(inputs: Inputs) -> None:
+    """``note: …`` lines on stderr (so that ``--json`` stays one document), once the command has its answer."""
+    import sys
+
+    for note in inputs.notes:
+        print(f"note: {note}", file=sys.stderr)
 
 
 def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpec | None:
@@ -182,6 +195,31 @@ def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpe
     return dataclasses.replace(lora, **given)
 
 
+def _preset(args: argparse.Namespace, model_name: str, provenance: dict[str, str]) -> tuple[TrainSpec, str]:
+    """A flag-only setup starts from a framework's defaults (``--preset``, default LLaMA-Factory's), not from
+    vramledger's bare ones (checkpointing off, foreach AdamW, rank 16), which no framework uses."""
+    from vramledger.adapters import DEFAULT_PRESET, PRESETS, preset_config
+    from vramledger.adapters.detect import normalise_format
+
+    given = getattr(args, "preset", None)
+    if given is not None and given.strip().lower() == "none":
+        return TrainSpec(), ""
+    kind = DEFAULT_PRESET if given is None else normalise_format(given, option="--preset", choices=tuple(PRESETS))
+    if kind not in PRESETS:
+        raise VramledgerError(f"--preset: no preset for {kind}; choose one of {', '.join(PRESETS)} or none")
+    rc = preset_config(kind, model_name)
+    provenance.update(rc.provenance)
+    t = rc.train
+    parts = [f"gradient checkpointing {'on' if t.grad_ckpt else 'off'}", t.optimizer.value, t.precision.value]
+    if t.lora is not None:
+        targets = "all linear layers" if t.lora.all_linear else ",".join(t.lora.targets)
+        parts.append(f"{t.method.value} rank {t.lora.rank} on {targets}")
+    else:
+        parts.append(f"{t.method.value} fine-tuning")
+    how = "" if given is not None else " (the default; --preset hf|llamafactory|trl|axolotl|none to change)"
+    return t, f"preset: {kind} defaults{how}: {', '.join(parts)}; flags override them"
+
+
 def resolve_inputs(args: argparse.Namespace) -> Inputs:
     """Build the specs from a config file (if any) and the flags (which win)."""
     from vramledger.catalog import resolve_gpu, resolve_model
@@ -195,6 +233,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         model_name = None
     base = TrainSpec()
     config_format = ""
+    preset_note = ""
     if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
@@ -213,6 +252,8 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         config_format = resolved.format
     elif overrides:
         raise VramledgerError(f"unexpected argument {overrides[0]!r}: KEY=VALUE overrides need --config FILE")
+    elif model_name:
+        base, preset_note = _preset(args, model_name, provenance)
     if not model_name:
         raise VramledgerError("model: none given; pass a catalog name (e.g. llama-3.1-8b), a config.json, or --config")
 
@@ -291,6 +332,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         warnings=tuple(warnings),
         model_name=model_name,
         config_format=config_format,
+        notes=(preset_note,) if preset_note else (),
     )
 
 

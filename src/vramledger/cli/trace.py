@@ -37,7 +37,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from vramledger.allocator.conf import parse_alloc_conf
-    from vramledger.cli.common import resolve_inputs, show_bars, write_outputs
+    from vramledger.cli.common import print_notes, resolve_inputs, show_bars, write_outputs
     from vramledger.trace import trace_step
 
     inputs = resolve_inputs(args)
@@ -48,6 +48,7 @@ def _run(args: argparse.Namespace) -> int:
     conf = parse_alloc_conf(conf_text or "")
     ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf)
     ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
+    print_notes(inputs)
     if args.json:
         import json
 

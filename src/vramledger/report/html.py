@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vramledger.ledger import Basis, Category, Ledger
 from vramledger.report.figures import Figures, bill_figure
+from vramledger.report.verdict import verdict_sentence
 from vramledger.units import fmt_bytes
 
 _ID = re.compile(r'\bid="([^"]+)"')
@@ -133,13 +134,8 @@ def _verdict(ledger: Ledger) -> str:
     if v is None:
         return ('<div class="verdict fits">No GPU given: pass <code>--gpu</code> for a verdict and the capacity '
                 "lines.</div>")
-    if v.fits:
-        text = f"FITS on {v.gpu}: {fmt_bytes(v.margin_bytes)} to spare"
-    else:
-        text = f"DOES NOT FIT on {v.gpu}: {fmt_bytes(-v.margin_bytes)} over"
-    detail = (f" (device total {fmt_bytes(v.device_total_bytes)} against {fmt_bytes(v.usable_bytes)} usable = "
-              f"{fmt_bytes(v.capacity_bytes)} less {v.headroom_fraction:.0%} headroom)")
-    return f'<div class="verdict {"fits" if v.fits else "oom"}">{_e(text + detail)}</div>'
+    text = f"{verdict_sentence(v)} (device total {fmt_bytes(v.device_total_bytes)})"
+    return f'<div class="verdict {"fits" if v.fits else "oom"}">{_e(text)}</div>'
 
 
 def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | None = None) -> str:

@@ -6,6 +6,7 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any
 
+from vramledger.advice import advice_sentence
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
@@ -120,16 +121,7 @@ def trace_step(
         settings=MappingProxyType(_settings(train, result, events) | {"alloc_conf": alloc_conf.text} | allocator),
         timeline=downsample(samples),
     )
-    biggest = max(
-        (i for i in ledger.items if i.phase is ledger.peak_phase and i.category.allocated),
-        key=lambda i: i.bytes,
-        default=None,
-    )
-    advice = (
-        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."
-        if biggest
-        else ""
-    )
+    advice = advice_sentence(ledger, train)  # the estimate's wording and remedy (vramledger.advice)
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
