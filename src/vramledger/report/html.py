@@ -180,6 +180,34 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
     return "\n".join(parts)
 
 
+_NOTEBOOK_CSS = """
+.vramledger table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+.vramledger th, .vramledger td { padding: 2px 10px; text-align: right; }
+.vramledger th:first-child, .vramledger td:first-child { text-align: left; }
+.vramledger td.peak, .vramledger th.peak { background: #FFF4D6; font-weight: 600; }
+.vramledger tr.total td { border-top: 2px solid currentColor; font-weight: 600; }
+.vramledger .verdict { padding: 6px 10px; margin: 8px 0; border-left: 6px solid; font-weight: 600; }
+.vramledger .verdict.fits { border-color: #004488; } .vramledger .verdict.oom { border-color: #BB5566; }
+.vramledger .swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 5px; }
+"""
+
+
+def notebook_html(ledger: Ledger) -> str:
+    """The bill for a notebook cell (Jupyter's ``_repr_html_``): the table, the verdict and the advice, styles
+    scoped to the cell, no figures (so no matplotlib)."""
+    parts = [
+        f"<div class=\"vramledger\"><style>{_NOTEBOOK_CSS}</style>",
+        f"<b>{_e(ledger.model)}</b> ({_e(ledger.engine)}): peak allocated {_e(fmt_bytes(ledger.peak_allocated))} · "
+        f"device total <b>{_e(fmt_bytes(ledger.device_total))}</b> in {_e(ledger.peak_phase.value)}",
+    ]
+    if ledger.verdict is not None:
+        parts.append(_verdict(ledger))
+    if ledger.advice:
+        parts.append(f"<p>{_e(ledger.advice)}</p>")
+    parts += [ledger_table(ledger), "</div>"]
+    return "\n".join(parts)
+
+
 def write_html(path: Path, ledger: Ledger, figures: Figures | None = None) -> Path:
     """Write the page to ``path`` (parent folders must exist) through a temporary file renamed into place, and
     return it."""
