@@ -66,7 +66,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         args = build_parser().parse_args(argv)
         check_outputs(args)
-        return int(args.run(args) or EXIT_OK)
+        code = int(args.run(args) or EXIT_OK)
+        for note in getattr(args, "notes", ()):  # set by resolve_inputs: printed once the command has answered
+            print(f"note: {note}", file=sys.stderr)
+        return code
     except VramledgerError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code

@@ -9,7 +9,6 @@ from vramledger.cli.common import (
     add_gpu_options,
     add_model_options,
     add_train_options,
-    print_notes,
     resolve_inputs,
 )
 from vramledger.errors import VramledgerError
@@ -47,7 +46,6 @@ def run(args: argparse.Namespace) -> int:
     report = accum_report(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=g,
                           dataset_size=args.dataset_size, epochs=args.epochs,
                           scheduler=args.lr_scheduler.strip().lower(), warmup_ratio=args.warmup_ratio)
-    print_notes(inputs)
     if inputs.warnings:
         from dataclasses import replace
 

@@ -165,15 +165,8 @@ class Inputs:
     config_format: str = ""
     """The format of ``--config`` (detected or given), empty without one."""
     notes: tuple[str, ...] = ()
-    """What the user should know about how the input was read (the preset used); ``print_notes`` shows them."""
-
-
-def print_notes(inputs: Inputs) -> None:
-    """``note: …`` lines on stderr (so that ``--json`` stays one document), once the command has its answer."""
-    import sys
-
-    for note in inputs.notes:
-        print(f"note: {note}", file=sys.stderr)
+    """What the user should know about how the input was read (the preset used). ``cli.main`` prints them as
+    ``note:`` lines on stderr once the command has answered (never before an error, never into ``--json``)."""
 
 
 def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpec | None:
@@ -323,6 +316,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
                 f"(e.g. {_short(model_name)}=8)"
             ) from None
         raise
+    args.notes = (preset_note,) if preset_note else ()
     return Inputs(
         model=model,
         train=train,

@@ -22,7 +22,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def _run(args: argparse.Namespace) -> int:
     from vramledger.adapters.detect import normalise_format
     from vramledger.adapters.writers import TARGETS, dump, write_config
-    from vramledger.cli.common import print_notes, resolve_inputs
+    from vramledger.cli.common import resolve_inputs
     from vramledger.errors import VramledgerError
     from vramledger.userfiles import write_atomic
 
@@ -34,7 +34,6 @@ def _run(args: argparse.Namespace) -> int:
     header = [f"{fmt} config written by vramledger convert (memory-relevant keys only; add your dataset etc.)"]
     header += [f"note: {n}" for n in notes]
     text = dump(config, header)
-    print_notes(inputs)
     for w in inputs.warnings:
         print(f"warning: {w}", file=sys.stderr)
     if args.out is None:

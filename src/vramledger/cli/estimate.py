@@ -12,7 +12,6 @@ from vramledger.cli.common import (
     add_model_options,
     add_output_options,
     add_train_options,
-    print_notes,
     resolve_inputs,
     show_bars,
     write_outputs,
@@ -51,7 +50,6 @@ def run(args: argparse.Namespace) -> int:
     if args.mode == "infer":
         return _run_infer(args, inputs)
     ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
-    print_notes(inputs)
     if inputs.warnings:
         from dataclasses import replace
 
@@ -90,7 +88,6 @@ def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:
     spec = InferSpec(batch=t.micro_batch, prompt=args.prompt or t.seq_len, new_tokens=args.new_tokens or 256,
                      dtype=t.precision.compute, quant=t.quant, attn=t.attn, static_cache=args.static_cache)
     ledger = infer_ledger(inputs.model, spec, gpu=inputs.gpu, headroom=inputs.headroom)
-    print_notes(inputs)
     conc = None
     if args.max_concurrency:
         if inputs.gpu is None:

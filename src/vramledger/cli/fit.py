@@ -10,7 +10,6 @@ from vramledger.cli.common import (
     add_model_options,
     add_output_options,
     add_train_options,
-    print_notes,
     resolve_inputs,
     write_outputs,
 )
@@ -46,7 +45,6 @@ def run(args: argparse.Namespace) -> int:
         raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
     report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
                  granularity=args.granularity, max_len=args.max_len, exact=args.exact)
-    print_notes(inputs)
     if inputs.warnings:
         from dataclasses import replace
 

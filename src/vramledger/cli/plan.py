@@ -11,7 +11,6 @@ from vramledger.cli.common import (
     add_model_options,
     add_output_options,
     add_train_options,
-    print_notes,
     resolve_inputs,
 )
 from vramledger.errors import EXIT_NO, EXIT_OK, VramledgerError
@@ -48,7 +47,6 @@ def run(args: argparse.Namespace) -> int:
         raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
     result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
                   batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
-    print_notes(inputs)
     if inputs.warnings:
         from dataclasses import replace
 

@@ -38,7 +38,7 @@ def _run(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from vramledger.allocator.conf import parse_alloc_conf
-    from vramledger.cli.common import print_notes, resolve_inputs, show_bars, write_outputs
+    from vramledger.cli.common import resolve_inputs, show_bars, write_outputs
     from vramledger.report.progress import Progress
     from vramledger.trace import trace_step
 
@@ -54,7 +54,6 @@ def _run(args: argparse.Namespace) -> int:
         warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
         ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf)
     ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
-    print_notes(inputs)
     if args.json:
         import json
 
