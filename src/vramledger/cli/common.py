@@ -355,7 +355,7 @@ def input_files(args: argparse.Namespace) -> list[Path]:
     from vramledger.userfiles import input_paths
 
     values: list[object] = [getattr(args, k, None) for k in ("model", "config", "deepspeed", "accelerate_config",
-                                                               "script")]
+                                                               "script", "evidence")]
     values += [o.partition("=")[2] for o in getattr(args, "overrides", None) or [] if "=" in o]
     return input_paths(values)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from vramledger.cli.args import MAX_TOKENS, count
 from vramledger.cli.common import (
@@ -16,6 +17,9 @@ from vramledger.cli.common import (
     show_bars,
     write_outputs,
 )
+
+if TYPE_CHECKING:
+    from vramledger.ledger import Ledger
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,16 +48,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramledger.analytic import estimate
-
     inputs = resolve_inputs(args)
     if args.mode == "infer":
         return _run_infer(args, inputs)
-    ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
-    if inputs.warnings:
-        from dataclasses import replace
-
-        ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
+    ledger = train_ledger(inputs)
     if args.json:
         from vramledger.report.json_out import dumps
 
@@ -78,6 +76,18 @@ def run(args: argparse.Namespace) -> int:
     if ledger.verdict is not None and not ledger.verdict.fits:
         return 3
     return 0
+
+
+def train_ledger(inputs: Inputs) -> Ledger:
+    """The analytic ledger of a training step, with the config's warnings first (what ``--json`` prints)."""
+    from vramledger.analytic import estimate
+
+    ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
+    return ledger
 
 
 def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:

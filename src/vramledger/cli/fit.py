@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from vramledger.cli.args import MAX_BATCH, MAX_FIT_BATCH, MAX_TOKENS, count
 from vramledger.cli.common import (
+    Inputs,
     add_gpu_options,
     add_model_options,
     add_output_options,
@@ -14,6 +16,9 @@ from vramledger.cli.common import (
     write_outputs,
 )
 from vramledger.errors import EXIT_NO, EXIT_OK, VramledgerError
+
+if TYPE_CHECKING:
+    from vramledger.plan.frontier import FitReport
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -38,17 +43,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramledger.plan.frontier import fit
-
     inputs = resolve_inputs(args)
-    if inputs.gpu is None:
-        raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
-                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
-    if inputs.warnings:
-        from dataclasses import replace
-
-        report = replace(report, warnings=tuple(inputs.warnings) + report.warnings)
+    report = fit_report(args, inputs)
     from vramledger.report.plan_view import render_fit, to_json
 
     print(to_json(report) if args.json else render_fit(report))
@@ -62,3 +58,18 @@ def run(args: argparse.Namespace) -> int:
             print(f"wrote {path}", file=sys.stderr)
     # as every command (vramledger.errors): 3 when the answer is no, here "not even one sequence fits"
     return EXIT_OK if report.frontier.points else EXIT_NO
+
+
+def fit_report(args: argparse.Namespace, inputs: Inputs) -> FitReport:
+    """What ``fit`` prints, for the flags in ``args`` (the config's warnings first)."""
+    from vramledger.plan.frontier import fit
+
+    if inputs.gpu is None:
+        raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
+    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
+                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        report = replace(report, warnings=tuple(inputs.warnings) + report.warnings)
+    return report

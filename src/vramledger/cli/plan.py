@@ -40,17 +40,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramledger.plan.planner import plan
-
     inputs = resolve_inputs(args)
-    if inputs.gpu is None:
-        raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
-                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
-    if inputs.warnings:
-        from dataclasses import replace
-
-        result = replace(result, warnings=tuple(inputs.warnings) + result.warnings)
+    result = plan_result(args, inputs)
     from vramledger.report.plan_view import render_plan, to_json
 
     print(to_json(result) if args.json else render_plan(result, top=args.top))
@@ -60,6 +51,21 @@ def run(args: argparse.Namespace) -> int:
             raise VramledgerError("--write-config: no plan fits, so there is nothing to write", exit_code=EXIT_NO)
         _write_config(args, inputs, result.best)
     return EXIT_OK if result.best is not None else EXIT_NO
+
+
+def plan_result(args: argparse.Namespace, inputs: Any) -> Any:
+    """What ``plan`` prints (a ``plan.planner.Plan``), for the flags in ``args`` (the config's warnings first)."""
+    from vramledger.plan.planner import plan
+
+    if inputs.gpu is None:
+        raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
+    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
+                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        result = replace(result, warnings=tuple(inputs.warnings) + result.warnings)
+    return result
 
 
 def _write_config(args: argparse.Namespace, inputs: Any, best: Any) -> None:
@@ -96,6 +102,21 @@ def _write_config(args: argparse.Namespace, inputs: Any, best: Any) -> None:
     print(f"\nwrote plan 1 to {args.write_config} ({note})", flush=True)
     for line in changes:
         print(f"  {line}")
+
+
+def _format_of(args: argparse.Namespace) -> str:
+    """The format the user came with: --format, or what the adapters detect in --config; else llamafactory."""
+    if args.format:
+        return str(args.format)
+    if args.config is not None:
+        from vramledger.adapters._base import read_mapping
+        from vramledger.adapters.detect import detect
+
+        try:
+            return str(detect(read_mapping(args.config), str(args.config)))
+        except VramledgerError:  # unreadable or undetectable: the default writer
+            return "llamafactory"
+    return "llamafactory"
 
 
 def _write_format(args: argparse.Namespace, inputs: Any) -> str:
