@@ -190,3 +190,11 @@ def test_write_format_must_be_a_writer(capsys, user_config: Path, tmp_path: Path
     )
     one_error(code, err, "--write-format: unknown format 'banana'")
     assert not (tmp_path / "o.yaml").exists()
+
+
+def test_plan_speaks_the_users_framework(capsys, user_config: Path) -> None:
+    code, out, _ = run(capsys, "plan", "--config", user_config, "--gpu", "24GiB")
+    assert code == 0
+    line = " ".join(out.split("plan 1 in your llamafactory config: ", 1)[1].split("\n\n")[0].split())
+    # the keys LLaMA-Factory reads (adapters/llamafactory.py), not vramledger's flags
+    assert "per_device_train_batch_size:" in line and "--batch" not in line

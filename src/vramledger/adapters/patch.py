@@ -70,6 +70,19 @@ def _patch_yaml(text: str, sets: dict[str, Any], drops: set[str], tag: str) -> s
     return "\n".join(out) + "\n"
 
 
+def changed_keys(fmt: str, model: str, before: TrainSpec, after: TrainSpec, *, after_model: str | None = None
+                 ) -> tuple[str, ...]:
+    """The ``key: value`` lines (``fmt``'s own keys) that take a ``before`` config to ``after``; a key set to
+    ``null`` is one to remove."""
+    from vramledger.adapters.writers import write_config
+
+    old, _ = write_config(model, before, fmt)
+    new, _ = write_config(after_model or model, after, fmt)
+    lines = [f"{k}: {_scalar(v)}" for k, v in new.items() if old.get(k) != v]
+    lines += [f"{k}: null (remove)" for k in old if k not in new]
+    return tuple(lines)
+
+
 def patch_config(
     path: Path,
     raw: dict[str, Any],

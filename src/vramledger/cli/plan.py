@@ -44,7 +44,8 @@ def run(args: argparse.Namespace) -> int:
     result = plan_result(args, inputs)
     from vramledger.report.plan_view import render_plan, to_json
 
-    print(to_json(result) if args.json else render_plan(result, top=args.top))
+    print(to_json(result) if args.json else render_plan(result, top=args.top, config_keys=_config_keys(args, inputs,
+                                                                                                    result.best)))
     _write_figures(args, inputs, result)
     if args.write_config is not None:
         if result.best is None:
@@ -102,6 +103,21 @@ def _write_config(args: argparse.Namespace, inputs: Any, best: Any) -> None:
     print(f"\nwrote plan 1 to {args.write_config} ({note})", flush=True)
     for line in changes:
         print(f"  {line}")
+
+
+def _config_keys(args: argparse.Namespace, inputs: Any, best: Any) -> tuple[str, tuple[str, ...]]:
+    """Plan 1 in the user's framework: (format, the ``key: value`` lines its config changes), from the config
+    writers (``adapters.writers``); empty when nothing fits or the format cannot express the plan."""
+    from vramledger.adapters.patch import changed_keys
+
+    if best is None:
+        return "", ()
+    fmt = _write_format(args, inputs)
+    model = inputs.model_name if best.model == inputs.model else best.model.name
+    try:
+        return fmt, changed_keys(fmt, inputs.model_name, inputs.train, best.train, after_model=model)
+    except VramledgerError:
+        return fmt, ()
 
 
 def _format_of(args: argparse.Namespace) -> str:

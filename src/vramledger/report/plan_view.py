@@ -126,7 +126,8 @@ def _cand_rows(cands: Sequence[Candidate], usable: int) -> list[list[str]]:
              f"{c.time.tokens_per_s:,.0f}", _changes(c)] for i, c in enumerate(cands, 1)]
 
 
-def render_plan(p: Plan, *, top: int = 8) -> str:
+def render_plan(p: Plan, *, top: int = 8, config_keys: tuple[str, Sequence[str]] = ("", ())) -> str:
+    """``config_keys``: (format, lines) — plan 1 written in the user's framework keys, shown under the plans."""
     b = p.baseline
     lines = [f"{p.model}: global batch {p.global_batch} x {p.seq_len} tokens per optimizer step",
              _gpu_line(p.gpu, p.capacity_bytes, p.headroom, p.usable_bytes), ""]
@@ -153,6 +154,10 @@ def render_plan(p: Plan, *, top: int = 8) -> str:
                      f" top {min(top, len(p.candidates))})")
         lines += _table(["#", "device", "spare", "s/step", "tokens/s", "changes"],
                         _cand_rows(p.candidates[:top], p.usable_bytes), right=[True, True, True, True, True, False])
+        fmt, keys = config_keys
+        if keys:
+            lines += textwrap.wrap(f"plan 1 in your {fmt} config: {'; '.join(keys)}", WIDTH,
+                                   initial_indent="  ", subsequent_indent="    ")
     else:
         lines.append(f"no plan that keeps the task fits ({p.combinations} combinations searched)")
     if p.task_changing:
