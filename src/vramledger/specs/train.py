@@ -284,7 +284,7 @@ class TrainSpec:
         return self.micro_batch * self.seq_len
 
 
-_ENUM_FIELDS: dict[str, type[enum.Enum]] = {
+ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "method": Method,
     "precision": Precision,
     "optimizer": Optimizer,
@@ -301,7 +301,7 @@ _INT_FIELDS = ("micro_batch", "seq_len", "grad_accum", "loss_chunk_tokens", "fre
 
 def _coerce_enums(spec: Any) -> None:
     """Turn strings into the Enum members they name (``TrainSpec(method="lora")``), or say what is allowed."""
-    for name, kind in _ENUM_FIELDS.items():
+    for name, kind in ENUM_FIELDS.items():
         value = getattr(spec, name)
         if value is None or isinstance(value, kind):
             continue
