@@ -41,6 +41,10 @@ class MissingDependencyError(VramledgerError):
     def __init__(self, package: str, extra: str) -> None:
         super().__init__(
             f"this command needs {package}; install it with: pip install 'vramledger[{extra}]'"
-            + (" (and torch: pip install torch==2.13.0 for the CPU build)" if extra == "trace" else ""),
+            + (
+                " (and torch; its CPU build: pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu)"
+                if extra == "trace"
+                else ""
+            ),
             exit_code=EXIT_BAD_INPUT,
         )

@@ -234,7 +234,8 @@ def preset_config(kind: str, model: str) -> ResolvedConfig:
     # how the framework trains, not the shapes: batch, length and evaluation stay the flags' (or vramledger's)
     keep = _TRAIN_FIELDS - _SHAPE_FIELDS
     train_fields = {k: v for k, v in r.fields.items() if k in keep}
-    provenance = {k: v for k, v in r.provenance.items() if k in keep}
+    # "file: bf16" would name a file the user never wrote: the preset's own keys are said to be the preset's
+    provenance = {k: v.replace("file: ", f"preset {kind}: ", 1) for k, v in r.provenance.items() if k in keep}
     return ResolvedConfig(model=model, train=TrainSpec(**train_fields), provenance=provenance, format=kind)
 
 
