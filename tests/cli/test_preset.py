@@ -41,3 +41,10 @@ def test_an_unknown_preset_is_one_error(capsys) -> None:
     assert main(["estimate", "llama-3.1-8b", "--preset", "banana"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --preset: unknown format 'banana'") and err.count("\n") == 1
+
+
+def test_preset_with_a_config_is_refused(capsys, tmp_path) -> None:
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("model_name_or_path: qwen2.5-0.5b\nstage: sft\nfinetuning_type: lora\n")
+    assert main(["estimate", "--config", str(cfg), "--preset", "trl"]) == 2
+    assert "--preset: only for setups given by flags" in capsys.readouterr().err

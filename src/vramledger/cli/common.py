@@ -227,6 +227,9 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     base = TrainSpec()
     config_format = ""
     preset_note = ""
+    if getattr(args, "preset", None) is not None and getattr(args, "config", None) is not None:
+        raise VramledgerError("--preset: only for setups given by flags; --config already sets the framework's "
+                              "defaults (drop --preset)")
     if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
