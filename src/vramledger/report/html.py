@@ -73,6 +73,16 @@ code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 0.9e
 """
 
 
+def _plain(value: object) -> str:
+    """A setting as words for the page's header: scalars as they are, lists joined; mappings and objects (the
+    trace's allocator replay, its module table) belong to the sections below, never a Python repr up here."""
+    if isinstance(value, bool | int | float | str):
+        return str(value)
+    if isinstance(value, list | tuple) and all(isinstance(x, bool | int | float | str) for x in value):
+        return ", ".join(str(x) for x in value)
+    return ""
+
+
 def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
@@ -145,7 +155,7 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
     figs = figures or Figures(bill=bill_figure(ledger))
     svgs = render(figs, "svg")
     head = title or f"vramledger: {ledger.model}"
-    settings = ", ".join(f"{k} {v}" for k, v in ledger.settings.items() if not isinstance(v, dict))
+    settings = ", ".join(f"{k} {_plain(v)}" for k, v in ledger.settings.items() if _plain(v))
     peak = ledger.peak_phase
     parts = [
         "<!DOCTYPE html>",
