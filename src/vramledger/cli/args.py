@@ -89,3 +89,7 @@ def in_path(text: str) -> Path:
 
 fraction = real(0.0, 1.0, hi_open=True, what="fraction")
 """A fraction in [0, 1) (headroom, dropout, momentum)."""
+
+
+PATH_TYPES: tuple[object, ...] = (Path, in_path, out_path)
+"""Every argparse type that names a file: what ``vramledger ui`` refuses in a request."""
