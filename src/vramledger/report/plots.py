@@ -221,7 +221,8 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
 def _draw_curve(ax: Axes, c: Curve, d: CliffFigure, xlabel: str, current: int) -> None:
     ax.plot(c.x, [_g(v) for v in c.device], marker="o", color=FITS, lw=2.2, label="estimated device total", zorder=4)
     ax.plot(c.x, [_g(v) for v in c.linear_guess], ls=(0, (5, 3)), color="#EE7733", lw=1.8, marker="s", ms=4,
-            label=f"linear guess from {c.x[0]}: ×2 → memory ×2", zorder=3)
+            label=f"affine guess from {c.x[0]} and {c.x[1] if len(c.x) > 1 else c.x[0]}: fixed + per-unit cost",
+            zorder=3)
     k = c.x.index(current)
     ax.plot([current], [_g(c.device[k])], marker="o", ms=11, mfc="none", mec=INK, mew=2, zorder=5, ls="none",
             label=f"your setting ({_g(c.device[k]):.2f} GiB)")
@@ -229,19 +230,20 @@ def _draw_curve(ax: Axes, c: Curve, d: CliffFigure, xlabel: str, current: int) -
     if d.usable_bytes is not None:
         ax.plot([], [], color=CAPACITY, lw=1.8, label=f"capacity {_g(d.capacity_bytes or 0):.2f} GiB")
         ax.plot([], [], color=USABLE, lw=1.8, ls=(0, (6, 3)), label=f"usable {_g(d.usable_bytes):.2f} GiB")
-    # log-log: the proportional guess stays a straight line (slope 1) and the fixed cost shows as the bend
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xticks(c.x, [str(v) for v in c.x])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_locator(LogLocator(base=2, subs=(1.0, 1.5)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    # linear axes, zoomed on the region that decides the fit: from the smallest setting's memory to just above
+    # the capacity (log axes squashed the last GiB before the cliff, where the guess and the curve part)
     values = [*c.device, *c.linear_guess] + ([d.capacity_bytes] if d.capacity_bytes else [])
-    ax.set_ylim(_g(min(values)) / 1.25, _g(max(values)) * 1.6)
-    ax.set_xlabel(xlabel + " (log scale)")
-    ax.set_ylabel("GiB on the device (log scale)")
+    lo, hi = _g(min(values)), _g(max(values))
+    if d.capacity_bytes:
+        hi = min(hi, max(_g(d.capacity_bytes) * 1.5, _g(c.device[k]) * 1.1))
+    last = next((i for i, v in enumerate(c.device) if _g(v) > hi), len(c.x) - 1)
+    shown = [x for x in c.x[: last + 1]]
+    span = shown[-1] - shown[0] or 1
+    ax.set_xlim(shown[0] - 0.04 * span, shown[-1] + 0.04 * span)
+    ax.set_ylim(max(0.0, lo - 0.08 * (hi - lo)), hi + 0.12 * (hi - lo))
+    ax.set_xticks(shown, [str(v) for v in shown])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("GiB on the device")
     ax.legend(loc="upper left", fontsize=8.5)
 
 
@@ -251,7 +253,7 @@ def draw_cliff_curves(d: CliffFigure) -> Figure:
     a.set_title(f"Memory against micro-batch (length {d.by_batch.fixed})", loc="left", fontsize=11)
     _draw_curve(b, d.by_length, d, "sequence length (tokens)", d.current_length)
     b.set_title(f"Memory against length (micro-batch {d.by_length.fixed})", loc="left", fontsize=11)
-    fig.suptitle(d.title.replace("OOM cliff", "Estimate against the linear guess"), x=0.01, ha="left",
+    fig.suptitle(d.title.replace("OOM cliff", "Estimate against the affine guess"), x=0.01, ha="left",
                  fontweight="bold", fontsize=12)
     return fig
 
@@ -328,8 +330,9 @@ def render(figs: Figures, fmt: str, *, dpi: int = 110) -> list[tuple[str, str, b
             cliff = figs.cliff
             drawn.append(("cliff_grid", "The cliff: device total over micro-batch × sequence length, and where it "
                           "stops fitting.", lambda: draw_cliff_grid(cliff)))
-            drawn.append(("cliff_curves", "Memory against batch and against length, beside the linear guess "
-                          "(×2 → memory ×2) from the smallest setting.", lambda: draw_cliff_curves(cliff)))
+            drawn.append(("cliff_curves", "Memory against batch and against length, beside the affine guess "
+                          "(a fixed cost plus a cost per unit) from the two smallest settings.",
+                          lambda: draw_cliff_curves(cliff)))
         if figs.timeline is not None:
             tl = figs.timeline
             drawn.append(("timeline", "Live bytes across the traced step, by category, with the peak's op and "
