@@ -292,15 +292,45 @@ def draw_timeline(d: TimelineFigure) -> Figure:
 
 
 # -- remedies ----------------------------------------------------------------------------------------------------
+def _place_numbers(ax: Axes, xy: list[tuple[float, float]]) -> None:
+    """Number each point, choosing for each label the first of a few offsets (points) whose box overlaps no
+    label or point placed before it: a greedy placement in display space, enough for a dozen remedies."""
+    offsets = ((6, 3), (-14, 3), (6, -12), (-14, -12), (-4, 9), (-4, -19), (14, -4), (-24, -4), (20, 8),
+               (-30, 8), (20, -16), (-30, -16))
+    ax.figure.canvas.draw()  # run the layout first: the transforms below must be the saved figure's
+    to_px = ax.transData.transform
+    scale = ax.figure.dpi / 72.0
+    dots = [to_px(p) for p in xy]
+    boxes: list[tuple[float, float, float, float]] = [(x - 5, y - 5, x + 5, y + 5) for x, y in dots]
+    for i, (pt, (x, y)) in enumerate(zip(xy, dots, strict=True), 1):
+        w, h = (7 + 6 * len(str(i))) * scale, 10 * scale
+        choice = offsets[0]
+        for dx, dy in offsets:
+            bx, by = x + dx * scale, y + dy * scale
+            box = (bx, by, bx + w, by + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in boxes):
+                choice = (dx, dy)
+                break
+        bx, by = x + choice[0] * scale, y + choice[1] * scale
+        boxes.append((bx, by, bx + w, by + h))
+        ax.annotate(str(i), pt, xytext=choice, textcoords="offset points", fontsize=8.5, fontweight="bold",
+                    color=INK, zorder=9)
+
+
 def draw_remedies(d: RemedyFigure) -> Figure:
-    fig, ax = _new(9.6, 5.2)
-    for p in d.points:
+    import textwrap
+
+    fig, ax = _new(12.0, 5.2)
+    # each point carries a number and the key on the right names it: labels written beside the points overlapped
+    # wherever remedies land close together (they often do: several save memory at almost no time)
+    key: list[str] = []
+    for i, p in enumerate(d.points, 1):
         ok = p.fits is not False
         ax.plot([p.step_seconds], [_g(p.device_bytes)], ls="none", marker="o" if ok else "X", ms=9,
                 color=FITS if ok else MISSES, zorder=4)
-        ax.annotate(p.label, (p.step_seconds, _g(p.device_bytes)), xytext=(7, 4), textcoords="offset points",
-                    fontsize=9, color=INK, zorder=9,
-                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+        key += textwrap.wrap(f"{i}  {p.label}", 46, subsequent_indent="    ")
+    ax.text(1.02, 1.0, "\n".join(key), transform=ax.transAxes, va="top", ha="left", fontsize=8.5, color=INK,
+            linespacing=1.35)
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu)
     ax.plot([], [], ls="none", marker="o", color=FITS, label="fits")
     if any(p.fits is False for p in d.points):
@@ -308,6 +338,7 @@ def draw_remedies(d: RemedyFigure) -> Figure:
     top = max([p.device_bytes for p in d.points] + [d.capacity_bytes or 0])
     ax.set_ylim(0, _g(top) * 1.12)
     ax.set_xlim(0, max(p.step_seconds for p in d.points) * 1.25 or 1.0)
+    _place_numbers(ax, [(p.step_seconds, _g(p.device_bytes)) for p in d.points])
     ax.set_xlabel("step time (seconds per optimizer step)")
     ax.set_ylabel("GiB on the device")
     ax.set_title(d.title, loc="left")
