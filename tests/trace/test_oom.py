@@ -176,4 +176,5 @@ def test_gpu_smaller_than_context_is_an_error(events: list[Any]) -> None:
     from vramledger.errors import VramledgerError
 
     with pytest.raises(VramledgerError, match="no memory left after the CUDA context"):
-        replay_outcome(device_events(events, None), events, gpu=dataclasses.replace(ADA, memory_bytes=500 * MiB))
+        replay_outcome(device_events(events, None), events,
+                       gpu=dataclasses.replace(ADA, memory_bytes=ADA_CONTEXT - MiB))
