@@ -60,7 +60,7 @@ def test_does_not_fit_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
     ("argv", "message"),
     [
         (["estimate", "llama-9-8b"], "not in the catalog"),
-        (["estimate", "llama-3.1-8b", "--batch", "-2"], "batch must be a positive integer"),
+        (["estimate", "llama-3.1-8b", "--batch", "-2"], "argument --batch: -2 is out of range; give a batch in [1,"),
         (["estimate", "llama-3.1-8b", "--method", "full", "--quant", "nf4"], "use --method qlora"),
         (["estimate", "llama-3.1-8b", "--precision", "bf17"], "--precision: unknown value"),
         (["estimate", "llama-3.1-8b", "--gpu", "rtx-9090"], "gpu: 'rtx-9090' is not in the catalog"),

@@ -82,19 +82,18 @@ def test_cliff_frontier_is_the_edge(lora8b):
         assert not estimate(model, dataclasses.replace(train, micro_batch=1, seq_len=L), gpu=gpu).verdict.fits
 
 
-def test_cliff_curves_and_linear_guess(lora8b):
+def test_cliff_curves_and_affine_guess(lora8b):
     model, train, gpu, _ = lora8b
     d = cliff_figure(model, train, gpu=gpu, batches=(1, 2, 4, 8), lengths=(1024, 2048, 4096))
     i = d.lengths.index(2048)
     assert d.by_batch.x == (1, 2, 4, 8) and d.by_batch.device == d.device[i] and d.by_batch.fixed == 2048
-    m1 = d.device[i][0]
-    assert d.by_batch.linear_guess == (m1, 2 * m1, 4 * m1, 8 * m1)  # "batch × 2 → memory × 2"
+    m1, m2 = d.device[i][0], d.device[i][1]
+    # the affine guess through batch 1 and 2: fixed cost m1 - (m2 - m1), plus (m2 - m1) per sequence
+    assert d.by_batch.linear_guess == (m1, m2, m1 + 3 * (m2 - m1), m1 + 7 * (m2 - m1))
     j = d.batches.index(4)
     assert d.by_length.device == tuple(row[j] for row in d.device)
-    m0 = d.by_length.device[0]
-    assert d.by_length.linear_guess == (m0, 2 * m0, 4 * m0)
-    # the weights are a fixed cost, so the guess overshoots every larger setting
-    assert all(g > r for g, r in zip(d.by_batch.linear_guess[1:], d.by_batch.device[1:], strict=True))
+    m0, n0 = d.by_length.device[0], d.by_length.device[1]
+    assert d.by_length.linear_guess == (m0, n0, m0 + 3 * (n0 - m0))  # lengths 1024, 2048, 4096
 
 
 def test_cliff_without_gpu(lora8b):

@@ -74,6 +74,7 @@ def load_config(
     fields: dict[str, Any] = {}
     provenance: dict[str, str] = {}
     warnings: list[str] = []
+    seen: set[str] = set()
     kind = normalise_format(fmt) if fmt else ""
     model: str | None = None
     trainer = None
@@ -84,7 +85,8 @@ def load_config(
         fields.update(r.fields)
         provenance.update(r.provenance)
         for w in r.warnings:
-            if w not in warnings:
+            if w not in seen:
+                seen.add(w)
                 warnings.append(w)
 
     if path is None and overrides:
@@ -172,6 +174,12 @@ def load_config(
         )
     model_name = model or ""
     if path is not None and kind not in ("deepspeed", "fsdp") and require_model:
+        unknown = main.extras.get("unknown_builder") if main is not None else None
+        if not model_name and unknown:
+            raise VramledgerError(
+                f"{path}: the torchtune builder {unknown!r} (model._component_) is not in vramledger's table; pass "
+                f"the model's config.json before --config (vramledger estimate /path/to/config.json --config {path})"
+            )
         if not model_name:
             raise VramledgerError(
                 f"{path}: names no model ({_MODEL_KEYS.get(kind, 'model')}); add it to the file or pass the model "
@@ -197,6 +205,43 @@ def load_config(
         format=kind,
         deepspeed=ds_config,
     )
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # The least a user writes to fine-tune with LoRA in each framework; every other key is the framework's own
+    # default, cited by its adapter (checkpointing, optimizer, rank, length...). bf16 is set where the framework
+    # leaves fp32 as the default: every example config of these frameworks turns it on.
+    "hf": {"output_dir": "out", "bf16": True},
+    "llamafactory": {"stage": "sft", "finetuning_type": "lora", "bf16": True},
+    "trl": {"use_peft": True},
+    "axolotl": {"adapter": "lora", "lora_r": 16, "lora_alpha": 32, "lora_target_linear": True, "bf16": True},
+}
+"""``--preset``: a flag-only estimate with a framework's defaults instead of vramledger's bare ones."""
+DEFAULT_PRESET = "llamafactory"
+"""The preset a flag-only estimate uses when none is given: LLaMA-Factory's defaults (gradient checkpointing on,
+the fused AdamW, rank 8 on every linear layer), what its example configs train with."""
+
+
+def preset_config(kind: str, model: str) -> ResolvedConfig:
+    """The TrainSpec a framework builds from ``PRESETS[kind]`` for ``model``, with the provenance of each field."""
+    from vramledger.adapters._base import Reader
+
+    if kind not in PRESETS:
+        raise VramledgerError(f"--preset: unknown preset {kind!r}; choose one of {', '.join(PRESETS)}")
+    raw = dict(PRESETS[kind]) | {_MODEL_KEYS[kind]: model}
+    r = Reader(raw, framework=kind, source=f"--preset {kind}")
+    _load_main(kind, r)
+    # how the framework trains, not the shapes: batch, length and evaluation stay the flags' (or vramledger's)
+    keep = _TRAIN_FIELDS - _SHAPE_FIELDS
+    train_fields = {k: v for k, v in r.fields.items() if k in keep}
+    # "file: bf16" would name a file the user never wrote: the preset's own keys are said to be the preset's
+    provenance = {k: v.replace("file: ", f"preset {kind}: ", 1) for k, v in r.provenance.items() if k in keep}
+    return ResolvedConfig(model=model, train=TrainSpec(**train_fields), provenance=provenance, format=kind)
+
+
+_SHAPE_FIELDS = frozenset({"micro_batch", "seq_len", "grad_accum", "packing", "eval_batch", "eval_seq_len",
+                           "eval_accumulation_steps", "eval_steps_total", "eval_logits", "predict_with_generate",
+                           "generation_max_new_tokens", "world_size", "zero_stage", "loss_chunk_tokens"})
 
 
 def _load_main(kind: str, r: Any) -> str | None:
@@ -248,8 +293,9 @@ def _hidden_size(name: str | None) -> int | None:
 def _check_model(name: str, key: str, path: Path) -> None:
     """The model must be resolvable offline: a local path, a catalog name, or a snapshot in the HF cache."""
     from vramledger import catalog
+    from vramledger.userfiles import path_exists
 
-    if Path(name).expanduser().exists() or catalog.catalog_entry(name) is not None:
+    if path_exists(name) or catalog.catalog_entry(name) is not None:
         return
     if catalog._from_hf_cache(name) is not None:
         return

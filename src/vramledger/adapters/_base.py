@@ -8,6 +8,7 @@ adapter never asked for are reported as warnings unless they are known to leave 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -19,28 +20,11 @@ from vramledger.specs import Attention, Optimizer
 
 
 def read_mapping(path: Path, what: str = "config") -> dict[str, Any]:
-    """A YAML or JSON file as a dict (YAML through ``yaml.safe_load`` only; JSON is a subset of YAML)."""
-    import yaml
+    """A YAML or JSON file as a dict (YAML through ``yaml.SafeLoader`` only; JSON is a subset of YAML), read
+    with ``vramledger.userfiles``' bounds: a regular file, a size limit, aliases and nesting bounded."""
+    from vramledger.userfiles import load_file
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise VramledgerError(f"{what}: no file at {path}; check the path") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise VramledgerError(f"{what}: cannot read {path} ({exc.__class__.__name__}); pass a text file") from None
-    try:
-        data = json.loads(text) if path.suffix.lower() == ".json" else yaml.safe_load(text)
-    except json.JSONDecodeError as exc:
-        raise VramledgerError(
-            f"{what}: {path} is not valid JSON (line {exc.lineno}: {exc.msg}); fix the file"
-        ) from None
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" (line {mark.line + 1})" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc.__class__.__name__
-        raise VramledgerError(f"{what}: {path} is not valid YAML{where}: {problem}; fix the file") from None
-    except RecursionError:
-        raise VramledgerError(f"{what}: {path} is nested too deeply to read") from None
+    data = load_file(path, what)
     if data is None:
         raise VramledgerError(f"{what}: {path} is empty; pass a training config")
     if not isinstance(data, dict):
@@ -49,6 +33,10 @@ def read_mapping(path: Path, what: str = "config") -> dict[str, Any]:
             "config"
         )
     return {str(k): v for k, v in data.items()}
+
+
+_KEY_PART = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_\-]*")
+_MAX_OVERRIDE = 4096
 
 
 def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> tuple[dict[str, Any], set[str]]:
@@ -66,13 +54,18 @@ def apply_overrides(raw: dict[str, Any], overrides: Sequence[str]) -> tuple[dict
             raise VramledgerError(f"override {item!r}: expected KEY=VALUE (e.g. per_device_train_batch_size=2)")
         key, _, text = item.partition("=")
         key = key.strip().lstrip("-")
-        if not key:
-            raise VramledgerError(f"override {item!r}: the key is empty; expected KEY=VALUE")
+        parts = key.split(".")
+        if not key or not all(_KEY_PART.fullmatch(p) for p in parts):
+            raise VramledgerError(
+                f"override {_short(item)!r}: {'the key is empty' if not key else 'not a config key'}; expected "
+                "KEY=VALUE with KEY a name or dotted names (e.g. lora_rank=8, model.lora_rank=8)"
+            )
+        if len(text) > _MAX_OVERRIDE:
+            raise VramledgerError(f"override {key}: the value is longer than {_MAX_OVERRIDE} characters")
         try:
             value = yaml.safe_load(text) if text.strip() else None
         except yaml.YAMLError:
             value = text
-        parts = key.split(".")
         node = out
         for part in parts[:-1]:
             child = node.get(part)
@@ -131,6 +124,8 @@ def attn_from_name(name: Any, key: str, source: str) -> Attention:
 # -- typed access with provenance ---------------------------------------------------------------------------------
 
 _MISSING = object()
+_MAX_UNKNOWN_WARNINGS = 20
+"""Unknown keys named one by one; the rest are counted in one line."""
 
 
 class Reader:
@@ -146,6 +141,7 @@ class Reader:
         self.fields: dict[str, Any] = {}
         self.provenance: dict[str, str] = {}
         self.warnings: list[str] = []
+        self._warned: set[str] = set()
         self.extras: dict[str, Any] = {}
         """Adapter-specific results that are not TrainSpec fields (trainer flags, DeepSpeed source, …)."""
 
@@ -246,7 +242,8 @@ class Reader:
         return f"default: {self.framework} ({cite})"
 
     def warn(self, message: str) -> None:
-        if message not in self.warnings:
+        if message not in self._warned:
+            self._warned.add(message)
             self.warnings.append(message)
 
     def ignore(self, key: str, reason: str, *, when: Any = True) -> None:
@@ -258,13 +255,18 @@ class Reader:
     def finish(self, harmless: Iterable[str]) -> None:
         """Warn about every key neither used nor known to leave memory unchanged."""
         skip = set(harmless)
-        for key in self.raw:
-            if key in self.used or key in skip or self.raw[key] is None or key.startswith("_"):
-                continue
+        unknown = [
+            key
+            for key in self.raw
+            if key not in self.used and key not in skip and self.raw[key] is not None and not key.startswith("_")
+        ]
+        for key in unknown[:_MAX_UNKNOWN_WARNINGS]:
             self.warn(
-                f"ignored: {key} (not a {self.framework} setting vramledger knows; if it changes memory, the "
-                "estimate leaves it out)"
+                f"ignored: {_short(key)} (not a {self.framework} setting vramledger knows; if it changes memory, "
+                "the estimate leaves it out)"
             )
+        if len(unknown) > _MAX_UNKNOWN_WARNINGS:
+            self.warn(f"ignored: {len(unknown) - _MAX_UNKNOWN_WARNINGS} more keys vramledger does not know")
 
 
 def as_int(v: Any) -> int | None:
@@ -292,8 +294,10 @@ def _short(v: Any) -> str:
 def resolve_relative(name: str, config_path: Path | None) -> Path:
     """A path named inside a config: as given (relative to the working directory, as the frameworks open it),
     else relative to the config file's folder."""
-    path = Path(name).expanduser()
-    if path.is_absolute() or path.exists() or config_path is None:
+    from vramledger.userfiles import path_exists, user_path
+
+    path = user_path(name)
+    if path.is_absolute() or path_exists(str(path)) or config_path is None:
         return path
     beside = config_path.parent / path
-    return beside if beside.exists() else path
+    return beside if path_exists(str(beside)) else path

@@ -149,8 +149,12 @@ def load(r: Reader) -> str | None:
             r.set(
                 "quant",
                 QuantSpec(bits=4 if four else 8, quant_type=qtype, double_quant=bool(dq) and four),
-                r.file("load_in_4bit" if four else "load_in_8bit") + " (loaders/model.py BitsAndBytesConfig: "
-                "nf4, double quant)",
+                r.file("load_in_4bit" if four else "load_in_8bit")
+                + (
+                    f" (loaders/model.py BitsAndBytesConfig: {qtype}{', double quant' if dq else ''})"
+                    if four
+                    else " (loaders/model.py BitsAndBytesConfig(load_in_8bit=True): int8 LLM.int8() Linear8bitLt)"
+                ),
             )
         rank = r.integer("lora_r")
         if rank is None:

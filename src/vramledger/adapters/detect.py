@@ -130,10 +130,10 @@ _SIGNATURES: tuple[tuple[str, frozenset[str]], ...] = (
 )
 
 
-def normalise_format(fmt: str) -> str:
+def normalise_format(fmt: str, *, option: str = "--format", choices: tuple[str, ...] = FORMATS) -> str:
     key = fmt.strip().lower()
     if key not in ALIASES:
-        raise VramledgerError(f"--format: unknown format {fmt!r}; choose one of {', '.join(FORMATS)}")
+        raise VramledgerError(f"{option}: unknown format {fmt!r}; choose one of {', '.join(choices)}")
     return ALIASES[key]
 
 

@@ -9,13 +9,13 @@ parameter's dtype, no autocast; LoRA weights take the same dtype), ``torchtune/m
 from __future__ import annotations
 
 import math
-from pathlib import Path
 from typing import Any
 
 from vramledger.adapters._base import Reader, as_int
 from vramledger.errors import VramledgerError
 from vramledger.specs import Loss, Method, Optimizer, Precision, QuantSpec
 from vramledger.specs.train import LoraSpec
+from vramledger.userfiles import path_exists, user_path
 
 # torchtune builder → Hugging Face hub id of the checkpoint it loads (the ``tune download`` line of each config).
 BUILDERS: dict[str, str] = {
@@ -41,6 +41,29 @@ BUILDERS: dict[str, str] = {
     "qwen3_1_7b": "Qwen/Qwen3-1.7B",
     "qwen3_4b": "Qwen/Qwen3-4B",
     "qwen3_8b": "Qwen/Qwen3-8B",
+    # base/instruct builders (torchtune/models/qwen2_5/__init__.py, models/qwen3/_model_builders.py): Qwen2.5's
+    # instruct checkpoints are "-Instruct"; Qwen3's instruct builders load the hybrid "Qwen/Qwen3-8B", the base
+    # ones "-Base". The catalog resolves each to its shapes (instruct and base share them).
+    "qwen2_5_1_5b_base": "Qwen/Qwen2.5-1.5B",
+    "qwen2_5_1_5b_instruct": "Qwen/Qwen2.5-1.5B-Instruct",
+    "qwen2_5_7b_base": "Qwen/Qwen2.5-7B",
+    "qwen2_5_7b_instruct": "Qwen/Qwen2.5-7B-Instruct",
+    "qwen2_5_14b_base": "Qwen/Qwen2.5-14B",
+    "qwen2_5_14b_instruct": "Qwen/Qwen2.5-14B-Instruct",
+    "qwen2_5_32b_base": "Qwen/Qwen2.5-32B",
+    "qwen2_5_32b_instruct": "Qwen/Qwen2.5-32B-Instruct",
+    "qwen2_5_72b_base": "Qwen/Qwen2.5-72B",
+    "qwen2_5_72b_instruct": "Qwen/Qwen2.5-72B-Instruct",
+    "qwen3_0_6b_base": "Qwen/Qwen3-0.6B-Base",
+    "qwen3_0_6b_instruct": "Qwen/Qwen3-0.6B",
+    "qwen3_1_7b_base": "Qwen/Qwen3-1.7B-Base",
+    "qwen3_1_7b_instruct": "Qwen/Qwen3-1.7B",
+    "qwen3_4b_base": "Qwen/Qwen3-4B-Base",
+    "qwen3_4b_instruct": "Qwen/Qwen3-4B",
+    "qwen3_8b_base": "Qwen/Qwen3-8B-Base",
+    "qwen3_8b_instruct": "Qwen/Qwen3-8B",
+    "qwen3_14b_base": "Qwen/Qwen3-14B-Base",
+    "qwen3_14b_instruct": "Qwen/Qwen3-14B",
     "phi3_mini": "microsoft/Phi-3-mini-4k-instruct",
 }
 # torchtune module names → transformers' (torchtune/models/convert_weights.py _FROM_HF)
@@ -274,11 +297,12 @@ def _model_name(r: Reader, base: str) -> str | None:
     ck = r.raw.get("checkpointer")
     r.used.add("checkpointer")
     if isinstance(ck, dict) and isinstance(ck.get("checkpoint_dir"), str):
-        folder = Path(ck["checkpoint_dir"]).expanduser()
-        if (folder / "config.json").is_file():
+        folder = user_path(str(ck["checkpoint_dir"]))
+        if path_exists(str(folder / "config.json")) and (folder / "config.json").is_file():
             return str(folder / "config.json")
     hub = BUILDERS.get(base)
     if hub is None:
+        r.extras["unknown_builder"] = base
         r.warn(
             f"model: torchtune builder {base!r} is not in vramledger's table; pass the model's config.json "
             "as the model argument"

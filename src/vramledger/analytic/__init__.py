@@ -14,13 +14,11 @@ from __future__ import annotations
 from dataclasses import replace
 from types import MappingProxyType
 
+from vramledger.advice import advice_sentence
 from vramledger.analytic.evaluation import eval_advice
 from vramledger.analytic.step import ledger_items, step_parts
-from vramledger.ledger import Category, Ledger, make_verdict
-from vramledger.specs import Attention, GPUSpec, Loss, Method, ModelSpec, TrainSpec
-from vramledger.units import fmt_bytes
-
-DEFAULT_HEADROOM = 0.08
+from vramledger.ledger import Ledger, make_verdict
+from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Method, ModelSpec, TrainSpec
 
 __all__ = ["DEFAULT_HEADROOM", "estimate", "step_parts"]
 
@@ -45,32 +43,6 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     return out
 
 
-def _advice(ledger_items_by_cat: dict[Category, int], train: TrainSpec) -> str:
-    """One sentence naming the biggest line and what would shrink it."""
-    biggest = max(ledger_items_by_cat, key=lambda c: ledger_items_by_cat[c])
-    size = fmt_bytes(ledger_items_by_cat[biggest])
-    remedies = {
-        Category.ACTIVATIONS: "gradient checkpointing (--grad-ckpt)" if not train.grad_ckpt
-        else "a smaller micro-batch with gradient accumulation, or a shorter sequence",
-        Category.ATTENTION_SCORES: "sdpa or flash_attention_2 instead of eager, or packing instead of padding",
-        Category.LOGITS_LOSS: "a fused linear cross-entropy (--loss fused, Liger) or a smaller micro-batch",
-        Category.OPTIMIZER_STATE: "an 8-bit optimizer (--optimizer adamw_8bit) or LoRA",
-        Category.GRADIENTS: "LoRA, or freezing layers",
-        Category.WEIGHTS: "LoRA over a bf16 base, or QLoRA (4-bit base)" if train.method is Method.FULL
-        else "a smaller model" if train.method is Method.QLORA
-        else "QLoRA (4-bit base) or a smaller model",
-        Category.MASTER_WEIGHTS: "ZeRO stage 1+ across more GPUs, or optimizer offload",
-        Category.TEMPORARIES: "the fused AdamW (--optimizer adamw_torch_fused)"
-        if train.optimizer.value == "adamw_torch"
-        else "a smaller micro-batch",
-        Category.KV_CACHE: "a smaller eval/generation batch or length",
-    }
-    remedy = remedies.get(biggest, "a smaller micro-batch")
-    if biggest is Category.LOGITS_LOSS and train.loss is Loss.FUSED:
-        remedy = "a smaller micro-batch"
-    return f"The biggest line is {biggest.display} ({size}) at the peak; {remedy} would shrink it."
-
-
 def estimate(
     model: ModelSpec,
     train: TrainSpec,
@@ -91,12 +63,10 @@ def estimate(
         warnings=tuple(_warnings(model, train)),
         settings=MappingProxyType(_settings(model, train)),
     )
-    peak = ledger.peak_phase
-    by_cat = {c: ledger.bytes_of(c, peak) for c in ledger.categories() if c.allocated and ledger.bytes_of(c, peak)}
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
-    advice = eval_advice(ledger, model, train, gpu) or _advice(by_cat, train)
+    advice = eval_advice(ledger, model, train, gpu) or advice_sentence(ledger, train)
     return replace(ledger, verdict=verdict, advice=advice)
 
 
@@ -122,7 +92,8 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
             "dora": train.lora.dora,
         }
     if train.quant is not None:
-        s["quant"] = {"bits": train.quant.bits, "type": train.quant.quant_type, "double": train.quant.double_quant}
+        q = train.quant
+        s["quant"] = {"bits": q.bits, "type": q.quant_type if q.bits == 4 else "int8", "double": q.double_quant}
     if train.method is Method.FREEZE:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
     if train.distributed:

@@ -30,6 +30,7 @@ from vramledger.analytic.params import count_params
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, Ledger, LineItem, Phase, make_verdict
 from vramledger.specs import Attention, DType, GPUSpec, Method, ModelSpec, Precision, QuantSpec, TrainSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.units import fmt_bytes
 
 
@@ -84,7 +85,9 @@ def _item(cat: Category, n: int, label: str, source: str, basis: Basis = Basis.F
     return LineItem(category=cat, phase=Phase.GENERATE, bytes=n, label=label, source=source, basis=basis)
 
 
-def infer_ledger(m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, headroom: float = 0.08) -> Ledger:
+def infer_ledger(
+    m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, headroom: float = DEFAULT_HEADROOM
+) -> Ledger:
     """The ledger of one ``generate`` call: Phase.LOAD (weights) and Phase.GENERATE (its peak moment)."""
     train = spec.as_train
     c = spec.dtype.bytes
@@ -167,7 +170,9 @@ class Concurrency:
     gpu: str
 
 
-def max_concurrency(m: ModelSpec, spec: InferSpec, gpu: GPUSpec, *, headroom: float = 0.08) -> Concurrency:
+def max_concurrency(
+    m: ModelSpec, spec: InferSpec, gpu: GPUSpec, *, headroom: float = DEFAULT_HEADROOM
+) -> Concurrency:
     """Binary search on the batch: the device total grows with B (cache, working set, logits), so it is monotone."""
 
     def device(b: int) -> int:

@@ -1,7 +1,7 @@
 """Memory outside live tensors: the CUDA context, library workspaces and the caching allocator's reserve.
 
-None of these is visible to a trace on CPU. Until our own GPU measurements are committed (issue 4, issue 8) the
-figures below are stated assumptions with the evidence they rest on, and every line that uses them says so.
+None of these is visible to a trace on CPU. Until our own GPU measurements are committed the figures are stated
+assumptions with the evidence they rest on (``catalog/device_overhead.json``), and every line that uses them says so.
 """
 
 from __future__ import annotations
@@ -9,27 +9,18 @@ from __future__ import annotations
 from vramledger.specs import GPUSpec
 from vramledger.units import MiB
 
-# CUDA context + kernel images loaded lazily (CUDA_MODULE_LOADING=LAZY, the default since CUDA 11.7 / torch 2.0).
-# Evidence: torch's OOM message prints "this process has X in use" beside what PyTorch allocated and reserved;
-# the difference is memory outside the allocator. OpenHelix-Team/cobra#24 (24 GB card): 23.57 − 22.14 − 0.91 =
-# 0.52 GiB; kaito-project/kaito#976 (16 GB card, vLLM): 15.25 − 13.73 − 0.74 = 0.78 GiB (vLLM adds NCCL and graphs).
-_CONTEXT_BY_ARCH = {
-    "hopper": 600 * MiB,
-    "blackwell": 600 * MiB,
-    "cdna3": 600 * MiB,
-    "cdna2": 600 * MiB,
-}
-_CONTEXT_DEFAULT = 540 * MiB
 CONTEXT_SOURCE = (
-    "CUDA context with lazy module loading: 540 MiB (600 MiB Hopper+), from the non-PyTorch memory printed in "
-    "published OOM messages (pytorch OOM text: in use − allocated − reserved); not yet measured by vramledger"
+    "CUDA context (driver state and kernels loaded lazily, outside PyTorch's allocator): the figure for the GPU's "
+    "architecture in catalog/device_overhead.json, each with its published source; not yet measured by vramledger"
 )
 
 
 def cuda_context_bytes(gpu: GPUSpec | None) -> int:
-    if gpu is None:
-        return 600 * MiB
-    return _CONTEXT_BY_ARCH.get(gpu.arch, _CONTEXT_DEFAULT)
+    """The CUDA context for ``gpu``'s architecture, from ``catalog/device_overhead.json`` (its one home, each
+    figure sourced there; ``catalog.device_overhead.cuda_context``)."""
+    from vramledger.catalog.device_overhead import cuda_context
+
+    return cuda_context(gpu.arch if gpu is not None else None).bytes
 
 
 def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:

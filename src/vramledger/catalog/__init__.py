@@ -98,7 +98,7 @@ def _hf_cache_dirs() -> list[Path]:
 
 
 def _from_hf_cache(name: str) -> Path | None:
-    if "/" not in name:
+    if "/" not in name or len(name) > 200:  # hub ids are at most 96 characters
         return None
     folder = "models--" + name.replace("/", "--")
     for hub in _hf_cache_dirs():
@@ -112,17 +112,17 @@ def _from_hf_cache(name: str) -> Path | None:
 
 def load_config_file(path: Path) -> ModelSpec:
     """Read a local config.json (or a directory holding one)."""
-    if path.is_dir():
+    from vramledger.userfiles import load_mapping_text, path_exists, read_text
+
+    if path_exists(str(path)) and path.is_dir():
         path = path / "config.json"
-    if not path.is_file():
+    if not path_exists(str(path)):
         raise VramledgerError(f"model: no config.json at {path}; pass a config.json file or its directory")
-    try:
-        raw = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise VramledgerError(
-            f"model: {path} is not valid JSON ({exc}); fix the file or pass another config.json"
-        ) from None
-    name = raw.get("_name_or_path") if isinstance(raw, dict) else None
+    # bounded reading (regular file, size, nesting): vramledger.userfiles
+    raw = load_mapping_text(read_text(path, "model"), "model", path.with_suffix(".json"))
+    if not isinstance(raw, dict):
+        raise VramledgerError(f"model: {path}: expected a JSON object (a config.json); pass another config.json")
+    name = raw.get("_name_or_path")
     return model_spec_from_config(raw, name=str(name or path.parent.name), source=str(path))
 
 
@@ -132,8 +132,10 @@ def resolve_model(name: str) -> ModelSpec:
         raise VramledgerError(
             "model: empty name; pass a catalog name (see `vramledger models`) or a config.json"
         )
-    path = Path(name).expanduser()
-    if name.endswith(".json") or path.exists():
+    from vramledger.userfiles import path_exists, user_path
+
+    path = user_path(name)
+    if name.endswith(".json") or path_exists(name):
         return load_config_file(path)
     key = _name_index().get(_norm(name))
     if key is not None:

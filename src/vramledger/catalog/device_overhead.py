@@ -84,13 +84,25 @@ def device_overhead(arch: str) -> DeviceOverhead:
     blas = next(w for w in raw["cublas_workspace"] if major in w["compute_capability_major"])
     lt = raw["cublaslt_workspace"]
 
-    def fig(d: dict[str, Any]) -> OverheadFigure:
-        return OverheadFigure(
-            bytes=int(d["bytes"]),
-            source=d["source"],
-            approximate=bool(d.get("approximate", False)),
-            measured_by_us=bool(d["measured_by_us"]),
-            what=d.get("what", d.get("per", "")),
-        )
+    return DeviceOverhead(arch=key, cuda_context=_fig(ctx), cublas_workspace=_fig(blas), cublaslt_workspace=_fig(lt))
 
-    return DeviceOverhead(arch=key, cuda_context=fig(ctx), cublas_workspace=fig(blas), cublaslt_workspace=fig(lt))
+
+def _fig(d: dict[str, Any]) -> OverheadFigure:
+    return OverheadFigure(
+        bytes=int(d["bytes"]),
+        source=d["source"],
+        approximate=bool(d.get("approximate", False)),
+        measured_by_us=bool(d["measured_by_us"]),
+        what=d.get("what", d.get("per", "")),
+    )
+
+
+def cuda_context(arch: str | None) -> OverheadFigure:
+    """The CUDA context for ``arch``, else (no GPU, or an architecture without figures such as AMD's) the figure
+    for any architecture (``"*"``: pytorch#109888, "around 400MB" with lazy module loading).
+
+    >>> cuda_context(None).bytes // 2**20
+    400
+    """
+    contexts = {c["arch"]: c for c in _raw()["cuda_context"]}
+    return _fig(contexts.get((arch or "*").strip().lower(), contexts["*"]))

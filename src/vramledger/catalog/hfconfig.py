@@ -56,6 +56,15 @@ def _get(cfg: Mapping[str, Any], *keys: str, default: Any = None) -> Any:
     return default
 
 
+def _context(cfg: Mapping[str, Any], where: str) -> int:
+    """``max_position_embeddings`` (0 when the config does not give it); a given value must be positive."""
+    value = _int(cfg, "max_position_embeddings", "n_positions", default=0, where=where)
+    given = any(k in cfg for k in ("max_position_embeddings", "n_positions"))
+    if given and value <= 0:
+        raise VramledgerError(f"{where}: max_position_embeddings must be a positive integer (got {value}); fix it")
+    return value
+
+
 def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None, where: str) -> int:
     value = _get(cfg, *keys, default=default)
     if value is None:
@@ -93,6 +102,11 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     hidden = _int(cfg, "hidden_size", "n_embd", where=where)
     heads = _int(cfg, "num_attention_heads", "n_head", where=where)
     kv_heads = _int(cfg, "num_key_value_heads", default=heads, where=where)
+    if heads <= 0 or hidden <= 0:
+        raise VramledgerError(
+            f"{where}: hidden_size ({hidden}) and num_attention_heads ({heads}) must be positive integers; fix the "
+            "config"
+        )
     head_dim = _int(cfg, "head_dim", default=hidden // heads, where=where)
     layers = _int(cfg, "num_hidden_layers", "n_layer", where=where)
     vocab = _int(cfg, "vocab_size", where=where)
@@ -138,7 +152,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     elif family == "gemma2":  # Gemma2DecoderLayer: even-indexed layers slide
         sliding = (layers + 1) // 2
     elif family == "gemma3_text":  # every sliding_window_pattern-th layer is global
-        pattern = _int(cfg, "sliding_window_pattern", default=6, where=where)
+        pattern = max(1, _int(cfg, "sliding_window_pattern", default=6, where=where))
         sliding = layers - layers // pattern
     else:
         sliding = layers
@@ -155,7 +169,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         num_kv_heads=kv_heads,
         head_dim=head_dim,
         tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", default=_TIE_DEFAULT[family])),
-        max_position_embeddings=_int(cfg, "max_position_embeddings", "n_positions", default=0, where=where),
+        max_position_embeddings=_context(cfg, where),
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,

@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from vramledger import __version__
-from vramledger.errors import VramledgerError
+from vramledger.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, VramledgerError
 
 # Command modules, in the order `vramledger --help` lists them.
 COMMANDS: tuple[str, ...] = (
@@ -50,15 +50,45 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _one_line(message: str) -> str:
+    """The message with every control character escaped: what the user typed may hold newlines or \\x1e."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; return its exit code (``vramledger.errors``: 0 yes, 3 no, 2 bad input, 1 unexpected).
+
+    Every error is one ``error:`` line on stderr; a bug (any other exception) too, with its type, unless
+    ``VRAMLEDGER_DEBUG=1`` asks for the traceback.
+    """
+    import os
+
+    from vramledger.cli.common import check_outputs
+
     try:
         args = build_parser().parse_args(argv)
-        return int(args.run(args) or 0)
+        check_outputs(args)
+        code = int(args.run(args) or EXIT_OK)
+        for note in getattr(args, "notes", ()):  # set by resolve_inputs: printed once the command has answered
+            print(f"note: {note}", file=sys.stderr)
+        return code
     except VramledgerError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {_one_line(str(exc))}", file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        return 0
+        return EXIT_OK
+    except RecursionError:
+        print("error: the input is nested too deeply to process; simplify it", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    except Exception as exc:  # noqa: BLE001 - a bug: one line, exit 1, the traceback on request
+        if os.environ.get("VRAMLEDGER_DEBUG"):
+            raise
+        print(
+            f"error: unexpected {type(exc).__name__}: {_one_line(str(exc))[:200]} (a bug in vramledger {__version__}; "
+            "please report it with the command; VRAMLEDGER_DEBUG=1 shows the traceback)",
+            file=sys.stderr,
+        )
+        return EXIT_UNEXPECTED

@@ -4,7 +4,13 @@ from __future__ import annotations
 
 import argparse
 
-from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
+from vramledger.cli.args import MAX_BATCH, count, fraction, name
+from vramledger.cli.common import (
+    add_gpu_options,
+    add_model_options,
+    add_train_options,
+    resolve_inputs,
+)
 from vramledger.errors import VramledgerError
 
 
@@ -18,11 +24,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step (default batch x accum)")
-    p.add_argument("--dataset-size", type=int, help="samples per epoch (default: counts per 1000 samples)")
-    p.add_argument("--epochs", type=int, default=1, help="epochs (default 1)")
-    p.add_argument("--lr-scheduler", default="linear", help="linear | cosine | constant (default linear, as HF)")
-    p.add_argument("--warmup-ratio", type=float, default=0.0, help="warmup fraction of the steps (default 0)")
+    p.add_argument("--global-batch", type=count(hi=MAX_BATCH, what="batch"),
+                   help="sequences per optimizer step (default batch x accum)")
+    p.add_argument("--dataset-size", type=count(hi=2**40, what="sample count"),
+                   help="samples per epoch (default: counts per 1000 samples)")
+    p.add_argument("--epochs", type=count(hi=10_000, what="count"), default=1, help="epochs (default 1)")
+    p.add_argument("--lr-scheduler", type=name, default="linear",
+                   help="linear | cosine | constant (default linear, as HF)")
+    p.add_argument("--warmup-ratio", type=fraction, default=0.0, help="warmup fraction of the steps (default 0)")
     p.add_argument("--json", action="store_true", help="machine-readable output (schedules as arrays)")
     p.set_defaults(run=run)
 

@@ -12,8 +12,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from vramledger.adapters._base import ATTN_NAMES, OPTIMIZER_NAMES
+from vramledger.cli.args import MAX_BATCH, MAX_EVAL_BATCH, MAX_TOKENS, count, fraction, in_path, name, out_path, real
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
+    DEFAULT_HEADROOM,
     Attention,
     EvalLogits,
     GPUSpec,
@@ -25,10 +28,8 @@ from vramledger.specs import (
     Precision,
     QuantSpec,
     TrainSpec,
+    check_headroom,
 )
-
-DEFAULT_HEADROOM = 0.08
-"""Fraction of the GPU kept free by default: see README, "Why 8% headroom"."""
 
 PRECISION_ALIASES = {
     "fp32": Precision.FP32,
@@ -47,21 +48,20 @@ PRECISION_ALIASES = {
     "fp16-pure": Precision.FP16,
 }
 
-OPTIMIZER_ALIASES = {o.value: o for o in Optimizer} | {
-    "adamw": Optimizer.ADAMW,
+OPTIMIZER_ALIASES = OPTIMIZER_NAMES | {
+    # command-line shorthands on top of the framework names (one table: adapters._base.OPTIMIZER_NAMES)
     "adamw-foreach": Optimizer.ADAMW,
-    "adamw_torch_foreach": Optimizer.ADAMW,
     "adamw-fused": Optimizer.ADAMW_FUSED,
     "fused": Optimizer.ADAMW_FUSED,
     "adamw-forloop": Optimizer.ADAMW_FORLOOP,
-    "adamw_bnb_8bit": Optimizer.ADAMW_8BIT,
     "adamw-8bit": Optimizer.ADAMW_8BIT,
     "paged-adamw-8bit": Optimizer.PAGED_ADAMW_8BIT,
-    "paged_adamw": Optimizer.PAGED_ADAMW_32BIT,
     "paged-adamw-32bit": Optimizer.PAGED_ADAMW_32BIT,
     "lion": Optimizer.LION,
     "lion-8bit": Optimizer.LION_8BIT,
 }
+ATTN_ALIASES = ATTN_NAMES | {"flash": Attention.FLASH2, "fa2": Attention.FLASH2}
+"""``--attn``: transformers' names (adapters._base.ATTN_NAMES) and two shorthands."""
 
 
 def _choice(table: dict[str, Any], field: str, value: str) -> Any:
@@ -71,59 +71,80 @@ def _choice(table: dict[str, Any], field: str, value: str) -> Any:
     return table[key]
 
 
+def _short(text: str) -> str:
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog name or hub id (see `vramledger models`), or a config.json path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for --config (LLaMA-Factory style)")
-    p.add_argument("--config", type=Path, help="a training config: LLaMA-Factory, HF TrainingArguments, TRL, axolotl")
-    p.add_argument("--format", help="the config's kind, when it cannot be detected from its content")
-    p.add_argument("--deepspeed", type=Path, help="a DeepSpeed JSON config")
-    p.add_argument("--accelerate-config", type=Path, help="an accelerate (FSDP) YAML config")
+    p.add_argument("--config", type=in_path,
+                   help="a training config: LLaMA-Factory, HF TrainingArguments, TRL, axolotl")
+    p.add_argument("--format", type=name, help="the config's kind, when it cannot be detected from its content")
+    p.add_argument("--deepspeed", type=in_path, help="a DeepSpeed JSON config")
+    p.add_argument("--preset", type=name,
+                   help="without --config: the defaults of hf | llamafactory | trl | axolotl, or none for vramledger's "
+                   "bare ones (default llamafactory: checkpointing on, fused AdamW, LoRA rank 8 on all linear layers)")
+    p.add_argument("--accelerate-config", type=in_path, help="an accelerate (FSDP) YAML config")
 
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
     """Flags that describe the training setup (same for estimate, trace, fit, plan, measure)."""
     g = p.add_argument_group("training setup")
-    g.add_argument("--method", help="full | freeze | lora | qlora (default lora)")
-    g.add_argument("--lora-rank", type=int, help="LoRA rank r (default 16)")
-    g.add_argument("--lora-alpha", type=float, help="LoRA alpha (default 2 × rank; no memory effect)")
-    g.add_argument("--lora-targets", help="comma-separated module names, or 'all' (default all linear layers)")
-    g.add_argument("--lora-dropout", type=float, help="LoRA dropout (default 0)")
+    g.add_argument("--method", type=name, help="full | freeze | lora | qlora (default lora)")
+    g.add_argument("--lora-rank", type=count(what="rank"), help="LoRA rank r (default 16)")
+    g.add_argument("--lora-alpha", type=real(0, 1e6, lo_open=True, what="alpha"),
+                   help="LoRA alpha (default 2 × rank; no memory effect)")
+    g.add_argument("--lora-targets", type=name,
+                   help="comma-separated module names, or 'all' (default all linear layers)")
+    g.add_argument("--lora-dropout", type=fraction, help="LoRA dropout (default 0)")
     g.add_argument("--dora", action="store_true", default=None, help="weight-decomposed LoRA")
-    g.add_argument("--quant", help="qlora base: nf4 | fp4 | int8 (default nf4)")
+    g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
-    g.add_argument("--freeze-layers", type=int, help="method freeze: trainable last layers (default 2)")
-    g.add_argument("--batch", type=int, help="micro-batch size per GPU (default 1)")
-    g.add_argument("--seq", type=int, help="sequence length in tokens (default 2048)")
-    g.add_argument("--accum", type=int, help="gradient accumulation steps (default 1)")
+    g.add_argument("--freeze-layers", type=count(what="number of layers"),
+                   help="method freeze: trainable last layers (default 2)")
+    g.add_argument("--batch", type=count(hi=MAX_BATCH, what="batch"), help="micro-batch size per GPU (default 1)")
+    g.add_argument("--seq", type=count(hi=MAX_TOKENS, what="length"), help="sequence length in tokens (default 2048)")
+    g.add_argument("--accum", type=count(hi=MAX_BATCH, what="step count"),
+                   help="gradient accumulation steps (default 1)")
     g.add_argument(
         "--precision",
+        type=name,
         help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)",
     )
-    g.add_argument("--optimizer", help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
+    g.add_argument("--optimizer", type=name,
+                   help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
                    "adafactor | sgd | lion_32bit | … (default adamw_torch)")
-    g.add_argument("--sgd-momentum", type=float, help="SGD momentum (default 0)")
+    g.add_argument("--sgd-momentum", type=fraction, help="SGD momentum (default 0)")
     ck = g.add_mutually_exclusive_group()
     ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None, help="gradient checkpointing")
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", help="no gradient checkpointing")
-    g.add_argument("--attn", help="eager | sdpa | flash_attention_2 (default sdpa)")
-    g.add_argument("--loss", help="standard | fused (Liger) | chunked (default standard)")
+    g.add_argument("--attn", type=name, help="eager | sdpa | flash_attention_2 (default sdpa)")
+    g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked (default standard)")
     g.add_argument("--packing", action="store_true", default=None,
                    help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
-    g.add_argument("--eval-batch", type=int, help="evaluation batch size (adds an eval phase)")
-    g.add_argument("--eval-seq", type=int, help="evaluation sequence length (default: --seq)")
-    g.add_argument("--eval-logits", help="what eval keeps for metrics: none (loss only) | full | argmax (default none)")
-    g.add_argument("--eval-accum", type=int, help="eval_accumulation_steps (default: unset, predictions stay on GPU)")
-    g.add_argument("--eval-steps", type=int, help="eval batches per evaluation (for predictions kept on the GPU)")
+    g.add_argument("--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"),
+                   help="evaluation batch size (adds an eval phase)")
+    g.add_argument("--eval-seq", type=count(hi=MAX_TOKENS, what="length"),
+                   help="evaluation sequence length (default: --seq)")
+    g.add_argument("--eval-logits", type=name,
+                   help="what eval keeps for metrics: none (loss only) | full | argmax (default none)")
+    g.add_argument("--eval-accum", type=count(hi=MAX_BATCH, what="step count"),
+                   help="eval_accumulation_steps (default: unset, predictions stay on GPU)")
+    g.add_argument("--eval-steps", type=count(what="step count"),
+                   help="eval batches per evaluation (for predictions kept on the GPU)")
     g.add_argument("--predict-with-generate", action="store_true", default=None, help="generate during evaluation")
-    g.add_argument("--max-new-tokens", type=int, help="tokens generated per eval sequence (predict_with_generate)")
+    g.add_argument("--max-new-tokens", type=count(what="token count"),
+                   help="tokens generated per eval sequence (predict_with_generate)")
     add_distributed_options(p)
 
 
 def add_gpu_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", help="GPU for the verdict: a catalog name (see `vramledger gpus`) or a size like 24GiB")
+    p.add_argument("--gpu", type=name,
+                   help="GPU for the verdict: a catalog name (see `vramledger gpus`) or a size like 24GiB")
     p.add_argument(
         "--headroom",
-        type=float,
+        type=fraction,
         help=f"fraction of GPU memory to keep free (default {DEFAULT_HEADROOM:g}; see README)",
     )
 
@@ -139,6 +160,14 @@ class Inputs:
     provenance: dict[str, str]
     """Setting → where its value came from (flag, file, framework default, vramledger default)."""
     warnings: tuple[str, ...] = ()
+    model_name: str = ""
+    """The model as the user named it (argument or config key): what any file we write must name, since a
+    catalog entry's hub id may differ (``Qwen/Qwen2.5-7B-Instruct`` resolves to the base model's shapes)."""
+    config_format: str = ""
+    """The format of ``--config`` (detected or given), empty without one."""
+    notes: tuple[str, ...] = ()
+    """What the user should know about how the input was read (the preset used). ``cli.main`` prints them as
+    ``note:`` lines on stderr once the command has answered (never before an error, never into ``--json``)."""
 
 
 def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpec | None:
@@ -160,6 +189,31 @@ def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpe
     return dataclasses.replace(lora, **given)
 
 
+def _preset(args: argparse.Namespace, model_name: str, provenance: dict[str, str]) -> tuple[TrainSpec, str]:
+    """A flag-only setup starts from a framework's defaults (``--preset``, default LLaMA-Factory's), not from
+    vramledger's bare ones (checkpointing off, foreach AdamW, rank 16), which no framework uses."""
+    from vramledger.adapters import DEFAULT_PRESET, PRESETS, preset_config
+    from vramledger.adapters.detect import normalise_format
+
+    given = getattr(args, "preset", None)
+    if given is not None and given.strip().lower() == "none":
+        return TrainSpec(), ""
+    kind = DEFAULT_PRESET if given is None else normalise_format(given, option="--preset", choices=tuple(PRESETS))
+    if kind not in PRESETS:
+        raise VramledgerError(f"--preset: no preset for {kind}; choose one of {', '.join(PRESETS)} or none")
+    rc = preset_config(kind, model_name)
+    provenance.update(rc.provenance)
+    t = rc.train
+    parts = [f"gradient checkpointing {'on' if t.grad_ckpt else 'off'}", t.optimizer.value, t.precision.value]
+    if t.lora is not None:
+        targets = "all linear layers" if t.lora.all_linear else ",".join(t.lora.targets)
+        parts.append(f"{t.method.value} rank {t.lora.rank} on {targets}")
+    else:
+        parts.append(f"{t.method.value} fine-tuning")
+    how = "" if given is not None else " (the default; --preset hf|llamafactory|trl|axolotl|none to change)"
+    return t, f"preset: {kind} defaults{how}: {', '.join(parts)}; flags override them"
+
+
 def resolve_inputs(args: argparse.Namespace) -> Inputs:
     """Build the specs from a config file (if any) and the flags (which win)."""
     from vramledger.catalog import resolve_gpu, resolve_model
@@ -172,6 +226,11 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         overrides.insert(0, model_name)
         model_name = None
     base = TrainSpec()
+    config_format = ""
+    preset_note = ""
+    if getattr(args, "preset", None) is not None and getattr(args, "config", None) is not None:
+        raise VramledgerError("--preset: only for setups given by flags; --config already sets the framework's "
+                              "defaults (drop --preset)")
     if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
@@ -187,8 +246,11 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         provenance.update(resolved.provenance)
         warnings.extend(resolved.warnings)
         model_name = model_name or resolved.model
+        config_format = resolved.format
     elif overrides:
         raise VramledgerError(f"unexpected argument {overrides[0]!r}: KEY=VALUE overrides need --config FILE")
+    elif model_name:
+        base, preset_note = _preset(args, model_name, provenance)
     if not model_name:
         raise VramledgerError("model: none given; pass a catalog name (e.g. llama-3.1-8b), a config.json, or --config")
 
@@ -200,8 +262,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     if args.optimizer is not None:
         changes["optimizer"] = _choice(OPTIMIZER_ALIASES, "--optimizer", args.optimizer)
     if args.attn is not None:
-        attn = {a.value: a for a in Attention} | {"flash": Attention.FLASH2, "fa2": Attention.FLASH2}
-        changes["attn"] = _choice(attn, "--attn", args.attn)
+        changes["attn"] = _choice(ATTN_ALIASES, "--attn", args.attn)
     if args.loss is not None:
         loss = {x.value: x for x in Loss} | {"liger": Loss.FUSED}
         changes["loss"] = _choice(loss, "--loss", args.loss)
@@ -231,7 +292,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         if lora is not None and lora is not base.lora:
             changes["lora"] = lora
     if args.quant is not None or args.no_double_quant is not None:
-        q = args.quant.lower() if args.quant else "nf4"
+        q = args.quant.strip().lower() if args.quant is not None else "nf4"
         if q not in ("nf4", "fp4", "int8"):
             raise VramledgerError(f"--quant: unknown value {args.quant!r}; choose nf4, fp4 or int8")
         changes["quant"] = QuantSpec(
@@ -248,17 +309,29 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(base, **changes)
 
-    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) else None
-    headroom = DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom
-    if not 0.0 <= headroom < 1.0:
-        raise VramledgerError(f"--headroom must be a fraction in [0, 1) (got {headroom}); e.g. --headroom 0.08")
+    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
+    headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
+    try:
+        model = resolve_model(model_name)
+    except VramledgerError as exc:
+        if model_name == args.model and getattr(args, "config", None) is not None:
+            # `--config f.yaml lora_rank` meant an override, not a model: say so
+            raise VramledgerError(
+                f"{exc}; if {_short(model_name)!r} is meant as an override of the config, write KEY=VALUE "
+                f"(e.g. {_short(model_name)}=8)"
+            ) from None
+        raise
+    args.notes = (preset_note,) if preset_note else ()
     return Inputs(
-        model=resolve_model(model_name),
+        model=model,
         train=train,
         gpu=gpu,
         headroom=headroom,
         provenance=provenance,
         warnings=tuple(warnings),
+        model_name=model_name,
+        config_format=config_format,
+        notes=(preset_note,) if preset_note else (),
     )
 
 
@@ -266,10 +339,54 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
 def add_output_options(p: argparse.ArgumentParser) -> None:
     """``--html FILE``, ``--png DIR`` and ``--bars`` (figures need the ``report`` extra: matplotlib)."""
     g = p.add_argument_group("reports")
-    g.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML report (table + figures)")
-    g.add_argument("--png", type=Path, metavar="DIR", help="write the figures as PNG files into DIR")
+    g.add_argument("--html", type=out_path, metavar="FILE", help="write a self-contained HTML report (table + figures)")
+    g.add_argument("--png", type=out_path, metavar="DIR", help="write the figures as PNG files into DIR")
+    add_force_option(g)
     g.add_argument("--bars", action="store_true", default=None,
                    help="show text bars of the bill (default: when the output is a terminal)")
+
+
+def add_force_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
+    p.add_argument("--force", action="store_true",
+                   help="replace output files that exist (an input is never replaced, even with --force)")
+
+
+_OUTPUTS = (("html", "--html"), ("write_config", "--write-config"), ("out", "--out"), ("snapshot", "--snapshot"))
+"""The attribute and flag of every option that names a file to write (``--png DIR`` is checked per figure)."""
+
+
+def input_files(args: argparse.Namespace) -> list[Path]:
+    """The files this command reads: the model path, the configs, the script, and paths given as overrides."""
+    from vramledger.userfiles import input_paths
+
+    values: list[object] = [getattr(args, k, None) for k in ("model", "config", "deepspeed", "accelerate_config",
+                                                               "script", "evidence")]
+    values += [o.partition("=")[2] for o in getattr(args, "overrides", None) or [] if "=" in o]
+    return input_paths(values)
+
+
+def check_outputs(args: argparse.Namespace) -> None:
+    """Before any work: refuse every output that exists (unless ``--force``) or is one of the inputs.
+
+    Called by ``cli.main`` for every command, so a slow command (trace, measure) never runs only to find that
+    its output would replace a file. ``--png DIR`` checks every figure file it may write (``report.png``).
+    """
+    from vramledger.userfiles import check_output
+
+    force = bool(getattr(args, "force", False))
+    inputs = input_files(args)
+    for attr, option in _OUTPUTS:
+        path = getattr(args, attr, None)
+        if isinstance(path, Path):
+            check_output(path, option, force=force, inputs=inputs)
+    png = getattr(args, "png", None)
+    if isinstance(png, Path):
+        from vramledger.report.png import png_paths
+
+        if png.exists() and not png.is_dir():
+            raise VramledgerError(f"--png: {png} is a file, not a folder; name a folder for the figures")
+        for path in png_paths(png):
+            check_output(path, "--png", force=force, inputs=inputs)
 
 
 def show_bars(args: argparse.Namespace) -> bool:

@@ -6,6 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
+from vramledger.cli.args import MAX_TOKENS, count
 from vramledger.cli.common import (
     Inputs,
     add_gpu_options,
@@ -35,8 +36,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g = p.add_argument_group("inference (--mode infer)")
     g.add_argument("--mode", choices=("train", "infer"), default="train",
                    help="train (default): a training step; infer: one generate() call (weights + KV cache)")
-    g.add_argument("--prompt", type=int, help="infer: prompt tokens per sequence (default: --seq, 2048)")
-    g.add_argument("--new-tokens", type=int, help="infer: max_new_tokens (default 256)")
+    g.add_argument("--prompt", type=count(hi=MAX_TOKENS, what="token count"),
+                   help="infer: prompt tokens per sequence (default: --seq, 2048)")
+    g.add_argument("--new-tokens", type=count(hi=MAX_TOKENS, what="token count"),
+                   help="infer: max_new_tokens (default 256)")
     g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
     g.add_argument("--max-concurrency", action="store_true",
                    help="infer: how many sequences of this length fit next to the weights on --gpu")

@@ -5,9 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from vramledger.cli.args import MAX_BATCH, MAX_TOKENS, count, real
 from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
 from vramledger.cli.measure import add_trial_options
-from vramledger.errors import VramledgerError
+from vramledger.errors import EXIT_NO, VramledgerError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -22,17 +23,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_gpu_options(p)
     add_trial_options(p)
     p.add_argument("--dim", choices=("batch", "seq"), default="batch", help="what to grow (default batch)")
-    p.add_argument("--granularity", type=int, help="step of the search (default 1 for batch, 256 for seq)")
+    p.add_argument("--granularity", type=count(hi=MAX_BATCH, what="step"),
+                   help="step of the search (default 1 for batch, 256 for seq)")
     p.add_argument(
         "--max",
         dest="upper",
-        type=int,
+        type=count(hi=MAX_TOKENS, what="bound"),
         help="upper bound (default 1024 for batch; the model's context for seq)",
     )
-    p.add_argument("--predicted", type=int, help="start from this value instead of the estimate's prediction")
+    p.add_argument("--predicted", type=count(hi=MAX_TOKENS, what="value"),
+                   help="start from this value instead of the estimate's prediction")
     p.add_argument(
         "--margin",
-        type=float,
+        type=real(0.0, 0.5, hi_open=True, what="fraction"),
         default=0.03,
         help="start from the prediction for this fraction less memory, so that the first trial runs and "
         "is measured (default 0.03)",
@@ -125,7 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     if res.best is None:
         print(f"even {dim} {g} does not fit ({res.n_trials} trials)")
-        return 1
+        return EXIT_NO
     tail = f"; {res.first_fail} does not" if res.first_fail else f" (the upper bound {upper})"
     print(f"largest {dim} that runs: {res.best}{tail} — {res.n_trials} trials")
     return 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
+from vramledger.cli.args import MAX_BATCH, MAX_FIT_BATCH, MAX_TOKENS, count
 from vramledger.cli.common import (
     Inputs,
     add_gpu_options,
@@ -14,7 +15,7 @@ from vramledger.cli.common import (
     resolve_inputs,
     write_outputs,
 )
-from vramledger.errors import VramledgerError
+from vramledger.errors import EXIT_NO, EXIT_OK, VramledgerError
 
 if TYPE_CHECKING:
     from vramledger.plan.frontier import FitReport
@@ -29,9 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--granularity", type=int, default=128, help="lengths on multiples of this (default 128)")
-    p.add_argument("--max-batch", type=int, default=64, help="frontier up to this micro-batch (default 64)")
-    p.add_argument("--max-len", type=int, help="frontier up to this length (default: the model's context)")
+    p.add_argument("--granularity", type=count(hi=MAX_BATCH, what="token count"), default=128,
+                   help="lengths on multiples of this (default 128)")
+    p.add_argument("--max-batch", type=count(hi=MAX_FIT_BATCH, what="batch"), default=64,
+                   help="frontier up to this micro-batch (default 64)")
+    p.add_argument("--max-len", type=count(hi=MAX_TOKENS, what="length"),
+                   help="frontier up to this length (default: the model's context)")
     p.add_argument("--exact", action="store_true", help="confirm the frontier's corners by tracing (slow)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_output_options(p)
@@ -52,7 +56,8 @@ def run(args: argparse.Namespace) -> int:
         ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
         for path in write_outputs(args, ledger, inputs=inputs):
             print(f"wrote {path}", file=sys.stderr)
-    return 0
+    # as every command (vramledger.errors): 3 when the answer is no, here "not even one sequence fits"
+    return EXIT_OK if report.frontier.points else EXIT_NO
 
 
 def fit_report(args: argparse.Namespace, inputs: Inputs) -> FitReport:

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 from typing import Any
 
+from vramledger.cli.args import MAX_BATCH, count, name, out_path
 from vramledger.cli.common import (
     add_gpu_options,
     add_model_options,
@@ -13,7 +13,7 @@ from vramledger.cli.common import (
     add_train_options,
     resolve_inputs,
 )
-from vramledger.errors import VramledgerError
+from vramledger.errors import EXIT_NO, EXIT_OK, VramledgerError
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -26,11 +26,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--global-batch", type=int, help="sequences per optimizer step to keep (default batch x accum)")
-    p.add_argument("--granularity", type=int, default=128, help="shorter lengths on multiples of this (default 128)")
-    p.add_argument("--top", type=int, default=8, help="plans to show (default 8)")
-    p.add_argument("--write-config", type=Path, metavar="FILE", help="write the best plan as a training config")
-    p.add_argument("--write-format", help="llamafactory | trl | axolotl (default: the --config's format, "
+    p.add_argument("--global-batch", type=count(hi=MAX_BATCH, what="batch"),
+                   help="sequences per optimizer step to keep (default batch x accum)")
+    p.add_argument("--granularity", type=count(hi=MAX_BATCH, what="token count"), default=128,
+                   help="shorter lengths on multiples of this (default 128)")
+    p.add_argument("--top", type=count(hi=1000, what="count"), default=8, help="plans to show (default 8)")
+    p.add_argument("--write-config", type=out_path, metavar="FILE", help="write the best plan as a training config")
+    p.add_argument("--write-format", type=name, help="llamafactory | trl | axolotl (default: the --config's format, "
                    "else llamafactory)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_output_options(p)
@@ -42,17 +44,14 @@ def run(args: argparse.Namespace) -> int:
     result = plan_result(args, inputs)
     from vramledger.report.plan_view import render_plan, to_json
 
-    print(to_json(result) if args.json else render_plan(result, top=args.top))
+    print(to_json(result) if args.json else render_plan(result, top=args.top, config_keys=_config_keys(args, inputs,
+                                                                                                    result.best)))
     _write_figures(args, inputs, result)
     if args.write_config is not None:
-        from vramledger.plan.write import write_plan_config
-
         if result.best is None:
-            raise VramledgerError("--write-config: no plan fits, so there is nothing to write", exit_code=1)
-        fmt = args.write_format or _format_of(args)
-        note = write_plan_config(result.best.model.name, result.best.train, args.write_config, fmt=fmt)
-        print(f"\nwrote plan 1 to {args.write_config} ({note})", flush=True)
-    return 0 if result.best is not None else 3
+            raise VramledgerError("--write-config: no plan fits, so there is nothing to write", exit_code=EXIT_NO)
+        _write_config(args, inputs, result.best)
+    return EXIT_OK if result.best is not None else EXIT_NO
 
 
 def plan_result(args: argparse.Namespace, inputs: Any) -> Any:
@@ -70,21 +69,83 @@ def plan_result(args: argparse.Namespace, inputs: Any) -> Any:
     return result
 
 
+def _write_config(args: argparse.Namespace, inputs: Any, best: Any) -> None:
+    """The best plan as a config: a patch of the user's ``--config`` when its format has a writer and the patch
+    reads back as the plan; else a config of the memory keys alone. The model stays the one the user named,
+    unless the plan is a smaller model."""
+    from vramledger.adapters.writers import TARGETS
+    from vramledger.userfiles import write_atomic
+
+    fmt = _write_format(args, inputs)
+    model = inputs.model_name if best.model == inputs.model else best.model.name
+    text: str | None = None
+    note = ""
+    changes: tuple[str, ...] = ()
+    if args.config is not None and fmt == inputs.config_format and not args.deepspeed and not args.accelerate_config:
+        from vramledger.adapters._base import apply_overrides, read_mapping
+        from vramledger.adapters.patch import patch_config
+
+        raw = read_mapping(args.config)
+        overrides = [o for o in args.overrides if "." not in o.partition("=")[0]]
+        patched_raw, touched = apply_overrides(raw, overrides)
+        try:
+            patch = patch_config(args.config, raw, fmt=fmt, model=inputs.model_name, before=inputs.train,
+                                 after=best.train, after_model=model, overridden={k: patched_raw[k] for k in touched})
+            text, changes, note = patch.text, patch.changes, f"your {args.config} with the plan's changes"
+        except VramledgerError as exc:
+            note = f"{fmt} memory keys only: {exc}"
+    if text is None:
+        from vramledger.plan.write import plan_config_text
+
+        text = plan_config_text(model, best.train, fmt=fmt if fmt in TARGETS else "llamafactory")
+        note = note or f"{fmt} memory keys only"
+    write_atomic(args.write_config, text, "--write-config")
+    print(f"\nwrote plan 1 to {args.write_config} ({note})", flush=True)
+    for line in changes:
+        print(f"  {line}")
+
+
+def _config_keys(args: argparse.Namespace, inputs: Any, best: Any) -> tuple[str, tuple[str, ...]]:
+    """Plan 1 in the user's framework: (format, the ``key: value`` lines its config changes), from the config
+    writers (``adapters.writers``); empty when nothing fits or the format cannot express the plan."""
+    from vramledger.adapters.patch import changed_keys
+
+    if best is None:
+        return "", ()
+    fmt = _write_format(args, inputs)
+    model = inputs.model_name if best.model == inputs.model else best.model.name
+    try:
+        return fmt, changed_keys(fmt, inputs.model_name, inputs.train, best.train, after_model=model)
+    except VramledgerError:
+        return fmt, ()
+
+
 def _format_of(args: argparse.Namespace) -> str:
     """The format the user came with: --format, or what the adapters detect in --config; else llamafactory."""
     if args.format:
         return str(args.format)
     if args.config is not None:
+        from vramledger.adapters._base import read_mapping
+        from vramledger.adapters.detect import detect
+
         try:
-            import yaml
-
-            from vramledger.adapters.detect import detect
-
-            raw = yaml.safe_load(Path(args.config).read_text())
-            return str(detect(raw, str(args.config)))
-        except Exception:  # noqa: BLE001 - any failure falls back to the default writer
+            return str(detect(read_mapping(args.config), str(args.config)))
+        except VramledgerError:  # unreadable or undetectable: the default writer
             return "llamafactory"
     return "llamafactory"
+
+
+def _write_format(args: argparse.Namespace, inputs: Any) -> str:
+    """--write-format, else the --config's format when it has a writer, else llamafactory."""
+    from vramledger.adapters.detect import normalise_format
+    from vramledger.adapters.writers import TARGETS
+
+    if args.write_format is not None:
+        fmt = normalise_format(args.write_format, option="--write-format")
+        if fmt not in TARGETS:
+            raise VramledgerError(f"--write-format: cannot write {fmt}; choose one of {', '.join(TARGETS)}")
+        return fmt
+    return inputs.config_format if inputs.config_format in TARGETS else "llamafactory"
 
 
 def _write_figures(args: argparse.Namespace, inputs: Any, result: Any) -> None:

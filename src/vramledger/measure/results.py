@@ -25,6 +25,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Ledger
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM
 
 SCHEMA = 1
 FIGURES = ("allocated", "reserved", "device")
@@ -50,7 +51,7 @@ def ledger_figures(ledger: Ledger) -> dict[str, Any]:
 
 
 def predictions(
-    model: ModelSpec, train: TrainSpec, *, gpu: GPUSpec | None = None, headroom: float = 0.08
+    model: ModelSpec, train: TrainSpec, *, gpu: GPUSpec | None = None, headroom: float = DEFAULT_HEADROOM
 ) -> tuple[dict[str, Ledger], list[str]]:
     """Ledgers of the predictors available in this version for one setup, and a note for each one missing.
 

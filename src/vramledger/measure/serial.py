@@ -8,27 +8,13 @@ from typing import Any
 
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
-    Attention,
-    DType,
-    EvalLogits,
     LoraSpec,
-    Loss,
-    Method,
-    Optimizer,
-    Precision,
     QuantSpec,
     TrainSpec,
 )
+from vramledger.specs.train import ENUM_FIELDS
 
-_ENUMS: dict[str, type[enum.Enum]] = {
-    "method": Method,
-    "precision": Precision,
-    "optimizer": Optimizer,
-    "attn": Attention,
-    "loss": Loss,
-    "eval_logits": EvalLogits,
-    "base_dtype": DType,
-}
+_ENUMS = ENUM_FIELDS  # one table: specs/train.py
 
 
 def _plain(value: Any) -> Any:

@@ -18,6 +18,7 @@ from vramledger.errors import VramledgerError
 from vramledger.ledger import Ledger
 from vramledger.plan import memo
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs.gpu import check_headroom
 
 DEFAULT_GRANULARITY = 128
 """Lengths are searched on multiples of this (padding to a multiple of 64-128 is what tokenizers and kernels
@@ -111,8 +112,7 @@ def default_max_len(model: ModelSpec, granularity: int) -> int:
 def _check(granularity: int, headroom: float) -> None:
     if granularity < 1:
         raise VramledgerError(f"--granularity must be a positive number of tokens (got {granularity}); e.g. 128")
-    if not 0.0 <= headroom < 1.0:
-        raise VramledgerError(f"--headroom must be a fraction in [0, 1) (got {headroom}); e.g. --headroom 0.08")
+    check_headroom(headroom)
 
 
 def max_micro_batch(

@@ -27,6 +27,7 @@ from vramledger.plan.frontier import DEFAULT_GRANULARITY, largest
 from vramledger.plan.remedies import ORDER, TITLES, Change, Variant
 from vramledger.plan.timemodel import DEFAULT_ASSUMPTIONS, StepTime, TimeAssumptions, step_time
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs.gpu import check_headroom
 
 ACCUM_WARNING = (
     "plan {rank} accumulates over {k} micro-batches: the loop runs {k} forward/backward passes per optimizer "
@@ -236,8 +237,7 @@ def plan(
     assumptions: TimeAssumptions = DEFAULT_ASSUMPTIONS,
 ) -> Plan:
     """Search the remedies for ``train`` on ``gpu`` keeping ``headroom`` free (see the module docstring)."""
-    if not 0.0 <= headroom < 1.0:
-        raise VramledgerError(f"--headroom must be a fraction in [0, 1) (got {headroom}); e.g. --headroom 0.08")
+    check_headroom(headroom)
     base_t, g = baseline_train(train, global_batch, batch_given=batch_given)
     ctx = _Ctx(base_t, gpu, headroom, g, assumptions)
     base = ctx.candidate(model, base_t, ())

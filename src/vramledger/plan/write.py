@@ -15,6 +15,12 @@ HEADER = [
 ]
 
 
+def plan_config_text(model: str, train: TrainSpec, *, fmt: str = "llamafactory") -> str:
+    """The config text ``write_plan_config`` writes (the CLI writes it through ``userfiles.write_atomic``)."""
+    mapping, notes = writers.write_config(model, train, fmt)
+    return writers.dump(mapping, HEADER + [f"note: {n}" for n in notes])
+
+
 def write_plan_config(model: str, train: TrainSpec, path: Path, *, fmt: str = "llamafactory") -> str:
     """Write ``train`` for ``model`` to ``path`` in ``fmt`` (the user's format when it has a writer, else
     LLaMA-Factory); returns which format was written."""

@@ -6,8 +6,8 @@ plotted are the ledger's numbers. All sizes are bytes; conversion to GiB happens
 Figures:
   - the bill: bytes per category stacked per phase, the peak phase marked, the GPU's capacity and usable line;
   - the cliff: device totals over a micro-batch × sequence-length grid, the OOM frontier, and memory against
-    batch and against length beside the proportional guess ("batch × 2 → memory × 2") an engineer makes from
-    the smallest setting;
+    batch and against length beside the affine guess (a fixed cost plus a cost per sequence) an engineer
+    extrapolates from the two smallest settings;
   - the timeline: live bytes per category across a traced step (only when the ledger carries a timeline);
   - remedies: device memory against step time for each remedy of a plan (only when given).
 """
@@ -22,6 +22,7 @@ from typing import Protocol, runtime_checkable
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, Ledger, Phase
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM
 
 DEFAULT_BATCHES: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
 DEFAULT_LENGTHS: tuple[int, ...] = (512, 1024, 2048, 4096, 8192, 16384)
@@ -80,7 +81,7 @@ def bill_figure(ledger: Ledger) -> BillFigure:
 # -- the cliff ---------------------------------------------------------------------------------------------------
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Curve:
-    """Device total against one knob, with the proportional guess from the smallest setting."""
+    """Device total against one knob, with the affine guess from the two smallest settings."""
 
     knob: str
     """``micro_batch`` or ``seq_len``."""
@@ -89,8 +90,9 @@ class Curve:
     x: tuple[int, ...]
     device: tuple[int, ...]
     linear_guess: tuple[int, ...]
-    """``device[0] × x / x[0]``: the straight line through the origin and the smallest setting, i.e. the
-    intuition "batch × 2 → memory × 2" (and "length × 2 → memory × 2") that the curve corrects."""
+    """The affine guess people make: a fixed cost plus a cost per sequence (or per token), extrapolated from the
+    two smallest settings, ``device[0] + (device[1] − device[0]) × (x − x[0]) / (x[1] − x[0])``. Where the
+    curve leaves it (the allocator's reserve, length² attention, the logits) is what the figure shows."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,7 +145,11 @@ def _largest_batch(
 
 
 def _curve(knob: str, fixed: int, xs: Sequence[int], device: Sequence[int]) -> Curve:
-    guess = tuple(round(device[0] * x / xs[0]) for x in xs)
+    if len(xs) > 1 and xs[1] != xs[0]:
+        slope = (device[1] - device[0]) / (xs[1] - xs[0])
+        guess = tuple(round(device[0] + slope * (x - xs[0])) for x in xs)
+    else:
+        guess = tuple(device[0] for _ in xs)
     return Curve(knob=knob, fixed=fixed, x=tuple(xs), device=tuple(device), linear_guess=guess)
 
 
@@ -152,7 +158,7 @@ def cliff_figure(
     train: TrainSpec,
     *,
     gpu: GPUSpec | None = None,
-    headroom: float = 0.08,
+    headroom: float = DEFAULT_HEADROOM,
     batches: Iterable[int] = DEFAULT_BATCHES,
     lengths: Iterable[int] = DEFAULT_LENGTHS,
 ) -> CliffFigure:
@@ -334,7 +340,7 @@ def all_figures(
     model: ModelSpec | None = None,
     train: TrainSpec | None = None,
     gpu: GPUSpec | None = None,
-    headroom: float = 0.08,
+    headroom: float = DEFAULT_HEADROOM,
     remedies: Iterable[RemedyResult | tuple[str, int, float]] | None = None,
 ) -> Figures:
     """Every figure that applies: the cliff needs the specs, the timeline a trace, remedies a plan."""

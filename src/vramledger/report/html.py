@@ -12,9 +12,9 @@ import html
 import re
 from pathlib import Path
 
-from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, Ledger
 from vramledger.report.figures import Figures, bill_figure
+from vramledger.report.verdict import verdict_sentence
 from vramledger.units import fmt_bytes
 
 _ID = re.compile(r'\bid="([^"]+)"')
@@ -71,6 +71,16 @@ details { margin: 8px 0; }
 ul.notes { padding-left: 20px; }
 code { font-family: ui-monospace, "DejaVu Sans Mono", monospace; font-size: 0.9em; }
 """
+
+
+def _plain(value: object) -> str:
+    """A setting as words for the page's header: scalars as they are, lists joined; mappings and objects (the
+    trace's allocator replay, its module table) belong to the sections below, never a Python repr up here."""
+    if isinstance(value, bool | int | float | str):
+        return str(value)
+    if isinstance(value, list | tuple) and all(isinstance(x, bool | int | float | str) for x in value):
+        return ", ".join(str(x) for x in value)
+    return ""
 
 
 def _e(text: object) -> str:
@@ -134,13 +144,8 @@ def _verdict(ledger: Ledger) -> str:
     if v is None:
         return ('<div class="verdict fits">No GPU given: pass <code>--gpu</code> for a verdict and the capacity '
                 "lines.</div>")
-    if v.fits:
-        text = f"FITS on {v.gpu}: {fmt_bytes(v.margin_bytes)} to spare"
-    else:
-        text = f"DOES NOT FIT on {v.gpu}: {fmt_bytes(-v.margin_bytes)} over"
-    detail = (f" (device total {fmt_bytes(v.device_total_bytes)} against {fmt_bytes(v.usable_bytes)} usable = "
-              f"{fmt_bytes(v.capacity_bytes)} less {v.headroom_fraction:.0%} headroom)")
-    return f'<div class="verdict {"fits" if v.fits else "oom"}">{_e(text + detail)}</div>'
+    text = f"{verdict_sentence(v)} (device total {fmt_bytes(v.device_total_bytes)})"
+    return f'<div class="verdict {"fits" if v.fits else "oom"}">{_e(text)}</div>'
 
 
 def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | None = None) -> str:
@@ -150,7 +155,7 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
     figs = figures or Figures(bill=bill_figure(ledger))
     svgs = render(figs, "svg")
     head = title or f"vramledger: {ledger.model}"
-    settings = ", ".join(f"{k} {v}" for k, v in ledger.settings.items() if not isinstance(v, dict))
+    settings = ", ".join(f"{k} {_plain(v)}" for k, v in ledger.settings.items() if _plain(v))
     peak = ledger.peak_phase
     parts = [
         "<!DOCTYPE html>",
@@ -185,11 +190,37 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
     return "\n".join(parts)
 
 
+_NOTEBOOK_CSS = """
+.vramledger table { border-collapse: collapse; font-variant-numeric: tabular-nums; }
+.vramledger th, .vramledger td { padding: 2px 10px; text-align: right; }
+.vramledger th:first-child, .vramledger td:first-child { text-align: left; }
+.vramledger td.peak, .vramledger th.peak { background: #FFF4D6; font-weight: 600; }
+.vramledger tr.total td { border-top: 2px solid currentColor; font-weight: 600; }
+.vramledger .verdict { padding: 6px 10px; margin: 8px 0; border-left: 6px solid; font-weight: 600; }
+.vramledger .verdict.fits { border-color: #004488; } .vramledger .verdict.oom { border-color: #BB5566; }
+.vramledger .swatch { display: inline-block; width: 0.8em; height: 0.8em; margin-right: 5px; }
+"""
+
+
+def notebook_html(ledger: Ledger) -> str:
+    """The bill for a notebook cell (Jupyter's ``_repr_html_``): the table, the verdict and the advice, styles
+    scoped to the cell, no figures (so no matplotlib)."""
+    parts = [
+        f"<div class=\"vramledger\"><style>{_NOTEBOOK_CSS}</style>",
+        f"<b>{_e(ledger.model)}</b> ({_e(ledger.engine)}): peak allocated {_e(fmt_bytes(ledger.peak_allocated))} · "
+        f"device total <b>{_e(fmt_bytes(ledger.device_total))}</b> in {_e(ledger.peak_phase.value)}",
+    ]
+    if ledger.verdict is not None:
+        parts.append(_verdict(ledger))
+    if ledger.advice:
+        parts.append(f"<p>{_e(ledger.advice)}</p>")
+    parts += [ledger_table(ledger), "</div>"]
+    return "\n".join(parts)
+
+
 def write_html(path: Path, ledger: Ledger, figures: Figures | None = None) -> Path:
-    """Write the page to ``path`` (parent folders must exist) and return it."""
-    text = render_html(ledger, figures)
-    try:
-        path.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise VramledgerError(f"--html: cannot write {path}: {exc.strerror}; pass a writable file path") from exc
-    return path
+    """Write the page to ``path`` (parent folders must exist) through a temporary file renamed into place, and
+    return it."""
+    from vramledger.userfiles import write_atomic
+
+    return write_atomic(path, render_html(ledger, figures), "--html")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from vramledger.analytic.inference import Concurrency
 from vramledger.ledger import Category, Ledger, Phase
+from vramledger.report.verdict import verdict_sentence
 from vramledger.units import fmt_bytes
 
 
@@ -32,12 +33,7 @@ def render_infer(ledger: Ledger, concurrency: Concurrency | None = None) -> str:
     ]
     v = ledger.verdict
     if v is not None:
-        status = "FITS" if v.fits else "DOES NOT FIT"
-        lines.append(
-            f"{status} on {v.gpu} ({fmt_bytes(v.capacity_bytes)}, keeping {v.headroom_fraction:.0%} headroom = "
-            f"{fmt_bytes(v.usable_bytes)} usable): "
-            + (f"{fmt_bytes(v.margin_bytes)} to spare" if v.fits else f"{fmt_bytes(-v.margin_bytes)} over")
-        )
+        lines.append(verdict_sentence(v))
     if ledger.advice:
         lines.append(ledger.advice)
     if concurrency is not None:

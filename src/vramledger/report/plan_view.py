@@ -17,6 +17,7 @@ from vramledger.plan.accum import AccumReport
 from vramledger.plan.frontier import FitReport
 from vramledger.plan.planner import Candidate, Plan
 from vramledger.plan.timemodel import StepTime, TimeAssumptions
+from vramledger.report.verdict import fit_status
 from vramledger.units import fmt_bytes
 
 WIDTH = 100
@@ -50,12 +51,6 @@ def _gpu_line(gpu: str, capacity: int, headroom: float, usable: int) -> str:
     return f"{gpu}: {fmt_bytes(capacity)}, keeping {headroom:.0%} headroom = {fmt_bytes(usable)} usable"
 
 
-def _verdict(total: int, usable: int) -> str:
-    if total <= usable:
-        return f"FITS ({fmt_bytes(usable - total)} to spare)"
-    return f"DOES NOT FIT ({fmt_bytes(total - usable)} over)"
-
-
 def _secs(s: float) -> str:
     return f"{s:.2f} s" if s < 100 else f"{s:.0f} s"
 
@@ -70,7 +65,7 @@ def _signed_secs(s: float) -> str:
 def render_fit(r: FitReport) -> str:
     lines = [f"{r.model}", _gpu_line(r.gpu, r.capacity_bytes, r.headroom, r.usable_bytes), ""]
     lines.append(f"setup: micro-batch {r.micro_batch} x {r.seq_len} tokens: device total {fmt_bytes(r.device_total)}"
-                 f" -> {_verdict(r.device_total, r.usable_bytes)}")
+                 f" -> {fit_status(r.device_total, r.usable_bytes)}")
     lb, ll = r.largest_batch, r.largest_length
     if lb is None:
         lines.append(f"largest micro-batch at {r.seq_len} tokens: none (one sequence needs more than fits)")
@@ -131,12 +126,13 @@ def _cand_rows(cands: Sequence[Candidate], usable: int) -> list[list[str]]:
              f"{c.time.tokens_per_s:,.0f}", _changes(c)] for i, c in enumerate(cands, 1)]
 
 
-def render_plan(p: Plan, *, top: int = 8) -> str:
+def render_plan(p: Plan, *, top: int = 8, config_keys: tuple[str, Sequence[str]] = ("", ())) -> str:
+    """``config_keys``: (format, lines) — plan 1 written in the user's framework keys, shown under the plans."""
     b = p.baseline
     lines = [f"{p.model}: global batch {p.global_batch} x {p.seq_len} tokens per optimizer step",
              _gpu_line(p.gpu, p.capacity_bytes, p.headroom, p.usable_bytes), ""]
     lines.append(f"your setup: micro-batch {b.train.micro_batch} x accumulation {b.train.grad_accum}: "
-                 f"{fmt_bytes(b.device_total)} -> {_verdict(b.device_total, p.usable_bytes)}")
+                 f"{fmt_bytes(b.device_total)} -> {fit_status(b.device_total, p.usable_bytes)}")
     lines.append(f"  predicted {_secs(b.time.step_s)} per optimizer step, {b.time.tokens_per_s:,.0f} tokens/s "
                  f"(MFU {b.time.mfu:.0%})")
     lines.append("")
@@ -158,6 +154,10 @@ def render_plan(p: Plan, *, top: int = 8) -> str:
                      f" top {min(top, len(p.candidates))})")
         lines += _table(["#", "device", "spare", "s/step", "tokens/s", "changes"],
                         _cand_rows(p.candidates[:top], p.usable_bytes), right=[True, True, True, True, True, False])
+        fmt, keys = config_keys
+        if keys:
+            lines += textwrap.wrap(f"plan 1 in your {fmt} config: {'; '.join(keys)}", WIDTH,
+                                   initial_indent="  ", subsequent_indent="    ")
     else:
         lines.append(f"no plan that keeps the task fits ({p.combinations} combinations searched)")
     if p.task_changing:

@@ -221,7 +221,8 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
 def _draw_curve(ax: Axes, c: Curve, d: CliffFigure, xlabel: str, current: int) -> None:
     ax.plot(c.x, [_g(v) for v in c.device], marker="o", color=FITS, lw=2.2, label="estimated device total", zorder=4)
     ax.plot(c.x, [_g(v) for v in c.linear_guess], ls=(0, (5, 3)), color="#EE7733", lw=1.8, marker="s", ms=4,
-            label=f"linear guess from {c.x[0]}: ×2 → memory ×2", zorder=3)
+            label=f"affine guess from {c.x[0]} and {c.x[1] if len(c.x) > 1 else c.x[0]}: fixed + per-unit cost",
+            zorder=3)
     k = c.x.index(current)
     ax.plot([current], [_g(c.device[k])], marker="o", ms=11, mfc="none", mec=INK, mew=2, zorder=5, ls="none",
             label=f"your setting ({_g(c.device[k]):.2f} GiB)")
@@ -229,19 +230,20 @@ def _draw_curve(ax: Axes, c: Curve, d: CliffFigure, xlabel: str, current: int) -
     if d.usable_bytes is not None:
         ax.plot([], [], color=CAPACITY, lw=1.8, label=f"capacity {_g(d.capacity_bytes or 0):.2f} GiB")
         ax.plot([], [], color=USABLE, lw=1.8, ls=(0, (6, 3)), label=f"usable {_g(d.usable_bytes):.2f} GiB")
-    # log-log: the proportional guess stays a straight line (slope 1) and the fixed cost shows as the bend
-    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
-
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log", base=2)
-    ax.set_xticks(c.x, [str(v) for v in c.x])
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.yaxis.set_major_locator(LogLocator(base=2, subs=(1.0, 1.5)))
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda y, _: f"{y:g}"))
+    # linear axes, zoomed on the region that decides the fit: from the smallest setting's memory to just above
+    # the capacity (log axes squashed the last GiB before the cliff, where the guess and the curve part)
     values = [*c.device, *c.linear_guess] + ([d.capacity_bytes] if d.capacity_bytes else [])
-    ax.set_ylim(_g(min(values)) / 1.25, _g(max(values)) * 1.6)
-    ax.set_xlabel(xlabel + " (log scale)")
-    ax.set_ylabel("GiB on the device (log scale)")
+    lo, hi = _g(min(values)), _g(max(values))
+    if d.capacity_bytes:
+        hi = min(hi, max(_g(d.capacity_bytes) * 1.5, _g(c.device[k]) * 1.1))
+    last = next((i for i, v in enumerate(c.device) if _g(v) > hi), len(c.x) - 1)
+    shown = [x for x in c.x[: last + 1]]
+    span = shown[-1] - shown[0] or 1
+    ax.set_xlim(shown[0] - 0.04 * span, shown[-1] + 0.04 * span)
+    ax.set_ylim(max(0.0, lo - 0.08 * (hi - lo)), hi + 0.12 * (hi - lo))
+    ax.set_xticks(shown, [str(v) for v in shown])
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("GiB on the device")
     ax.legend(loc="upper left", fontsize=8.5)
 
 
@@ -251,7 +253,7 @@ def draw_cliff_curves(d: CliffFigure) -> Figure:
     a.set_title(f"Memory against micro-batch (length {d.by_batch.fixed})", loc="left", fontsize=11)
     _draw_curve(b, d.by_length, d, "sequence length (tokens)", d.current_length)
     b.set_title(f"Memory against length (micro-batch {d.by_length.fixed})", loc="left", fontsize=11)
-    fig.suptitle(d.title.replace("OOM cliff", "Estimate against the linear guess"), x=0.01, ha="left",
+    fig.suptitle(d.title.replace("OOM cliff", "Estimate against the affine guess"), x=0.01, ha="left",
                  fontweight="bold", fontsize=12)
     return fig
 
@@ -290,15 +292,45 @@ def draw_timeline(d: TimelineFigure) -> Figure:
 
 
 # -- remedies ----------------------------------------------------------------------------------------------------
+def _place_numbers(ax: Axes, xy: list[tuple[float, float]]) -> None:
+    """Number each point, choosing for each label the first of a few offsets (points) whose box overlaps no
+    label or point placed before it: a greedy placement in display space, enough for a dozen remedies."""
+    offsets = ((6, 3), (-14, 3), (6, -12), (-14, -12), (-4, 9), (-4, -19), (14, -4), (-24, -4), (20, 8),
+               (-30, 8), (20, -16), (-30, -16))
+    ax.figure.canvas.draw()  # run the layout first: the transforms below must be the saved figure's
+    to_px = ax.transData.transform
+    scale = ax.figure.dpi / 72.0
+    dots = [to_px(p) for p in xy]
+    boxes: list[tuple[float, float, float, float]] = [(x - 5, y - 5, x + 5, y + 5) for x, y in dots]
+    for i, (pt, (x, y)) in enumerate(zip(xy, dots, strict=True), 1):
+        w, h = (7 + 6 * len(str(i))) * scale, 10 * scale
+        choice = offsets[0]
+        for dx, dy in offsets:
+            bx, by = x + dx * scale, y + dy * scale
+            box = (bx, by, bx + w, by + h)
+            if not any(box[0] < b[2] and b[0] < box[2] and box[1] < b[3] and b[1] < box[3] for b in boxes):
+                choice = (dx, dy)
+                break
+        bx, by = x + choice[0] * scale, y + choice[1] * scale
+        boxes.append((bx, by, bx + w, by + h))
+        ax.annotate(str(i), pt, xytext=choice, textcoords="offset points", fontsize=8.5, fontweight="bold",
+                    color=INK, zorder=9)
+
+
 def draw_remedies(d: RemedyFigure) -> Figure:
-    fig, ax = _new(9.6, 5.2)
-    for p in d.points:
+    import textwrap
+
+    fig, ax = _new(12.0, 5.2)
+    # each point carries a number and the key on the right names it: labels written beside the points overlapped
+    # wherever remedies land close together (they often do: several save memory at almost no time)
+    key: list[str] = []
+    for i, p in enumerate(d.points, 1):
         ok = p.fits is not False
         ax.plot([p.step_seconds], [_g(p.device_bytes)], ls="none", marker="o" if ok else "X", ms=9,
                 color=FITS if ok else MISSES, zorder=4)
-        ax.annotate(p.label, (p.step_seconds, _g(p.device_bytes)), xytext=(7, 4), textcoords="offset points",
-                    fontsize=9, color=INK, zorder=9,
-                    bbox={"boxstyle": "square,pad=0.1", "fc": "white", "ec": "none", "alpha": 0.8})
+        key += textwrap.wrap(f"{i}  {p.label}", 46, subsequent_indent="    ")
+    ax.text(1.02, 1.0, "\n".join(key), transform=ax.transAxes, va="top", ha="left", fontsize=8.5, color=INK,
+            linespacing=1.35)
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu)
     ax.plot([], [], ls="none", marker="o", color=FITS, label="fits")
     if any(p.fits is False for p in d.points):
@@ -306,6 +338,7 @@ def draw_remedies(d: RemedyFigure) -> Figure:
     top = max([p.device_bytes for p in d.points] + [d.capacity_bytes or 0])
     ax.set_ylim(0, _g(top) * 1.12)
     ax.set_xlim(0, max(p.step_seconds for p in d.points) * 1.25 or 1.0)
+    _place_numbers(ax, [(p.step_seconds, _g(p.device_bytes)) for p in d.points])
     ax.set_xlabel("step time (seconds per optimizer step)")
     ax.set_ylabel("GiB on the device")
     ax.set_title(d.title, loc="left")
@@ -328,8 +361,9 @@ def render(figs: Figures, fmt: str, *, dpi: int = 110) -> list[tuple[str, str, b
             cliff = figs.cliff
             drawn.append(("cliff_grid", "The cliff: device total over micro-batch × sequence length, and where it "
                           "stops fitting.", lambda: draw_cliff_grid(cliff)))
-            drawn.append(("cliff_curves", "Memory against batch and against length, beside the linear guess "
-                          "(×2 → memory ×2) from the smallest setting.", lambda: draw_cliff_curves(cliff)))
+            drawn.append(("cliff_curves", "Memory against batch and against length, beside the affine guess "
+                          "(a fixed cost plus a cost per unit) from the two smallest settings.",
+                          lambda: draw_cliff_curves(cliff)))
         if figs.timeline is not None:
             tl = figs.timeline
             drawn.append(("timeline", "Live bytes across the traced step, by category, with the peak's op and "

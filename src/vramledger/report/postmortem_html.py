@@ -80,8 +80,6 @@ def render_postmortem_html(pm: PostMortem) -> str:
 def write_postmortem_html(path: Path, pm: PostMortem) -> Path:
     if path.exists():
         raise VramledgerError(f"--html: {path} exists; pick a new file (vramledger never overwrites your files)")
-    try:
-        path.write_text(render_postmortem_html(pm), encoding="utf-8")
-    except OSError as exc:
-        raise VramledgerError(f"--html: cannot write {path} ({exc.strerror}); pick another path") from None
-    return path
+    from vramledger.userfiles import write_atomic
+
+    return write_atomic(path, render_postmortem_html(pm), "--html")  # a temporary file renamed into place

@@ -8,6 +8,7 @@ from __future__ import annotations
 import textwrap
 
 from vramledger.ledger import Basis, Category, Ledger, Phase
+from vramledger.report.verdict import verdict_sentence
 from vramledger.units import fmt_bytes
 
 _W = 30  # label column
@@ -59,12 +60,7 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
     )
     v = ledger.verdict
     if v is not None:
-        status = "FITS" if v.fits else "DOES NOT FIT"
-        lines.append(
-            f"{status} on {v.gpu} ({fmt_bytes(v.capacity_bytes)}, keeping {v.headroom_fraction:.0%} headroom ="
-            f" {fmt_bytes(v.usable_bytes)} usable): "
-            + (f"{fmt_bytes(v.margin_bytes)} to spare" if v.fits else f"{fmt_bytes(-v.margin_bytes)} over")
-        )
+        lines.append(verdict_sentence(v))
     if ledger.advice:
         lines.append(ledger.advice)
     assumed = sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})

@@ -1,7 +1,7 @@
 """What the user asks about: the model, the training setup and the GPU, as frozen validated dataclasses."""
 
 from vramledger.specs.distributed import Sharding, ZeroBuffers
-from vramledger.specs.gpu import GPUSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM, GPUSpec, check_headroom
 from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
     Attention,
@@ -17,6 +17,7 @@ from vramledger.specs.train import (
 )
 
 __all__ = [
+    "DEFAULT_HEADROOM",
     "Attention",
     "DType",
     "EvalLogits",
@@ -31,4 +32,5 @@ __all__ = [
     "Sharding",
     "TrainSpec",
     "ZeroBuffers",
+    "check_headroom",
 ]

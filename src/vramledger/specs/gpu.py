@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from vramledger.errors import VramledgerError
+
+DEFAULT_HEADROOM = 0.08
+"""Fraction of GPU memory kept free by default (the allocator's fragmentation and what no model sees: README,
+"Why 8% headroom"). The one home of this number: every function that takes ``headroom`` defaults to it."""
+
+
+def check_headroom(headroom: float) -> float:
+    """``headroom`` as a float in [0, 1), or the one-line error naming ``--headroom``."""
+    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not math.isfinite(headroom) or not (
+        0.0 <= headroom < 1.0
+    ):
+        raise VramledgerError(
+            f"--headroom must be a fraction in [0, 1) (got {headroom!r}); e.g. --headroom {DEFAULT_HEADROOM:g}"
+        )
+    return float(headroom)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -74,6 +74,10 @@ class ModelSpec:
                 f"model config: num_key_value_heads ({self.num_kv_heads}) must divide num_attention_heads "
                 f"({self.num_heads})"
             )
+        if self.max_position_embeddings < 0:
+            raise VramledgerError(
+                f"model config: max_position_embeddings must be a positive integer (got {self.max_position_embeddings})"
+            )
         if self.num_experts and not (0 < self.experts_per_token <= self.num_experts):
             raise VramledgerError("model config: num_experts_per_tok must be between 1 and the number of experts")
 

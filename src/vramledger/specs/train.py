@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import enum
+import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from vramledger.errors import VramledgerError
 from vramledger.specs.distributed import Sharding, ZeroBuffers
@@ -128,9 +130,15 @@ class LoraSpec:
     """PEFT's ``autocast_adapter_dtype=True`` default keeps adapter weights fp32 over a bf16/fp16 base."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.rank, bool) or not isinstance(self.rank, int):
+            raise VramledgerError(f"lora rank must be an integer (got {self.rank!r}); try --lora-rank 16")
+        if isinstance(self.targets, str):
+            object.__setattr__(self, "targets", tuple(t.strip() for t in self.targets.split(",") if t.strip()))
         if self.rank < 1:
             raise VramledgerError(f"lora rank must be a positive integer (got {self.rank}); try --lora-rank 16")
-        if not 0.0 <= self.dropout < 1.0:
+        if not (math.isfinite(self.alpha) and self.alpha >= 0):
+            raise VramledgerError(f"lora alpha must be a finite number ≥ 0 (got {self.alpha}); e.g. twice the rank")
+        if not (math.isfinite(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise VramledgerError(f"lora dropout must be in [0, 1) (got {self.dropout})")
         if not self.targets:
             raise VramledgerError("lora targets are empty; pass --lora-targets all or e.g. q_proj,v_proj")
@@ -225,6 +233,13 @@ class TrainSpec:
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
     def __post_init__(self) -> None:
+        _coerce_enums(self)
+        for name in _INT_FIELDS:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise VramledgerError(f"{name} must be an integer (got {value!r})")
+        if not (math.isfinite(self.sgd_momentum) and 0.0 <= self.sgd_momentum < 1.0):
+            raise VramledgerError(f"SGD momentum must be in [0, 1) (got {self.sgd_momentum}); e.g. --sgd-momentum 0.9")
         if self.micro_batch < 1:
             raise VramledgerError(f"batch must be a positive integer (got {self.micro_batch}); try --batch 1")
         if self.seq_len < 1:
@@ -290,3 +305,37 @@ class TrainSpec:
     def tokens(self) -> int:
         """Tokens per micro-batch."""
         return self.micro_batch * self.seq_len
+
+
+ENUM_FIELDS: dict[str, type[enum.Enum]] = {
+    "method": Method,
+    "precision": Precision,
+    "optimizer": Optimizer,
+    "attn": Attention,
+    "loss": Loss,
+    "eval_logits": EvalLogits,
+    "base_dtype": DType,
+}
+"""TrainSpec fields that take an Enum: a string naming one of its values is accepted (``method="lora"``)."""
+_INT_FIELDS = ("micro_batch", "seq_len", "grad_accum", "loss_chunk_tokens", "freeze_trainable_layers", "eval_batch",
+               "eval_seq_len", "eval_accumulation_steps", "eval_steps_total", "generation_max_new_tokens",
+               "world_size", "zero_stage")
+
+
+def _coerce_enums(spec: Any) -> None:
+    """Turn strings into the Enum members they name (``TrainSpec(method="lora")``), or say what is allowed."""
+    for name, kind in ENUM_FIELDS.items():
+        value = getattr(spec, name)
+        if value is None or isinstance(value, kind):
+            continue
+        if isinstance(value, str):
+            key = value.strip().lower()
+            for member in kind:
+                if key in (member.value, member.name.lower()):
+                    object.__setattr__(spec, name, member)
+                    break
+            else:
+                choices = ", ".join(repr(m.value) for m in kind)
+                raise VramledgerError(f"TrainSpec {name}: unknown value {value!r}; choose one of {choices}")
+        else:
+            raise VramledgerError(f"TrainSpec {name}: expected a {kind.__name__} or its name (got {value!r})")

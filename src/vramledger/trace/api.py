@@ -6,9 +6,11 @@ import dataclasses
 from types import MappingProxyType
 from typing import Any
 
+from vramledger.advice import advice_sentence
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.trace.distributed import wrapper_settings
 from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
 from vramledger.trace.oom import device_events, device_lines, replay_outcome
@@ -71,7 +73,7 @@ def trace_step(
     train: TrainSpec,
     *,
     gpu: GPUSpec | None = None,
-    headroom: float = 0.08,
+    headroom: float = DEFAULT_HEADROOM,
     config: dict[str, Any] | None = None,
     alloc_conf: AllocatorConf = DEFAULT_CONF,
 ) -> Ledger:
@@ -120,16 +122,7 @@ def trace_step(
         settings=MappingProxyType(_settings(train, result, events) | {"alloc_conf": alloc_conf.text} | allocator),
         timeline=downsample(samples),
     )
-    biggest = max(
-        (i for i in ledger.items if i.phase is ledger.peak_phase and i.category.allocated),
-        key=lambda i: i.bytes,
-        default=None,
-    )
-    advice = (
-        f"The biggest line at the peak ({ledger.peak_phase.value}) is {biggest.category.display}."
-        if biggest
-        else ""
-    )
+    advice = advice_sentence(ledger, train)  # the estimate's wording and remedy (vramledger.advice)
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)

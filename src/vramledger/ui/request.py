@@ -96,7 +96,9 @@ def command_parser(command: str) -> argparse.ArgumentParser:
 
 
 def _refused(action: argparse.Action) -> bool:
-    return action.dest in REFUSED or action.type is Path
+    from vramledger.cli.args import PATH_TYPES
+
+    return action.dest in REFUSED or action.type in PATH_TYPES
 
 
 def to_argv(command: str, body: Mapping[str, Any]) -> list[str]:

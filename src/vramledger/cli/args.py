@@ -1,0 +1,95 @@
+"""Argument types for argparse: every number a flag takes is checked here, with its bounds, at parse time.
+
+A value out of bounds is bad input (one line, exit 2), never something a search runs on: a number the user can
+make huge must not decide how long a command takes. The bounds are far beyond any real setup (a micro-batch of
+65,536 sequences, 16M-token sequences) yet small enough that every search over them stays instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from collections.abc import Callable
+from pathlib import Path
+
+MAX_BATCH = 2**16
+"""Sequences per micro-batch, global batch, accumulation steps."""
+MAX_TOKENS = 2**24
+"""Tokens per sequence (16,777,216; the longest context of any catalog model is 131,072)."""
+MAX_EVAL_BATCH = 2**12
+"""Evaluation batch: the advice searches eval batches below it one by one (``analytic/evaluation.py``)."""
+MAX_FIT_BATCH = 2**10
+"""``fit --max-batch``: the frontier searches the length for every micro-batch up to it."""
+MAX_COUNT = 2**20
+"""Other counts: LoRA rank, eval steps, generated tokens, frozen layers."""
+MAX_SEED = 2**63 - 1
+"""``torch.manual_seed`` takes a signed 64-bit integer."""
+
+
+def count(lo: int = 1, hi: int = MAX_COUNT, *, what: str = "integer") -> Callable[[str], int]:
+    """An integer in [lo, hi]; argparse reports the error as ``argument --flag: ...``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip().replace("_", ""))
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not an integer; give a {what} in [{lo}, {hi}]") from None
+        if not lo <= value <= hi:
+            raise argparse.ArgumentTypeError(f"{value} is out of range; give a {what} in [{lo}, {hi:,}]")
+        return value
+
+    parse.__name__ = what  # argparse names the type in some messages
+    return parse
+
+
+def real(lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False, what: str = "number") -> Callable[
+    [str], float
+]:
+    """A finite float in [lo, hi] (open ends when asked); ``nan`` and ``inf`` are refused."""
+    interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a number; give a {what} in {interval}") from None
+        ok = (
+            math.isfinite(value)
+            and (value > lo if lo_open else value >= lo)
+            and (value < hi if hi_open else value <= hi)
+        )
+        if not ok:
+            raise argparse.ArgumentTypeError(f"{text} is out of range; give a {what} in {interval}")
+        return value
+
+    parse.__name__ = what
+    return parse
+
+
+def name(text: str) -> str:
+    """A non-empty word (a choice, a GPU, a format): an empty string is never a silent default."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the value is empty; give one of the choices in --help")
+    return text
+
+
+def out_path(text: str) -> Path:
+    """An output path; the empty string would be the working directory."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; name a file or folder")
+    return Path(text)
+
+
+def in_path(text: str) -> Path:
+    """An input path (existence and kind are checked when it is read: ``vramledger.userfiles``)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("the path is empty; name a file")
+    return Path(text)
+
+
+fraction = real(0.0, 1.0, hi_open=True, what="fraction")
+"""A fraction in [0, 1) (headroom, dropout, momentum)."""
+
+
+PATH_TYPES: tuple[object, ...] = (Path, in_path, out_path)
+"""Every argparse type that names a file: what ``vramledger ui`` refuses in a request."""
