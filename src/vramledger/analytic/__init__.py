@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from types import MappingProxyType
 
-from vramledger.analytic.evaluation import eval_advice
+from vramledger.analytic.evaluation import eval_advice, eval_warnings
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.ledger import Category, Ledger, make_verdict
 from vramledger.specs import Attention, GPUSpec, Loss, Method, ModelSpec, TrainSpec
@@ -39,8 +39,6 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         out.append("parameter offload is not modelled: weights are counted on the GPU")
     if train.quant is not None and train.optimizer.value.startswith("paged"):
         out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
-    from vramledger.analytic.evaluation import eval_warnings
-
     out.extend(eval_warnings(m, train))
     return out
 
@@ -80,7 +78,8 @@ def estimate(
 ) -> Ledger:
     """The analytic ledger of one steady-state training step of ``model`` under ``train``."""
     items, names = ledger_items(model, train, gpu)
-    wb = step_parts(model, train, gpu).weights
+    parts = step_parts(model, train, gpu)
+    wb = parts.weights
     ledger = Ledger(
         model=model.name,
         params=wb.total_params,
@@ -96,7 +95,7 @@ def estimate(
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
-    advice = eval_advice(ledger, model, train, gpu) or _advice(by_cat, train)
+    advice = eval_advice(ledger, model, train, parts) or _advice(by_cat, train)
     return replace(ledger, verdict=verdict, advice=advice)
 
 

@@ -31,10 +31,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
+from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
+from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import layer_linears
+from vramledger.analytic.parts import StepParts
 from vramledger.ledger import Basis, Phase
-from vramledger.specs import Attention, GPUSpec, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
 _CHUNKS = 48
@@ -57,28 +63,27 @@ def replay_excess(seq: Seq) -> tuple[int, int]:
     from vramledger.allocator.model import CachingAllocatorModel
 
     model = CachingAllocatorModel()
-    live: dict[int, object] = {}
+    live: dict[int, Block] = {}
     for i, size in seq:
         if size > 0:
-            live[i] = model.malloc(size)
+            blk = model.malloc(size)
+            assert blk is not None, "an unlimited device never runs out"
+            live[i] = blk
         else:
-            blk = live.pop(i, None)
-            if blk is not None:
-                model.free(blk)  # type: ignore[arg-type]
+            freed = live.pop(i, None)
+            if freed is not None:
+                model.free(freed)
     return model.peak_reserved, model.peak_allocated
 
 
-def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
-    """Allocations and frees of two training steps, in program order, built from ``p`` (a ``StepParts``).
+def step_sequence(m: ModelSpec, train: TrainSpec, p: StepParts) -> Seq:
+    """Allocations and frees of two training steps, in program order, built from ``p``.
 
     Each tensor group is one block where its tensors are allocated and freed together (the saved activations
     of the layers below the top one; the weights), and one block per tensor where the order decides what can
     reuse what (the logits chain; one layer's backward).
     """
-    from vramledger.analytic.activations import residual_bytes
-    from vramledger.analytic.logits import logits_bytes
-
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
@@ -100,15 +105,15 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
         ev.append((i, 0))
 
     # Persistent: weights (frozen, trainable, fp32 master) and the cuBLAS workspaces.
-    alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)  # type: ignore[attr-defined]
+    alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)
 
     # Saved activations: the top trained layer's separately (backward frees it first), the rest as one block.
-    saved_all = p.saved_layers_bytes + p.scores_bytes  # type: ignore[attr-defined]
+    saved_all = p.saved_layers_bytes + p.scores_bytes
     top_saved = saved_all // n_tl if n_tl else 0
-    rest_saved = saved_all - top_saved + p.extra_saved_bytes  # type: ignore[attr-defined]
+    rest_saved = saved_all - top_saved + p.extra_saved_bytes
     # One layer's forward transients: under checkpointing its whole forward runs without saving (the MLP
     # intermediates c·I·T and the residual s·H·T are freed as it goes); eager's scores (step.py forward_layer_temp).
-    fwd_temp = [p.forward_layer_temp] if p.forward_layer_temp else []  # type: ignore[attr-defined]
+    fwd_temp = [p.forward_layer_temp] if p.forward_layer_temp else []
     if ckpt and n_tl:
         fwd_temp += [c * I * T, c * I * T, s * H * T]
     # One layer's backward: grads of its input and output hidden states (s·H·T each) and of the MLP intermediates
@@ -127,12 +132,12 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     tb = wb.trainable_dtype.bytes
     head = wb.lm_head_weight_numel * tb if wb.head_trainable and not small else 0
-    body = 0 if small else max(p.grad_bytes - head, 0)  # type: ignore[attr-defined]
+    body = 0 if small else max(p.grad_bytes - head, 0)
     matrix = max((lin.numel // lin.per_layer for lin in layer_linears(m)), default=1) * tb
     chunk = max(matrix, -(-body // _CHUNKS), 1)
     grad_blocks = ([head] if head else []) + [chunk] * (body // chunk) + ([body % chunk] if body % chunk else [])
-    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0  # type: ignore[attr-defined]
-    temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []  # type: ignore[attr-defined]
+    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0
+    temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []
     lg = logits_bytes(m, train, T)
     for step in (1, 2):
         rest = alloc(rest_saved)
@@ -140,7 +145,7 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
             for t in [alloc(x) for x in fwd_temp]:
                 free(t)
         top = alloc(top_saved)
-        hidden = alloc(p.final_hidden_bytes + p.head_cast_bytes)  # type: ignore[attr-defined]
+        hidden = alloc(p.final_hidden_bytes + p.head_cast_bytes)
         if train.loss is Loss.STANDARD:
             # transformers ForCausalLMLoss: logits (c·V·T) → .float() (4·V·T) → log_softmax (4·V·T, saved);
             # the upcast and the logits die before backward (the Trainer keeps only the loss).
@@ -174,7 +179,7 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
             free(tb)
         gh = alloc(c * H * T)  # lm_head's input gradient
         free(g3)
-        recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None  # type: ignore[attr-defined]
+        recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None
         for _ in range(2 if n_tl > 1 else 1):
             for t in [alloc(x) for x in bwd_temp]:
                 free(t)
@@ -195,14 +200,14 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
     return tuple(ev)
 
 
-def reserve_excess(m: ModelSpec, train: TrainSpec, p: object) -> int:
+def reserve_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Reserved − allocated at the step's peak: the large pool's replayed peak reserved less its peak allocated,
     plus the small pool's cached bytes (``small_pool_excess``)."""
     reserved, allocated = replay_excess(step_sequence(m, train, p))
     return max(reserved - allocated, 0) + small_pool_excess(train, p)
 
 
-def small_pool_excess(train: TrainSpec, p: object) -> int:
+def small_pool_excess(train: TrainSpec, p: StepParts) -> int:
     """Cached-but-free small-pool bytes at the step's peak, where every per-parameter tensor is ≤ 1 MiB (LoRA).
 
     The small pool (requests ≤ kSmallSize = 1 MiB) packs blocks into 2 MiB segments (kSmallBuffer) and splits
@@ -211,12 +216,12 @@ def small_pool_excess(train: TrainSpec, p: object) -> int:
     autocast copies during forward). At the step's peak (in the loss, or backward) only the states and, without
     checkpointing, the autocast copies are live; the rest of the pool is cached and unusable by large requests.
     """
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     if wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE:
         return 0
-    states, grads = p.state_bytes, p.grad_bytes  # type: ignore[attr-defined]
-    casts = p.autocast_copy_bytes  # type: ignore[attr-defined]
-    most = max(grads + states + p.step_temp_bytes, states + casts)  # type: ignore[attr-defined]
+    states, grads = p.state_bytes, p.grad_bytes
+    casts = p.autocast_copy_bytes
+    most = max(grads + states + p.step_temp_bytes, states + casts)
     reserved = -(-most // K_SMALL_BUFFER) * K_SMALL_BUFFER
     at_peak = states + (0 if train.grad_ckpt else casts)
     return max(reserved - at_peak, 0)
@@ -226,7 +231,7 @@ _TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
 
 def phase_reserves(
-    m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, allocated: dict[Phase, int]
+    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int]
 ) -> dict[Phase, tuple[int, str, Basis]]:
     """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
 
@@ -236,13 +241,9 @@ def phase_reserves(
     and generation run after training steps, so they hold at least that cache; where they allocate more, the
     stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
     """
-    from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
-    from vramledger.analytic.overhead import allocator_reserve_bytes
-    from vramledger.analytic.step import step_parts
-
     peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
     loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
-    reserved = peak_reserved(m, train, step_parts(m, train, gpu), loss_peak, peak) if peak else 0
+    reserved = peak_reserved(m, train, p, loss_peak, peak) if peak else 0
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
         if ph is Phase.LOAD:
@@ -254,7 +255,7 @@ def phase_reserves(
     return out
 
 
-def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
+def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Cached blocks no request can use at the loss's backward peak, in closed form (monotone in B and L).
 
     What the replay of ``step_sequence`` (and of real traces) shows is left cached and free there:
@@ -267,9 +268,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
       larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
       transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
     """
-    from vramledger.analytic.activations import residual_bytes
-
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
@@ -278,17 +277,17 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
     if not wb.trainable_layers:
         return logits_hole
-    fwd = p.forward_layer_temp  # type: ignore[attr-defined]
+    fwd = p.forward_layer_temp
     if not train.grad_ckpt:
         return logits_hole + fwd
     fwd += (2 * c * I + s * H) * T
-    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T  # type: ignore[attr-defined]
+    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T
     if train.attn is Attention.EAGER:
         bwd += (c + 4) * m.num_heads * L * L * B
     return logits_hole + max(fwd, bwd)
 
 
-def peak_reserved(m: ModelSpec, train: TrainSpec, p: object, loss_peak: int, step_peak: int) -> int:
+def peak_reserved(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int) -> int:
     """Peak reserved of a steady-state step, in closed form: monotone in batch and length, as the planner needs.
 
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
@@ -301,12 +300,12 @@ def peak_reserved(m: ModelSpec, train: TrainSpec, p: object, loss_peak: int, ste
     per-parameter tensors, ``small_pool_excess``) are cached on top.
     """
     stranded = stranded_bytes(m, train, p)
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     large_states = wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE
     taken = stranded
     if large_states:
-        S = p.state_bytes  # type: ignore[attr-defined]
-        W = p.frozen_bytes + p.trainable_bytes + p.master_bytes  # type: ignore[attr-defined]
-        C = max(loss_peak - S + stranded - W - p.grad_bytes, 0)  # type: ignore[attr-defined]
+        S = p.state_bytes
+        W = p.frozen_bytes + p.trainable_bytes + p.master_bytes
+        C = max(loss_peak - S + stranded - W - p.grad_bytes, 0)
         taken = max(stranded, min(S, C))
     return max(step_peak, loss_peak + taken) + small_pool_excess(train, p)
