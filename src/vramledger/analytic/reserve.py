@@ -11,11 +11,17 @@ reserves more than it allocates where blocks freed earlier are too small for a l
   still live; the c·V·T hole cannot serve a 4·V·T request, so a new segment is made and the hole stays cached;
 - one decoder layer's working set (its backward's gradients and, under checkpointing, its recomputed
   activations) is cached in segments the much larger logits requests cannot use;
-- in the first step the optimizer states are created into whatever the cache holds.
+- in the first step the optimizer states are created into whatever the cache holds: into the activation blocks
+  where they fit, else into the logits chain's blocks, which step 2 then has to make again;
+- per-parameter tensors (gradients, states, foreach temporaries) and activations reuse each other's blocks only
+  where they fit: with activation tensors smaller than a decoder matrix's, the optimizer finds the whole
+  activation cache useless, and the other way round.
 
-The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
-and it is monotone in batch and length (every term is a non-negative multiple of T or B·L²), which the planner's
-bisection needs. ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
+The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant.
+LoRA's terms are non-negative multiples of T or B·L², so its reserve is monotone in batch and length, which the
+planner's bisection needs; full fine-tuning's mechanisms switch on and off with the shape (as the replay does),
+so its reserve can dip slightly where a longer sequence lets the states fit in activation blocks.
+``step_sequence`` spells the same step out as an allocation sequence built from the analytic
 quantities (``step.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
 replay of real traces (bench/reserve/replay_grid.jsonl). The cache left by step 1 persists, so from step 2 on
@@ -48,8 +54,9 @@ _CHUNKS = 48
 RESERVE_SOURCE = (
     "caching-allocator rules (CUDACachingAllocator.cpp best fit, no merging across segments) applied to the step: "
     "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
-    "checkpointing), AdamW states created in step 1 into cached blocks (full fine-tuning), LoRA's small pool; "
-    "reserved stays at the step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
+    "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again, "
+    "and activation and per-parameter blocks too small for each other; LoRA's small pool; reserved stays at the "
+    "step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
 )
 
 Seq = tuple[tuple[int, int], ...]
@@ -243,7 +250,8 @@ def phase_reserves(
     """
     peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
     loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
-    reserved = peak_reserved(m, train, p, loss_peak, peak) if peak else 0
+    opt_peak = allocated.get(Phase.OPTIMIZER, peak)
+    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak) if peak else 0
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
         if ph is Phase.LOAD:
@@ -287,25 +295,137 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return logits_hole + max(fwd, bwd)
 
 
-def peak_reserved(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int) -> int:
-    """Peak reserved of a steady-state step, in closed form: monotone in batch and length, as the planner needs.
+def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
+    """The blocks of the standard loss's logits chain, smallest first: the c·V·T logits (with c < 4), the fp32 copy
+    (c < 4), the fp32 log-softmax and the fp32 ``_log_softmax_backward_data`` gradient, each 4·V·T (transformers
+    ``ForCausalLMLoss``; the trace shows each in a segment of its own). None for a chunked or fused loss."""
+    if train.loss is not Loss.STANDARD:
+        return ()
+    T, V, c = train.tokens, m.vocab_size, train.precision.compute.bytes
+    fp32 = (4 * V * T,) * (3 if c != 4 else 2)
+    return ((c * V * T,) if c != 4 else ()) + fp32
+
+
+def peak_reserved(
+    m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int, opt_peak: int | None = None
+) -> int:
+    """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules.
 
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
-    phase's allocated bytes. At the loss's peak the stranded blocks (``stranded_bytes``) are reserved on top.
-    With full fine-tuning, AdamW creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``) into
-    whatever is cached by then: C = step 1's reserved (its loss peak without S, plus the stranded blocks) less
-    the weights W and gradients G still live. Best fit puts each state tensor in the smallest block it fits,
-    so they fill the stranded blocks first; what they take beyond those, step 2 must find in new segments:
-    reserved at step 2's loss peak = loss_peak + max(stranded, min(S, C)). Small-pool bytes (LoRA's
-    per-parameter tensors, ``small_pool_excess``) are cached on top.
+    phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``).
+    CUDACachingAllocator.cpp never releases a segment during training and serves a request only from a cached
+    block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
+    segments made so far, and the step's peak is the largest of these lower bounds:
+
+    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``;
+    2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
+       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
+       at least ``opt_peak``. The states take the smallest cached blocks that hold them: the activation blocks
+       first (when they are at least as large as a decoder matrix's tensors), then the logits chain's blocks,
+       the largest. A logits block with a state inside cannot serve step 2's request of its own size, so step 2
+       makes it again unless a freed V·H gradient block holds it: reserved = max(R1, ``opt_peak``) + those
+       blocks (``_relaid_bytes``);
+    3. without checkpointing, activation blocks smaller than a decoder matrix's per-parameter tensors (c·I·T <
+       b·H·I) serve none of the optimizer's gradients, states and foreach temporaries: all the saved activations
+       stay cached at the optimizer's peak (``_activations_unused_by_optimizer``);
+    4. the mirror of 3: where c·I·T > b·H·I, the foreach temporaries' own segments hold blocks no activation fits,
+       cached at step 2's loss peak (``_optimizer_blocks_unused_by_activations``); states in the c·V·T logits
+       hole are allocated there, not stranded.
+    Terms 2 to 4 are for trained base weights (full, freeze), whose per-parameter tensors are large-pool blocks
+    the size of decoder matrices; adapters' are small, and the small pool's cached bytes (``small_pool_excess``)
+    are added on top.
     """
+    opt_peak = step_peak if opt_peak is None else opt_peak
     stranded = stranded_bytes(m, train, p)
     wb = p.weights
-    large_states = wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE
-    taken = stranded
-    if large_states:
-        S = p.state_bytes
-        W = p.frozen_bytes + p.trainable_bytes + p.master_bytes
-        C = max(loss_peak - S + stranded - W - p.grad_bytes, 0)
-        taken = max(stranded, min(S, C))
-    return max(step_peak, loss_peak + taken) + small_pool_excess(train, p)
+    if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        return max(step_peak, loss_peak + stranded) + small_pool_excess(train, p)
+    r1 = max(loss_peak - p.state_bytes + stranded, 0)
+    into = _states_in_logits(m, train, p, r1, stranded)
+    chain = logits_blocks(m, train)
+    hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
+    return max(
+        step_peak,
+        loss_peak + stranded - min(into, hole) + _optimizer_blocks_unused_by_activations(m, train, p, r1, stranded),
+        max(r1, opt_peak) + _relaid_bytes(m, train, p, into),
+        opt_peak + _activations_unused_by_optimizer(m, train, p),
+    ) + small_pool_excess(train, p)
+
+
+def _decoder_mlp_width(m: ModelSpec) -> int:
+    return m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size
+
+
+def _activations_unused_by_optimizer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Saved activations whose blocks no per-parameter tensor of the optimizer can use (mechanism 3)."""
+    if train.grad_ckpt or not p.weights.trainable_layers:
+        return 0
+    c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
+    H, I = m.hidden_size, _decoder_mlp_width(m)  # noqa: E741
+    if c * I * train.tokens >= b * H * I:
+        return 0
+    return p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
+
+
+def _outside_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int) -> int:
+    """Step 1's cache after backward outside the weights, the logits chain and the stranded blocks."""
+    W = p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes
+    return max(r1 - W - sum(logits_blocks(m, train)) - stranded, 0)
+
+
+def _optimizer_blocks_unused_by_activations(
+    m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int
+) -> int:
+    """Mechanism 4, the mirror of 3: where a layer's c·I·T activations are larger than a decoder matrix's
+    per-parameter tensors (b·H·I), the segments step 1's optimizer had to make (its gradients, states and foreach
+    temporaries beyond step 1's cache) hold blocks no activation request fits; the foreach temporaries among them
+    are free at step 2's loss peak and stay cached."""
+    c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
+    H, I = m.hidden_size, _decoder_mlp_width(m)  # noqa: E741
+    if train.grad_ckpt or not p.weights.trainable_layers or c * I * train.tokens <= b * H * I:
+        return 0
+    made = max(p.grad_bytes + p.state_bytes + p.step_temp_bytes - _outside_logits(m, train, p, r1, stranded), 0)
+    return min(p.step_temp_bytes, made)
+
+
+def _states_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int) -> int:
+    """Bytes of optimizer states step 1 puts into the logits chain's blocks (mechanism 2).
+
+    The cache outside the logits blocks after step 1's backward is R1 less the weights, the chain and the
+    stranded blocks; the gradients G are already in it. States beyond what is left go into the logits blocks;
+    and one state of the V·H embedding (or lm_head) goes there anyway when it is larger than every activation
+    block (c·I·T, a layer's forward transients).
+    """
+    S = p.state_bytes
+    chain = logits_blocks(m, train)
+    if not S or not chain:
+        return 0
+    wb = p.weights
+    outside = 0 if _activations_unused_by_optimizer(m, train, p) else _outside_logits(m, train, p, r1, stranded)
+    into = min(S, max(S + p.grad_bytes - outside, 0))
+    n_states = max(round(S / max(p.grad_bytes, 1)), 1)
+    one_state = wb.lm_head_weight_numel * S // max(n_states * wb.trainable_params, 1)
+    if one_state > max(train.precision.compute.bytes * _decoder_mlp_width(m) * train.tokens, p.forward_layer_temp):
+        into = max(into, one_state)
+    return into
+
+
+def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts, into: int) -> int:
+    """Logits blocks step 2 makes again because ``into`` bytes of states sit in step 1's (mechanism 2).
+
+    The states fill the smallest chain block first (the c·V·T logits: step 2's forward then splits an fp32 block
+    for its logits and its backward still finds three), then the fp32 4·V·T ones. Step 2's backward needs three
+    fp32 blocks at once (the saved log-softmax and two gradients): each fp32 block with a state inside is made
+    again, and the c·V·T one too when every fp32 block is taken. A request no larger than the V·H gradient
+    (lm_head's or the embedding's) finds a freed gradient or foreach-temporary block instead. Whole blocks, as
+    the replay makes them: reserved can fall by one where a longer sequence lets the states fit elsewhere.
+    """
+    chain = logits_blocks(m, train)
+    if not into or not chain:
+        return 0
+    fp32 = [x for x in chain if x == 4 * m.vocab_size * train.tokens]
+    first = chain[0] if len(chain) > len(fp32) else 0
+    carved = min(-(-max(into - first, 0) // fp32[0]), len(fp32))
+    relaid = carved * fp32[0] + (first if carved == len(fp32) else 0)
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    return relaid if fp32[0] > head else 0
