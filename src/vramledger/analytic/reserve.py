@@ -274,7 +274,8 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
       layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
       with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
       larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
-      transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split);
+    - with adapters, an fp32 4·V·T logits block cut by the backward thread's cuBLAS workspace (``_workspace_hole``).
     """
     wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
@@ -283,6 +284,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     H, V = m.hidden_size, m.vocab_size
     I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    logits_hole += _workspace_hole(m, train, p)
     if not wb.trainable_layers:
         return logits_hole
     fwd = p.forward_layer_temp
@@ -293,6 +295,34 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.attn is Attention.EAGER:
         bwd += (c + 4) * m.num_heads * L * L * B
     return logits_hole + max(fwd, bwd)
+
+
+def _workspace_hole(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """An fp32 logits block lost to the backward thread's cuBLAS workspace (adapters).
+
+    torch CublasHandlePool.cpp ``getCurrentCUDABlasHandle`` gives the autograd engine's thread its own handle,
+    whose workspace (``getChosenWorkspaceSize``: 32 MiB on Hopper) is allocated through the caching allocator at
+    that thread's first matmul and never freed. Best fit puts it in the smallest free block that holds it. With
+    adapters the largest blocks freed in forward are PEFT's fp32 casts of an adapted layer's input (``lora.Linear
+    .forward`` ``_cast_input_dtype``: 4·in·T, down_proj's the widest), the fp32 norm intermediates (4·H·T),
+    eager's scores and, under checkpointing, a layer's c·I·T MLP intermediates; when all are smaller than the
+    workspace it lands in a freed fp32 copy of the logits (4·V·T). From step 2 on backward finds one fp32
+    block too few for its two 4·V·T gradients and makes another: the cut block stays cached at the loss's peak
+    (the replay shows it, 4·V·T − 32 MiB free, in every LoRA config where the rule applies).
+    """
+    wb = p.weights
+    c, T = train.precision.compute.bytes, train.tokens
+    if not train.adapters or train.loss is not Loss.STANDARD or c == 4 or not wb.trainable_layers:
+        return 0
+    workspace = p.workspace_block
+    freed = [4 * m.hidden_size * T, p.forward_layer_temp]
+    if wb.trainable_dtype.bytes == 4:
+        freed.append(4 * max((a.linear.in_features for a in wb.adapted), default=0) * T)
+    if train.grad_ckpt:
+        freed.append(c * _decoder_mlp_width(m) * T)
+    if max(freed) >= workspace:
+        return 0
+    return max(4 * m.vocab_size * T - workspace, 0)
 
 
 def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
