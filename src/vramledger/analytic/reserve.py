@@ -95,7 +95,7 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: StepParts) -> Seq:
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
     H, V = m.hidden_size, m.vocab_size
-    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    I = _decoder_mlp_width(m)  # noqa: E741
     n_tl = wb.trainable_layers
     ckpt = train.grad_ckpt
 
@@ -282,7 +282,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
     H, V = m.hidden_size, m.vocab_size
-    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    I = _decoder_mlp_width(m)  # noqa: E741
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
     logits_hole += _workspace_hole(m, train, p)
     if not wb.trainable_layers:
@@ -383,6 +383,7 @@ def peak_reserved(
 
 
 def _decoder_mlp_width(m: ModelSpec) -> int:
+    """I: the MLP width one token goes through (top-k experts' for a MoE)."""
     return m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size
 
 
