@@ -19,8 +19,9 @@ reserves more than it allocates where blocks freed earlier are too small for a l
 
 The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant.
 LoRA's terms are non-negative multiples of T or B·L², so its reserve is monotone in batch and length, which the
-planner's bisection needs; full fine-tuning's mechanisms switch on and off with the shape (as the replay does),
-so its reserve can dip slightly where a longer sequence lets the states fit in activation blocks.
+planner's bisection needs (but for the workspace hole, one 4·V·T block); full fine-tuning's mechanisms switch on
+and off with the shape as the replay does, so its reserve can fall where a longer sequence makes the activation
+blocks usable to the optimizer (docs/reserve.md, Monotonicity).
 ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
 quantities (``step.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
