@@ -43,32 +43,61 @@ LORA_TRANSIENTS = (
 )
 LORA_OVER = "the checkpointed layer's transients modelled as stranded are partly reused"
 MORE_RELAID = "step 2 makes more fp32 logits blocks again than modelled"
+# Measured in the replay, but switching off as the shape grows: applied, the estimate would fall with the shape.
+WORKSPACE = (
+    "the backward thread's 32 MiB cuBLAS workspace is cut from a freed fp32 logits block and step 2 makes another "
+    "(not applied: it stops once a freed block can hold the workspace)"
+)
+ACT_UNUSED = (
+    "saved activations smaller than a decoder matrix's per-parameter tensors (c·I·T < b·H·I) stay cached at the "
+    "optimizer's peak (not applied: it stops at c·I·T = b·H·I)"
+)
+TIED_GRAD = (
+    "step 2 makes a new block for the tied embedding's accumulated V·H gradient (AccumulateGrad's add; not "
+    "applied: it stops once 4·V·T reaches V·H·b)"
+)
 EAGER_BWD = "step 2 makes eager attention's backward blocks (_softmax_backward_data) again"
 OPT = "without foreach AdamW's states, the gradients' and the step's own segments stay cached"
-FULL_OVER = "fewer logits blocks made again in step 2 than modelled, or blocks modelled as unusable partly reused"
+FULL_OVER = "fewer fp32 logits blocks made again in step 2 than modelled (the states fit elsewhere)"
 KNOWN_MISSES: dict[str, str] = {
+    "llama-3.2-1b/lora/b1/L512/nockpt/eager": WORKSPACE,
+    "llama-3.2-1b/full/b2/L512/nockpt/sdpa": ACT_UNUSED,
+    "llama-3.2-1b/full/b8/L256/nockpt/sdpa": ACT_UNUSED,
     "qwen2.5-0.5b/lora/b1/L2048/nockpt/sdpa": LORA_TRANSIENTS,
+    "qwen2.5-0.5b/lora/b2/L512/ckpt/eager": WORKSPACE,
     "qwen2.5-0.5b/full/b8/L512/ckpt/sdpa": MORE_RELAID,
-    "qwen2.5-0.5b/full/b1/L4096/nockpt/sdpa": MORE_RELAID,
-    "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": FULL_OVER,
+    "qwen2.5-0.5b/full/b2/L256/nockpt/eager": TIED_GRAD,
+    "qwen3-0.6b/lora/b4/L512/nockpt/sdpa": ALLOC,
+    "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": ACT_UNUSED,
+    "qwen3-0.6b/full/b4/L4096/ckpt/sdpa": FULL_OVER,
+    "qwen3-1.7b/lora/b2/L512/nockpt/sdpa": WORKSPACE,
     "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": MORE_RELAID,
+    "qwen3-1.7b/full/b1/L256/nockpt/sdpa": TIED_GRAD,
     "tiny/full/b1/L256/nockpt/sdpa": TINY,
+    "tiny/full/b8/L1024/ckpt/sdpa": TINY,
     "tiny/lora/b4/L512/nockpt/sdpa": TINY,
     "tiny/lora/b2/L256/nockpt/eager": TINY,
+    "tiny/lora/b1/L2048/ckpt/sdpa": TINY,
+    "mid/full/b2/L1024/nockpt/sdpa": MORE_RELAID,
     "mid/full/b4/L2048/ckpt/sdpa": FULL_OVER,
     "mid/full/b1/L2048/nockpt/eager": EAGER_BWD,
     "mid/lora/b8/L512/ckpt/sdpa": LORA_OVER,
     "mid/lora/b1/L4096/nockpt/sdpa": LORA_TRANSIENTS,
-    "mid/lora/b2/L1024/nockpt/eager": LORA_TRANSIENTS,
+    "mid/lora/b2/L1024/nockpt/eager": WORKSPACE,
+    "llama-3.2-3b/full/b1/L2048/ckpt/sdpa": TIED_GRAD,
+    "llama-3.2-3b/full/b2/L2048/ckpt/eager/bf16-true": MORE_RELAID,
     "llama-3.2-3b/full/b4/L512/nockpt/sdpa/bf16-true/sgd": ALLOC,
+    "llama-3.2-3b/full/b1/L1024/nockpt/sdpa": ACT_UNUSED,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": FULL_OVER,
+    "llama-3.2-1b/full/b1/L512/nockpt/sdpa/fp32": ACT_UNUSED,
     "llama-3.2-1b/full/b2/L1024/nockpt/sdpa/adamw_torch_fused": OPT,
     "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/sgd": ALLOC,
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": OPT,
-    "qwen2.5-0.5b/full/b16/L256/nockpt/sdpa/bf16-true": MORE_RELAID,
     "qwen2.5-0.5b/full/b4/L1024/ckpt/sdpa/fp16-mixed": MORE_RELAID,
+    "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": FULL_OVER,
+    "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": FULL_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,
-    "mid/full/b4/L1024/nockpt/sdpa/bf16-true": ALLOC,
+    "gemma-3-1b/full/b4/L1024/nockpt/sdpa/bf16-true": FULL_OVER,
     "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
     "llama-3-8b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
     "llama-3-8b/lora/b1/L4096/ckpt/eager": ALLOC,
@@ -157,7 +186,7 @@ def test_a_state_in_a_logits_block_makes_step_2_remake_it() -> None:
 
 
 def test_activation_blocks_too_small_for_the_optimizer_stay_cached() -> None:
-    """Mechanism 3: eight 16 MiB activation blocks freed after backward cannot hold the optimizer's 96 MiB
+    """The ACT_UNUSED misses: eight 16 MiB activation blocks freed after backward cannot hold the optimizer's 96 MiB
     per-parameter tensors (an fp32 state of a 3072×8192 matrix): each gets a new segment, and at the optimizer's
     peak the 128 MiB of activation blocks are free but reserved: reserved = W + 8·16 + 4·96 MiB."""
     acts = tuple((10 + i, 16 * MiB) for i in range(8)) + tuple((10 + i, 0) for i in range(8))
@@ -169,7 +198,7 @@ def test_activation_blocks_too_small_for_the_optimizer_stay_cached() -> None:
 
 
 def test_the_backward_workspace_in_a_logits_block_costs_step_2_a_segment() -> None:
-    """``_workspace_hole``, from the allocator rules alone: forward leaves three fp32 logits blocks F = 400 MiB and
+    """The WORKSPACE misses, from the allocator rules alone: forward leaves three fp32 logits blocks F = 400 MiB and
     20 MiB blocks free; the backward thread's 32 MiB cuBLAS workspace (allocated once, never freed) fits only an F
     and is cut from it. Step 2's backward needs three F at once (log-softmax, two gradients): two are whole, the
     third is made anew. Reserved = 3F + 20 + F = 1620 MiB; without the workspace (or with a 40 MiB block free for

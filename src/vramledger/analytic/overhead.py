@@ -6,13 +6,8 @@ figures below are stated assumptions with the evidence they rest on, and every l
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from vramledger.specs import GPUSpec
 from vramledger.units import MiB
-
-if TYPE_CHECKING:
-    from vramledger.catalog.device_overhead import DeviceOverhead
 
 # CUDA context + kernel images loaded lazily (CUDA_MODULE_LOADING=LAZY, the default since CUDA 11.7 / torch 2.0).
 # Evidence: torch's OOM message prints "this process has X in use" beside what PyTorch allocated and reserved;
@@ -44,22 +39,13 @@ def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:
     ``getChosenWorkspaceSize``: 32 MiB on Hopper and newer, 8.125 MiB before; cuBLASLt 1 MiB), one of each per
     thread's handle: the forward thread and the autograd engine's backward thread.
     """
-    return sum(_device_overhead(gpu).workspace_sizes())
-
-
-def cublas_workspace_block(gpu: GPUSpec | None) -> int:
-    """One handle's cuBLAS workspace: the one large-pool block each thread's first matmul allocates."""
-    return _device_overhead(gpu).cublas_workspace.bytes
-
-
-def _device_overhead(gpu: GPUSpec | None) -> DeviceOverhead:
     from vramledger.catalog.device_overhead import device_overhead
     from vramledger.errors import VramledgerError
 
     try:
-        return device_overhead(gpu.arch if gpu is not None and gpu.arch else "hopper")
+        return sum(device_overhead(gpu.arch if gpu is not None and gpu.arch else "hopper").workspace_sizes())
     except VramledgerError:  # an architecture without figures (AMD): take the largest NVIDIA one
-        return device_overhead("hopper")
+        return sum(device_overhead("hopper").workspace_sizes())
 
 
 # Training steps take their reserve from analytic/reserve.py (the allocator's rules applied to the step); this

@@ -52,8 +52,6 @@ class StepParts:
     """QLoRA: bitsandbytes dequantises one frozen weight to the compute dtype per matmul (forward and backward)."""
     workspace_bytes: int
     """cuBLAS and cuBLASLt workspaces of both threads' handles (forward and autograd's backward)."""
-    workspace_block: int
-    """One handle's cuBLAS workspace: the large-pool block each thread's first matmul allocates."""
     optimizer_source: str
     logits_source: str
 

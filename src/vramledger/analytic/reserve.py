@@ -275,8 +275,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
       layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
       with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
       larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
-      transients made before the loss; backward's reuse the freed logits blocks (split, should_split);
-    - with adapters, an fp32 4·V·T logits block cut by the backward thread's cuBLAS workspace (``_workspace_hole``).
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
     """
     wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
@@ -285,7 +284,6 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     H, V = m.hidden_size, m.vocab_size
     I = _decoder_mlp_width(m)  # noqa: E741
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
-    logits_hole += _workspace_hole(m, train, p)
     if not wb.trainable_layers:
         return logits_hole
     fwd = p.forward_layer_temp
@@ -296,34 +294,6 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.attn is Attention.EAGER:
         bwd += (c + 4) * m.num_heads * L * L * B
     return logits_hole + max(fwd, bwd)
-
-
-def _workspace_hole(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """An fp32 logits block lost to the backward thread's cuBLAS workspace (adapters).
-
-    torch CublasHandlePool.cpp ``getCurrentCUDABlasHandle`` gives the autograd engine's thread its own handle,
-    whose workspace (``getChosenWorkspaceSize``: 32 MiB on Hopper) is allocated through the caching allocator at
-    that thread's first matmul and never freed. Best fit puts it in the smallest free block that holds it. With
-    adapters the largest blocks freed in forward are PEFT's fp32 casts of an adapted layer's input (``lora.Linear
-    .forward`` ``_cast_input_dtype``: 4·in·T, down_proj's the widest), the fp32 norm intermediates (4·H·T),
-    eager's scores and, under checkpointing, a layer's c·I·T MLP intermediates; when all are smaller than the
-    workspace it lands in a freed fp32 copy of the logits (4·V·T). From step 2 on backward finds one fp32
-    block too few for its two 4·V·T gradients and makes another: the cut block stays cached at the loss's peak
-    (the replay shows it, 4·V·T − 32 MiB free, in every LoRA config where the rule applies).
-    """
-    wb = p.weights
-    c, T = train.precision.compute.bytes, train.tokens
-    if not train.adapters or train.loss is not Loss.STANDARD or c == 4 or not wb.trainable_layers:
-        return 0
-    workspace = p.workspace_block
-    freed = [4 * m.hidden_size * T, p.forward_layer_temp]
-    if wb.trainable_dtype.bytes == 4:
-        freed.append(4 * max((a.linear.in_features for a in wb.adapted), default=0) * T)
-    if train.grad_ckpt:
-        freed.append(c * _decoder_mlp_width(m) * T)
-    if max(freed) >= workspace:
-        return 0
-    return max(4 * m.vocab_size * T - workspace, 0)
 
 
 def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
@@ -340,7 +310,8 @@ def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
 def peak_reserved(
     m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int, opt_peak: int | None = None
 ) -> int:
-    """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules.
+    """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules; never falls as
+    batch or length grows (the planner's searches need that).
 
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
     phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``).
@@ -348,24 +319,20 @@ def peak_reserved(
     block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
     segments made so far, and the step's peak is the largest of these lower bounds:
 
-    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``;
+    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``, less
+       the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
+       activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
+       own segments, which no activation fits (``_temporaries_unused_by_activations``);
     2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
        after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
-       at least ``opt_peak``. The states take the smallest cached blocks that hold them: the activation blocks
-       first (when they are at least as large as a decoder matrix's tensors), then the logits chain's blocks,
-       the largest. A logits block with a state inside cannot serve step 2's request of its own size, so step 2
-       makes it again unless a freed V·H gradient block holds it: reserved = max(R1, ``opt_peak``) + those
-       blocks (``_relaid_bytes``);
-    3. without checkpointing, activation blocks smaller than a decoder matrix's per-parameter tensors (c·I·T <
-       b·H·I) serve none of the optimizer's gradients, states and foreach temporaries: all the saved activations
-       stay cached at the optimizer's peak (``_activations_unused_by_optimizer``);
-    4. the mirror of 3: where c·I·T > b·H·I, the foreach temporaries' own segments hold blocks no activation fits,
-       cached at step 2's loss peak (``_optimizer_blocks_unused_by_activations``); states in the c·V·T logits
-       hole are allocated there, not stranded;
-    5. a tied embedding's V·H gradient block made again in step 2 (``_tied_gradient_block``), on top.
-    Terms 2 to 4 are for trained base weights (full, freeze), whose per-parameter tensors are large-pool blocks
-    the size of decoder matrices; adapters' are small, and the small pool's cached bytes (``small_pool_excess``)
-    are added on top.
+       at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
+       (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
+       step 2 makes it again: reserved = max(R1, ``opt_peak``) + the fp32 logits bytes the states can take
+       (``_relaid_bytes``).
+    Terms 1's temporaries and 2 are for trained base weights (full, freeze), whose per-parameter tensors are
+    large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
+    (``small_pool_excess``) are added on top. Mechanisms the replay shows that switch off as the shape grows
+    (docs/reserve.md) are left out: with them reserved would fall where a longer sequence makes blocks usable.
     """
     opt_peak = step_peak if opt_peak is None else opt_peak
     stranded = stranded_bytes(m, train, p)
@@ -373,36 +340,14 @@ def peak_reserved(
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         return max(step_peak, loss_peak + stranded) + small_pool_excess(train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
-    into = _states_in_logits(m, train, p, r1, stranded)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
+    in_hole = min(_states_in_logits(m, train, p, r1, stranded), hole)
     return max(
         step_peak,
-        loss_peak + stranded - min(into, hole) + _optimizer_blocks_unused_by_activations(m, train, p, r1, stranded),
-        max(r1, opt_peak) + _relaid_bytes(m, train, p, into),
-        opt_peak + _activations_unused_by_optimizer(m, train, p),
-    ) + small_pool_excess(train, p) + _tied_gradient_block(m, train, p)
-
-
-def _tied_gradient_block(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """A V·H gradient block step 2 makes again for a tied embedding.
-
-    With tied weights backward holds three V·H tensors at once: lm_head's gradient (already in ``.grad``), the
-    embedding's (``embedding_dense_backward``) and their sum (AccumulateGrad's out-of-place ``add``). After step 1
-    the two freed ones are exactly the size of the embedding's states, which ``_init_group`` creates first (the
-    embedding is the first parameter), so best fit puts the states there. Step 2's backward then finds two V·H
-    blocks (the sum's, freed by ``zero_grad``, and the foreach temporary's of step 1's optimizer) and, where the
-    freed fp32 logits blocks are smaller than V·H (4·V·T < V·H·b), nothing else: it makes one more (the replay
-    shows the ``add`` block made in step 2). Not seen with an fp32 compute dtype (Llama-3.2-1B fp32 in the grid:
-    the replay makes no such block; why is not known), so not applied there.
-    """
-    wb = p.weights
-    if not (m.tie_word_embeddings and wb.embedding_trainable and p.state_bytes >= p.grad_bytes):
-        return 0
-    if train.precision.compute.bytes == 4:
-        return 0
-    block = wb.lm_head_weight_numel * wb.trainable_dtype.bytes
-    return block if 4 * m.vocab_size * train.tokens < block else 0
+        loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
+        max(r1, opt_peak) + _relaid_bytes(m, train, p),
+    ) + small_pool_excess(train, p)
 
 
 def _decoder_mlp_width(m: ModelSpec) -> int:
@@ -410,52 +355,41 @@ def _decoder_mlp_width(m: ModelSpec) -> int:
     return m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size
 
 
-def _activations_unused_by_optimizer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """Saved activations whose blocks no per-parameter tensor of the optimizer can use (mechanism 3)."""
-    if train.grad_ckpt or not p.weights.trainable_layers:
-        return 0
+def _activations_too_small_for_parameters(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """No checkpointing and c·I·T < b·H·I: no gradient, state or foreach temporary of a decoder matrix fits in an
+    activation block."""
     c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
-    H, I = m.hidden_size, _decoder_mlp_width(m)  # noqa: E741
-    if c * I * train.tokens >= b * H * I:
-        return 0
-    return p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
+    I = _decoder_mlp_width(m)  # noqa: E741
+    return not train.grad_ckpt and c * I * train.tokens < b * m.hidden_size * I
 
 
-def _outside_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int) -> int:
-    """Step 1's cache after backward outside the weights, the logits chain and the stranded blocks."""
-    W = p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes
-    return max(r1 - W - sum(logits_blocks(m, train)) - stranded, 0)
-
-
-def _optimizer_blocks_unused_by_activations(
-    m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int
-) -> int:
-    """Mechanism 4, the mirror of 3: where a layer's c·I·T activations are larger than a decoder matrix's
-    per-parameter tensors (b·H·I), the segments step 1's optimizer had to make (its gradients, states and foreach
-    temporaries beyond step 1's cache) hold blocks no activation request fits; the foreach temporaries among them
-    are free at step 2's loss peak and stay cached."""
+def _temporaries_unused_by_activations(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The foreach temporaries' segments, cached at step 2's loss peak where every c·I·T activation is larger than
+    a decoder matrix's per-parameter tensor (b·H·I) and so cannot use them (term 1)."""
     c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
-    H, I = m.hidden_size, _decoder_mlp_width(m)  # noqa: E741
-    if train.grad_ckpt or not p.weights.trainable_layers or c * I * train.tokens <= b * H * I:
+    I = _decoder_mlp_width(m)  # noqa: E741
+    if train.grad_ckpt or not p.weights.trainable_layers or c * I * train.tokens <= b * m.hidden_size * I:
         return 0
-    made = max(p.grad_bytes + p.state_bytes + p.step_temp_bytes - _outside_logits(m, train, p, r1, stranded), 0)
-    return min(p.step_temp_bytes, made)
+    return p.step_temp_bytes
 
 
 def _states_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int) -> int:
-    """Bytes of optimizer states step 1 puts into the logits chain's blocks (mechanism 2).
+    """Bytes of optimizer states step 1 puts into the logits chain's blocks.
 
     The cache outside the logits blocks after step 1's backward is R1 less the weights, the chain and the
-    stranded blocks; the gradients G are already in it. States beyond what is left go into the logits blocks;
-    and one state of the V·H embedding (or lm_head) goes there anyway when it is larger than every activation
-    block (c·I·T, a layer's forward transients).
+    stranded blocks (none of it usable when the activation blocks are too small); the gradients G are already
+    in it. States beyond what is left go into the logits blocks; and one state of the V·H embedding (or lm_head)
+    goes there anyway when it is larger than every activation block (c·I·T, a layer's forward transients).
     """
     S = p.state_bytes
     chain = logits_blocks(m, train)
     if not S or not chain:
         return 0
     wb = p.weights
-    outside = 0 if _activations_unused_by_optimizer(m, train, p) else _outside_logits(m, train, p, r1, stranded)
+    W = p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes
+    outside = 0
+    if not _activations_too_small_for_parameters(m, train, p):
+        outside = max(r1 - W - sum(chain) - stranded, 0)
     into = min(S, max(S + p.grad_bytes - outside, 0))
     n_states = max(round(S / max(p.grad_bytes, 1)), 1)
     one_state = wb.lm_head_weight_numel * S // max(n_states * wb.trainable_params, 1)
@@ -464,22 +398,19 @@ def _states_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, str
     return into
 
 
-def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts, into: int) -> int:
-    """Logits blocks step 2 makes again because ``into`` bytes of states sit in step 1's (mechanism 2).
+def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """fp32 logits bytes step 2 makes again because step 1's states sit in those blocks (term 2).
 
-    The states fill the smallest chain block first (the c·V·T logits: step 2's forward then splits an fp32 block
-    for its logits and its backward still finds three), then the fp32 4·V·T ones. Step 2's backward needs three
-    fp32 blocks at once (the saved log-softmax and two gradients): each fp32 block with a state inside is made
-    again, and the c·V·T one too when every fp32 block is taken. A request no larger than the V·H gradient
-    (lm_head's or the embedding's) finds a freed gradient or foreach-temporary block instead. Whole blocks, as
-    the replay makes them: reserved can fall by one where a longer sequence lets the states fit elsewhere.
+    Step 2's backward needs three fp32 4·V·T blocks at once (the saved log-softmax and two gradients); the space
+    the states took in them is made again, up to the states' size. A request no larger than the V·H gradient
+    (lm_head's or the embedding's) finds a freed gradient or foreach-temporary block instead. Counted as if the
+    states went into the logits blocks whatever else is cached (an over-estimate where they fit in activation
+    blocks): the bytes they really take there shrink as a longer sequence brings larger activation blocks, and
+    the estimate must not fall with the shape.
     """
     chain = logits_blocks(m, train)
-    if not into or not chain:
-        return 0
     fp32 = [x for x in chain if x == 4 * m.vocab_size * train.tokens]
-    first = chain[0] if len(chain) > len(fp32) else 0
-    carved = min(-(-max(into - first, 0) // fp32[0]), len(fp32))
-    relaid = carved * fp32[0] + (first if carved == len(fp32) else 0)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    return relaid if fp32[0] > head else 0
+    if not p.state_bytes or not fp32 or fp32[0] <= head:
+        return 0
+    return min(p.state_bytes, sum(fp32))

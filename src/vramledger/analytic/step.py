@@ -33,7 +33,6 @@ from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
-    cublas_workspace_block,
     cublas_workspace_bytes,
     cuda_context_bytes,
 )
@@ -138,7 +137,6 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         + (c * m.num_heads * train.seq_len * train.seq_len * B if train.attn is Attention.EAGER and n_tl else 0),
         dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
         workspace_bytes=cublas_workspace_bytes(gpu),
-        workspace_block=cublas_workspace_block(gpu),
         optimizer_source=opt.source,
         logits_source=lg.source,
     )
