@@ -14,14 +14,12 @@ reserves more than it allocates where blocks freed earlier are too small for a l
 - in the first step the optimizer states are created into whatever the cache holds: into the activation blocks
   where they fit, else into the logits chain's blocks, which step 2 then has to make again;
 - per-parameter tensors (gradients, states, foreach temporaries) and activations reuse each other's blocks only
-  where they fit: with activation tensors smaller than a decoder matrix's, the optimizer finds the whole
-  activation cache useless, and the other way round.
+  where they fit.
 
-The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant.
-LoRA's terms are non-negative multiples of T or B·L², so its reserve is monotone in batch and length, which the
-planner's bisection needs (but for the workspace hole, one 4·V·T block); full fine-tuning's mechanisms switch on
-and off with the shape as the replay does, so its reserve can fall where a longer sequence makes the activation
-blocks usable to the optimizer (docs/reserve.md, Monotonicity).
+The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
+and every term grows with batch and length, as the planner's searches need. The replay shows three more places
+(the backward thread's cuBLAS workspace in a logits block, activation blocks too small for the optimizer, a tied
+embedding's gradient) that switch off as the shape grows; they are left out (docs/reserve.md).
 ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
 quantities (``step.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
@@ -56,7 +54,7 @@ RESERVE_SOURCE = (
     "caching-allocator rules (CUDACachingAllocator.cpp best fit, no merging across segments) applied to the step: "
     "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
     "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again, "
-    "and activation and per-parameter blocks too small for each other; LoRA's small pool; reserved stays at the "
+    "and foreach temporaries' blocks too small for the activations; LoRA's small pool; reserved stays at the "
     "step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
 )
 
