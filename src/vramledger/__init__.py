@@ -1,6 +1,6 @@
 """vramledger: where did my GPU memory go, where is the cliff, and what should I change?"""
 
-__version__ = "0.1.0"
+from vramledger._version import __version__ as __version__
 
 
 def estimate(*args: object, **kwargs: object) -> object:

@@ -266,3 +266,16 @@ def input_paths(values: Sequence[object]) -> list[Path]:
         if path_exists(str(v)):
             out.append(user_path(str(v)))
     return out
+
+
+def unique_path(path: Path) -> Path:
+    """``path``, or ``name.1.ext``, ``name.2.ext``… when it exists: nothing the user has is overwritten."""
+    if not path.exists():
+        return path
+    stem, suffix = path.name.split(".", 1) if "." in path.name else (path.name, "")
+    n = 1
+    while True:
+        candidate = path.with_name(f"{stem}.{n}" + (f".{suffix}" if suffix else ""))
+        if not candidate.exists():
+            return candidate
+        n += 1

@@ -1,10 +1,12 @@
 """The analytic allocator reserve against the caching-allocator rules and against the replay of real traces.
 
 Truths used:
-- a hand-built allocation sequence whose reserved memory follows from CUDACachingAllocator.cpp's rules alone;
+- hand-built allocation sequences whose reserved memory follows from CUDACachingAllocator.cpp's rules alone
+  (replayed through ``allocator/model.py``, its port);
 - bench/reserve/replay_grid.jsonl: real transformers/PEFT steps traced on fake tensors and replayed through the
-  allocator model (trace/oom.py), committed (regenerate with ``python bench/reserve/run_grid.py``);
-- a few cheap configs traced live, so the committed figures cannot drift from the tracer unnoticed.
+  allocator model (trace/oom.py), committed (regenerate with ``python bench/reserve/run_grid.py``; no tracing
+  here), and bench/reserve/replay_causes.jsonl: for each config the estimate misses, where the replay's excess
+  sits (``run_grid.py --causes``).
 Neither is a GPU measurement (the allocator model awaits validation on a GPU).
 """
 
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import json
 import sys
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -23,29 +24,89 @@ from vramledger.analytic.reserve import replay_excess, stranded_bytes
 from vramledger.analytic.step import step_parts
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
-from vramledger.specs import Attention, Method, TrainSpec
+from vramledger.specs import Attention, Method, ModelSpec, TrainSpec
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "bench" / "reserve" / "replay_grid.jsonl"
+CAUSES = ROOT / "bench" / "reserve" / "replay_causes.jsonl"
 TRAIN = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
-# The analytic reserved may be at most this far below the trace replay's peak reserved.
-TOLERANCE = 0.07
-# Known misses (the analytic reserved more than TOLERANCE below the trace replay), kept visible as strict xfails.
-# What the trace replay shows there and the closed form does not model:
-KNOWN_BELOW = {
-    # full fine-tuning at its optimizer peak: the foreach temporaries (P·b) and the states, cut among the
-    # activation blocks cached by then, need new segments
-    "llama-3.2-1b/full/b2/L512/nockpt/sdpa": "optimizer-peak fragmentation (full fine-tuning)",
-    # per-parameter tensors of 1-10 MiB cut from 20 MiB segments and re-made every step: 200+ split tails
-    "qwen2.5-0.5b/full/b2/L256/nockpt/eager": "per-parameter-tensor fragmentation at a short length",
-    # suspected: the backward thread's cuBLAS workspace, allocated at the first backward matmul (after the loss),
-    # lands in a cached logits block (the replay's excess is +16% with Ada's 8 MiB workspaces, +35% with Hopper's
-    # 32 MiB ones, which the grid uses)
-    "qwen2.5-0.5b/lora/b2/L512/ckpt/eager": "suspected workspace placement in the logits blocks (not modelled)",
-    "qwen3-0.6b/lora/b4/L512/nockpt/sdpa": "not yet explained (short length, large vocabulary)",
-    "tiny/lora/b4/L512/nockpt/sdpa": "not yet explained (2-layer model: segment granularity dominates)",
-    "mid/lora/b2/L1024/nockpt/eager": "not yet explained (eager scores and their backward)",
+# The analytic peak reserved must be within this fraction of the trace replay's.
+TOLERANCE = 0.03
+# Configs the closed form still misses by more than TOLERANCE, kept visible as strict xfails; the reason shown is
+# what the replay measured (replay_causes.jsonl: the free blocks at step 2's peak and who made their segments).
+ALLOC = "the analytic allocated is off the trace's by more than 3%: not, or not only, a reserve miss"
+TINY = "a 2-layer toy model: segments of 20 MiB for requests under 10 MiB dominate its cache"
+LORA_TRANSIENTS = (
+    "forward transients of the adapted layers (PEFT's fp32 input casts, MLP products, DoRA's eye) stay cached at "
+    "the loss's peak beyond the modelled stranded blocks"
+)
+LORA_OVER = "the checkpointed layer's transients modelled as stranded are partly reused"
+MORE_RELAID = "step 2 makes more fp32 logits blocks again than modelled"
+# Measured in the replay, but switching off as the shape grows: applied, the estimate would fall with the shape.
+WORKSPACE = (
+    "the backward thread's 32 MiB cuBLAS workspace is cut from a freed fp32 logits block and step 2 makes another "
+    "(not applied: it stops once a freed block can hold the workspace)"
+)
+ACT_UNUSED = (
+    "saved activations smaller than a decoder matrix's per-parameter tensors (c·I·T < b·H·I) stay cached at the "
+    "optimizer's peak (not applied: it stops at c·I·T = b·H·I)"
+)
+TIED_GRAD = (
+    "step 2 makes a new block for the tied embedding's accumulated V·H gradient (AccumulateGrad's add; not "
+    "applied: it stops once 4·V·T reaches V·H·b)"
+)
+EAGER_BWD = "step 2 makes eager attention's backward blocks (_softmax_backward_data) again"
+OPT = "without foreach AdamW's states, the gradients' and the step's own segments stay cached"
+FULL_OVER = "fewer fp32 logits blocks made again in step 2 than modelled (the states fit elsewhere)"
+KNOWN_MISSES: dict[str, str] = {
+    "llama-3.2-1b/lora/b1/L512/nockpt/eager": WORKSPACE,
+    "llama-3.2-1b/full/b2/L512/nockpt/sdpa": ACT_UNUSED,
+    "llama-3.2-1b/full/b8/L256/nockpt/sdpa": ACT_UNUSED,
+    "qwen2.5-0.5b/lora/b1/L2048/nockpt/sdpa": LORA_TRANSIENTS,
+    "qwen2.5-0.5b/lora/b2/L512/ckpt/eager": WORKSPACE,
+    "qwen2.5-0.5b/full/b8/L512/ckpt/sdpa": MORE_RELAID,
+    "qwen2.5-0.5b/full/b2/L256/nockpt/eager": ACT_UNUSED,
+    "qwen3-0.6b/lora/b4/L512/nockpt/sdpa": ALLOC,
+    "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": ACT_UNUSED,
+    "qwen3-0.6b/full/b4/L4096/ckpt/sdpa": FULL_OVER,
+    "qwen3-1.7b/lora/b2/L512/nockpt/sdpa": WORKSPACE,
+    "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": MORE_RELAID,
+    "qwen3-1.7b/full/b1/L256/nockpt/sdpa": ACT_UNUSED,
+    "tiny/full/b1/L256/nockpt/sdpa": TINY,
+    "tiny/full/b8/L1024/ckpt/sdpa": TINY,
+    "tiny/lora/b4/L512/nockpt/sdpa": TINY,
+    "tiny/lora/b2/L256/nockpt/eager": TINY,
+    "tiny/lora/b1/L2048/ckpt/sdpa": TINY,
+    "mid/full/b2/L1024/nockpt/sdpa": MORE_RELAID,
+    "mid/full/b4/L2048/ckpt/sdpa": FULL_OVER,
+    "mid/full/b1/L2048/nockpt/eager": EAGER_BWD,
+    "mid/lora/b8/L512/ckpt/sdpa": LORA_OVER,
+    "mid/lora/b1/L4096/nockpt/sdpa": LORA_TRANSIENTS,
+    "mid/lora/b2/L1024/nockpt/eager": WORKSPACE,
+    "llama-3.2-3b/full/b1/L2048/ckpt/sdpa": TIED_GRAD,
+    "llama-3.2-3b/full/b2/L2048/ckpt/eager/bf16-true": MORE_RELAID,
+    "llama-3.2-3b/full/b4/L512/nockpt/sdpa/bf16-true/sgd": ALLOC,
+    "llama-3.2-3b/full/b1/L1024/nockpt/sdpa": ACT_UNUSED,
+    "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": FULL_OVER,
+    "llama-3.2-1b/full/b1/L512/nockpt/sdpa/fp32": ACT_UNUSED,
+    "llama-3.2-1b/full/b2/L1024/nockpt/sdpa/adamw_torch_fused": OPT,
+    "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/sgd": ALLOC,
+    "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": OPT,
+    "qwen2.5-0.5b/full/b4/L1024/ckpt/sdpa/fp16-mixed": MORE_RELAID,
+    "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": FULL_OVER,
+    "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": FULL_OVER,
+    "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,
+    "gemma-3-1b/full/b4/L1024/nockpt/sdpa/bf16-true": FULL_OVER,
+    "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
+    "llama-3-8b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
+    "llama-3-8b/lora/b1/L4096/ckpt/eager": ALLOC,
+    "qwen3-8b/lora/b2/L4096/ckpt/sdpa": LORA_OVER,
+    "qwen2.5-7b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
+    "qwen2.5-1.5b/lora/b1/L8192/nockpt/sdpa": LORA_TRANSIENTS,
+    "qwen2.5-1.5b/dora/b2/L1024/ckpt/eager": LORA_TRANSIENTS,
+    "qwen3-4b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
+    "phi-3-mini-4k/lora/b4/L1024/nockpt/sdpa": LORA_TRANSIENTS,
 }
 
 
@@ -53,19 +114,41 @@ def _records() -> list[dict[str, Any]]:
     return [json.loads(line) for line in GRID.read_text().splitlines()]
 
 
-def _specs(rec: dict[str, Any]):  # noqa: ANN202
+def _causes() -> dict[str, dict[str, Any]]:
+    if not CAUSES.exists():
+        return {}
+    return {r["id"]: r for r in map(json.loads, CAUSES.read_text().splitlines())}
+
+
+def _run_grid():  # noqa: ANN202
     sys.path.insert(0, str(ROOT / "bench" / "reserve"))
     try:
         import run_grid
     finally:
         sys.path.pop(0)
-    return run_grid.specs((rec["model"], rec["method"], rec["micro_batch"], rec["seq_len"], rec["grad_ckpt"],
-                           rec["attn"]))
+    return run_grid
 
 
-def _analytic_reserved(model, train) -> int:  # noqa: ANN001
+def _specs(cid: str) -> tuple[ModelSpec, TrainSpec]:
+    g = _run_grid()
+    row = {g.config_id(r): r for r in g.GRID}[cid]
+    model, train, _ = g.specs(row)
+    return model, train
+
+
+def _analytic_reserved(model: ModelSpec, train: TrainSpec) -> int:
     led = estimate(model, train)
     return max(led.reserved(p) for p in TRAIN)
+
+
+def _measured(cid: str) -> str:
+    rec = _causes().get(cid)
+    if rec is None:
+        return "cause not recorded (python bench/reserve/run_grid.py --causes)"
+    free = "; ".join(f"{f['bytes'] / 2**30:.2f} GiB in {f['blocks']} blocks made by {f['made_by']}"
+                     for f in rec["free_at_peak"][:2])
+    made = "; ".join(f"{f['made_by']} {f['bytes'] / 2**30:.2f} GiB" for f in rec["made_in_step_2"][:2])
+    return f"replay: free at step 2's peak: {free}; made in step 2: {made or 'nothing'}"
 
 
 def test_logits_hole_from_the_allocator_rules() -> None:
@@ -84,6 +167,55 @@ def test_logits_hole_from_the_allocator_rules() -> None:
     assert (reserved, allocated) == (7 * X, 6 * X)
 
 
+def test_a_state_in_a_logits_block_makes_step_2_remake_it() -> None:
+    """Mechanism 2 of ``peak_reserved``, from the allocator rules alone.
+
+    Weights W = 200 MiB; step 1 makes an activation block A = 50 MiB and an fp32 logits block F = 400 MiB and
+    frees both; the optimizer then creates a state of 100 MiB. Best fit: A is too small, so the state is cut from
+    F (split: the 300 MiB rest goes back to the pool). Step 2 asks for F's 400 MiB again: no cached block is that
+    large (50 and 300 MiB), so a new segment is made: reserved = W + A + F + F = 1050 MiB for 700 MiB allocated.
+    A 40 MiB state fits A instead, and step 2 finds F again: reserved = W + A + F = 650 MiB.
+    """
+
+    def step(state: int) -> tuple[tuple[int, int], ...]:
+        return ((1, 200 * MiB), (2, 50 * MiB), (3, 400 * MiB), (2, 0), (3, 0), (4, state), (5, 400 * MiB), (5, 0))
+
+    got = [replay_excess(step(s * MiB))[0] for s in (100, 40)]
+    print(f"expected reserved 1050 and 650 MiB, got {[g // MiB for g in got]}")
+    assert got == [1050 * MiB, 650 * MiB]
+
+
+def test_activation_blocks_too_small_for_the_optimizer_stay_cached() -> None:
+    """The ACT_UNUSED misses: eight 16 MiB activation blocks freed after backward cannot hold the optimizer's 96 MiB
+    per-parameter tensors (an fp32 state of a 3072×8192 matrix): each gets a new segment, and at the optimizer's
+    peak the 128 MiB of activation blocks are free but reserved: reserved = W + 8·16 + 4·96 MiB."""
+    acts = tuple((10 + i, 16 * MiB) for i in range(8)) + tuple((10 + i, 0) for i in range(8))
+    opt = tuple((100 + i, 96 * MiB) for i in range(4))
+    reserved, allocated = replay_excess(((1, 200 * MiB), *acts, *opt))
+    print(f"expected reserved {(200 + 128 + 384)} MiB, allocated {200 + 384} MiB; got {reserved // MiB}, "
+          f"{allocated // MiB}")
+    assert (reserved, allocated) == ((200 + 128 + 384) * MiB, (200 + 384) * MiB)
+
+
+def test_the_backward_workspace_in_a_logits_block_costs_step_2_a_segment() -> None:
+    """The WORKSPACE misses, from the allocator rules alone: forward leaves three fp32 logits blocks F = 400 MiB and
+    20 MiB blocks free; the backward thread's 32 MiB cuBLAS workspace (allocated once, never freed) fits only an F
+    and is cut from it. Step 2's backward needs three F at once (log-softmax, two gradients): two are whole, the
+    third is made anew. Reserved = 3F + 20 + F = 1620 MiB; without the workspace (or with a 40 MiB block free for
+    it) 1220 (1260) MiB."""
+    F = 400 * MiB
+
+    def steps(spare: int, workspace: bool) -> tuple[tuple[int, int], ...]:
+        first = ((1, F), (2, F), (3, F), (4, 20 * MiB), (5, spare), (1, 0), (2, 0), (3, 0), (4, 0), (5, 0))
+        ws = ((6, 32 * MiB),) if workspace else ()
+        second = ((7, F), (8, F), (9, F), (7, 0), (8, 0), (9, 0))
+        return first + ws + second
+
+    got = [replay_excess(steps(0, True))[0], replay_excess(steps(0, False))[0], replay_excess(steps(40 * MiB, True))[0]]
+    print(f"expected 1620, 1220, 1260 MiB; got {[g // MiB for g in got]}")
+    assert got == [1620 * MiB, 1220 * MiB, 1260 * MiB]
+
+
 def test_stranded_bytes_is_the_logits_block_without_checkpointing() -> None:
     """bf16 AMP, standard loss, SDPA, no checkpointing: what is stranded at the loss's peak is the c·V·T logits
     block alone (backward's layer transients come after the loss and split the freed logits blocks)."""
@@ -97,62 +229,6 @@ def test_stranded_bytes_is_the_logits_block_without_checkpointing() -> None:
     assert got == expected
 
 
-@pytest.mark.parametrize("rec", _records(), ids=lambda r: r["id"])
-def test_not_below_the_committed_trace_replay(rec: dict[str, Any]) -> None:
-    model, train, _ = _specs(rec)
-    expected = rec["trace"]["replay_peak_reserved"]
-    got = _analytic_reserved(model, train)
-    gap = got / expected - 1
-    print(f"{rec['id']}: trace-replay reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB "
-          f"({gap:+.1%})")
-    if rec["id"] in KNOWN_BELOW:
-        assert gap < -TOLERANCE, "no longer a known miss: take it out of KNOWN_BELOW"
-        pytest.xfail(KNOWN_BELOW[rec["id"]])
-    assert gap >= -TOLERANCE
-
-
-def test_reserved_is_flat_across_training_phases() -> None:
-    """From step 2 on the cache built by step 1 is still held (no empty_cache): the trace replay reports the same
-    reserved at the forward, backward and optimizer peaks (bench/reserve/replay_grid.jsonl, e.g. Llama-3.2-1B
-    LoRA: 10.10 GiB in every phase), so the analytic ledger does too."""
-    rec = next(r for r in _records() if r["id"] == "llama-3.2-1b/lora/b2/L2048/ckpt/sdpa")
-    traced = {rec["trace"]["phases"][p.value]["reserved"] for p in TRAIN}
-    print("trace reserved by phase:", traced)
-    assert len(traced) == 1
-    model, train, _ = _specs(rec)
-    led = estimate(model, train)
-    assert len({led.reserved(p) for p in TRAIN}) == 1
-    assert all(led.bytes_of(Category.ALLOCATOR_RESERVE, p) >= 0 for p in TRAIN)
-
-
-LIVE = [
-    # Cheap traces (a 2-layer model), run live so that the committed figures follow the tracer.
-    "tiny/full/b8/L1024/ckpt/sdpa",
-    "tiny/full/b2/L4096/nockpt/sdpa",
-    "tiny/full/b1/L256/nockpt/sdpa",
-    "tiny/lora/b1/L2048/ckpt/sdpa",
-]
-
-
-@pytest.mark.parametrize("cid", LIVE)
-def test_not_below_a_live_trace_replay(cid: str) -> None:
-    pytest.importorskip("transformers")
-    pytest.importorskip("peft")
-    from vramledger.trace import trace_step
-
-    rec = next(r for r in _records() if r["id"] == cid)
-    model, train, cfg = _specs(rec)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # transformers' deprecation warnings about checkpointing names
-        led = trace_step(model, train, config=cfg)
-    alloc = led.settings["allocator"]
-    assert alloc["peak_reserved_bytes"] == rec["trace"]["replay_peak_reserved"], "regenerate replay_grid.jsonl"
-    expected = alloc["peak_reserved_bytes"]
-    got = _analytic_reserved(model, train)
-    print(f"{cid}: trace-replay reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB")
-    assert got >= expected * (1 - TOLERANCE)
-
-
 def test_eager_attention_strands_its_scores_too() -> None:
     """Eager attention's pre-softmax scores (c·nh·L² per sequence) are made in forward before the loss and are
     too small for its requests: they add to what is stranded (stranded grows by exactly that transient)."""
@@ -163,3 +239,61 @@ def test_eager_attention_strands_its_scores_too() -> None:
     eager = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=512, attn=Attention.EAGER)
     diff = stranded_bytes(m, eager, step_parts(m, eager)) - stranded_bytes(m, sdpa, step_parts(m, sdpa))
     assert diff == 2 * 8 * 512 * 512 * 2  # c · nh · L² · B
+
+
+def test_the_grid_covers_what_it_claims() -> None:
+    """At least 80 traced configs: full, LoRA and DoRA; checkpointing on and off; sdpa and eager; 256 to 16k tokens;
+    0.5B to 8B catalog shapes; mixed and pure precision; four optimizers."""
+    recs = _records()
+    g = _run_grid()
+    rows = {g.config_id(r): r for r in g.GRID}
+    assert len(recs) >= 80 and all(r["id"] in rows for r in recs)
+    used = [rows[r["id"]] for r in recs]
+    assert {r.method for r in used} >= {"full", "lora", "dora"}
+    assert {r.ckpt for r in used} == {True, False} and {r.attn for r in used} >= {"sdpa", "eager"}
+    assert min(r.seq for r in used) == 256 and max(r.seq for r in used) == 16384
+    assert {"qwen2.5-0.5b", "llama-3-8b", "qwen3-8b"} <= {r.name for r in used}
+    assert {r.precision for r in used} >= {"bf16-mixed", "bf16-true", "fp16-mixed", "fp32"}
+    assert {r.optimizer for r in used} >= {"adamw_torch", "adamw_torch_fused", "sgd", "adafactor"}
+
+
+def test_llama_3_2_3b_full_fine_tuning_within_3_percent() -> None:
+    """The case that showed the old closed form far off: Llama-3.2-3B, full, bf16-true, 4 × 768, sdpa, no
+    checkpointing. The replay reserves ~1.8 GB over allocated (the old estimate put the 11.4 GiB of AdamW states
+    there: it counted the states' blocks as cached when they are allocated)."""
+    cid = "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true"
+    rec = next(r for r in _records() if r["id"] == cid)
+    replay = rec["trace"]["replay_peak_reserved"]
+    excess = replay - rec["trace"]["replay_peak_allocated"]
+    got = _analytic_reserved(*_specs(cid))
+    print(f"replay reserved {replay / 1e9:.2f} GB (+{excess / 1e9:.2f} GB over allocated), analytic "
+          f"{got / 1e9:.2f} GB ({got / replay - 1:+.1%})")
+    assert 1.5e9 < excess < 2.0e9
+    assert abs(got / replay - 1) <= TOLERANCE
+
+
+@pytest.mark.parametrize("rec", _records(), ids=lambda r: r["id"])
+def test_within_3_percent_of_the_committed_trace_replay(rec: dict[str, Any]) -> None:
+    expected = rec["trace"]["replay_peak_reserved"]
+    got = _analytic_reserved(*_specs(rec["id"]))
+    gap = got / expected - 1
+    print(f"{rec['id']}: trace-replay reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB "
+          f"({gap:+.1%})")
+    if rec["id"] in KNOWN_MISSES:
+        assert abs(gap) > TOLERANCE, "no longer a miss: take it out of KNOWN_MISSES"
+        pytest.xfail(f"{gap:+.1%} ({KNOWN_MISSES[rec['id']]}); {_measured(rec['id'])}")
+    assert abs(gap) <= TOLERANCE
+
+
+def test_reserved_is_flat_across_training_phases() -> None:
+    """From step 2 on the cache built by step 1 is still held (no empty_cache): the trace replay reports the same
+    reserved at the forward, backward and optimizer peaks (bench/reserve/replay_grid.jsonl, e.g. Llama-3.2-1B
+    LoRA: 10.13 GiB in every phase), so the analytic ledger does too."""
+    cid = "llama-3.2-1b/lora/b2/L2048/ckpt/sdpa"
+    rec = next(r for r in _records() if r["id"] == cid)
+    traced = {rec["trace"]["phases"][p.value]["reserved"] for p in TRAIN}
+    print("trace reserved by phase:", traced)
+    assert len(traced) == 1
+    led = estimate(*_specs(cid))
+    assert len({led.reserved(p) for p in TRAIN}) == 1
+    assert all(led.bytes_of(Category.ALLOCATOR_RESERVE, p) >= 0 for p in TRAIN)

@@ -15,7 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from vramledger.advice import advice_sentence
-from vramledger.analytic.evaluation import eval_advice
+from vramledger.analytic.evaluation import eval_advice, eval_warnings
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.ledger import Ledger, make_verdict
 from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Method, ModelSpec, TrainSpec
@@ -37,8 +37,6 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         out.extend(distributed_warnings(m, train, step_parts))
     if train.quant is not None and train.optimizer.value.startswith("paged"):
         out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
-    from vramledger.analytic.evaluation import eval_warnings
-
     out.extend(eval_warnings(m, train))
     return out
 
@@ -52,7 +50,8 @@ def estimate(
 ) -> Ledger:
     """The analytic ledger of one steady-state training step of ``model`` under ``train``."""
     items, names = ledger_items(model, train, gpu)
-    wb = step_parts(model, train, gpu).weights
+    parts = step_parts(model, train, gpu)
+    wb = parts.weights
     ledger = Ledger(
         model=model.name,
         params=wb.total_params,
@@ -66,7 +65,7 @@ def estimate(
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
-    advice = eval_advice(ledger, model, train, gpu) or advice_sentence(ledger, train)
+    advice = eval_advice(ledger, model, train, parts) or advice_sentence(ledger, train)
     return replace(ledger, verdict=verdict, advice=advice)
 
 

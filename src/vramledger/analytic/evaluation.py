@@ -47,10 +47,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.parts import Moment, StepParts, add_persistent
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, Ledger, Phase
-from vramledger.specs import Attention, EvalLogits, GPUSpec, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, EvalLogits, Loss, ModelSpec, TrainSpec
 from vramledger.units import fmt_bytes
 
 TRAINER = "transformers 5.23 trainer.py"
@@ -240,30 +242,23 @@ def eval_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
 
 
 # -- the eval and generate moments -----------------------------------------------------------------------------
-def eval_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, parts: object) -> dict:  # type: ignore[type-arg]
-    """The peak moments of Phase.EVAL (and Phase.GENERATE with ``predict_with_generate``), as step.py ``_Moment``s.
-
-    Called from ``step.moments``; empty when no evaluation is configured.
-    """
-    from vramledger.analytic.activations import residual_bytes
-    from vramledger.analytic.step import StepParts, _Moment, _persistent
-
+def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Moment]:
+    """The peak moments of Phase.EVAL (and Phase.GENERATE with ``predict_with_generate``) of the run whose training
+    step is ``p``; empty when no evaluation is configured."""
     if train.eval_batch is None and not train.predict_with_generate:
         return {}
-    assert isinstance(parts, StepParts)
-    p = parts
     sh = eval_shape(m, train)
     B, L = sh.batch, sh.length
     c = train.precision.compute.bytes
     s = residual_bytes(train, p.weights)  # RoPE'd keys take the residual dtype (cos/sin are cast to it)
     kept_prev = (sh.steps_kept - 1) * sh.kept_per_step
-    out: dict[Phase, _Moment] = {}
+    out: dict[Phase, Moment] = {}
 
-    def base(name: str) -> _Moment:
-        mo = _Moment(name=name)
+    def base(name: str, phase: Phase = Phase.EVAL) -> Moment:
+        mo = Moment(name=name, phase=phase)
         # Weights and optimizer states stay; gradients are None (zero_grad(set_to_none=True)); autocast's cast
         # cache fills during the forward as in training (cached_cast keys on requires_grad, not on grad mode).
-        _persistent(mo, p, train, grads=0, autocast=True, states=True)
+        add_persistent(mo, p, train, grads=0, autocast=True, states=True)
         if kept_prev:
             mo.add(Category.LOGITS_LOSS, f"predictions kept from {sh.steps_kept - 1} earlier eval batches", kept_prev,
                    SRC_KEPT)
@@ -277,9 +272,9 @@ def eval_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, parts: obj
     keeps = train.eval_logits is not EvalLogits.NONE or train.predict_with_generate
     loss = Loss.STANDARD if (train.loss is Loss.FUSED and keeps) else train.loss
     lg = logits_bytes(m, replace(train, micro_batch=B, seq_len=L, loss=loss), B * L)
-    cands: list[_Moment] = []
+    cands: list[Moment] = []
 
-    def forward_common(mo: _Moment) -> None:
+    def forward_common(mo: Moment) -> None:
         mo.add(Category.KV_CACHE, f"cache of the eval forward ({B}×{L} tokens, every layer)", cache,
                "modeling_llama.py l. 372 DynamicCache(config) when config.use_cache; " + SRC_CACHE)
         mo.add(Category.ATTENTION_SCORES, "4-D attention mask of the padded eval batch", mask,
@@ -312,13 +307,13 @@ def eval_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, parts: obj
     if train.predict_with_generate:
         N = max(train.generation_max_new_tokens, 1)  # unknown: the prefill only (eval_warnings says so)
         kv = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=N, dtype_bytes=c, key_bytes=s)
-        pre = base(f"generate: prefill of {B}×{L} prompt tokens (top layer)")
+        pre = base(f"generate: prefill of {B}×{L} prompt tokens (top layer)", Phase.GENERATE)
         pre.add(Category.KV_CACHE, "KV cache after the prefill", kv.after_prefill, SRC_CACHE)
         pre.add(Category.ATTENTION_SCORES, "4-D mask of the left-padded prompts", mask_bytes(train, batch=B, length=L),
                 "masking_utils create_causal_mask")
         pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
         pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
-        end = base(f"generate: last of {N} decode steps")
+        end = base(f"generate: last of {N} decode steps", Phase.GENERATE)
         end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens", kv.at_end, SRC_CACHE)
         end.add(Category.TEMPORARIES, "one layer's K/V being re-concatenated", kv.per_layer_step,
                 "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor")
@@ -329,15 +324,16 @@ def eval_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, parts: obj
 
 
 # -- the verdict's sentence when evaluation is the peak --------------------------------------------------------
-def _eval_peak(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> int:
-    from vramledger.analytic.step import step_parts
-
-    return max((mo.total for mo in eval_moments(m, train, gpu, step_parts(m, train, gpu)).values()), default=0)
+def _eval_peak(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    return max((mo.total for mo in eval_moments(m, train, p).values()), default=0)
 
 
-def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> str | None:
+def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, p: StepParts) -> str | None:
     """One sentence when evaluation (or generation) is the peak of the run: what it costs against training and the
-    one change that brings it back under training's peak; None when training is the peak."""
+    one change that brings it back under training's peak; None when training is the peak.
+
+    ``p``: the training step's parts; the variants tried change only evaluation settings, which ``StepParts``
+    does not depend on."""
     peak = ledger.peak_phase
     if peak not in (Phase.EVAL, Phase.GENERATE):
         return None
@@ -361,17 +357,17 @@ def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, gpu: GPUSpec | N
                       replace(train, eval_logits=EvalLogits.ARGMAX)))
     for b in range(sh.batch - 1, 0, -1):
         t = replace(train, eval_batch=b)
-        if _eval_peak(m, t, gpu) <= train_alloc:
+        if _eval_peak(m, t, p) <= train_alloc:
             tries.append((f"per_device_eval_batch_size {b} (--eval-batch {b})", t))
             break
     if train.predict_with_generate and train.generation_max_new_tokens > 1:
         n = train.generation_max_new_tokens // 2
         tries.append((f"fewer generated tokens (max_new_tokens {n})", replace(train, generation_max_new_tokens=n)))
     for text, t in tries:
-        after = _eval_peak(m, t, gpu)
+        after = _eval_peak(m, t, p)
         if after <= train_alloc:
             return f"{head}; {text} brings it to {fmt_bytes(after)} allocated, under training's peak."
     # Nothing alone is enough: combine the smallest settings.
     t = replace(train, eval_batch=1, eval_accumulation_steps=1 if sh.kept_per_step else train.eval_accumulation_steps)
     return (f"{head}; even per_device_eval_batch_size 1 with eval_accumulation_steps 1 needs "
-            f"{fmt_bytes(_eval_peak(m, t, gpu))} allocated: shorten the eval length (--eval-seq) or the generation.")
+            f"{fmt_bytes(_eval_peak(m, t, p))} allocated: shorten the eval length (--eval-seq) or the generation.")

@@ -92,7 +92,7 @@ def engine_name(train: TrainSpec) -> str:
 
 
 def add_buffers(moment: object, phase: Phase, buffers: tuple[Buffer, ...]) -> None:
-    """Add the engine's buffers live in ``phase`` to a step moment (analytic/step.py ``_Moment``)."""
+    """Add the engine's buffers live in ``phase`` to a step moment (analytic/parts.py ``Moment``)."""
     at_end = str(getattr(moment, "name", "")).startswith(END_OF_BACKWARD)
     for b in buffers:
         if phase in b.phases and b.at_end_of_backward in (None, at_end):

@@ -11,12 +11,17 @@ reserves more than it allocates where blocks freed earlier are too small for a l
   still live; the c·V·T hole cannot serve a 4·V·T request, so a new segment is made and the hole stays cached;
 - one decoder layer's working set (its backward's gradients and, under checkpointing, its recomputed
   activations) is cached in segments the much larger logits requests cannot use;
-- in the first step the optimizer states are created into whatever the cache holds.
+- in the first step the optimizer states are created into whatever the cache holds: into the activation blocks
+  where they fit, else into the logits chain's blocks, which step 2 then has to make again;
+- per-parameter tensors (gradients, states, foreach temporaries) and activations reuse each other's blocks only
+  where they fit.
 
 The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
-and it is monotone in batch and length (every term is a non-negative multiple of T or B·L²), which the planner's
-bisection needs. ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
-quantities (``step.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
+and every term grows with batch and length, as the planner's searches need. The replay shows three more places
+(the backward thread's cuBLAS workspace in a logits block, activation blocks too small for the optimizer, a tied
+embedding's gradient) that switch off as the shape grows; they are left out (docs/reserve.md).
+``step_sequence`` spells the same step out as an allocation sequence built from the analytic
+quantities (``parts.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
 replay of real traces (bench/reserve/replay_grid.jsonl). The cache left by step 1 persists, so from step 2 on
 the reserved memory at every training phase is the step's peak reserved: each phase's reserve line is that
@@ -31,10 +36,16 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
+from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
+from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import layer_linears
+from vramledger.analytic.parts import StepParts
 from vramledger.ledger import Basis, Phase
-from vramledger.specs import Attention, GPUSpec, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
 _CHUNKS = 48
@@ -42,8 +53,9 @@ _CHUNKS = 48
 RESERVE_SOURCE = (
     "caching-allocator rules (CUDACachingAllocator.cpp best fit, no merging across segments) applied to the step: "
     "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
-    "checkpointing), AdamW states created in step 1 into cached blocks (full fine-tuning), LoRA's small pool; "
-    "reserved stays at the step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
+    "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again, "
+    "and foreach temporaries' blocks too small for the activations; LoRA's small pool; reserved stays at the "
+    "step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
 )
 
 Seq = tuple[tuple[int, int], ...]
@@ -57,33 +69,32 @@ def replay_excess(seq: Seq) -> tuple[int, int]:
     from vramledger.allocator.model import CachingAllocatorModel
 
     model = CachingAllocatorModel()
-    live: dict[int, object] = {}
+    live: dict[int, Block] = {}
     for i, size in seq:
         if size > 0:
-            live[i] = model.malloc(size)
+            blk = model.malloc(size)
+            assert blk is not None, "an unlimited device never runs out"
+            live[i] = blk
         else:
-            blk = live.pop(i, None)
-            if blk is not None:
-                model.free(blk)  # type: ignore[arg-type]
+            freed = live.pop(i, None)
+            if freed is not None:
+                model.free(freed)
     return model.peak_reserved, model.peak_allocated
 
 
-def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
-    """Allocations and frees of two training steps, in program order, built from ``p`` (a ``StepParts``).
+def step_sequence(m: ModelSpec, train: TrainSpec, p: StepParts) -> Seq:
+    """Allocations and frees of two training steps, in program order, built from ``p``.
 
     Each tensor group is one block where its tensors are allocated and freed together (the saved activations
     of the layers below the top one; the weights), and one block per tensor where the order decides what can
     reuse what (the logits chain; one layer's backward).
     """
-    from vramledger.analytic.activations import residual_bytes
-    from vramledger.analytic.logits import logits_bytes
-
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
     H, V = m.hidden_size, m.vocab_size
-    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    I = _decoder_mlp_width(m)  # noqa: E741
     n_tl = wb.trainable_layers
     ckpt = train.grad_ckpt
 
@@ -100,15 +111,15 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
         ev.append((i, 0))
 
     # Persistent: weights (frozen, trainable, fp32 master) and the cuBLAS workspaces.
-    alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)  # type: ignore[attr-defined]
+    alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)
 
     # Saved activations: the top trained layer's separately (backward frees it first), the rest as one block.
-    saved_all = p.saved_layers_bytes + p.scores_bytes  # type: ignore[attr-defined]
+    saved_all = p.saved_layers_bytes + p.scores_bytes
     top_saved = saved_all // n_tl if n_tl else 0
-    rest_saved = saved_all - top_saved + p.extra_saved_bytes  # type: ignore[attr-defined]
+    rest_saved = saved_all - top_saved + p.extra_saved_bytes
     # One layer's forward transients: under checkpointing its whole forward runs without saving (the MLP
     # intermediates c·I·T and the residual s·H·T are freed as it goes); eager's scores (step.py forward_layer_temp).
-    fwd_temp = [p.forward_layer_temp] if p.forward_layer_temp else []  # type: ignore[attr-defined]
+    fwd_temp = [p.forward_layer_temp] if p.forward_layer_temp else []
     if ckpt and n_tl:
         fwd_temp += [c * I * T, c * I * T, s * H * T]
     # One layer's backward: grads of its input and output hidden states (s·H·T each) and of the MLP intermediates
@@ -127,12 +138,12 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     tb = wb.trainable_dtype.bytes
     head = wb.lm_head_weight_numel * tb if wb.head_trainable and not small else 0
-    body = 0 if small else max(p.grad_bytes - head, 0)  # type: ignore[attr-defined]
+    body = 0 if small else max(p.grad_bytes - head, 0)
     matrix = max((lin.numel // lin.per_layer for lin in layer_linears(m)), default=1) * tb
     chunk = max(matrix, -(-body // _CHUNKS), 1)
     grad_blocks = ([head] if head else []) + [chunk] * (body // chunk) + ([body % chunk] if body % chunk else [])
-    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0  # type: ignore[attr-defined]
-    temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []  # type: ignore[attr-defined]
+    n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0
+    temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []
     lg = logits_bytes(m, train, T)
     for step in (1, 2):
         rest = alloc(rest_saved)
@@ -140,7 +151,7 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
             for t in [alloc(x) for x in fwd_temp]:
                 free(t)
         top = alloc(top_saved)
-        hidden = alloc(p.final_hidden_bytes + p.head_cast_bytes)  # type: ignore[attr-defined]
+        hidden = alloc(p.final_hidden_bytes + p.head_cast_bytes)
         if train.loss is Loss.STANDARD:
             # transformers ForCausalLMLoss: logits (c·V·T) → .float() (4·V·T) → log_softmax (4·V·T, saved);
             # the upcast and the logits die before backward (the Trainer keeps only the loss).
@@ -174,7 +185,7 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
             free(tb)
         gh = alloc(c * H * T)  # lm_head's input gradient
         free(g3)
-        recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None  # type: ignore[attr-defined]
+        recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None
         for _ in range(2 if n_tl > 1 else 1):
             for t in [alloc(x) for x in bwd_temp]:
                 free(t)
@@ -195,14 +206,14 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: object) -> Seq:
     return tuple(ev)
 
 
-def reserve_excess(m: ModelSpec, train: TrainSpec, p: object) -> int:
+def reserve_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Reserved − allocated at the step's peak: the large pool's replayed peak reserved less its peak allocated,
     plus the small pool's cached bytes (``small_pool_excess``)."""
     reserved, allocated = replay_excess(step_sequence(m, train, p))
     return max(reserved - allocated, 0) + small_pool_excess(train, p)
 
 
-def small_pool_excess(train: TrainSpec, p: object) -> int:
+def small_pool_excess(train: TrainSpec, p: StepParts) -> int:
     """Cached-but-free small-pool bytes at the step's peak, where every per-parameter tensor is ≤ 1 MiB (LoRA).
 
     The small pool (requests ≤ kSmallSize = 1 MiB) packs blocks into 2 MiB segments (kSmallBuffer) and splits
@@ -211,12 +222,12 @@ def small_pool_excess(train: TrainSpec, p: object) -> int:
     autocast copies during forward). At the step's peak (in the loss, or backward) only the states and, without
     checkpointing, the autocast copies are live; the rest of the pool is cached and unusable by large requests.
     """
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     if wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE:
         return 0
-    states, grads = p.state_bytes, p.grad_bytes  # type: ignore[attr-defined]
-    casts = p.autocast_copy_bytes  # type: ignore[attr-defined]
-    most = max(grads + states + p.step_temp_bytes, states + casts)  # type: ignore[attr-defined]
+    states, grads = p.state_bytes, p.grad_bytes
+    casts = p.autocast_copy_bytes
+    most = max(grads + states + p.step_temp_bytes, states + casts)
     reserved = -(-most // K_SMALL_BUFFER) * K_SMALL_BUFFER
     at_peak = states + (0 if train.grad_ckpt else casts)
     return max(reserved - at_peak, 0)
@@ -226,7 +237,7 @@ _TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
 
 def phase_reserves(
-    m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, allocated: dict[Phase, int]
+    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int]
 ) -> dict[Phase, tuple[int, str, Basis]]:
     """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
 
@@ -236,13 +247,10 @@ def phase_reserves(
     and generation run after training steps, so they hold at least that cache; where they allocate more, the
     stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
     """
-    from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
-    from vramledger.analytic.overhead import allocator_reserve_bytes
-    from vramledger.analytic.step import step_parts
-
     peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
     loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
-    reserved = peak_reserved(m, train, step_parts(m, train, gpu), loss_peak, peak) if peak else 0
+    opt_peak = allocated.get(Phase.OPTIMIZER, peak)
+    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak) if peak else 0
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
         if ph is Phase.LOAD:
@@ -254,7 +262,7 @@ def phase_reserves(
     return out
 
 
-def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
+def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Cached blocks no request can use at the loss's backward peak, in closed form (monotone in B and L).
 
     What the replay of ``step_sequence`` (and of real traces) shows is left cached and free there:
@@ -267,46 +275,140 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: object) -> int:
       larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
       transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
     """
-    from vramledger.analytic.activations import residual_bytes
-
-    wb = p.weights  # type: ignore[attr-defined]
+    wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
     H, V = m.hidden_size, m.vocab_size
-    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    I = _decoder_mlp_width(m)  # noqa: E741
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
     if not wb.trainable_layers:
         return logits_hole
-    fwd = p.forward_layer_temp  # type: ignore[attr-defined]
+    fwd = p.forward_layer_temp
     if not train.grad_ckpt:
         return logits_hole + fwd
     fwd += (2 * c * I + s * H) * T
-    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T  # type: ignore[attr-defined]
+    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T
     if train.attn is Attention.EAGER:
         bwd += (c + 4) * m.num_heads * L * L * B
     return logits_hole + max(fwd, bwd)
 
 
-def peak_reserved(m: ModelSpec, train: TrainSpec, p: object, loss_peak: int, step_peak: int) -> int:
-    """Peak reserved of a steady-state step, in closed form: monotone in batch and length, as the planner needs.
+def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
+    """The blocks of the standard loss's logits chain, smallest first: the c·V·T logits (with c < 4), the fp32 copy
+    (c < 4), the fp32 log-softmax and the fp32 ``_log_softmax_backward_data`` gradient, each 4·V·T (transformers
+    ``ForCausalLMLoss``; the trace shows each in a segment of its own). None for a chunked or fused loss."""
+    if train.loss is not Loss.STANDARD:
+        return ()
+    T, V, c = train.tokens, m.vocab_size, train.precision.compute.bytes
+    fp32 = (4 * V * T,) * (3 if c != 4 else 2)
+    return ((c * V * T,) if c != 4 else ()) + fp32
+
+
+def peak_reserved(
+    m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int, opt_peak: int | None = None
+) -> int:
+    """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules; never falls as
+    batch or length grows (the planner's searches need that).
 
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
-    phase's allocated bytes. At the loss's peak the stranded blocks (``stranded_bytes``) are reserved on top.
-    With full fine-tuning, AdamW creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``) into
-    whatever is cached by then: C = step 1's reserved (its loss peak without S, plus the stranded blocks) less
-    the weights W and gradients G still live. Best fit puts each state tensor in the smallest block it fits,
-    so they fill the stranded blocks first; what they take beyond those, step 2 must find in new segments:
-    reserved at step 2's loss peak = loss_peak + max(stranded, min(S, C)). Small-pool bytes (LoRA's
-    per-parameter tensors, ``small_pool_excess``) are cached on top.
+    phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``).
+    CUDACachingAllocator.cpp never releases a segment during training and serves a request only from a cached
+    block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
+    segments made so far, and the step's peak is the largest of these lower bounds:
+
+    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``, less
+       the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
+       activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
+       own segments, which no activation fits (``_temporaries_unused_by_activations``);
+    2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
+       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
+       at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
+       (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
+       step 2 makes it again: reserved = max(R1, ``opt_peak``) + the fp32 logits bytes the states can take
+       (``_relaid_bytes``).
+    Terms 1's temporaries and 2 are for trained base weights (full, freeze), whose per-parameter tensors are
+    large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
+    (``small_pool_excess``) are added on top. Mechanisms the replay shows that switch off as the shape grows
+    (docs/reserve.md) are left out: with them reserved would fall where a longer sequence makes blocks usable.
     """
+    opt_peak = step_peak if opt_peak is None else opt_peak
     stranded = stranded_bytes(m, train, p)
-    wb = p.weights  # type: ignore[attr-defined]
-    large_states = wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE
-    taken = stranded
-    if large_states:
-        S = p.state_bytes  # type: ignore[attr-defined]
-        W = p.frozen_bytes + p.trainable_bytes + p.master_bytes  # type: ignore[attr-defined]
-        C = max(loss_peak - S + stranded - W - p.grad_bytes, 0)  # type: ignore[attr-defined]
-        taken = max(stranded, min(S, C))
-    return max(step_peak, loss_peak + taken) + small_pool_excess(train, p)
+    wb = p.weights
+    if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        return max(step_peak, loss_peak + stranded) + small_pool_excess(train, p)
+    r1 = max(loss_peak - p.state_bytes + stranded, 0)
+    chain = logits_blocks(m, train)
+    hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
+    in_hole = min(_states_in_logits(m, train, p, r1, stranded), hole)
+    return max(
+        step_peak,
+        loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
+        max(r1, opt_peak) + _relaid_bytes(m, train, p),
+    ) + small_pool_excess(train, p)
+
+
+def _decoder_mlp_width(m: ModelSpec) -> int:
+    """I: the MLP width one token goes through (top-k experts' for a MoE)."""
+    return m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size
+
+
+def _activations_too_small_for_parameters(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """No checkpointing and c·I·T < b·H·I: no gradient, state or foreach temporary of a decoder matrix fits in an
+    activation block."""
+    c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
+    I = _decoder_mlp_width(m)  # noqa: E741
+    return not train.grad_ckpt and c * I * train.tokens < b * m.hidden_size * I
+
+
+def _temporaries_unused_by_activations(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The foreach temporaries' segments, cached at step 2's loss peak where every c·I·T activation is larger than
+    a decoder matrix's per-parameter tensor (b·H·I) and so cannot use them (term 1)."""
+    c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
+    I = _decoder_mlp_width(m)  # noqa: E741
+    if train.grad_ckpt or not p.weights.trainable_layers or c * I * train.tokens <= b * m.hidden_size * I:
+        return 0
+    return p.step_temp_bytes
+
+
+def _states_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int) -> int:
+    """Bytes of optimizer states step 1 puts into the logits chain's blocks.
+
+    The cache outside the logits blocks after step 1's backward is R1 less the weights, the chain and the
+    stranded blocks (none of it usable when the activation blocks are too small); the gradients G are already
+    in it. States beyond what is left go into the logits blocks; and one state of the V·H embedding (or lm_head)
+    goes there anyway when it is larger than every activation block (c·I·T, a layer's forward transients).
+    """
+    S = p.state_bytes
+    chain = logits_blocks(m, train)
+    if not S or not chain:
+        return 0
+    wb = p.weights
+    W = p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes
+    outside = 0
+    if not _activations_too_small_for_parameters(m, train, p):
+        outside = max(r1 - W - sum(chain) - stranded, 0)
+    into = min(S, max(S + p.grad_bytes - outside, 0))
+    n_states = max(round(S / max(p.grad_bytes, 1)), 1)
+    one_state = wb.lm_head_weight_numel * S // max(n_states * wb.trainable_params, 1)
+    if one_state > max(train.precision.compute.bytes * _decoder_mlp_width(m) * train.tokens, p.forward_layer_temp):
+        into = max(into, one_state)
+    return into
+
+
+def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """fp32 logits bytes step 2 makes again because step 1's states sit in those blocks (term 2).
+
+    Step 2's backward needs three fp32 4·V·T blocks at once (the saved log-softmax and two gradients); the space
+    the states took in them is made again, up to the states' size. A request no larger than the V·H gradient
+    (lm_head's or the embedding's) finds a freed gradient or foreach-temporary block instead. Counted as if the
+    states went into the logits blocks whatever else is cached (an over-estimate where they fit in activation
+    blocks): the bytes they really take there shrink as a longer sequence brings larger activation blocks, and
+    the estimate must not fall with the shape.
+    """
+    chain = logits_blocks(m, train)
+    fp32 = [x for x in chain if x == 4 * m.vocab_size * train.tokens]
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    if not p.state_bytes or not fp32 or fp32[0] <= head:
+        return 0
+    return min(p.state_bytes, sum(fp32))

@@ -15,7 +15,6 @@ Gradients are absent in forward unless gradient accumulation keeps them across m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from functools import lru_cache
 
 from vramledger.analytic.activations import (
@@ -29,7 +28,8 @@ from vramledger.analytic.activations import (
     residual_bytes,
     rope_bytes_per_token,
 )
-from vramledger.analytic.distributed import Buffer, add_buffers, rank_step_parts
+from vramledger.analytic.distributed import add_buffers, rank_step_parts
+from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
@@ -37,80 +37,11 @@ from vramledger.analytic.overhead import (
     cublas_workspace_bytes,
     cuda_context_bytes,
 )
+from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves
-from vramledger.analytic.weights import WeightBudget, weight_budget
+from vramledger.analytic.weights import weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
-
-
-@dataclass(kw_only=True, slots=True)
-class _Moment:
-    """Bytes by category at one instant, with the sources of each line."""
-
-    name: str
-    lines: dict[Category, list[tuple[str, int, str, Basis]]] = field(default_factory=dict)
-
-    def add(self, cat: Category, label: str, n: int, source: str, basis: Basis = Basis.FORMULA) -> None:
-        if n > 0:
-            self.lines.setdefault(cat, []).append((label, int(n), source, basis))
-
-    @property
-    def total(self) -> int:
-        return sum(n for items in self.lines.values() for _, n, _, _ in items)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class StepParts:
-    """The quantities every moment is assembled from (exposed for tests and the planner)."""
-
-    weights: WeightBudget
-    frozen_bytes: int
-    trainable_bytes: int
-    master_bytes: int
-    grad_bytes: int
-    autocast_copy_bytes: int
-    state_bytes: int
-    step_temp_bytes: int
-    saved_layers_bytes: int
-    """Saved activations of all trained layers (or their checkpointed inputs)."""
-    layer_bytes: int
-    """Saved activations of one trained layer (recomputed in backward under checkpointing)."""
-    scores_bytes: int
-    """Length² bytes of all trained layers (0 under checkpointing, where one layer's is recomputed)."""
-    layer_scores_bytes: int
-    extra_saved_bytes: int
-    """Final norm, RoPE tables and other once-per-model saved tensors."""
-    logits_forward: int
-    logits_saved: int
-    logits_backward: int
-    logits_head: int
-    final_hidden_bytes: int
-    """The final hidden state, alive during the loss (a temporary)."""
-    head_cast_bytes: int
-    """lm_head's bf16 weight cast under AMP: saved by autograd even under checkpointing (lm_head is outside it)."""
-    layer_backward_temp: int
-    dora_temp: int
-    forward_layer_temp: int
-    """Largest transient inside one layer's forward (eager's pre-softmax scores, DoRA's weight norm)."""
-    dequant_temp: int
-    """QLoRA: bitsandbytes dequantises one frozen weight to the compute dtype per matmul (forward and backward)."""
-    workspace_bytes: int
-    optimizer_source: str
-    logits_source: str
-    buffers: tuple[Buffer, ...] = ()
-    """Data-parallel engine buffers (DDP buckets, FSDP all-gathers, ZeRO buckets), with the phases they live in."""
-
-
-def _sources() -> dict[str, str]:
-    return {
-        "weights": "Σ parameters × dtype bytes (analytic/params.py, weights.py: transformers 5 modeling_*, PEFT, bnb)",
-        "grads": "one gradient per trainable parameter, in its dtype (torch AccumulateGrad)",
-        "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, "
-        "kept while autograd needs it",
-        "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, "
-        "LlamaMLP, PEFT)",
-        "ckpt": "torch.utils.checkpoint (non-reentrant): each layer keeps only its input hidden state",
-    }
 
 
 @lru_cache(maxsize=4096)
@@ -198,94 +129,60 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     )
 
 
-def _persistent(mo: _Moment, p: StepParts, train: TrainSpec, *, grads: int, autocast: bool, states: bool) -> None:
-    src = _sources()
-    if p.frozen_bytes:
-        label = "frozen base" + (" (quantised)" if train.quant is not None else "")
-        mo.add(Category.WEIGHTS, label, p.frozen_bytes, src["weights"])
-    if p.trainable_bytes:
-        label = "adapters" if train.adapters else "trainable"
-        mo.add(Category.WEIGHTS, f"{label} ({p.weights.trainable_dtype.value})", p.trainable_bytes, src["weights"])
-    if p.master_bytes:
-        mo.add(Category.MASTER_WEIGHTS, "fp32 master copy (ZeRO shard)", p.master_bytes,
-               "DeepSpeed bf16/fp16 optimizer: fp32 master partition, 4·P/N")
-    if autocast and p.autocast_copy_bytes:
-        mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, src["autocast"])
-    if states and p.state_bytes:
-        mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
-    if grads:
-        mo.add(Category.GRADIENTS, "gradients", grads, src["grads"])
-    mo.add(Category.WORKSPACE, "cuBLAS workspaces", p.workspace_bytes,
-           "torch CublasHandlePool.cpp getChosenWorkspaceSize, one per handle (forward and backward threads)")
-
-
-def _activations(mo: _Moment, p: StepParts, train: TrainSpec, *, saved_logits: bool = False) -> None:
-    src = _sources()
-    if p.saved_layers_bytes:
-        label = "layer inputs (checkpointed)" if train.grad_ckpt else "saved by every trained layer"
-        mo.add(Category.ACTIVATIONS, label, p.saved_layers_bytes, src["ckpt"] if train.grad_ckpt else src["acts"])
-    if p.extra_saved_bytes:
-        mo.add(Category.ACTIVATIONS, "final norm, RoPE tables", p.extra_saved_bytes, src["acts"])
-    if p.scores_bytes:
-        mo.add(Category.ATTENTION_SCORES, "length² tensors of every layer", p.scores_bytes,
-               "eager softmax fp32 + cast probs (or padded SDPA's additive mask), analytic/activations.py")
-    if saved_logits and p.logits_saved:
-        mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, p.logits_source)
-
-
-def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, _Moment]:
+def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
     p = step_parts(m, train, gpu)
     accum = train.grad_accum > 1
     grads_prev = p.grad_bytes if accum else 0
-    out: dict[Phase, _Moment] = {}
+    out: dict[Phase, Moment] = {}
 
-    load = _Moment(name="weights loaded, before the first step")
+    load = Moment(name="weights loaded, before the first step", phase=Phase.LOAD)
     if p.frozen_bytes:
-        load.add(Category.WEIGHTS, "frozen base", p.frozen_bytes, _sources()["weights"])
+        load.add(Category.WEIGHTS, "frozen base", p.frozen_bytes, SOURCES["weights"])
     if p.trainable_bytes:
-        load.add(Category.WEIGHTS, "trainable", p.trainable_bytes, _sources()["weights"])
+        load.add(Category.WEIGHTS, "trainable", p.trainable_bytes, SOURCES["weights"])
     out[Phase.LOAD] = load
 
     # Forward: the loss with everything saved so far.
-    fwd = _Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)")
-    _persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
-    _activations(fwd, p, train)
+    fwd = Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)", phase=Phase.FORWARD)
+    add_persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
+    add_activations(fwd, p, train)
     fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
     fwd.add(Category.TEMPORARIES, "final hidden state (model output, alive during the loss)", p.final_hidden_bytes,
             "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives")
-    fwd_layer = _Moment(name="inside the last decoder layer's forward")
-    _persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
-    _activations(fwd_layer, p, train)
+    fwd_layer = Moment(name="inside the last decoder layer's forward", phase=Phase.FORWARD)
+    add_persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
+    add_activations(fwd_layer, p, train)
     fwd_layer.add(Category.TEMPORARIES, "transients of one layer", p.forward_layer_temp + p.dequant_temp,
                   "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
                   "QLoRA dequantised weight")
     out[Phase.FORWARD] = max((fwd, fwd_layer), key=lambda mo: mo.total)
 
     # Backward candidates.
-    cands: list[_Moment] = []
-    b_loss = _Moment(name="log-softmax backward (_log_softmax_backward_data)")
+    cands: list[Moment] = []
+    b_loss = Moment(name="log-softmax backward (_log_softmax_backward_data)", phase=Phase.BACKWARD)
     # Non-reentrant checkpointing saves no casted weights: the autocast cache dies when forward's autocast exits.
     keep_casts = not train.grad_ckpt
-    _persistent(b_loss, p, train, grads=grads_prev, autocast=keep_casts, states=True)
+    add_persistent(b_loss, p, train, grads=grads_prev, autocast=keep_casts, states=True)
     if not keep_casts:
         b_loss.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
-                   _sources()["autocast"])
-    _activations(b_loss, p, train)
+                   SOURCES["autocast"])
+    add_activations(b_loss, p, train)
     b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
     cands.append(b_loss)
 
-    b_top = _Moment(name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""))
+    b_top = Moment(name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""),
+                   phase=Phase.BACKWARD)
     head_grad = 0
     if p.weights.head_trainable and not accum:
         head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    _persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=keep_casts, states=True)
+    add_persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=keep_casts, states=True)
     if not keep_casts:
         b_top.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
-                  _sources()["autocast"])
-    _activations(b_top, p, train)
+                  SOURCES["autocast"])
+    add_activations(b_top, p, train)
     if train.grad_ckpt and p.weights.trainable_layers:
-        b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, _sources()["acts"])
+        b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, SOURCES["acts"])
         b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
                   "analytic/activations.py")
     if train.grad_ckpt:
@@ -297,8 +194,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
               "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)")
     cands.append(b_top)
 
-    b_end = _Moment(name="end of backward (every gradient allocated)")
-    _persistent(b_end, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    b_end = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
+    add_persistent(b_end, p, train, grads=p.grad_bytes, autocast=False, states=True)
     if p.weights.embedding_trainable and (m.tie_word_embeddings or accum):
         b_end.add(Category.TEMPORARIES, "embedding gradient before accumulation",
                   p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
@@ -307,15 +204,14 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     cands.append(b_end)
     out[Phase.BACKWARD] = max(cands, key=lambda mo: mo.total)
 
-    opt = _Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""))
-    _persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    opt = Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""),
+                 phase=Phase.OPTIMIZER)
+    add_persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
     opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
     for phase, mo in out.items():
         add_buffers(mo, phase, p.buffers)
-    from vramledger.analytic.evaluation import eval_moments  # eval/generate phases (issue 9)
-
-    out.update(eval_moments(m, train, gpu, p))
+    out.update(eval_moments(m, train, p))
     return out
 
 
@@ -324,12 +220,10 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    reserves = phase_reserves(m, train, gpu, {ph: mo.total for ph, mo in mos.items()})  # analytic/reserve.py
+    reserves = phase_reserves(m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()})
     for phase, mo in mos.items():
         names[phase] = mo.name
-        for cat, lines in mo.lines.items():
-            for label, n, source, basis in lines:
-                items.append(LineItem(category=cat, phase=phase, bytes=n, label=label, source=source, basis=basis))
+        items.extend(mo.items)
         if phase in reserves:
             n, source, basis = reserves[phase]
             items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase, bytes=n,

@@ -11,10 +11,11 @@ import importlib
 import sys
 from collections.abc import Sequence
 
-from vramledger import __version__
+from vramledger._version import __version__
 from vramledger.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, VramledgerError
 
-# Command modules, in the order `vramledger --help` lists them.
+# Command modules, in the order `vramledger --help` lists them: a module of this package, or a dotted path for a
+# front end that sits above the CLI and reuses its parser (the ui package imports cli; cli never imports it).
 COMMANDS: tuple[str, ...] = (
     "estimate",
     "trace",
@@ -27,7 +28,7 @@ COMMANDS: tuple[str, ...] = (
     "accum_check",
     "convert",
     "explain",
-    "ui",
+    "vramledger.ui.command",
 )
 
 
@@ -46,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"vramledger {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser, metavar="COMMAND")
     for name in COMMANDS:
-        importlib.import_module(f"vramledger.cli.{name}").register(sub)
+        importlib.import_module(name if "." in name else f"vramledger.cli.{name}").register(sub)
     return parser
 
 

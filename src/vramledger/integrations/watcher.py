@@ -18,17 +18,20 @@ forward runs), a phase measured more than ``tolerance`` above its prediction, re
 from __future__ import annotations
 
 import json
+import pickle
 import time
 import warnings
 import weakref
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from vramledger.errors import VramledgerError
 from vramledger.integrations.predict import LiveSetup
 from vramledger.integrations.stats import MemoryStats
 from vramledger.ledger import Ledger, Phase
+from vramledger.userfiles import unique_path
 
 
 class MemoryWarning(UserWarning):
@@ -43,19 +46,6 @@ class StepRecord:
     step: int
     phases: dict[str, dict[str, int]] = field(default_factory=dict)
     batches: list[tuple[int, ...]] = field(default_factory=list)
-
-
-def unique_path(path: Path) -> Path:
-    """``path``, or ``name.1.ext``, ``name.2.ext``… when it exists: nothing the user has is overwritten."""
-    if not path.exists():
-        return path
-    stem, suffix = path.name.split(".", 1) if "." in path.name else (path.name, "")
-    n = 1
-    while True:
-        candidate = path.with_name(f"{stem}.{n}" + (f".{suffix}" if suffix else ""))
-        if not candidate.exists():
-            return candidate
-        n += 1
 
 
 class MemoryWatcher:
@@ -287,10 +277,9 @@ class MemoryWatcher:
         if self.ooms > self.max_oom_reports:
             self._write({"event": "oom", "count": self.ooms, "requested_bytes": requested})
             return
-        from vramledger.integrations.postmortem import write_postmortem
 
         try:
-            record = write_postmortem(self, device=device, requested=requested, limit=limit, free=free)
+            record = self._write_postmortem(device=device, requested=requested, limit=limit, free=free)
         except Exception as exc:  # noqa: BLE001 - the observer runs inside the allocator's failure: our own
             # error must never replace the user's OutOfMemoryError, so it is recorded and the OOM goes on
             self._write({"event": "oom", "requested_bytes": requested, "postmortem_error": repr(exc)})
@@ -298,6 +287,85 @@ class MemoryWatcher:
             return
         self._write({"event": "oom", **record})
         self._warn(f"CUDA out of memory: {record.get('diagnosis')}; post-mortem in {record.get('postmortem_text')}")
+
+    def _write_postmortem(self, *, device: int, requested: int, limit: int, free: int) -> dict[str, Any]:
+        """The snapshot, the diagnosis, the comparison with the prediction and the fixes, written beside the JSONL."""
+        from vramledger.explain import evidence_from_snapshot
+        from vramledger.explain.postmortem import Evidence, compare, diagnose, shortfall
+        from vramledger.report.postmortem import postmortem_to_dict, render_postmortem
+        from vramledger.report.postmortem_html import render_postmortem_html
+
+        base = self.out.parent if self.out is not None else Path.cwd()
+        stem = f"oom_step{self.step.step}"
+        current = self.stats.current()
+        capacity = self.stats.capacity()
+        batch = {
+            "shape": list(self.step.batches[-1]) if self.step.batches else None,
+            "longest": list(self.longest) if self.longest else None,
+        }
+        extra: dict[str, Any] = {
+            "requested_bytes": requested,
+            # the observer passes the memory-fraction cap when one is set, else the device total
+            "capacity_bytes": capacity if capacity is not None else limit,
+            "allowed_bytes": limit if capacity is not None and limit < capacity else None,
+            "free_bytes": free,
+            "allocated_bytes": None if current is None else current[0],
+            "reserved_bytes": None if current is None else current[1],
+            "phase": self.phase,
+            "step": self.step.step,
+            "batch": batch,
+        }
+        record: dict[str, Any] = {k: v for k, v in extra.items()}
+        snapshot = self.stats.snapshot()
+        if snapshot is not None:
+            snap_path = unique_path(base / f"{stem}.snapshot.pickle")
+            with snap_path.open("xb") as f:
+                pickle.dump(
+                    snapshot, f
+                )  # _dump_snapshot's format: opens in pytorch.org/memory_viz
+            record["snapshot"] = snap_path.name
+            known = self._known() if self._known is not None else None
+            ev = evidence_from_snapshot(snapshot, source="the OOM observer", device=device, known=known, **extra)
+        else:
+            ev = Evidence(source="the OOM observer", **extra)
+        pm = diagnose(ev)
+        if self.prediction is not None and self.setup is not None:
+            comparison = compare(self.prediction, ev, pm.requested_bytes, pm.allocated_bytes)
+            fixes: tuple[Any, ...] = ()
+            gpu = self.prediction.verdict and self._gpu()
+            if gpu:
+                from vramledger.explain.fixes import priced_fixes
+
+                try:
+                    fixes = priced_fixes(
+                        self.setup.model,
+                        self.setup.train,
+                        gpu,
+                        self.headroom,
+                        diagnosis=pm.diagnosis,
+                        fmt=self.fmt,
+                        need_bytes=shortfall(pm),
+                    )
+                except VramledgerError:
+                    fixes = ()
+            pm = replace(pm, comparison=comparison, fixes=fixes)
+        text_path = unique_path(base / f"{stem}.postmortem.txt")
+        text_path.write_text(render_postmortem(pm) + "\n", encoding="utf-8")
+        html_path = unique_path(base / f"{stem}.postmortem.html")
+        html_path.write_text(render_postmortem_html(pm), encoding="utf-8")
+        summary = postmortem_to_dict(pm)
+        record.update(
+            {
+                "diagnosis": summary["diagnosis"],
+                "reason": summary["reason"],
+                "largest_free_block_bytes": summary["largest_free_block_bytes"],
+                "by_category": summary["by_category"],
+                "fixes": summary["fixes"],
+                "postmortem_text": text_path.name,
+                "postmortem_html": html_path.name,
+            }
+        )
+        return record
 
 
 def _plain(x: Any) -> Any:

@@ -115,7 +115,7 @@ def versions() -> dict[str, Any]:
     """Software versions that move the numbers (torch and CUDA first)."""
     import torch
 
-    from vramledger import __version__
+    from vramledger._version import __version__
 
     return {
         "python": platform.python_version(),

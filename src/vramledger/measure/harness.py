@@ -58,10 +58,8 @@ class TrialResult:
 
 
 def _worker_env(extra: Mapping[str, str] | None) -> dict[str, str]:
-    import vramledger
-
     env = dict(os.environ)
-    src = str(Path(vramledger.__file__).resolve().parent.parent)
+    src = str(Path(__file__).resolve().parents[2])  # src/vramledger/measure/harness.py -> src
     env["PYTHONPATH"] = src + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("TOKENIZERS_PARALLELISM", "false")

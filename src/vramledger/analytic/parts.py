@@ -1,0 +1,150 @@
+"""The data the analytic step is assembled from: ``StepParts`` (sizes) and ``Moment`` (line items at one instant).
+
+Data flows one way through the analytic step: ``step.step_parts`` computes a ``StepParts`` from the specs; the
+moments of training (``step.moments``), of evaluation (``evaluation.eval_moments``) and the allocator reserve
+(``reserve.phase_reserves``) are plain functions of it; ``step.ledger_items`` turns the moments into the ledger's
+lines. This module imports none of them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from vramledger.analytic.rank import Buffer
+from vramledger.analytic.weights import WeightBudget
+from vramledger.ledger import Basis, Category, LineItem, Phase
+from vramledger.specs import TrainSpec
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StepParts:
+    """The quantities every moment is assembled from, in bytes (exposed for tests, the reserve and the planner)."""
+
+    weights: WeightBudget
+    frozen_bytes: int
+    trainable_bytes: int
+    master_bytes: int
+    grad_bytes: int
+    autocast_copy_bytes: int
+    state_bytes: int
+    step_temp_bytes: int
+    saved_layers_bytes: int
+    """Saved activations of all trained layers (or their checkpointed inputs)."""
+    layer_bytes: int
+    """Saved activations of one trained layer (recomputed in backward under checkpointing)."""
+    scores_bytes: int
+    """Length² bytes of all trained layers (0 under checkpointing, where one layer's is recomputed)."""
+    layer_scores_bytes: int
+    extra_saved_bytes: int
+    """Final norm, RoPE tables and other once-per-model saved tensors."""
+    logits_forward: int
+    logits_saved: int
+    logits_backward: int
+    logits_head: int
+    final_hidden_bytes: int
+    """The final hidden state, alive during the loss (a temporary)."""
+    head_cast_bytes: int
+    """lm_head's bf16 weight cast under AMP: saved by autograd even under checkpointing (lm_head is outside it)."""
+    layer_backward_temp: int
+    dora_temp: int
+    forward_layer_temp: int
+    """Largest transient inside one layer's forward (eager's pre-softmax scores, DoRA's weight norm)."""
+    dequant_temp: int
+    """QLoRA: bitsandbytes dequantises one frozen weight to the compute dtype per matmul (forward and backward)."""
+    workspace_bytes: int
+    """cuBLAS and cuBLASLt workspaces of both threads' handles (forward and autograd's backward)."""
+    optimizer_source: str
+    logits_source: str
+    buffers: tuple[Buffer, ...] = ()
+    """Data-parallel engine buffers (DDP buckets, FSDP all-gathers, ZeRO buckets), with the phases they live in."""
+
+
+@dataclass(kw_only=True, slots=True)
+class Moment:
+    """The line items live at one instant of one phase, grouped by category in the order they were first added.
+
+    >>> mo = Moment(name="example", phase=Phase.FORWARD)
+    >>> mo.add(Category.WEIGHTS, "base", 10, "a source")
+    >>> mo.add(Category.GRADIENTS, "none", 0, "zero bytes add no line")
+    >>> mo.total, len(mo.items)
+    (10, 1)
+    """
+
+    name: str
+    """What happens at this instant (the ledger's moment name of the phase)."""
+    phase: Phase
+    by_category: dict[Category, list[LineItem]] = field(default_factory=dict)
+
+    def add(self, cat: Category, label: str, n: int, source: str, basis: Basis = Basis.FORMULA) -> None:
+        """One line of ``n`` bytes; nothing for ``n`` ≤ 0."""
+        if n > 0:
+            item = LineItem(category=cat, phase=self.phase, bytes=int(n), label=label, source=source, basis=basis)
+            self.by_category.setdefault(cat, []).append(item)
+
+    @property
+    def items(self) -> tuple[LineItem, ...]:
+        return tuple(item for items in self.by_category.values() for item in items)
+
+    @property
+    def total(self) -> int:
+        return sum(item.bytes for items in self.by_category.values() for item in items)
+
+
+SOURCES = {
+    "weights": "Σ parameters × dtype bytes (analytic/params.py, weights.py: transformers 5 modeling_*, PEFT, bnb)",
+    "grads": "one gradient per trainable parameter, in its dtype (torch AccumulateGrad)",
+    "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, kept while autograd needs it",
+    "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, LlamaMLP, PEFT)",
+    "ckpt": "torch.utils.checkpoint (non-reentrant): each layer keeps only its input hidden state",
+}
+"""The sources of the lines every moment shares."""
+
+
+def add_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int, autocast: bool, states: bool) -> None:
+    """Weights, master copy, autocast copies (if ``autocast``), states (if ``states``), ``grads`` bytes of
+    gradients, and the cuBLAS workspaces: what lives through the whole step."""
+    if p.frozen_bytes:
+        label = "frozen base" + (" (quantised)" if train.quant is not None else "")
+        mo.add(Category.WEIGHTS, label, p.frozen_bytes, SOURCES["weights"])
+    if p.trainable_bytes:
+        label = "adapters" if train.adapters else "trainable"
+        mo.add(Category.WEIGHTS, f"{label} ({p.weights.trainable_dtype.value})", p.trainable_bytes, SOURCES["weights"])
+    if p.master_bytes:
+        mo.add(
+            Category.MASTER_WEIGHTS,
+            "fp32 master copy (ZeRO shard)",
+            p.master_bytes,
+            "DeepSpeed bf16/fp16 optimizer: fp32 master partition, 4·P/N",
+        )
+    if autocast and p.autocast_copy_bytes:
+        mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, SOURCES["autocast"])
+    if states and p.state_bytes:
+        mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
+    if grads:
+        mo.add(Category.GRADIENTS, "gradients", grads, SOURCES["grads"])
+    mo.add(
+        Category.WORKSPACE,
+        "cuBLAS workspaces",
+        p.workspace_bytes,
+        "torch CublasHandlePool.cpp getChosenWorkspaceSize, one per handle (forward and backward threads)",
+    )
+
+
+def add_activations(mo: Moment, p: StepParts, train: TrainSpec, *, saved_logits: bool = False) -> None:
+    """The activations every trained layer saved for backward (or its checkpointed input), and the length² ones."""
+    if p.saved_layers_bytes:
+        label = "layer inputs (checkpointed)" if train.grad_ckpt else "saved by every trained layer"
+        mo.add(
+            Category.ACTIVATIONS, label, p.saved_layers_bytes, SOURCES["ckpt"] if train.grad_ckpt else SOURCES["acts"]
+        )
+    if p.extra_saved_bytes:
+        mo.add(Category.ACTIVATIONS, "final norm, RoPE tables", p.extra_saved_bytes, SOURCES["acts"])
+    if p.scores_bytes:
+        mo.add(
+            Category.ATTENTION_SCORES,
+            "length² tensors of every layer",
+            p.scores_bytes,
+            "eager softmax fp32 + cast probs (or padded SDPA's additive mask), analytic/activations.py",
+        )
+    if saved_logits and p.logits_saved:
+        mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, p.logits_source)
