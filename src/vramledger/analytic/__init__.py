@@ -37,8 +37,9 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         out.append("ZeRO/FSDP per-rank memory is modelled coarsely (shards of weights, grads, states); see README")
     if train.offload_params:
         out.append("parameter offload is not modelled: weights are counted on the GPU")
-    if train.quant is not None and train.optimizer.value.startswith("paged"):
-        out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
+    if train.optimizer.value.startswith("paged"):
+        out.append("paged optimizer states live in CUDA managed memory outside PyTorch's allocator: shown on their "
+                   "own line, in the device total but not in allocated or reserved; the driver may page them out")
     from vramledger.analytic.evaluation import eval_warnings
 
     out.extend(eval_warnings(m, train))

@@ -36,6 +36,7 @@ from vramledger.analytic.overhead import (
     cublas_workspace_bytes,
     cuda_context_bytes,
 )
+from vramledger.analytic.paged import PAGED_SOURCE
 from vramledger.analytic.reserve import phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
@@ -55,7 +56,8 @@ class _Moment:
 
     @property
     def total(self) -> int:
-        return sum(n for items in self.lines.values() for _, n, _, _ in items)
+        """Allocated bytes (managed memory is outside PyTorch's allocator)."""
+        return sum(n for cat, items in self.lines.items() if cat.allocated for _, n, _, _ in items)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -69,6 +71,8 @@ class StepParts:
     grad_bytes: int
     autocast_copy_bytes: int
     state_bytes: int
+    paged_state_bytes: int
+    """Paged optimizer states: CUDA managed memory (analytic/paged.py), not part of ``state_bytes``."""
     step_temp_bytes: int
     saved_layers_bytes: int
     """Saved activations of all trained layers (or their checkpointed inputs)."""
@@ -153,6 +157,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     grads = wb.trainable_params * wb.trainable_dtype.bytes
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
+    paged_states, states = (states, 0) if opt.paged else (0, states)
     master = 0
     if train.offload_optimizer and train.zero_stage == 0:
         # Optimizer offload (DeepSpeed ZeRO-Offload's CPU Adam): states and the step live in host memory; the GPU
@@ -185,6 +190,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         grad_bytes=grads,
         autocast_copy_bytes=autocast_copies,
         state_bytes=states,
+        paged_state_bytes=paged_states,
         step_temp_bytes=step_temp,
         saved_layers_bytes=saved_layers,
         layer_bytes=layer_bytes,
@@ -224,6 +230,8 @@ def _persistent(mo: _Moment, p: StepParts, train: TrainSpec, *, grads: int, auto
         mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, src["autocast"])
     if states and p.state_bytes:
         mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
+    if states:
+        mo.add(Category.MANAGED_MEMORY, "paged optimizer states", p.paged_state_bytes, PAGED_SOURCE)
     if grads:
         mo.add(Category.GRADIENTS, "gradients", grads, src["grads"])
     mo.add(Category.WORKSPACE, "cuBLAS workspaces", p.workspace_bytes,

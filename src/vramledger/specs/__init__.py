@@ -1,5 +1,6 @@
 """What the user asks about: the model, the training setup and the GPU, as frozen validated dataclasses."""
 
+from vramledger.specs.cache import CacheKind
 from vramledger.specs.gpu import GPUSpec
 from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
@@ -17,6 +18,7 @@ from vramledger.specs.train import (
 
 __all__ = [
     "Attention",
+    "CacheKind",
     "DType",
     "EvalLogits",
     "GPUSpec",

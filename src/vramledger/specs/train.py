@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from vramledger.errors import VramledgerError
+from vramledger.specs.cache import CacheKind
 
 
 class DType(str, enum.Enum):
@@ -118,13 +119,19 @@ class LoraSpec:
     alpha: float = 32.0
     """``lora_alpha`` (scales the update; no memory effect)."""
     targets: tuple[str, ...] = _ALL
-    """Module names to adapt (``q_proj``, ``v_proj``, …) or ``("all",)`` for every linear layer but the output."""
+    """Module names to adapt (``q_proj``, ``v_proj``, …) or ``("all",)`` for every linear layer but the output;
+    ``lm_head`` adds an adapter on the output layer (with ``all``: every linear and the head, LitGPT's
+    ``lora_head``)."""
     dropout: float = 0.0
     """``lora_dropout``: above 0 each adapted projection saves a dropout mask and a dropped copy of its input."""
     dora: bool = False
     """``use_dora``: weight-decomposed LoRA (a magnitude vector and a per-forward weight norm)."""
     adapter_fp32: bool = True
     """PEFT's ``autocast_adapter_dtype=True`` default keeps adapter weights fp32 over a bf16/fp16 base."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained in full beside the adapters (PEFT ``modules_to_save``, axolotl ``lora_modules_to_save``,
+    LLaMA-Factory ``additional_target``): ``embed_tokens`` and/or ``lm_head``. PEFT's ``ModulesToSaveWrapper``
+    keeps the frozen original and trains a copy, with its gradient and optimizer state."""
 
     def __post_init__(self) -> None:
         if self.rank < 1:
@@ -136,7 +143,17 @@ class LoraSpec:
 
     @property
     def all_linear(self) -> bool:
-        return tuple(t.lower() for t in self.targets) in (("all",), ("all-linear",), ("all_linear",))
+        return any(t.lower() in ("all", "all-linear", "all_linear") for t in self.targets)
+
+    @property
+    def head(self) -> bool:
+        """An adapter on the output layer (``lm_head`` among the targets)."""
+        return "lm_head" in self.targets
+
+    @property
+    def layer_targets(self) -> tuple[str, ...]:
+        """The targets inside the decoder layers (``lm_head`` removed)."""
+        return tuple(t for t in self.targets if t != "lm_head")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -204,6 +221,9 @@ class TrainSpec:
     ``preprocess_logits_for_metrics``)."""
     predict_with_generate: bool = False
     generation_max_new_tokens: int = 0
+    generation_cache: CacheKind = CacheKind.DYNAMIC
+    """The KV cache eval generation keeps: ``DynamicCache`` (transformers ≥ 4.36 and 5.x) unless set to the legacy
+    tuple cache of older versions (``analytic/kv_cache.py``)."""
     # -- several GPUs ------------------------------------------------------------------------------------------
     world_size: int = 1
     """Data-parallel ranks (GPUs) sharing ZeRO/FSDP shards."""
