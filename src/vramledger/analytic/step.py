@@ -154,7 +154,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         autocast_copies += wb.frozen_matrix_params * 2
 
     frozen, trainable = wb.frozen_bytes, wb.trainable_bytes
-    grads = wb.trainable_params * wb.trainable_dtype.bytes
+    grads = wb.trainable_bytes  # each gradient in its parameter's dtype
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
     paged_states, states = (states, 0) if opt.paged else (0, states)

@@ -211,6 +211,9 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     saved_embed, saved_head = saved_module_params(m, train)
     adapter_params = m.num_layers * sum(a.params for a in adapted) + head_adapter + saved_embed + saved_head
     adapter_dt = DType.FP32 if (train.lora.adapter_fp32 or prec.compute is DType.FP32) else frozen_dt
+    # The trained copies of modules_to_save keep the module's dtype (PEFT's cast_adapter_dtype casts only LoRA
+    # layers), upcast to fp32 under AMP as LLaMA-Factory upcasts every trainable parameter.
+    saved_dt = DType.FP32 if (prec.mixed or prec.compute is DType.FP32) else frozen_dt
     if train.quant is not None:
         q = train.quant
         layer_bytes = sum(
@@ -231,7 +234,8 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         total_params=total + adapter_params,
         trainable_params=adapter_params,
         frozen_bytes=frozen_bytes,
-        trainable_bytes=adapter_params * adapter_dt.bytes,
+        trainable_bytes=(adapter_params - saved_embed - saved_head) * adapter_dt.bytes
+        + (saved_embed + saved_head) * saved_dt.bytes,
         trainable_dtype=adapter_dt,
         trainable_layers=m.num_layers if (adapted or saved_embed) else 0,
         adapted=adapted,
