@@ -30,13 +30,21 @@ TINY = {
     "tie_word_embeddings": False,
 }
 CASES = {
-    "qv+head": (dict(TINY), dict(target_modules=["q_proj", "v_proj", "lm_head"]),
-                LoraSpec(rank=4, targets=("q_proj", "v_proj", "lm_head"))),
-    "all-linear+saved": (dict(TINY), dict(target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"]),
-                         LoraSpec(rank=4, modules_to_save=("embed_tokens", "lm_head"))),
-    "qv+saved head, tied": ({**TINY, "tie_word_embeddings": True},
-                            dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
-                            LoraSpec(rank=4, targets=("q_proj", "v_proj"), modules_to_save=("lm_head",))),
+    "qv+head": (
+        dict(TINY),
+        dict(target_modules=["q_proj", "v_proj", "lm_head"]),
+        LoraSpec(rank=4, targets=("q_proj", "v_proj", "lm_head")),
+    ),
+    "all-linear+saved": (
+        dict(TINY),
+        dict(target_modules="all-linear", modules_to_save=["embed_tokens", "lm_head"]),
+        LoraSpec(rank=4, modules_to_save=("embed_tokens", "lm_head")),
+    ),
+    "qv+saved head, tied": (
+        {**TINY, "tie_word_embeddings": True},
+        dict(target_modules=["q_proj", "v_proj"], modules_to_save=["lm_head"]),
+        LoraSpec(rank=4, targets=("q_proj", "v_proj"), modules_to_save=("lm_head",)),
+    ),
 }
 
 
@@ -64,8 +72,13 @@ def test_saved_modules_bring_weights_grads_and_adam_states() -> None:
     # Hand derivation: bf16-true, adapters in bf16 (LitGPT-style), AdamW. Saving lm_head adds V·H trainable
     # parameters: a bf16 copy (2·V·H), its gradient (2·V·H) and two bf16 Adam states (4·V·H) over the plain run.
     m = model_spec_from_config(TINY, name="tiny", source="test")
-    base = TrainSpec(method=Method.LORA, precision=Precision.BF16, micro_batch=1, seq_len=32,
-                     lora=LoraSpec(rank=4, targets=("q_proj", "v_proj"), adapter_fp32=False))
+    base = TrainSpec(
+        method=Method.LORA,
+        precision=Precision.BF16,
+        micro_batch=1,
+        seq_len=32,
+        lora=LoraSpec(rank=4, targets=("q_proj", "v_proj"), adapter_fp32=False),
+    )
     saved = replace(base, lora=replace(base.lora, modules_to_save=("lm_head",)))  # type: ignore[arg-type]
     a, b = estimate(m, base), estimate(m, saved)
     VH = TINY["vocab_size"] * TINY["hidden_size"]

@@ -18,16 +18,30 @@ from vramledger.ledger import Category, Phase  # noqa: E402
 from vramledger.specs import LoraSpec, Method, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
 
-CFG = {"model_type": "llama", "hidden_size": 256, "intermediate_size": 512, "num_attention_heads": 4,
-       "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 4096, "max_position_embeddings": 512,
-       "tie_word_embeddings": False}
+CFG = {
+    "model_type": "llama",
+    "hidden_size": 256,
+    "intermediate_size": 512,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 4096,
+    "max_position_embeddings": 512,
+    "tie_word_embeddings": False,
+}
 CASES = {
-    "all+head, bf16-true, dropout": (Precision.BF16, LoraSpec(rank=8, targets=("all", "lm_head"), adapter_fp32=False,
-                                                               dropout=0.05)),
-    "q,v + saved embed/head, bf16-true": (Precision.BF16, LoraSpec(rank=8, targets=("q_proj", "v_proj"),
-                                                                   modules_to_save=("embed_tokens", "lm_head"))),
-    "q,v + saved embed/head, bf16-mixed": (Precision.BF16_MIXED, LoraSpec(rank=8, targets=("q_proj", "v_proj"),
-                                                                          modules_to_save=("embed_tokens", "lm_head"))),
+    "all+head, bf16-true, dropout": (
+        Precision.BF16,
+        LoraSpec(rank=8, targets=("all", "lm_head"), adapter_fp32=False, dropout=0.05),
+    ),
+    "q,v + saved embed/head, bf16-true": (
+        Precision.BF16,
+        LoraSpec(rank=8, targets=("q_proj", "v_proj"), modules_to_save=("embed_tokens", "lm_head")),
+    ),
+    "q,v + saved embed/head, bf16-mixed": (
+        Precision.BF16_MIXED,
+        LoraSpec(rank=8, targets=("q_proj", "v_proj"), modules_to_save=("embed_tokens", "lm_head")),
+    ),
 }
 
 

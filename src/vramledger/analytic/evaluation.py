@@ -314,13 +314,13 @@ def eval_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, parts: obj
         N = max(train.generation_max_new_tokens, 1)  # unknown: the prefill only (eval_warnings says so)
         kv = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=N, dtype_bytes=c, key_bytes=s)
         pre = base(f"generate: prefill of {B}×{L} prompt tokens (top layer)")
-        pre.add(Category.KV_CACHE, "KV cache after the prefill", kv.after_prefill, SRC_CACHE)
+        kind = train.generation_cache  # analytic/kv_cache.py: what each cache kind holds during a decode step
+        pre.add(Category.KV_CACHE, f"KV cache after the prefill ({kind.display})", kv.after_prefill, SRC_CACHE)
         pre.add(Category.ATTENTION_SCORES, "4-D mask of the left-padded prompts", mask_bytes(train, batch=B, length=L),
                 "masking_utils create_causal_mask")
         pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
         pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
         end = base(f"generate: last of {N} decode steps")
-        kind = train.generation_cache  # analytic/kv_cache.py: what each cache kind holds during a decode step
         end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens ({kind.display})", kv.at_end, SRC_CACHE)
         end.add(Category.TEMPORARIES, "the previous step's cache tuple" if kind is CacheKind.LEGACY
                 else "one layer's K/V being re-concatenated",
