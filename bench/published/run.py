@@ -242,10 +242,25 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
 
         ledger = estimate(m, train_spec(s), gpu=gpu)
     else:
-        from vramledger.catalog import load_config_file  # noqa: F401  (trace builds from model.source)
+        from vramledger.specs import Optimizer
         from vramledger.trace.api import trace_step
 
-        ledger = trace_step(m, train_spec(s), gpu=gpu)
+        train = train_spec(s)
+        if train.optimizer.value.startswith("paged"):
+            # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
+            # trace with an optimizer that allocates nothing through torch, then add the managed bytes back.
+            train = dataclasses.replace(train, optimizer=Optimizer.SGD, sgd_momentum=0.0)
+        ledger = trace_step(m, train, gpu=gpu)
+        if train is not train_spec(s):
+            from vramledger.analytic import estimate
+
+            managed = estimate(m, train_spec(s), gpu=gpu).bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER)
+            return Prediction(
+                allocated=ledger.peak_allocated,
+                reserved=ledger.peak_reserved,
+                device=ledger.device_total + managed,
+                context=ledger.bytes_of(Category.CUDA_CONTEXT, ledger.peak_phase),
+            )
     peak = ledger.peak_phase
     return Prediction(
         allocated=ledger.peak_allocated,
@@ -284,11 +299,22 @@ class Result:
     oom_agrees: bool | None
 
 
-def run(mapping: Mapping_, engine: str = "estimate") -> list[Result]:
+def run(mapping: Mapping_, engine: str = "estimate", skipped: dict[int, str] | None = None) -> list[Result]:
+    """Predict every row; rows the engine cannot run go into ``skipped`` (row → reason)."""
+    from vramledger.errors import VramledgerError
+
     out = []
     for row in mapping.rows:
-        p = predict(row, engine)
+        try:
+            p = predict(row, engine)
+        except VramledgerError as exc:
+            if skipped is None:
+                raise
+            skipped[row.row] = str(exc).split(";")[0]
+            continue
         if p is None:
+            if skipped is not None:
+                skipped[row.row] = f"{engine}: inference rows are estimated only"
             continue
         gb = predicted_gb(row, p)
         if row.metric == "oom":
@@ -429,8 +455,16 @@ def main(argv: list[str] | None = None) -> int:
     engines = ["estimate"] + (["trace"] if args.trace else [])
     out: list[str] = []
     for engine in engines:
-        results = run(mapping, engine)
+        skipped: dict[int, str] = {}
+        results = run(mapping, engine, skipped)
         out += table_lines(results, mapping, markdown=args.markdown) + [""]
+        if skipped:
+            reasons = Counter(skipped.values())
+            out += [
+                f"{engine}: {len(skipped)} rows not run: "
+                + "; ".join(f"{why} ({n})" for why, n in reasons.most_common()),
+                "",
+            ]
         if args.rows:
             out += row_lines(results, markdown=args.markdown) + [""]
     out += unexpressible_lines(mapping, markdown=args.markdown)
