@@ -15,6 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from vramledger.analytic.evaluation import eval_advice
+from vramledger.analytic.loop import COMPILE_NOTE
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.ledger import Category, Ledger, make_verdict
 from vramledger.specs import Attention, GPUSpec, Loss, Method, ModelSpec, TrainSpec
@@ -40,6 +41,11 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     if train.optimizer.value.startswith("paged"):
         out.append("paged optimizer states live in CUDA managed memory outside PyTorch's allocator: shown on their "
                    "own line, in the device total but not in allocated or reserved; the driver may page them out")
+    if train.compile:
+        out.append(COMPILE_NOTE)
+    if train.offload_activations:
+        out.append("activation offloading: two layers' saved tensors counted on the GPU, the rest in pinned host "
+                   "memory (torchtune OffloadActivations)")
     from vramledger.analytic.evaluation import eval_warnings
 
     out.extend(eval_warnings(m, train))
@@ -126,5 +132,12 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         s["quant"] = {"bits": train.quant.bits, "type": train.quant.quant_type, "double": train.quant.double_quant}
     if train.method is Method.FREEZE:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
+    for key in ("optimizer_in_backward", "offload_activations", "compile"):
+        if getattr(train, key):
+            s[key] = True
+    if train.quant is not None:
+        s["load_path"] = train.load_path.value
+    if train.lora is not None and train.adapters and train.lora.modules_to_save:
+        s["modules_to_save"] = list(train.lora.modules_to_save)
     return s
 

@@ -2,6 +2,7 @@
 
 from vramledger.specs.cache import CacheKind
 from vramledger.specs.gpu import GPUSpec
+from vramledger.specs.load import LoadPath
 from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
     Attention,
@@ -22,6 +23,7 @@ __all__ = [
     "DType",
     "EvalLogits",
     "GPUSpec",
+    "LoadPath",
     "LoraSpec",
     "Loss",
     "Method",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from vramledger.errors import VramledgerError
 from vramledger.specs.cache import CacheKind
+from vramledger.specs.load import LoadPath
 
 
 class DType(str, enum.Enum):
@@ -232,6 +233,15 @@ class TrainSpec:
     offload_optimizer: bool = False
     """Optimizer states (and the fp32 master copy) on the CPU."""
     offload_params: bool = False
+    # -- training-loop features (analytic/loop.py, analytic/load.py) ---------------------------------------------
+    optimizer_in_backward: bool = False
+    """torchtune ``optimizer_in_bwd``: each parameter stepped as its gradient is ready, the gradient freed."""
+    offload_activations: bool = False
+    """torchtune ``enable_activation_offloading``: saved activations to CPU memory, prefetched in backward."""
+    compile: bool = False
+    """``torch.compile``: accepted and estimated as eager, with a stated assumption (analytic/loop.py)."""
+    load_path: LoadPath = LoadPath.TRANSFORMERS
+    """How a quantised base is put on the GPU (analytic/load.py)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
@@ -258,6 +268,11 @@ class TrainSpec:
             )
         if self.eval_steps_total < 0 or self.generation_max_new_tokens < 0:
             raise VramledgerError("eval steps and generation max new tokens must be 0 or more")
+        if self.optimizer_in_backward and self.grad_accum > 1:
+            raise VramledgerError(
+                "optimizer in backward cannot accumulate gradients (torchtune refuses it too); set "
+                "gradient_accumulation_steps 1 or turn optimizer_in_bwd off"
+            )
         if self.freeze_trainable_layers < 0:
             raise VramledgerError("freeze: the number of trainable layers must be 0 or more")
         if self.method is Method.QLORA and self.quant is None:
