@@ -250,7 +250,12 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
             # trace with an optimizer that allocates nothing through torch, then add the managed bytes back.
             train = dataclasses.replace(train, optimizer=Optimizer.SGD, sgd_momentum=0.0)
-        ledger = trace_step(m, train, gpu=gpu)
+        from vramledger.trace.build import hf_config
+
+        config = hf_config(m)
+        if s.get("untie_embeddings"):
+            config = {**config, "tie_word_embeddings": False}
+        ledger = trace_step(m, train, gpu=gpu, config=config)
         if train is not train_spec(s):
             from vramledger.analytic import estimate
 
@@ -368,7 +373,7 @@ def _pct(x: float) -> str:
 
 def table_lines(results: list[Result], mapping: Mapping_, *, markdown: bool) -> list[str]:
     engine = results[0].engine if results else "estimate"
-    head = ["source", "metric", "rows", "median", "mean |err|", "worst (row)", f"under {100 * UNDER:.0f}%"]
+    head = ["source", "metric", "rows", "median", "mean abs", "worst (row)", f"under {100 * UNDER:.0f}%"]
     body = [
         [
             s.source,

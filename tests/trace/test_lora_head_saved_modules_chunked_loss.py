@@ -1,4 +1,5 @@
-"""LoRA on lm_head and ``modules_to_save``: the analytic ledger against the real PEFT step traced on fake tensors.
+"""LoRA on lm_head, ``modules_to_save`` and the chunked loss: the analytic ledger and hand derivations against the
+real PEFT step traced on fake tensors.
 
 PEFT builds the head adapter and the ``ModulesToSaveWrapper`` copies itself here, so the trace is an independent
 count of their weights, gradients, optimizer states and saved activations. Bar as in test_crosscheck.py: the
@@ -15,7 +16,7 @@ pytest.importorskip("peft")
 from vramledger.analytic import estimate  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.ledger import Category, Phase  # noqa: E402
-from vramledger.specs import LoraSpec, Method, Precision, TrainSpec  # noqa: E402
+from vramledger.specs import LoraSpec, Loss, Method, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
 
 CFG = {
@@ -25,8 +26,8 @@ CFG = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "num_hidden_layers": 2,
-    "vocab_size": 4096,
-    "max_position_embeddings": 512,
+    "vocab_size": 8192,
+    "max_position_embeddings": 1024,
     "tie_word_embeddings": False,
 }
 CASES = {
@@ -60,3 +61,40 @@ def test_analytic_matches_trace(case: str) -> None:
         got, want = es.allocated(ph), tr.allocated(ph)  # both include the cuBLAS workspaces
         print(f"{case} {ph.value} allocated: trace {want:,} analytic {got:,} ({got / want - 1:+.2%})")
         assert abs(got / want - 1) <= 0.02
+
+
+def test_chunked_loss_trace() -> None:
+    """``trace --loss chunked``: torchtune's CEWithChunkedOutputLoss run on fake tensors, against a hand derivation.
+
+    torchtune's recipe computes the output layer per chunk (the chunks' bf16 logits listed), upcasts each chunk to fp32
+    inside the loss, and ``del logits`` before ``loss.backward()``; cross_entropy's log_softmax saves its fp32 output.
+    So in backward the loss holds 4·V·T (every chunk's saved log-softmax) plus one chunk's two fp32 gradients
+    (8·V·chunk); in forward the listed bf16 logits (2·V·T) beside them."""
+    m = model_spec_from_config(CFG, name="tiny", source="test")
+    B, L, chunk = 2, 512, 256
+    t = TrainSpec(
+        method=Method.LORA,
+        precision=Precision.BF16,
+        micro_batch=B,
+        seq_len=L,
+        loss=Loss.CHUNKED,
+        loss_chunk_tokens=chunk,
+        packing=True,
+    )
+    tr = trace_step(m, t, config=CFG)
+    V, T = CFG["vocab_size"], B * L
+    back = tr.bytes_of(Category.LOGITS_LOSS, Phase.BACKWARD)
+    print(f"backward logits: trace {back:,}, hand 4·V·T + 8·V·chunk = {4 * V * T + 8 * V * chunk:,}")
+    assert back == pytest.approx(4 * V * T + 8 * V * chunk, rel=0.01)
+    # Forward: the estimate's chunked formula (analytic/logits.py) against the trace, within 1%.
+    es = estimate(m, t)
+    fwd_tr, fwd_es = tr.bytes_of(Category.LOGITS_LOSS, Phase.FORWARD), es.bytes_of(Category.LOGITS_LOSS, Phase.FORWARD)
+    assert fwd_es == pytest.approx(fwd_tr, rel=0.01)
+
+
+def test_fused_loss_is_still_refused() -> None:
+    from vramledger.errors import VramledgerError
+
+    m = model_spec_from_config(CFG, name="tiny", source="test")
+    with pytest.raises(VramledgerError, match="--loss fused needs Liger"):
+        trace_step(m, TrainSpec(method=Method.LORA, seq_len=64, loss=Loss.FUSED), config=CFG)
