@@ -309,9 +309,12 @@ def run(mapping: Mapping_, engine: str = "estimate", skipped: dict[int, str] | N
     from vramledger.errors import VramledgerError
 
     out = []
+    seen: dict[str, Prediction | None] = {}
     for row in mapping.rows:
+        key = repr(sorted(row.setup.items()))  # rows with the same setup (e.g. 109 and 111) are predicted once
         try:
-            p = predict(row, engine)
+            p = seen[key] if key in seen else predict(row, engine)
+            seen[key] = p
         except VramledgerError as exc:
             if skipped is None:
                 raise
@@ -322,6 +325,8 @@ def run(mapping: Mapping_, engine: str = "estimate", skipped: dict[int, str] | N
                 skipped[row.row] = f"{engine}: inference rows are estimated only"
             continue
         gb = predicted_gb(row, p)
+        if engine != "estimate":  # slow engines report as they go
+            print(f"{engine} row {row.row}: {predicted_gb(row, p):.2f} GB", file=sys.stderr, flush=True)
         if row.metric == "oom":
             out.append(Result(row=row, engine=engine, predicted_gb=gb, error=None, oom_agrees=oom_agrees(row, p)))
         else:
@@ -388,7 +393,7 @@ def table_lines(results: list[Result], mapping: Mapping_, *, markdown: bool) -> 
     ]
     ooms = [r for r in results if r.oom_agrees is not None]
     lines = [f"{engine}: {sum(r.error is not None for r in results)} rows with a value, {len(ooms)} OOM rows"]
-    lines += _grid(head, body, markdown=markdown)
+    lines += [""] * markdown + _grid(head, body, markdown=markdown)
     if ooms:
         lines.append("")
         lines.append(
@@ -405,7 +410,7 @@ def unexpressible_lines(mapping: Mapping_, *, markdown: bool) -> list[str]:
     for n, missing in mapping.unexpressible:
         rows[missing].append(n)
     body = [[str(c), missing, _ranges(rows[missing])] for missing, c in counts.most_common()]
-    return [f"not expressible: {len(mapping.unexpressible)} rows"] + _grid(
+    return [f"not expressible: {len(mapping.unexpressible)} rows", *[""] * markdown] + _grid(
         ["rows", "missing feature", "row ids"], body, markdown=markdown
     )
 
