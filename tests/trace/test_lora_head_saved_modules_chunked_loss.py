@@ -98,3 +98,29 @@ def test_fused_loss_is_still_refused() -> None:
     m = model_spec_from_config(CFG, name="tiny", source="test")
     with pytest.raises(VramledgerError, match="--loss fused needs Liger"):
         trace_step(m, TrainSpec(method=Method.LORA, seq_len=64, loss=Loss.FUSED), config=CFG)
+
+
+QLORA = {
+    "qlora q,v dropout, bf16-true": TrainSpec(
+        method=Method.QLORA, precision=Precision.BF16, micro_batch=2, seq_len=256, packing=True,
+        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
+    ),
+    "qlora all-linear, bf16-mixed": TrainSpec(
+        method=Method.QLORA, precision=Precision.BF16_MIXED, micro_batch=2, seq_len=256, packing=True,
+        lora=LoraSpec(rank=8),
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(QLORA), ids=list(QLORA))
+def test_qlora_saved_inputs_match_the_trace(case: str) -> None:
+    """bitsandbytes' MatMul4Bit keeps each quantised linear's input: the trace runs the same autograd rule on the
+    bf16 base (trace/shims.py matmul4bit_saves_input), the estimate counts it (activations.py)."""
+    m = model_spec_from_config(CFG, name="tiny", source="test")
+    t = QLORA[case]
+    tr, es = trace_step(m, t, config=CFG), estimate(m, t)
+    for ph in (Phase.FORWARD, Phase.BACKWARD):
+        got, want = es.bytes_of(Category.ACTIVATIONS, ph), tr.bytes_of(Category.ACTIVATIONS, ph)
+        print(f"{case} {ph.value} activations: trace {want:,} analytic {got:,}")
+        assert abs(got / want - 1) <= 0.005
+        assert abs(es.allocated(ph) / tr.allocated(ph) - 1) <= 0.01

@@ -29,8 +29,10 @@ Model code read (transformers 5.23):
 - bitsandbytes ``autograd/_functions.py`` ``MatMul4Bit.forward`` (QLoRA's frozen 4-bit linears): ``if
   any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`` keeps the input A although backward needs only B for
   A's gradient, unlike a frozen ``nn.Linear``. Each distinct input of the quantised linears stays alive: the
-  attention input (q/k/v), o_proj's input, the MLP input (gate/up) and down's input, c bytes each, unless an
-  adapter already keeps that very tensor (no dropout, adapters in the compute dtype).
+  attention input (q/k/v), o_proj's input (eager attention only: with SDPA it is the kernel's saved output),
+  the MLP input (gate/up) and down's input, c bytes each, unless an adapter already keeps that very tensor (no
+  dropout, adapters in the compute dtype). The trace runs the same rule (trace/shims.py
+  ``matmul4bit_saves_input``).
 
 Checked against ``shared/notes/tracing.md`` (Llama-3-8B shape, pure bf16, sdpa without mask): full fine-tuning
 16H + 4Dq + 4Dkv + 8I = 200,704 bytes per token per layer (+ 4·nh logsumexp), matching the traced figure.
@@ -110,7 +112,7 @@ _INPUT_OF = {
 }  # fmt: skip
 
 
-def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, skip: tuple[str, ...] = ()) -> int:
     """Per token per layer: the inputs that bitsandbytes' MatMul4Bit saves (see the module docstring).
 
     An adapter on a linear with the same input keeps the same tensor when it neither drops out nor casts it
@@ -122,6 +124,12 @@ def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> 
     c = train.precision.compute.bytes
     same_tensor = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
     kept_by_adapter = {_INPUT_OF.get(a.linear.name, "") for a in wb.adapted} if same_tensor else set()
+    kept_by_adapter |= set(skip)
+    if not (train.attn is Attention.EAGER or m.attn_logit_softcapping):
+        # SDPA's flash/efficient kernels (and flash-attn) write their output as (B, L, nh, hd) and return a
+        # transposed view, so the attention module's ``transpose(1, 2).contiguous()`` is a no-op and o_proj reads
+        # the very tensor the kernel saved for backward (traced: trace/shims.py sdpa_as_cuda).
+        kept_by_adapter.add("attn_out")
     widths: dict[str, int] = {}
     for lin in layer_linears(m):
         group = _INPUT_OF.get(lin.name)
@@ -265,6 +273,9 @@ def first_layer_unsaved_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weig
     if train.adapters and train.lora is not None and train.lora.dropout > 0:
         attn_inputs = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"}
         masks = sum(a.linear.in_features for a in wb.adapted if a.linear.name in attn_inputs)
+    # bitsandbytes' MatMul4Bit keeps A only when an input needs grad: not for the first layer's q/k/v.
+    if train.quant is not None and train.quant.bits == 4 and not m.is_moe:
+        masks += quantised_inputs_bytes(m, train, wb) - quantised_inputs_bytes(m, train, wb, skip=("attn_in",))
     if m.norm_bias:
         return masks + (0 if train.method is Method.FREEZE else residual_bytes(train, wb) * m.hidden_size)
     return masks + 4 * m.hidden_size

@@ -46,9 +46,7 @@ def _check_supported(train: TrainSpec) -> None:
             "use --loss standard or chunked, or `vramledger estimate`"
         )
     if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
-        raise VramledgerError(
-            "trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several"
-        )
+        raise VramledgerError("trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several")
 
 
 def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int) -> Any:
@@ -94,6 +92,7 @@ def run_trace(
         autocast_as_cuda,
         dropout_as_cuda,
         make_optimizer,
+        matmul4bit_saves_input,
         no_packed_sequences,
         sdpa_as_cuda,
     )
@@ -123,6 +122,17 @@ def run_trace(
         trainable = [p for p in params.values() if p.requires_grad]
         n_trainable = sum(p.numel() for p in trainable)
         quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
+        if quantised and train.quant is not None and train.quant.bits == 4:
+            quantised_ids = {sid for sid, _, _ in quantised}
+            stack.enter_context(
+                matmul4bit_saves_input(
+                    [
+                        m
+                        for m in hf.modules()
+                        if isinstance(m, torch.nn.Linear) and rec.sid_of(m.weight) in quantised_ids
+                    ]
+                )
+            )
         stack.enter_context(module_hooks(rec, hf))
         hooks = [
             p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value))
@@ -146,11 +156,7 @@ def run_trace(
                     out = hf(input_ids=input_ids, labels=labels, use_cache=False)
             if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
                 out = {
-                    k: (
-                        v.float()
-                        if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
-                        else v
-                    )
+                    k: (v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v)
                     for k, v in out.items()
                 }
             loss = out["loss"]
@@ -220,12 +226,7 @@ def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
     out_emb = hf.get_output_embeddings()
     found = []
     for name, m in hf.named_modules():
-        if (
-            isinstance(m, torch.nn.Linear)
-            and m is not out_emb
-            and "lora_" not in name
-            and not m.weight.requires_grad
-        ):
+        if isinstance(m, torch.nn.Linear) and m is not out_emb and "lora_" not in name and not m.weight.requires_grad:
             sid = rec.sid_of(m.weight)
             if sid is not None:
                 found.append((sid, m.weight.numel(), int(m.weight.shape[0])))
