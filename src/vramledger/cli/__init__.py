@@ -26,6 +26,7 @@ COMMANDS: tuple[str, ...] = (
     "catalog_cmds",
     "accum_check",
     "convert",
+    "explain",
 )
 
 
