@@ -9,8 +9,10 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
     Attention,
+    CacheKind,
     DType,
     EvalLogits,
+    LoadPath,
     LoraSpec,
     Loss,
     Method,
@@ -28,6 +30,8 @@ _ENUMS: dict[str, type[enum.Enum]] = {
     "loss": Loss,
     "eval_logits": EvalLogits,
     "base_dtype": DType,
+    "generation_cache": CacheKind,
+    "load_path": LoadPath,
 }
 
 
@@ -60,8 +64,9 @@ def train_from_dict(raw: dict[str, Any]) -> TrainSpec:
             kw[key] = _ENUMS[key](value)
         elif key == "lora" and value is not None:
             lora = dict(value)
-            if "targets" in lora:
-                lora["targets"] = tuple(lora["targets"])
+            for key_ in ("targets", "modules_to_save"):
+                if key_ in lora:
+                    lora[key_] = tuple(lora[key_])
             kw[key] = LoraSpec(**lora)
         elif key == "quant" and value is not None:
             kw[key] = QuantSpec(**value)
