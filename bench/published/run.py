@@ -246,6 +246,10 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
         from vramledger.trace.api import trace_step
 
         train = train_spec(s)
+        if train.base_dtype is not None:
+            from vramledger.errors import VramledgerError
+
+            raise VramledgerError("trace: a frozen base loaded in another dtype (base_dtype) is not traced")
         if train.optimizer.value.startswith("paged"):
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
             # trace with an optimizer that allocates nothing through torch, then add the managed bytes back.
