@@ -456,7 +456,7 @@ def _grid(head: list[str], body: list[list[str]], *, markdown: bool) -> list[str
         return ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)] + ["| " + " | ".join(r) + " |" for r in body]
     widths = [max(len(x) for x in col) for col in zip(head, *body, strict=False)]
     fmt = "  ".join(f"{{:<{w}}}" for w in widths)
-    return [fmt.format(*head), "  ".join("-" * w for w in widths)] + [fmt.format(*r) for r in body]
+    return [fmt.format(*head).rstrip(), "  ".join("-" * w for w in widths)] + [fmt.format(*r).rstrip() for r in body]
 
 
 def main(argv: list[str] | None = None) -> int:
