@@ -46,7 +46,9 @@ def _check_supported(train: TrainSpec) -> None:
             "use --loss standard or chunked, or `vramledger estimate`"
         )
     if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
-        raise VramledgerError("trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several")
+        raise VramledgerError(
+            "trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several"
+        )
 
 
 def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int) -> Any:
@@ -156,7 +158,11 @@ def run_trace(
                     out = hf(input_ids=input_ids, labels=labels, use_cache=False)
             if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
                 out = {
-                    k: (v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v)
+                    k: (
+                        v.float()
+                        if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
+                        else v
+                    )
                     for k, v in out.items()
                 }
             loss = out["loss"]
@@ -224,9 +230,18 @@ def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
     import torch
 
     out_emb = hf.get_output_embeddings()
+    # With LoRA on lm_head PEFT wraps it; its frozen base_layer is still the output layer, which the bnb quantizer
+    # (run before PEFT wraps anything) leaves unquantised.
+    out_base = getattr(out_emb, "base_layer", out_emb)
     found = []
     for name, m in hf.named_modules():
-        if isinstance(m, torch.nn.Linear) and m is not out_emb and "lora_" not in name and not m.weight.requires_grad:
+        if (
+            isinstance(m, torch.nn.Linear)
+            and m is not out_emb
+            and m is not out_base
+            and "lora_" not in name
+            and not m.weight.requires_grad
+        ):
             sid = rec.sid_of(m.weight)
             if sid is not None:
                 found.append((sid, m.weight.numel(), int(m.weight.shape[0])))
