@@ -3,7 +3,9 @@
 Semantics. A line item says: *at the moment this phase reaches its highest allocation, this many bytes of
 this category are live.* The lines of one phase therefore add up to that phase's peak allocated bytes, and
 the step's peak is the largest phase. Reserve and CUDA context are lines too, but outside "allocated":
-reserved = allocated + allocator reserve; device total = reserved + CUDA context (what nvidia-smi shows).
+reserved = allocated + allocator reserve; device total = reserved + CUDA context (what nvidia-smi shows)
++ CUDA managed memory (paged optimizer states, allocated by bitsandbytes outside PyTorch's allocator: in neither
+``max_memory_allocated`` nor ``max_memory_reserved``, resident on the device until the driver pages it out).
 
 Every engine (analytic, trace, measure) produces this type, so that predicted and measured breakdowns line up
 column by column.
@@ -32,11 +34,14 @@ class Category(str, enum.Enum):
     WORKSPACE = "workspace"
     ALLOCATOR_RESERVE = "allocator_reserve"
     CUDA_CONTEXT = "cuda_context"
+    MANAGED_MEMORY = "managed_memory"
+    """CUDA unified memory outside PyTorch's allocator: bitsandbytes paged optimizer states
+    (``optim/optimizer.py`` ``get_state_buffer`` → ``F.get_paged``, ``cudaMallocManaged``)."""
 
     @property
     def allocated(self) -> bool:
         """Counted by ``torch.cuda.memory_allocated`` (live tensors handed out by the caching allocator)."""
-        return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT)
+        return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT, Category.MANAGED_MEMORY)
 
     @property
     def display(self) -> str:
@@ -56,6 +61,7 @@ _TITLES = {
     Category.WORKSPACE: "library workspaces",
     Category.ALLOCATOR_RESERVE: "allocator reserve",
     Category.CUDA_CONTEXT: "CUDA context",
+    Category.MANAGED_MEMORY: "paged (CUDA managed)",
 }
 
 
@@ -165,7 +171,8 @@ class Ledger:
         return self.allocated(phase) + self.bytes_of(Category.ALLOCATOR_RESERVE, phase)
 
     def device(self, phase: Phase) -> int:
-        return self.reserved(phase) + self.bytes_of(Category.CUDA_CONTEXT, phase)
+        return (self.reserved(phase) + self.bytes_of(Category.CUDA_CONTEXT, phase)
+                + self.bytes_of(Category.MANAGED_MEMORY, phase))
 
     @property
     def peak_phase(self) -> Phase:

@@ -172,12 +172,15 @@ def test_axolotl_lora_8bit() -> None:
     t = rc.train
     assert rc.format == "axolotl" and rc.model == "NousResearch/Meta-Llama-3-8B"
     assert t.method is Method.QLORA and t.quant is not None and t.quant.bits == 8  # adapter lora + load_in_8bit
-    assert t.lora == LoraSpec(rank=32, alpha=16.0, targets=("all",), dropout=0.05)  # lora_target_linear
+    # lora_target_linear; lora_modules_to_save: [embed_tokens, lm_head] (PEFT modules_to_save)
+    assert t.lora == LoraSpec(
+        rank=32, alpha=16.0, targets=("all",), dropout=0.05, modules_to_save=("embed_tokens", "lm_head")
+    )
     assert t.precision is Precision.BF16_MIXED  # bf16: auto on a bf16 GPU; adapters stay fp32
     assert (t.micro_batch, t.grad_accum, t.seq_len, t.packing) == (2, 4, 4096, True)
     assert t.optimizer is Optimizer.ADAMW_8BIT and t.attn is Attention.FLASH2 and t.grad_ckpt is True
     assert t.eval_batch == 2  # val_set_size 0.05; eval_batch_size defaults to micro_batch_size
-    assert any("lora_modules_to_save" in w for w in rc.warnings)
+    assert not any("lora_modules_to_save" in w for w in rc.warnings)
 
 
 def test_axolotl_qlora_and_full() -> None:

@@ -18,7 +18,17 @@ from vramledger.ledger import Category, Phase
 from vramledger.measure.harness import TrialResult, cuda_available, ledger_from_result
 from vramledger.measure.modelcfg import hf_config_for, spec_to_hf_config
 from vramledger.measure.serial import train_from_dict, train_to_dict
-from vramledger.specs import Attention, LoraSpec, Method, Optimizer, Precision, QuantSpec, TrainSpec
+from vramledger.specs import (
+    Attention,
+    CacheKind,
+    LoadPath,
+    LoraSpec,
+    Method,
+    Optimizer,
+    Precision,
+    QuantSpec,
+    TrainSpec,
+)
 
 GIB = 2**30
 ROOT = Path(__file__).resolve().parents[2]
@@ -42,8 +52,16 @@ ROOT = Path(__file__).resolve().parents[2]
             generation_max_new_tokens=64,
             grad_accum=4,
         ),
+        TrainSpec(
+            method=Method.QLORA,
+            lora=LoraSpec(rank=8, targets=("all", "lm_head"), modules_to_save=("embed_tokens",)),
+            generation_cache=CacheKind.LEGACY,
+            load_path=LoadPath.TORCHTUNE,
+            optimizer_in_backward=True,
+            offload_activations=True,
+        ),
     ],
-    ids=["default", "full-bf16-true", "qlora-int8", "eval-generate"],
+    ids=["default", "full-bf16-true", "qlora-int8", "eval-generate", "loop-features"],
 )
 def test_train_spec_survives_json(train: TrainSpec) -> None:
     import json

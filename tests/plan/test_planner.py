@@ -49,9 +49,13 @@ def test_remedies_save_memory_and_the_classics_save_a_lot(lora_plan) -> None:  #
     saved = {str(e.change): e.memory_saved for e in lora_plan.remedies}
     assert all(e.memory_saved >= 0 for e in lora_plan.remedies)
     # At 4 × 2048 tokens on an 8B model these are the seeds' big levers: each saves at least 1 GiB.
-    for change in ("gradient checkpointing off -> on", "loss standard -> fused", "method lora -> qlora nf4",
+    for change in ("gradient checkpointing off -> on", "loss standard -> fused",
                    "micro-batch x accum 4x1 -> 1x4", "attention sdpa -> flash_attention_2"):
         assert saved[change] > 2**30, change
+    # QLoRA is not a lever here: without checkpointing, bitsandbytes' MatMul4Bit keeps every quantised linear's
+    # input (ctx.tensors = (A, B)), more than the 4-bit weights save at 4 x 2048 tokens (LitGPT measured the same
+    # kind of inversion: TinyLlama LoRA 13.50 GB, QLoRA 16.24 GB; bench/published rows 123-124).
+    assert saved.get("method lora -> qlora nf4", 0) < 2**30
     # and their prices: checkpointing and accumulation cost time
     cost = {str(e.change): e.time_cost_s for e in lora_plan.remedies}
     assert cost["gradient checkpointing off -> on"] > 0

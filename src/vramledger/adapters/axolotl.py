@@ -174,6 +174,7 @@ def load(r: Reader) -> str | None:
                 targets=targets,
                 dropout=r.number("lora_dropout", 0.0),
                 dora=bool(r.flag("peft_use_dora", False)),
+                modules_to_save=r.names("lora_modules_to_save") or (),
             ),
             r.file(
                 *[
@@ -185,14 +186,11 @@ def load(r: Reader) -> str | None:
                         "lora_target_modules",
                         "lora_dropout",
                         "peft_use_dora",
+                        "lora_modules_to_save",
                     )
                     if r.has(k)
                 ]
             ),
-        )
-        r.ignore(
-            "lora_modules_to_save",
-            "fully trained extra modules (e.g. embed_tokens, lm_head) are not modelled",
         )
         r.ignore("peft_layers_to_transform", "adapters on a subset of layers are not modelled")
         r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")

@@ -192,7 +192,8 @@ def read_trainer(
 
     _read_eval(r)
 
-    r.ignore("torch_compile", "torch.compile changes activation memory; estimated without it")
+    if r.flag("torch_compile", False):  # accepted; estimated as eager with the assumption stated (analytic/loop.py)
+        r.set("compile", True, r.file("torch_compile"))
     r.ignore("auto_find_batch_size", "the Trainer halves the batch after an OOM; estimated at the given batch")
     r.ignore("bf16_full_eval", "evaluation with weights cast to bf16 is not modelled")
     r.ignore("fp16_full_eval", "evaluation with weights cast to fp16 is not modelled")

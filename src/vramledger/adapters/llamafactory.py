@@ -161,12 +161,14 @@ def load(r: Reader) -> str | None:
                 dora=r.flag("use_dora", False),
                 # model/adapter.py passes autocast_adapter_dtype=cast_trainable_params_to_fp32, False under pure_bf16
                 adapter_fp32=not pure_bf16,
+                # model/adapter.py _setup_lora_tuning: additional_target becomes PEFT's modules_to_save
+                modules_to_save=r.names("additional_target") or (),
             ),
-            _present(r, "lora_rank", "lora_alpha", "lora_target", "lora_dropout", "use_dora", "pure_bf16")
+            _present(r, "lora_rank", "lora_alpha", "lora_target", "lora_dropout", "use_dora", "pure_bf16",
+                     "additional_target")
             + " (defaults: hparams/finetuning_args.py lora_rank=8, lora_alpha=2·rank, lora_target='all', "
             "lora_dropout=0)",
         )
-        r.ignore("additional_target", "extra fully trained modules are not modelled")
         r.ignore("pissa_init", "PiSSA's SVD at start-up is not modelled")
     else:
         for key in ("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"):

@@ -13,7 +13,7 @@ from typing import Any
 
 from vramledger.adapters._base import Reader, as_int
 from vramledger.errors import VramledgerError
-from vramledger.specs import Loss, Method, Optimizer, Precision, QuantSpec
+from vramledger.specs import LoadPath, Loss, Method, Optimizer, Precision, QuantSpec
 from vramledger.specs.train import LoraSpec
 from vramledger.userfiles import path_exists, user_path
 
@@ -119,7 +119,7 @@ def load(r: Reader) -> str | None:
         if model.get("apply_lora_to_mlp"):
             targets += ["gate_proj", "up_proj", "down_proj"]
         if model.get("apply_lora_to_output"):
-            r.warn("ignored: model.apply_lora_to_output (LoRA on the output projection is not modelled)")
+            targets.append("lm_head")
         rank = as_int(model.get("lora_rank", 8))
         alpha = model.get("lora_alpha", 16)
         dropout = model.get("lora_dropout", 0.0)
@@ -143,7 +143,8 @@ def load(r: Reader) -> str | None:
                 dora=bool(model.get("use_dora", False)),
                 adapter_fp32=False,
             ),
-            r.file("model.lora_rank", "model.lora_attn_modules", "model.apply_lora_to_mlp")
+            r.file("model.lora_rank", "model.lora_attn_modules", "model.apply_lora_to_mlp",
+                   "model.apply_lora_to_output")
             + " (LoRA weights in the model dtype: torchtune has no fp32 adapter upcast)",
         )
         if qlora:
@@ -153,6 +154,8 @@ def load(r: Reader) -> str | None:
                 QuantSpec(bits=4, quant_type="nf4", double_quant=True),
                 r.file(f"model._component_={name}"),
             )
+            r.set("load_path", LoadPath.TORCHTUNE, r.file(f"model._component_={name}")
+                  + " (FrozenNF4Linear built in bf16 on the GPU and quantised there by torchao)")
     else:
         r.set("method", Method.FULL, r.file(f"model._component_={name}"))
     for key in model:
@@ -200,9 +203,11 @@ def load(r: Reader) -> str | None:
         if r.has("enable_activation_checkpointing")
         else r.default("recipes: enable_activation_checkpointing=False"),
     )
-    r.ignore("enable_activation_offloading", "offloaded activations are not modelled")
-    r.ignore("compile", "torch.compile changes activation memory; estimated without it")
-    r.ignore("optimizer_in_bwd", "optimizer steps fused into backward (gradients freed early) are not modelled")
+    for key, field in (("enable_activation_offloading", "offload_activations"), ("compile", "compile"),
+                       ("optimizer_in_bwd", "optimizer_in_backward")):
+        if r.has(key):
+            r.used.add(key)
+            r.set(field, bool(r.flag(key, False)), r.file(key))
     _distributed(r)
     r.ignore("tensor_parallel_dim", "tensor parallelism is not modelled")
 

@@ -98,11 +98,12 @@ def load(r: Reader, *, family: str | None) -> str | None:
                 targets=("all",) if [t.lower() for t in targets] == ["all-linear"] else targets,
                 dropout=r.number("lora_dropout", 0.05),
                 dora=r.flag("use_dora", False),
+                modules_to_save=r.names("lora_modules_to_save") or (),
             ),
-            "; ".join(p for p in (_present(r, "lora_r", "lora_alpha", "lora_dropout", "use_dora"), tprov) if p)
+            "; ".join(p for p in (_present(r, "lora_r", "lora_alpha", "lora_dropout", "use_dora",
+                                           "lora_modules_to_save"), tprov) if p)
             + " (defaults: trainer/model_config.py lora_r=16, lora_alpha=32, lora_dropout=0.05)",
         )
-        r.ignore("lora_modules_to_save", "fully trained extra modules are not modelled")
         r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
     else:
         r.used.update(("lora_r", "lora_target_modules", "lora_dropout", "use_dora"))

@@ -16,6 +16,7 @@ from types import MappingProxyType
 
 from vramledger.advice import advice_sentence
 from vramledger.analytic.evaluation import eval_advice, eval_warnings
+from vramledger.analytic.loop import COMPILE_NOTE
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.ledger import Ledger, make_verdict
 from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Method, ModelSpec, TrainSpec
@@ -35,8 +36,14 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         from vramledger.analytic.distributed import distributed_warnings
 
         out.extend(distributed_warnings(m, train, step_parts))
-    if train.quant is not None and train.optimizer.value.startswith("paged"):
-        out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
+    if train.optimizer.value.startswith("paged"):
+        out.append("paged optimizer states live in CUDA managed memory outside PyTorch's allocator: shown on their "
+                   "own line, in the device total but not in allocated or reserved; the driver may page them out")
+    if train.compile:
+        out.append(COMPILE_NOTE)
+    if train.offload_activations:
+        out.append("activation offloading: two layers' saved tensors counted on the GPU, the rest in pinned host "
+                   "memory (torchtune OffloadActivations)")
     out.extend(eval_warnings(m, train))
     return out
 
@@ -99,5 +106,12 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         from vramledger.analytic.distributed import distributed_settings
 
         s["distributed"] = distributed_settings(m, train, step_parts)
+    for key in ("optimizer_in_backward", "offload_activations", "compile"):
+        if getattr(train, key):
+            s[key] = True
+    if train.quant is not None:
+        s["load_path"] = train.load_path.value
+    if train.lora is not None and train.adapters and train.lora.modules_to_save:
+        s["modules_to_save"] = list(train.lora.modules_to_save)
     return s
 

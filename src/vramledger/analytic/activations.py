@@ -26,6 +26,13 @@ Model code read (transformers 5.23):
 - PEFT ``lora.Linear.forward``: ``x.to(lora_A.weight.dtype)`` per adapter (an fp32 copy when adapters are fp32),
   ``lora_dropout`` (CUDA ``native_dropout`` saves a bool mask, 1 byte/element, and lora_A saves the dropped copy),
   lora_A's output (r) saved by lora_B. Under autocast lora_A re-casts its input to bf16 (2 bytes saved).
+- bitsandbytes ``autograd/_functions.py`` ``MatMul4Bit.forward`` (QLoRA's frozen 4-bit linears): ``if
+  any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`` keeps the input A although backward needs only B for
+  A's gradient, unlike a frozen ``nn.Linear``. Each distinct input of the quantised linears stays alive: the
+  attention input (q/k/v), o_proj's input (eager attention only: with SDPA it is the kernel's saved output),
+  the MLP input (gate/up) and down's input, c bytes each, unless an adapter already keeps that very tensor (no
+  dropout, adapters in the compute dtype). The trace runs the same rule (trace/shims.py
+  ``matmul4bit_saves_input``).
 
 Checked against ``shared/notes/tracing.md`` (Llama-3-8B shape, pure bf16, sdpa without mask): full fine-tuning
 16H + 4Dq + 4Dkv + 8I = 200,704 bytes per token per layer (+ 4·nh logsumexp), matching the traced figure.
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramledger.analytic.params import layer_linears
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
 
@@ -95,6 +103,41 @@ def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int) -> int
     return cast * in_features + mask + mid * lora.rank + dora
 
 
+# Which input each linear reads (the four distinct tensors a decoder layer feeds its linears).
+_INPUT_OF = {
+    "q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in", "qkv_proj": "attn_in", "c_attn": "attn_in",
+    "o_proj": "attn_out", "c_proj": "attn_out",
+    "gate_proj": "mlp_in", "up_proj": "mlp_in", "gate_up_proj": "mlp_in", "c_fc": "mlp_in",
+    "down_proj": "mlp_out",
+}  # fmt: skip
+
+
+def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, skip: tuple[str, ...] = ()) -> int:
+    """Per token per layer: the inputs that bitsandbytes' MatMul4Bit saves (see the module docstring).
+
+    An adapter on a linear with the same input keeps the same tensor when it neither drops out nor casts it
+    (pure precision, adapters in the compute dtype), so that input is not counted twice.
+    """
+    if m.is_moe:
+        return 0  # expert projections are not nn.Linear: bitsandbytes does not quantise them
+    assert train.lora is not None
+    c = train.precision.compute.bytes
+    same_tensor = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
+    kept_by_adapter = {_INPUT_OF.get(a.linear.name, "") for a in wb.adapted} if same_tensor else set()
+    kept_by_adapter |= set(skip)
+    if not (train.attn is Attention.EAGER or m.attn_logit_softcapping):
+        # SDPA's flash/efficient kernels (and flash-attn) write their output as (B, L, nh, hd) and return a
+        # transposed view, so the attention module's ``transpose(1, 2).contiguous()`` is a no-op and o_proj reads
+        # the very tensor the kernel saved for backward (traced: trace/shims.py sdpa_as_cuda).
+        kept_by_adapter.add("attn_out")
+    widths: dict[str, int] = {}
+    for lin in layer_linears(m):
+        group = _INPUT_OF.get(lin.name)
+        if group is not None and group not in kept_by_adapter:
+            widths[group] = lin.in_features
+    return c * sum(widths.values())
+
+
 def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     """DoRA's per-forward weight norm, for the largest adapted layer (PEFT ``get_lora_weight`` multiplies an
     in×in fp32 identity through the adapter to get the out×in update; ``get_weight_norm`` adds it to an fp32
@@ -132,6 +175,8 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         for a in wb.adapted:
             adapter += a.linear.per_layer * _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
         parts.append(("LoRA inputs and dropout masks", adapter))
+    if train.quant is not None and train.quant.bits == 4:
+        parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
 
     # Attention.
     if m.qk_norm:
@@ -195,10 +240,15 @@ def final_norm_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget)
 
 
 def head_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """lm_head's input, saved for its weight gradient when lm_head trains (its bf16 cast under autocast)."""
-    if not wb.head_trainable:
-        return 0
-    return (2 if train.precision.mixed else train.precision.compute.bytes) * m.hidden_size
+    """lm_head's input, saved for its weight gradient when lm_head trains (its bf16 cast under autocast), and
+    what a LoRA adapter on lm_head saves (its input cast, dropout mask and lora_A's output, as for any adapter).
+
+    Simplification: the adapter's V-wide output (lora_B(·) · scaling, added to the logits) is a transient of the
+    forward, smaller than the loss's own (c + 8)·V per token, so it never sets the forward peak."""
+    head = (2 if train.precision.mixed else train.precision.compute.bytes) * m.hidden_size if wb.head_trainable else 0
+    if train.adapters and train.lora is not None and train.lora.head:
+        head += _adapter_bytes(train, m.hidden_size, m.vocab_size)
+    return head
 
 
 def final_hidden_live_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
@@ -223,6 +273,9 @@ def first_layer_unsaved_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weig
     if train.adapters and train.lora is not None and train.lora.dropout > 0:
         attn_inputs = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"}
         masks = sum(a.linear.in_features for a in wb.adapted if a.linear.name in attn_inputs)
+    # bitsandbytes' MatMul4Bit keeps A only when an input needs grad: not for the first layer's q/k/v.
+    if train.quant is not None and train.quant.bits == 4 and not m.is_moe:
+        masks += quantised_inputs_bytes(m, train, wb) - quantised_inputs_bytes(m, train, wb, skip=("attn_in",))
     if m.norm_bias:
         return masks + (0 if train.method is Method.FREEZE else residual_bytes(train, wb) * m.hidden_size)
     return masks + 4 * m.hidden_size

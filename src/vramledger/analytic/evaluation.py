@@ -48,11 +48,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.kv_cache import SRC_LEGACY, decode_step_extra
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.parts import Moment, StepParts, add_persistent
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, Ledger, Phase
-from vramledger.specs import Attention, EvalLogits, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, CacheKind, EvalLogits, Loss, ModelSpec, TrainSpec
 from vramledger.units import fmt_bytes
 
 TRAINER = "transformers 5.23 trainer.py"
@@ -308,15 +309,20 @@ def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Mo
         N = max(train.generation_max_new_tokens, 1)  # unknown: the prefill only (eval_warnings says so)
         kv = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=N, dtype_bytes=c, key_bytes=s)
         pre = base(f"generate: prefill of {B}×{L} prompt tokens (top layer)", Phase.GENERATE)
-        pre.add(Category.KV_CACHE, "KV cache after the prefill", kv.after_prefill, SRC_CACHE)
+        kind = train.generation_cache  # analytic/kv_cache.py: what each cache kind holds during a decode step
+        pre.add(Category.KV_CACHE, f"KV cache after the prefill ({kind.display})", kv.after_prefill, SRC_CACHE)
         pre.add(Category.ATTENTION_SCORES, "4-D mask of the left-padded prompts", mask_bytes(train, batch=B, length=L),
                 "masking_utils create_causal_mask")
         pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
         pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
         end = base(f"generate: last of {N} decode steps", Phase.GENERATE)
-        end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens", kv.at_end, SRC_CACHE)
-        end.add(Category.TEMPORARIES, "one layer's K/V being re-concatenated", kv.per_layer_step,
-                "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor")
+        end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens ({kind.display})", kv.at_end, SRC_CACHE)
+        end.add(Category.TEMPORARIES, "the previous step's cache tuple" if kind is CacheKind.LEGACY
+                else "one layer's K/V being re-concatenated",
+                decode_step_extra(kind, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
+                                  cached=L + N - 1),
+                SRC_LEGACY if kind is CacheKind.LEGACY
+                else "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor")
         end.add(Category.LOGITS_LOSS, "last-token logits (compute dtype and fp32 copy)", (c + 4) * B * m.vocab_size,
                 "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)")
         out[Phase.GENERATE] = max((pre, end), key=lambda mo: mo.total)

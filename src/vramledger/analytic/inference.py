@@ -8,8 +8,9 @@ the compute dtype (``torch_dtype=bfloat16``) or bitsandbytes-quantised, ``num_be
 - the prefill runs the prompt through every layer (one layer's working set live at a time) and, with
   ``logits_to_keep=1`` (generation/utils.py l. 2953-2954), computes the logits of the last token only, copied to
   fp32 (l. 3247): (c + 4)·B·V, not B·P·V;
-- the cache is what ``evaluation.kv_cache_bytes`` derives from cache_utils.py (dynamic by default, static with
-  ``cache_implementation="static"``);
+- the cache is what ``evaluation.kv_cache_bytes`` derives from cache_utils.py (``DynamicCache`` by default, static
+  with ``cache_implementation="static"``); ``cache=CacheKind.LEGACY`` models the tuple cache of transformers
+  < 4.36 instead (``analytic/kv_cache.py``: twice the cache during a decode step, full prefill logits);
 - one cuBLAS workspace (no autograd thread), the allocator reserve and the CUDA context as for training.
 """
 
@@ -19,6 +20,13 @@ from dataclasses import dataclass
 from types import MappingProxyType
 
 from vramledger.analytic.evaluation import SRC_CACHE, kv_cache_bytes, layer_working_set, mask_bytes
+from vramledger.analytic.kv_cache import (
+    SRC_LEGACY,
+    SRC_LEGACY_LOGITS,
+    CacheKind,
+    decode_step_extra,
+    prefill_logits_tokens,
+)
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
     RESERVE_SOURCE,
@@ -49,8 +57,10 @@ class InferSpec:
     quant: QuantSpec | None = None
     """bitsandbytes quantisation of the linear layers (``BitsAndBytesConfig``)."""
     attn: Attention = Attention.SDPA
-    static_cache: bool = False
-    """``cache_implementation="static"``: preallocate S tokens per layer."""
+    cache: CacheKind = CacheKind.DYNAMIC
+    """The KV cache modelled: ``DynamicCache`` (transformers ≥ 4.36, the default), ``static``
+    (``cache_implementation="static"``: S tokens per layer preallocated) or ``legacy`` (the tuple cache of
+    transformers < 4.36)."""
 
     def __post_init__(self) -> None:
         for name in ("batch", "prompt", "new_tokens"):
@@ -93,13 +103,17 @@ def infer_ledger(
     c = spec.dtype.bytes
     B, P, N = spec.batch, spec.prompt, spec.new_tokens
     w = weight_bytes(m, spec)
-    kv = kv_cache_bytes(m, batch=B, prompt=P, new_tokens=N, dtype_bytes=c, static=spec.static_cache)
+    static = spec.cache is CacheKind.STATIC
+    kv = kv_cache_bytes(m, batch=B, prompt=P, new_tokens=N, dtype_bytes=c, static=static)
     tok, sq = layer_working_set(m, train, batch=B, length=P, resid=c)
     mask = mask_bytes(train, batch=B, length=P)
     logits = (c + 4) * B * m.vocab_size
+    prefill_logits = logits * prefill_logits_tokens(spec.cache, P)
     ws = cublas_workspace_bytes(gpu) // 2  # one handle: no autograd thread
-    prefill = kv.after_prefill + tok + sq + mask + logits
-    end = kv.at_end + kv.per_layer_step + logits
+    step_extra = decode_step_extra(spec.cache, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
+                                   cached=P + N - 1)
+    prefill = kv.after_prefill + tok + sq + mask + prefill_logits
+    end = kv.at_end + step_extra + logits
     w_src = "Σ parameters × dtype bytes (analytic/params.py); bitsandbytes storage (analytic/weights.py)"
     items: list[LineItem] = [
         LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=w, label="weights", source=w_src),
@@ -108,7 +122,8 @@ def infer_ledger(
         _item(Category.WEIGHTS, w, "weights", w_src),
         _item(Category.WORKSPACE, ws, "cuBLAS workspace", "torch CublasHandlePool.cpp getChosenWorkspaceSize"),
     ]
-    cache_kind = "static (preallocated)" if spec.static_cache else "dynamic"
+    cache_kind = spec.cache.display
+    legacy = spec.cache is CacheKind.LEGACY
     if prefill >= end:
         moment = f"prefill of {B}×{P} prompt tokens (top layer)"
         items += [
@@ -117,12 +132,17 @@ def infer_ledger(
             _item(Category.ATTENTION_SCORES, sq + mask, "attention mask / length² tensors",
                   "masking_utils create_causal_mask; eager_attention_forward"),
         ]
+        if legacy:
+            items.append(_item(Category.LOGITS_LOSS, prefill_logits - logits, "logits of every prompt token (fp32)",
+                               SRC_LEGACY_LOGITS))
     else:
         moment = f"last of {N} decode steps"
         items += [
             _item(Category.KV_CACHE, kv.at_end, f"KV cache of {P}+{N}-1 tokens ({cache_kind})", SRC_CACHE),
-            _item(Category.TEMPORARIES, kv.per_layer_step, "one layer's K/V being re-concatenated",
-                  "cache_utils.py DynamicLayer.update torch.cat"),
+            _item(Category.TEMPORARIES, step_extra,
+                  "the previous step's cache tuple, alive while the new one is built" if legacy
+                  else "one layer's K/V being re-concatenated",
+                  SRC_LEGACY if legacy else "cache_utils.py DynamicLayer.update torch.cat"),
         ]
     items.append(_item(Category.LOGITS_LOSS, logits, "last-token logits and their fp32 copy",
                        "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)"))
@@ -141,7 +161,7 @@ def infer_ledger(
         moments=MappingProxyType({Phase.LOAD: "weights loaded", Phase.GENERATE: moment}),
         settings=MappingProxyType({
             "mode": "infer", "batch": B, "prompt": P, "new_tokens": N, "dtype": spec.dtype.value,
-            "cache": "static" if spec.static_cache else "dynamic", "attn": spec.attn.value,
+            "cache": spec.cache.value, "attn": spec.attn.value,
             "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
         }),
     )
@@ -200,7 +220,8 @@ def max_concurrency(
         usable_bytes=usable,
         weights_bytes=weight_bytes(m, spec),
         cache_per_sequence=kv_cache_bytes(m, batch=1, prompt=spec.prompt, new_tokens=spec.new_tokens,
-                                          dtype_bytes=spec.dtype.bytes, static=spec.static_cache).peak,
+                                          dtype_bytes=spec.dtype.bytes,
+                                          static=spec.cache is CacheKind.STATIC).peak,
         device_at_max=at,
         gpu=gpu.name,
     )

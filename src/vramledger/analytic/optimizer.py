@@ -41,12 +41,13 @@ def _eight_bit(numel: int) -> int:
 
 def optimizer_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> OptimizerBytes:
     P, b, n = wb.trainable_params, wb.trainable_dtype.bytes, wb.largest_trainable_numel
+    Pb = wb.trainable_bytes  # P·b, exact when trainable parameters mix dtypes (fp32 adapters, bf16 saved modules)
     opt = train.optimizer
     if opt in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP):
-        temp = {Optimizer.ADAMW: P * b, Optimizer.ADAMW_FUSED: 0, Optimizer.ADAMW_FORLOOP: n * b}[opt]
+        temp = {Optimizer.ADAMW: Pb, Optimizer.ADAMW_FUSED: 0, Optimizer.ADAMW_FORLOOP: n * b}[opt]
         impl = {Optimizer.ADAMW: "foreach", Optimizer.ADAMW_FUSED: "fused", Optimizer.ADAMW_FORLOOP: "for-loop"}[opt]
         return OptimizerBytes(
-            states=2 * P * b,
+            states=2 * Pb,
             step_temporaries=temp,
             paged=False,
             source=f"torch AdamW ({impl}): exp_avg + exp_avg_sq in the parameter dtype, 2·P·{b} B"
@@ -79,7 +80,7 @@ def optimizer_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Optimiz
             source="HF Adafactor: row+column second-moment statistics; fp32 param/grad/update copies per tensor",
         )
     assert opt is Optimizer.SGD
-    momentum = P * b if train.sgd_momentum > 0 else 0
+    momentum = Pb if train.sgd_momentum > 0 else 0
     return OptimizerBytes(
         states=momentum,
         step_temporaries=0,

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramledger.analytic.paged import PAGED_SOURCE
 from vramledger.analytic.rank import Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, LineItem, Phase
@@ -27,6 +28,8 @@ class StepParts:
     grad_bytes: int
     autocast_copy_bytes: int
     state_bytes: int
+    paged_state_bytes: int
+    """Paged optimizer states: CUDA managed memory (analytic/paged.py), not part of ``state_bytes``."""
     step_temp_bytes: int
     saved_layers_bytes: int
     """Saved activations of all trained layers (or their checkpointed inputs)."""
@@ -87,7 +90,8 @@ class Moment:
 
     @property
     def total(self) -> int:
-        return sum(item.bytes for items in self.by_category.values() for item in items)
+        """Allocated bytes (managed memory is outside PyTorch's allocator)."""
+        return sum(item.bytes for cat, items in self.by_category.items() if cat.allocated for item in items)
 
 
 SOURCES = {
@@ -120,6 +124,8 @@ def add_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int, au
         mo.add(Category.WEIGHTS, "bf16 copies made by autocast", p.autocast_copy_bytes, SOURCES["autocast"])
     if states and p.state_bytes:
         mo.add(Category.OPTIMIZER_STATE, "optimizer states", p.state_bytes, p.optimizer_source)
+    if states:
+        mo.add(Category.MANAGED_MEMORY, "paged optimizer states", p.paged_state_bytes, PAGED_SOURCE)
     if grads:
         mo.add(Category.GRADIENTS, "gradients", grads, SOURCES["grads"])
     mo.add(

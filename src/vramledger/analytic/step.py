@@ -30,7 +30,10 @@ from vramledger.analytic.activations import (
 )
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
+from vramledger.analytic.load import SOURCES as LOAD_SOURCES
+from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
@@ -52,11 +55,12 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     T, B = train.tokens, train.micro_batch
     c = train.precision.compute.bytes
     n_tl = wb.trainable_layers
+    n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
     la = layer_activations(m, train, wb)
     layer_bytes = la.per_token * T
     layer_scores = la.scores_per_seq * B
     if train.grad_ckpt:
-        saved_layers = n_tl * checkpoint_input_bytes_per_token(m, train, wb) * T
+        saved_layers = n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T
         scores = 0
         eager = train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA)
         if eager and n_tl:
@@ -66,7 +70,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
             s_emb = residual_bytes(train, wb)
             scores = s_emb * B * train.seq_len * train.seq_len * (2 if m.sliding_layers else 1)
     else:
-        saved_layers = n_tl * layer_bytes - (first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0)
+        saved_layers = n_kept * layer_bytes - (first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0)
         scores = n_tl * layer_scores
     extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
     lg = logits_bytes(m, train, T)
@@ -86,9 +90,11 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         autocast_copies += wb.frozen_matrix_params * 2
 
     frozen, trainable = wb.frozen_bytes, wb.trainable_bytes
-    grads = wb.trainable_params * wb.trainable_dtype.bytes
+    grads = wb.trainable_bytes  # each gradient in its parameter's dtype
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
+    paged_states, states = (states, 0) if opt.paged else (0, states)
+    grads, step_temp = optimizer_in_backward(train, wb, grads, step_temp)  # analytic/loop.py
     master = 0
 
     # Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates.
@@ -105,6 +111,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         grad_bytes=grads,
         autocast_copy_bytes=autocast_copies,
         state_bytes=states,
+        paged_state_bytes=paged_states,
         step_temp_bytes=step_temp,
         saved_layers_bytes=saved_layers,
         layer_bytes=layer_bytes,
@@ -141,6 +148,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
         load.add(Category.WEIGHTS, "frozen base", p.frozen_bytes, SOURCES["weights"])
     if p.trainable_bytes:
         load.add(Category.WEIGHTS, "trainable", p.trainable_bytes, SOURCES["weights"])
+    load.add(Category.TEMPORARIES, "quantising the largest weight on the GPU",  # analytic/load.py: per framework
+             load_transient_bytes(m, train, p.weights), LOAD_SOURCES[train.load_path])
     out[Phase.LOAD] = load
 
     # Forward: the loss with everything saved so far.

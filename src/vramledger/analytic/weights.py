@@ -12,6 +12,10 @@ Sources:
   (64) elements; with double quantisation (``compress_statistics``) the absmax are stored as uint8 with one fp32
   absmax per 256 of them. ``Linear8bitLt`` / ``Int8Params``: int8 weights plus one fp32 scale (SCB) per row.
   transformers' bnb quantizer leaves the output layer (lm_head) unquantised (``get_keys_to_not_convert``).
+- LoRA on the output layer (``lm_head`` in ``target_modules``; LitGPT ``lora_head``): one more adapter,
+  r·(H + V) (+ V for DoRA). PEFT ``utils/other.py`` ``ModulesToSaveWrapper`` (``modules_to_save``): the original
+  module stays (frozen) and a ``copy.deepcopy`` of it trains, so each saved module adds its parameters once more
+  as trainable, in the adapters' dtype (with their gradients and optimizer states).
 - LLaMA-Factory ``model/adapter.py`` ``_setup_freeze_tuning``: method freeze trains the last
   ``freeze_trainable_layers`` decoder layers (all their modules), nothing else.
 """
@@ -80,11 +84,12 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     assert train.lora is not None
     lora = train.lora
     linears = layer_linears(m)
+    targets = lora.layer_targets
     if lora.all_linear:
         picked = [lin for lin in linears if lin.lora_targetable]
     else:
-        picked = [lin for lin in linears if _matches(lin.name, lora.targets)]
-        unknown = [t for t in lora.targets if not any(_matches(lin.name, (t,)) for lin in linears)]
+        picked = [lin for lin in linears if _matches(lin.name, targets)]
+        unknown = [t for t in targets if not any(_matches(lin.name, (t,)) for lin in linears)]
         if unknown:
             names = ", ".join(sorted({lin.name.split(".")[-1] for lin in linears}))
             raise VramledgerError(
@@ -100,6 +105,36 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
         p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
     return tuple(out)
+
+
+def head_adapter_params(m: ModelSpec, train: TrainSpec) -> int:
+    """LoRA on lm_head: r·(H + V), plus V for DoRA's magnitude (0 without a head adapter)."""
+    lora = train.lora
+    if lora is None or not lora.head:
+        return 0
+    return lora.rank * (m.hidden_size + m.vocab_size) + (m.vocab_size if lora.dora else 0)
+
+
+_SAVED_EMBEDDING = ("embed_tokens", "wte")
+
+
+def saved_module_params(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
+    """(embedding, lm_head) parameters of the trained copies PEFT's ``modules_to_save`` makes (0 when not listed).
+
+    The head's copy is V×H even when the embedding is tied: PEFT wraps ``lm_head`` on its own."""
+    lora = train.lora
+    if lora is None or not lora.modules_to_save:
+        return 0, 0
+    known = (*_SAVED_EMBEDDING, "lm_head")
+    unknown = [name for name in lora.modules_to_save if name.split(".")[-1] not in known]
+    if unknown:
+        raise VramledgerError(
+            f"modules_to_save: {', '.join(unknown)} not modelled; choose from embed_tokens and lm_head"
+        )
+    leaves = {name.split(".")[-1] for name in lora.modules_to_save}
+    embed = embedding_params(m) if leaves & set(_SAVED_EMBEDDING) else 0
+    head = m.vocab_size * m.hidden_size if "lm_head" in leaves else 0
+    return embed, head
 
 
 def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
@@ -172,8 +207,13 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     # LoRA / QLoRA: adapters train; the base is frozen (quantised for QLoRA).
     assert train.lora is not None
     adapted = adapted_linears(m, train)
-    adapter_params = m.num_layers * sum(a.params for a in adapted)
+    head_adapter = head_adapter_params(m, train)
+    saved_embed, saved_head = saved_module_params(m, train)
+    adapter_params = m.num_layers * sum(a.params for a in adapted) + head_adapter + saved_embed + saved_head
     adapter_dt = DType.FP32 if (train.lora.adapter_fp32 or prec.compute is DType.FP32) else frozen_dt
+    # The trained copies of modules_to_save keep the module's dtype (PEFT's cast_adapter_dtype casts only LoRA
+    # layers), upcast to fp32 under AMP as LLaMA-Factory upcasts every trainable parameter.
+    saved_dt = DType.FP32 if (prec.mixed or prec.compute is DType.FP32) else frozen_dt
     if train.quant is not None:
         q = train.quant
         layer_bytes = sum(
@@ -186,23 +226,27 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     else:
         frozen_bytes = total * frozen_dt.bytes
     largest_adapter = max(
-        (train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted), default=0
+        [train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted]
+        + [train.lora.rank * m.vocab_size if head_adapter else 0]
+        + [m.vocab_size * m.hidden_size if (saved_embed or saved_head) else 0]
     )
     return WeightBudget(
         total_params=total + adapter_params,
         trainable_params=adapter_params,
         frozen_bytes=frozen_bytes,
-        trainable_bytes=adapter_params * adapter_dt.bytes,
+        trainable_bytes=(adapter_params - saved_embed - saved_head) * adapter_dt.bytes
+        + (saved_embed + saved_head) * saved_dt.bytes,
         trainable_dtype=adapter_dt,
-        trainable_layers=m.num_layers if adapted else 0,
+        trainable_layers=m.num_layers if (adapted or saved_embed) else 0,
         adapted=adapted,
-        trainable_matrix_params=adapter_params,
+        # The embedding copy is looked up, not multiplied: autocast casts no copy of it.
+        trainable_matrix_params=adapter_params - saved_embed,
         largest_trainable_numel=largest_adapter,
         largest_frozen_matrix_numel=largest_frozen,
         frozen_matrix_params=m.num_layers * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
         + lm_head_numel,
-        embedding_trainable=False,
-        head_trainable=False,
+        embedding_trainable=bool(saved_embed),
+        head_trainable=bool(saved_head),
         norms_trainable=False,
         lm_head_weight_numel=lm_head_numel,
     )

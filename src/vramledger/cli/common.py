@@ -99,6 +99,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
                    help="comma-separated module names, or 'all' (default all linear layers)")
     g.add_argument("--lora-dropout", type=fraction, help="LoRA dropout (default 0)")
     g.add_argument("--dora", action="store_true", default=None, help="weight-decomposed LoRA")
+    g.add_argument("--modules-to-save", type=name,
+                   help="modules trained in full beside the adapters (PEFT modules_to_save): embed_tokens,lm_head")
     g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
     g.add_argument("--freeze-layers", type=count(what="number of layers"),
@@ -179,6 +181,9 @@ def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpe
         else None,
         "dropout": args.lora_dropout,
         "dora": args.dora,
+        "modules_to_save": tuple(t.strip() for t in args.modules_to_save.split(",") if t.strip())
+        if getattr(args, "modules_to_save", None) is not None
+        else None,
     }
     given = {k: v for k, v in given.items() if v is not None}
     if not given:

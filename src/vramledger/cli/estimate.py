@@ -41,6 +41,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--new-tokens", type=count(hi=MAX_TOKENS, what="token count"),
                    help="infer: max_new_tokens (default 256)")
     g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
+    g.add_argument("--cache", choices=("dynamic", "static", "legacy"),
+                   help="the KV cache generation keeps (infer, and eval with --predict-with-generate): dynamic "
+                   "(DynamicCache, transformers >= 4.36, the default), "
+                   "static, or legacy (the tuple cache of transformers < 4.36: about twice the cache while decoding)")
     g.add_argument("--max-concurrency", action="store_true",
                    help="infer: how many sequences of this length fit next to the weights on --gpu")
     add_output_options(p)
@@ -51,6 +55,12 @@ def run(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args)
     if args.mode == "infer":
         return _run_infer(args, inputs)
+    if args.cache:  # eval generation (--predict-with-generate) models this cache
+        from dataclasses import replace
+
+        from vramledger.specs import CacheKind
+
+        inputs = replace(inputs, train=replace(inputs.train, generation_cache=CacheKind(args.cache)))
     ledger = train_ledger(inputs)
     if args.json:
         from vramledger.report.json_out import dumps
@@ -100,10 +110,12 @@ def train_ledger(inputs: Inputs) -> Ledger:
 def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:
     from vramledger.analytic.inference import InferSpec, infer_ledger, max_concurrency
     from vramledger.errors import VramledgerError
+    from vramledger.specs import CacheKind
 
     t = inputs.train
+    cache = CacheKind(args.cache) if args.cache else CacheKind.STATIC if args.static_cache else CacheKind.DYNAMIC
     spec = InferSpec(batch=t.micro_batch, prompt=args.prompt or t.seq_len, new_tokens=args.new_tokens or 256,
-                     dtype=t.precision.compute, quant=t.quant, attn=t.attn, static_cache=args.static_cache)
+                     dtype=t.precision.compute, quant=t.quant, attn=t.attn, cache=cache)
     ledger = infer_ledger(inputs.model, spec, gpu=inputs.gpu, headroom=inputs.headroom)
     conc = None
     if args.max_concurrency:

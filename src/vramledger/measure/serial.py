@@ -46,8 +46,9 @@ def train_from_dict(raw: dict[str, Any]) -> TrainSpec:
             kw[key] = _ENUMS[key](value)
         elif key == "lora" and value is not None:
             lora = dict(value)
-            if "targets" in lora:
-                lora["targets"] = tuple(lora["targets"])
+            for key_ in ("targets", "modules_to_save"):
+                if key_ in lora:
+                    lora[key_] = tuple(lora[key_])
             kw[key] = LoraSpec(**lora)
         elif key == "quant" and value is not None:
             kw[key] = QuantSpec(**value)

@@ -38,8 +38,10 @@ COLORS: dict[Category, str] = {
     Category.WORKSPACE: "#6699CC",
     Category.ALLOCATOR_RESERVE: "#DDDDDD",
     Category.CUDA_CONTEXT: "#888888",
+    Category.MANAGED_MEMORY: "#BBBBBB",
 }
-HATCH: dict[Category, str] = {Category.ALLOCATOR_RESERVE: "///", Category.CUDA_CONTEXT: "xx"}
+HATCH: dict[Category, str] = {Category.ALLOCATOR_RESERVE: "///", Category.CUDA_CONTEXT: "xx",
+                              Category.MANAGED_MEMORY: ".."}
 INK = "#222222"
 CAPACITY = "#000000"
 USABLE = "#BB5566"  # Tol high-contrast red: the line you must stay under

@@ -51,6 +51,11 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
         f"{'+ ' + Category.CUDA_CONTEXT.display:<{_W}}"
         + "".join(f"{_cell(ledger.bytes_of(Category.CUDA_CONTEXT, p)):>{_C}}" for p in phases)
     )
+    if Category.MANAGED_MEMORY in ledger.categories():
+        lines.append(
+            f"{'+ ' + Category.MANAGED_MEMORY.display:<{_W}}"
+            + "".join(f"{_cell(ledger.bytes_of(Category.MANAGED_MEMORY, p)):>{_C}}" for p in phases)
+        )
     lines.append(f"{'= device total (nvidia-smi)':<{_W}}" + "".join(f"{_cell(ledger.device(p)):>{_C}}" for p in phases))
     lines.append("")
     lines.append(f"peak: {peak.value} — {ledger.moments.get(peak, '')}")

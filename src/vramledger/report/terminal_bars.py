@@ -25,6 +25,7 @@ GLYPHS: dict[Category, str] = {
     Category.WORKSPACE: "w",
     Category.ALLOCATOR_RESERVE: ":",
     Category.CUDA_CONTEXT: ".",
+    Category.MANAGED_MEMORY: "p",
 }
 ASCII_GLYPHS: dict[Category, str] = GLYPHS | {
     Category.WEIGHTS: "W",

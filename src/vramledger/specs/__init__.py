@@ -1,7 +1,9 @@
 """What the user asks about: the model, the training setup and the GPU, as frozen validated dataclasses."""
 
+from vramledger.specs.cache import CacheKind
 from vramledger.specs.distributed import Sharding, ZeroBuffers
 from vramledger.specs.gpu import DEFAULT_HEADROOM, GPUSpec, check_headroom
+from vramledger.specs.load import LoadPath
 from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
     Attention,
@@ -19,9 +21,11 @@ from vramledger.specs.train import (
 __all__ = [
     "DEFAULT_HEADROOM",
     "Attention",
+    "CacheKind",
     "DType",
     "EvalLogits",
     "GPUSpec",
+    "LoadPath",
     "LoraSpec",
     "Loss",
     "Method",

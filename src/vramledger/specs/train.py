@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vramledger.errors import VramledgerError
+from vramledger.specs.cache import CacheKind
 from vramledger.specs.distributed import Sharding, ZeroBuffers
+from vramledger.specs.load import LoadPath
 
 
 class DType(str, enum.Enum):
@@ -121,13 +123,19 @@ class LoraSpec:
     alpha: float = 32.0
     """``lora_alpha`` (scales the update; no memory effect)."""
     targets: tuple[str, ...] = _ALL
-    """Module names to adapt (``q_proj``, ``v_proj``, …) or ``("all",)`` for every linear layer but the output."""
+    """Module names to adapt (``q_proj``, ``v_proj``, …) or ``("all",)`` for every linear layer but the output;
+    ``lm_head`` adds an adapter on the output layer (with ``all``: every linear and the head, LitGPT's
+    ``lora_head``)."""
     dropout: float = 0.0
     """``lora_dropout``: above 0 each adapted projection saves a dropout mask and a dropped copy of its input."""
     dora: bool = False
     """``use_dora``: weight-decomposed LoRA (a magnitude vector and a per-forward weight norm)."""
     adapter_fp32: bool = True
     """PEFT's ``autocast_adapter_dtype=True`` default keeps adapter weights fp32 over a bf16/fp16 base."""
+    modules_to_save: tuple[str, ...] = ()
+    """Modules trained in full beside the adapters (PEFT ``modules_to_save``, axolotl ``lora_modules_to_save``,
+    LLaMA-Factory ``additional_target``): ``embed_tokens`` and/or ``lm_head``. PEFT's ``ModulesToSaveWrapper``
+    keeps the frozen original and trains a copy, with its gradient and optimizer state."""
 
     def __post_init__(self) -> None:
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
@@ -145,7 +153,17 @@ class LoraSpec:
 
     @property
     def all_linear(self) -> bool:
-        return tuple(t.lower() for t in self.targets) in (("all",), ("all-linear",), ("all_linear",))
+        return any(t.lower() in ("all", "all-linear", "all_linear") for t in self.targets)
+
+    @property
+    def head(self) -> bool:
+        """An adapter on the output layer (``lm_head`` among the targets)."""
+        return "lm_head" in self.targets
+
+    @property
+    def layer_targets(self) -> tuple[str, ...]:
+        """The targets inside the decoder layers (``lm_head`` removed)."""
+        return tuple(t for t in self.targets if t != "lm_head")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -213,6 +231,9 @@ class TrainSpec:
     ``preprocess_logits_for_metrics``)."""
     predict_with_generate: bool = False
     generation_max_new_tokens: int = 0
+    generation_cache: CacheKind = CacheKind.DYNAMIC
+    """The KV cache eval generation keeps: ``DynamicCache`` (transformers ≥ 4.36 and 5.x) unless set to the legacy
+    tuple cache of older versions (``analytic/kv_cache.py``)."""
     # -- several GPUs ------------------------------------------------------------------------------------------
     world_size: int = 1
     """Data-parallel ranks (GPUs) sharing ZeRO/FSDP shards."""
@@ -229,6 +250,15 @@ class TrainSpec:
     """GPUs per node: HYBRID_SHARD shards over these only."""
     zero_buffers: ZeroBuffers | None = None
     """DeepSpeed's bucket sizes (its defaults when None)."""
+    # -- training-loop features (analytic/loop.py, analytic/load.py) ---------------------------------------------
+    optimizer_in_backward: bool = False
+    """torchtune ``optimizer_in_bwd``: each parameter stepped as its gradient is ready, the gradient freed."""
+    offload_activations: bool = False
+    """torchtune ``enable_activation_offloading``: saved activations to CPU memory, prefetched in backward."""
+    compile: bool = False
+    """``torch.compile``: accepted and estimated as eager, with a stated assumption (analytic/loop.py)."""
+    load_path: LoadPath = LoadPath.TRANSFORMERS
+    """How a quantised base is put on the GPU (analytic/load.py)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
@@ -270,6 +300,11 @@ class TrainSpec:
             )
         if self.eval_steps_total < 0 or self.generation_max_new_tokens < 0:
             raise VramledgerError("eval steps and generation max new tokens must be 0 or more")
+        if self.optimizer_in_backward and self.grad_accum > 1:
+            raise VramledgerError(
+                "optimizer in backward cannot accumulate gradients (torchtune refuses it too); set "
+                "gradient_accumulation_steps 1 or turn optimizer_in_bwd off"
+            )
         if self.freeze_trainable_layers < 0:
             raise VramledgerError("freeze: the number of trainable layers must be 0 or more")
         if self.method is Method.QLORA and self.quant is None:
@@ -315,6 +350,8 @@ ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "loss": Loss,
     "eval_logits": EvalLogits,
     "base_dtype": DType,
+    "generation_cache": CacheKind,
+    "load_path": LoadPath,
 }
 """TrainSpec fields that take an Enum: a string naming one of its values is accepted (``method="lora"``)."""
 _INT_FIELDS = ("micro_batch", "seq_len", "grad_accum", "loss_chunk_tokens", "freeze_trainable_layers", "eval_batch",

@@ -175,11 +175,16 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
     lora = train.lora
     assert lora is not None
     targets: str | list[str] = "all-linear" if lora.all_linear else list(lora.targets)
+    if lora.all_linear and lora.head:
+        # PEFT's "all-linear" leaves the output layer out; name every linear leaf and lm_head instead.
+        leaves = {n.rsplit(".", 1)[-1] for n, mod in hf.named_modules() if isinstance(mod, torch.nn.Linear)}
+        targets = sorted(leaves - {"lm_head"}) + ["lm_head"]
     cfg = LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int, accepts float
         lora_dropout=lora.dropout,
         target_modules=targets,
+        modules_to_save=list(lora.modules_to_save) or None,
         use_dora=lora.dora,
         task_type="CAUSAL_LM",
     )

@@ -311,3 +311,44 @@ def no_packed_sequences() -> Iterator[None]:
         yield
     finally:
         mu.find_packed_sequence_indices = original
+
+
+@contextmanager
+def matmul4bit_saves_input(modules: list[Any]) -> Iterator[None]:
+    """Run the frozen linears a QLoRA base quantises through an autograd function that keeps what bitsandbytes'
+    ``MatMul4Bit`` keeps (``bitsandbytes/autograd/_functions.py``: ``ctx.tensors = (A, B)`` whenever A or B needs
+    grad; backward ``grad_A = grad_output @ dequantize(B)``), on the bf16 weights the trace holds. A frozen
+    ``nn.Linear`` would save nothing; MatMul4Bit keeps its input A. Restores each module's ``forward`` on exit."""
+    import torch
+
+    class _MatMul4BitLike(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx: Any, A: Any, B: Any, bias: Any) -> Any:
+            out = torch.nn.functional.linear(A, B, bias)
+            ctx.save_for_backward(A, B)
+            return out
+
+        @staticmethod
+        def backward(ctx: Any, grad_output: Any) -> Any:
+            _, B = ctx.saved_tensors
+            return grad_output @ B.to(grad_output.dtype), None, None
+
+    def make_forward(mod: Any) -> Any:
+        def forward(x: Any) -> Any:
+            if not torch.is_grad_enabled() or not x.requires_grad:
+                return torch.nn.functional.linear(x, mod.weight, mod.bias)
+            return _MatMul4BitLike.apply(x, mod.weight, mod.bias)
+
+        return forward
+
+    saved = [(mod, mod.__dict__.get("forward")) for mod in modules]
+    for mod in modules:
+        mod.forward = make_forward(mod)
+    try:
+        yield
+    finally:
+        for mod, old in saved:
+            if old is None:
+                del mod.forward
+            else:
+                mod.forward = old

@@ -40,15 +40,38 @@ class TraceResult:
 
 
 def _check_supported(train: TrainSpec) -> None:
-    if train.loss is not Loss.STANDARD:
+    if train.loss is Loss.FUSED:
         raise VramledgerError(
-            f"trace: --loss {train.loss.value} needs Liger or a chunked loss, which trace does not run yet; "
-            "use --loss standard or `vramledger estimate`"
+            "trace: --loss fused needs Liger's kernels, which trace does not run; "
+            "use --loss standard or chunked, or `vramledger estimate`"
         )
     if train.distributed:
         from vramledger.trace.distributed import check_traceable
 
         check_traceable(train)
+
+
+def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int) -> Any:
+    """The chunked cross-entropy of torchtune's ``CEWithChunkedOutputLoss`` (and LitGPT's ``lm_head_chunk_size`` +
+    ``chunked_cross_entropy``): the decoder's hidden states, the output layer applied per chunk of ``chunk_len``
+    positions (every chunk's logits listed, as the model returns them), then per chunk ``logits.float()`` and
+    ``cross_entropy(reduction="sum")``, summed and divided by the number of target tokens. Labels are shifted as
+    transformers' ``ForCausalLMLoss`` shifts them (the last position has no target)."""
+    import torch
+    import torch.nn.functional as F
+
+    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+    hidden = base.model(input_ids=input_ids, use_cache=False).last_hidden_state
+    head = base.lm_head
+    chunks = [head(h) for h in hidden.split(chunk_len, dim=1)]
+    del hidden
+    shifted = torch.nn.functional.pad(labels, (0, 1), value=-100)[..., 1:]
+    total = None
+    for logits, y in zip(chunks, shifted.split(chunk_len, dim=1), strict=True):
+        part = F.cross_entropy(logits.float().flatten(0, 1), y.flatten(), ignore_index=-100, reduction="sum")
+        total = part if total is None else total + part
+    del chunks
+    return total / max(1, labels.numel() - labels.shape[0])
 
 
 def run_trace(
@@ -71,6 +94,7 @@ def run_trace(
         autocast_as_cuda,
         dropout_as_cuda,
         make_optimizer,
+        matmul4bit_saves_input,
         no_packed_sequences,
         sdpa_as_cuda,
     )
@@ -105,6 +129,17 @@ def run_trace(
         trainable = [p for p in params.values() if p.requires_grad]
         n_trainable = sum(p.numel() for p in trainable)
         quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
+        if quantised and train.quant is not None and train.quant.bits == 4:
+            quantised_ids = {sid for sid, _, _ in quantised}
+            stack.enter_context(
+                matmul4bit_saves_input(
+                    [
+                        m
+                        for m in hf.modules()
+                        if isinstance(m, torch.nn.Linear) and rec.sid_of(m.weight) in quantised_ids
+                    ]
+                )
+            )
         stack.enter_context(module_hooks(rec, hf))
         hooks = [
             p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value))
@@ -122,7 +157,10 @@ def run_trace(
             rec.pop()
             amp = torch.autocast("cpu", dtype=compute) if mixed else contextlib.nullcontext()
             with amp:
-                out = run(input_ids=input_ids, labels=labels, use_cache=False)
+                if train.loss is Loss.CHUNKED:
+                    out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b))}
+                else:
+                    out = run(input_ids=input_ids, labels=labels, use_cache=False)
             if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
                 out = {
                     k: (
@@ -200,11 +238,15 @@ def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
     import torch
 
     out_emb = hf.get_output_embeddings()
+    # With LoRA on lm_head PEFT wraps it; its frozen base_layer is still the output layer, which the bnb quantizer
+    # (run before PEFT wraps anything) leaves unquantised.
+    out_base = getattr(out_emb, "base_layer", out_emb)
     found = []
     for name, m in hf.named_modules():
         if (
             isinstance(m, torch.nn.Linear)
             and m is not out_emb
+            and m is not out_base
             and "lora_" not in name
             and not m.weight.requires_grad
         ):
