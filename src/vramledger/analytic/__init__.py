@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import replace
 from types import MappingProxyType
 
+from vramledger.analytic.activations import activation_basis
 from vramledger.analytic.evaluation import eval_advice
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.ledger import Category, Ledger, make_verdict
@@ -27,6 +28,9 @@ __all__ = ["DEFAULT_HEADROOM", "estimate", "step_parts"]
 
 def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     out = list(train.warnings)
+    basis = activation_basis(m)
+    if basis is not None:
+        out.append(basis)
     if m.attn_logit_softcapping and train.attn is Attention.SDPA:
         out.append(
             f"{m.family}: transformers' sdpa does not support attention softcapping (it raises); modelled as eager"

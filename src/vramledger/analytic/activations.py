@@ -104,6 +104,29 @@ def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     return max(4 * (a.linear.in_features ** 2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
 
 
+def runs_eager(m: ModelSpec, train: TrainSpec) -> bool:
+    """Whether attention runs the eager path: asked for, or SDPA asked of a model that cannot use it (Gemma 2's
+    soft-capping; a class with ``_supports_sdpa = False`` such as gpt-oss, whose sinks need eager or a kernel)."""
+    if train.attn is Attention.EAGER:
+        return True
+    no_sdpa = m.attn_logit_softcapping or (m.inventory is not None and not m.inventory.supports_sdpa)
+    return train.attn is Attention.SDPA and bool(no_sdpa)
+
+
+def activation_basis(m: ModelSpec) -> str | None:
+    """What the activation figure of a model without formulas rests on, for the ledger's warnings."""
+    if m.inventory is None:
+        return None
+    inv = m.inventory
+    return (
+        f"{m.family}: no formula here; weights, gradients and optimizer state are exact (built on the meta device: "
+        f"{inv.model_class}, transformers {inv.transformers_version}); activations are a generic estimate of a "
+        f"pre-norm block with this model's linears ({len(inv.linears)} kinds), {m.norms_per_layer} norms, "
+        f"{m.num_heads} heads of {m.head_dim} and MLP width {m.moe_intermediate_size or m.intermediate_size}; "
+        "`vramledger trace` gives the exact figure"
+    )
+
+
 def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> LayerActivations:
     """Saved activations of one decoder layer whose weights (or adapters) train."""
     H, I, Dq, Dkv, nh = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim, m.num_heads
@@ -137,7 +160,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if m.qk_norm:
         parts.append(("q/k norms", _norm_bytes(m, c, base_trains, Dq + Dkv)))
     scores = 0
-    if train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA):
+    if runs_eager(m, train):
         # q and the repeated k and v (saved by the two matmuls); the contiguous output copy only when o_proj's
         # own weight trains (a PEFT adapter saves its own cast instead).
         parts.append(("q, repeated k/v" + (", output" if base_trains else ""), c * (4 if base_trains else 3) * Dq))

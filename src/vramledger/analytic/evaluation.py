@@ -126,7 +126,9 @@ def kv_cache_bytes(
 # -- one layer's forward without autograd ----------------------------------------------------------------------
 def _eager(m: ModelSpec, train: TrainSpec) -> bool:
     # transformers' sdpa cannot softcap attention logits: Gemma 2 runs eager (see analytic/__init__ _warnings).
-    return train.attn is Attention.EAGER or bool(m.attn_logit_softcapping and train.attn is Attention.SDPA)
+    from vramledger.analytic.activations import runs_eager
+
+    return runs_eager(m, train)
 
 
 def layer_working_set(m: ModelSpec, train: TrainSpec, *, batch: int, length: int, resid: int) -> tuple[int, int]:

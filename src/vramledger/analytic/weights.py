@@ -25,13 +25,13 @@ from vramledger.analytic.params import (
     Linear,
     count_params,
     embedding_params,
-    head_params,
+    in_layers,
     layer_linears,
-    layer_norm_params,
     layer_params,
+    linears_numel,
 )
 from vramledger.errors import VramledgerError
-from vramledger.specs import DType, Method, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs import DType, LoraSpec, Method, ModelSpec, QuantSpec, TrainSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -79,6 +79,8 @@ def _matches(name: str, targets: tuple[str, ...]) -> bool:
 def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     assert train.lora is not None
     lora = train.lora
+    if m.inventory is not None:
+        return _inventory_adapted(m, lora)
     linears = layer_linears(m)
     if lora.all_linear:
         picked = [lin for lin in linears if lin.lora_targetable]
@@ -100,6 +102,24 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
         p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
     return tuple(out)
+
+
+def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
+    """A model without formulas: PEFT itself, on the meta device, says what it adapts (its MoE conversions
+    included); transformers and peft are imported here only for such models."""
+    from vramledger.catalog.inventory import peft_adapters
+
+    assert m.inventory is not None
+    found = peft_adapters(m.inventory, rank=lora.rank, targets=None if lora.all_linear else lora.targets,
+                          dora=lora.dora)
+    return tuple(
+        Adapted(
+            linear=Linear(lin.name, lin.in_features, lin.out_features, lin.bias, per_layer=lin.copies,
+                          lora_targetable=lin.is_linear, layers=0 if lin.layers == m.num_layers else lin.layers),
+            params=params,
+        )
+        for lin, params in found
+    )
 
 
 def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
@@ -127,7 +147,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         # Autocast casts what matmul-type ops use (torch autocast_mode.cpp lower_precision_fp list: linear, matmul):
         # every linear's weight and bias, and the lm_head weight (the embedding itself when tied). aten::embedding
         # and the norms' elementwise weights are not cast.
-        matrix = m.num_layers * sum(lin.numel for lin in linears) + lm_head_numel
+        matrix = linears_numel(m, linears) + lm_head_numel
         return WeightBudget(
             total_params=total,
             trainable_params=total,
@@ -161,8 +181,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
             trainable_matrix_params=matrix,
             largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
             largest_frozen_matrix_numel=largest_frozen,
-            frozen_matrix_params=(m.num_layers - k) * sum(lin.in_features * lin.out_features * lin.per_layer
-                                                          for lin in linears) + lm_head_numel,
+            frozen_matrix_params=linears_numel(m, linears, weights_only=True) - matrix + lm_head_numel,
             embedding_trainable=False,
             head_trainable=False,
             norms_trainable=k > 0,
@@ -172,17 +191,17 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     # LoRA / QLoRA: adapters train; the base is frozen (quantised for QLoRA).
     assert train.lora is not None
     adapted = adapted_linears(m, train)
-    adapter_params = m.num_layers * sum(a.params for a in adapted)
+    adapter_params = sum(in_layers(m, a.linear) * a.params for a in adapted)
     adapter_dt = DType.FP32 if (train.lora.adapter_fp32 or prec.compute is DType.FP32) else frozen_dt
     if train.quant is not None:
         q = train.quant
-        layer_bytes = sum(
-            lin.per_layer * quantised_bytes(lin.in_features * lin.out_features, lin.out_features, q)
-            + (lin.out_features * lin.per_layer * frozen_dt.bytes if lin.bias else 0)
+        quantised = sum(
+            in_layers(m, lin) * lin.per_layer * quantised_bytes(lin.in_features * lin.out_features, lin.out_features, q)
             for lin in linears
         )
-        other = embedding_params(m) + head_params(m) + m.num_layers * layer_norm_params(m)
-        frozen_bytes = m.num_layers * layer_bytes + other * frozen_dt.bytes
+        # Everything else (embeddings, norms, biases, lm_head) stays in the frozen dtype.
+        other = total - linears_numel(m, linears, weights_only=True)
+        frozen_bytes = quantised + other * frozen_dt.bytes
     else:
         frozen_bytes = total * frozen_dt.bytes
     largest_adapter = max(
@@ -199,8 +218,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         trainable_matrix_params=adapter_params,
         largest_trainable_numel=largest_adapter,
         largest_frozen_matrix_numel=largest_frozen,
-        frozen_matrix_params=m.num_layers * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
-        + lm_head_numel,
+        frozen_matrix_params=linears_numel(m, linears, weights_only=True) + lm_head_numel,
         embedding_trainable=False,
         head_trainable=False,
         norms_trainable=False,

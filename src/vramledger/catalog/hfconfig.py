@@ -73,6 +73,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     where = f"config {source}"
     if not isinstance(cfg, Mapping):
         raise VramledgerError(f"{where}: expected a JSON object")
+    original = cfg
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         text = dict(cfg["text_config"])
         text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
@@ -84,9 +85,10 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     if family == "gemma3":
         family = "gemma3_text"
     if family not in _TIE_DEFAULT:
-        raise VramledgerError(
-            f"{where}: model_type {family!r} is not modelled yet; supported: {', '.join(SUPPORTED_FAMILIES)}"
-        )
+        # No formula for this family: transformers builds it on the meta device for exact parameters.
+        from vramledger.catalog.inventory import generic_model_spec
+
+        return generic_model_spec(original, name=name, source=source)
     if family in _FAMILY_DEFAULTS:
         cfg = {**_FAMILY_DEFAULTS[family], **cfg}
     gpt2 = family == "gpt2"
@@ -104,9 +106,10 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     sparse_step = _get(cfg, "decoder_sparse_step", default=1)
     dense_layers = _get(cfg, "mlp_only_layers", default=[]) or sparse_step != 1
     if family == "qwen3_moe" and dense_layers:
-        raise VramledgerError(
-            f"{where}: Qwen3-MoE with dense layers (mlp_only_layers/decoder_sparse_step) is not modelled yet"
-        )
+        # Dense and MoE layers mixed: no formula; the meta-device inventory counts each layer as built.
+        from vramledger.catalog.inventory import generic_model_spec
+
+        return generic_model_spec(original, name=name, source=source)
 
     # Biases. LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses bias=config.attention_bias on all
     # of q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o; GPT-2's Conv1D layers all have

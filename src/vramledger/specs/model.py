@@ -8,6 +8,56 @@ from vramledger.errors import VramledgerError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class InventoryLinear:
+    """One kind of matmul weight found in the decoder layers of a model built on the meta device."""
+
+    name: str
+    """Path inside a decoder layer, without the layer index (``self_attn.q_proj``, ``mlp.experts.gate_up_proj``)."""
+    in_features: int
+    out_features: int
+    bias: bool
+    copies: int = 1
+    """Experts stored as one 3-D parameter (E, ·, ·): E; 1 for an ``nn.Linear``."""
+    layers: int
+    """How many decoder layers hold it (DeepSeek's first dense layers and MoE layers differ)."""
+    is_linear: bool = True
+    """An ``nn.Linear`` (PEFT's ``all-linear`` can adapt it), not a fused 3-D expert parameter."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ModuleInventory:
+    """Exact parameter facts of a model that transformers built on the meta device (no memory, no weights).
+
+    Built by ``catalog.inventory.meta_inventory`` for architectures without a formula here; the counts are
+    ``numel`` of the real parameters, each shared tensor once.
+    """
+
+    total_params: int
+    embedding_params: int
+    """Input embeddings (``get_input_embeddings``)."""
+    lm_head_params: int
+    """Output projection, 0 when tied to the input embedding."""
+    decoder_layers: int
+    layer_params_total: int
+    """Parameters of all decoder layers together."""
+    last_layer_params: int
+    """Parameters of the last decoder layer (what freezing all but the last layers trains, per layer)."""
+    linears: tuple[InventoryLinear, ...]
+    norms_per_layer: int
+    """Norm weights in the last decoder layer other than q/k norms."""
+    qk_norm: bool
+    other_params: int
+    """Everything else: final norm, vision tower and projector of a multimodal model, rotary buffers excluded."""
+    model_class: str
+    """The transformers class that was built (``DeepseekV3ForCausalLM``)."""
+    supports_sdpa: bool
+    """The class's ``_supports_sdpa`` (gpt-oss: False, its attention sinks need eager or a kernel)."""
+    config_json: str
+    """The config.json mapping it was built from (JSON, sorted keys): the one home trace rebuilds it from."""
+    transformers_version: str
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class ModelSpec:
     """A decoder-only transformer's shape. Built by ``catalog.hfconfig.model_spec_from_config``."""
 
@@ -64,6 +114,11 @@ class ModelSpec:
     """``torch_dtype`` / ``dtype`` in config.json: the dtype the checkpoint is stored in."""
     source: str = ""
     """Where this config came from (catalog file and upstream URL, or a local path)."""
+    inventory: ModuleInventory | None = None
+    """Exact parameters from a meta-device build, for a ``model_type`` without formulas here (None: formulas)."""
+    config_name: str = ""
+    """The catalog model whose config is used when the user named a variant (``Qwen/Qwen3-4B-Instruct-2507``
+    resolved to ``Qwen/Qwen3-4B``); empty when ``name`` is that model itself."""
 
     def __post_init__(self) -> None:
         for fld in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "head_dim"):
