@@ -308,8 +308,9 @@ def peft_adapters(
     where = f"model {inv.model_class}"
     hf_cfg = hf_config_object(json.loads(inv.config_json), where)
     model = build_meta_model(hf_cfg, where=where)
-    cfg = LoraConfig(r=rank, target_modules="all-linear" if targets is None else list(targets), use_dora=dora,
-                     task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=rank, target_modules="all-linear" if targets is None else list(targets), use_dora=dora, task_type="CAUSAL_LM"
+    )
     import warnings
 
     with _quiet_transformers(), warnings.catch_warnings():
@@ -340,7 +341,8 @@ def peft_adapters(
     for (name, params, a_in, b_out), n in found.items():
         # A router held as a bare parameter (DeepseekV3TopkRouter.weight) is no inventory linear: its adapter's
         # shapes give in and out.
-        base = by_name.get(name) or InventoryLinear(name=name, in_features=a_in, out_features=b_out, bias=False,
-                                                    layers=n)
+        base = by_name.get(name) or InventoryLinear(
+            name=name, in_features=a_in, out_features=b_out, bias=False, layers=n
+        )
         out.append((replace(base, layers=n), params))
     return tuple(out)
