@@ -1,0 +1,28 @@
+"""`trace` runs architectures without formulas: the real transformers code of the tiny models of
+tests/catalog/test_meta_inventory.py, whose counts there are derived by hand."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.catalog.test_meta_inventory import TINY, _deepseek_v3, _gpt_oss
+from vramledger.analytic import estimate
+from vramledger.catalog.hfconfig import model_spec_from_config
+from vramledger.specs import LoraSpec, Method, TrainSpec
+from vramledger.trace import trace_step
+from vramledger.trace.build import hf_config
+
+
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [("gpt_oss", _gpt_oss()[0]), ("deepseek_v3", _deepseek_v3()[0])],
+    ids=["gpt_oss", "deepseek_v3"],
+)
+def test_trace_runs_and_agrees_with_the_hand_count(name: str, expected: int) -> None:
+    m = model_spec_from_config(TINY[name], name=f"tiny-{name}", source=f"test:{name}")
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
+    ledger = trace_step(m, train, config=hf_config(m))
+    analytic = estimate(m, train)
+    print(name, "trainable trace", ledger.trainable_params, "estimate", analytic.trainable_params)
+    assert ledger.params - ledger.trainable_params == expected
+    assert ledger.trainable_params == analytic.trainable_params
