@@ -118,6 +118,8 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         "family": m.family,
         "model_source": m.source,
     }
+    if m.config_name:
+        s["model_config"] = m.config_name
     if train.lora is not None and train.adapters:
         s["lora"] = {
             "rank": train.lora.rank,

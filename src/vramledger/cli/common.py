@@ -161,7 +161,7 @@ def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpe
 
 def resolve_inputs(args: argparse.Namespace) -> Inputs:
     """Build the specs from a config file (if any) and the flags (which win)."""
-    from vramledger.catalog import resolve_gpu, resolve_model
+    from vramledger.catalog import resolve_gpu, resolve_model, variant_note
 
     provenance: dict[str, str] = {}
     warnings: list[str] = []
@@ -250,8 +250,12 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     headroom = DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom
     if not 0.0 <= headroom < 1.0:
         raise VramledgerError(f"--headroom must be a fraction in [0, 1) (got {headroom}); e.g. --headroom 0.08")
+    model = resolve_model(model_name)
+    note = variant_note(model)
+    if note is not None:
+        warnings.append(note)
     return Inputs(
-        model=resolve_model(model_name),
+        model=model,
         train=train,
         gpu=gpu,
         headroom=headroom,

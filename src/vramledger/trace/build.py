@@ -34,8 +34,8 @@ def hf_config(model: ModelSpec) -> dict[str, Any]:
 
     if model.inventory is not None:  # built on the meta device once already: the very config it came from
         return dict(json.loads(model.inventory.config_json))
-    entry = catalog_entry(model.name)
-    if entry is not None and entry.hub_id == model.name:
+    entry = catalog_entry(model.config_name or model.name)
+    if entry is not None and entry.hub_id in (model.name, model.config_name):
         return dict(entry.config)
     src = Path(model.source) if model.source else None
     if src is not None and src.suffix == ".json" and src.is_file():
