@@ -1,12 +1,15 @@
 """Bundled model configs and GPU facts, stored as data files, and the one module that loads them.
 
-Model files: ``catalog/models/<alias>.json`` with keys ``hub_id``, ``aliases``, ``published_params``,
-``params_source``, ``config_source`` and ``config`` (the upstream config.json's fields, copied verbatim), and
-optionally ``published_counts_tied_head_twice`` / ``published_includes_vision_tower`` where the published
-figure counts more than the language model's parameters. GPUs: ``catalog/gpus.json``.
+Model files: ``catalog/models/<alias>.json`` with keys ``hub_id``, ``aliases``, ``published_params`` (or
+``published_params_rounded`` where only a rounded figure is published), ``params_source``, ``config_source``
+and ``config`` (the upstream config.json's fields), and optionally ``published_counts_tied_head_twice`` /
+``published_includes_vision_tower`` where the published figure counts more than the language model's
+parameters, and ``meta_build`` for a model_type without formulas (its meta-device build, stored).
+GPUs: ``catalog/gpus.json``.
 
 A model name resolves, in order, to: a path (a config.json file or a directory holding one), a catalog entry
-(hub id or alias, case-insensitive), or a snapshot in the local Hugging Face cache. Nothing is downloaded and
+(hub id or alias, case-insensitive), a snapshot in the local Hugging Face cache, or, by pattern, the catalog
+model a variant or mirror was made from (printing what was assumed). Nothing is downloaded and
 no remote code runs.
 """
 
@@ -40,6 +43,12 @@ class CatalogEntry:
     params_source: str
     config_source: str
     config: dict[str, Any]
+    published_params_rounded: str = ""
+    """Where no exact count is published (gpt-oss: the safetensors figure counts MXFP4 blocks as bytes), the
+    figure as the publisher rounds it (``20.91B``)."""
+    meta_build: dict[str, Any] | None = None
+    """For a model_type without formulas: the spec transformers' meta-device build gave (catalog/inventory.py
+    ``spec_to_json``), stored so the catalog stays instant; a test rebuilds it and compares."""
     published_counts_tied_head_twice: bool = False
     """The published checkpoint stores ``lm_head.weight`` as well as the embedding it is tied to (Qwen3-0.6B
     and -1.7B), so the published figure exceeds the model's parameter count by vocab_size × hidden_size."""
@@ -69,6 +78,8 @@ def model_entries() -> dict[str, CatalogEntry]:
             params_source=raw.get("params_source", ""),
             config_source=raw.get("config_source", ""),
             config=raw["config"],
+            published_params_rounded=str(raw.get("published_params_rounded", "")),
+            meta_build=raw.get("meta_build"),
             published_counts_tied_head_twice=bool(raw.get("published_counts_tied_head_twice", False)),
             published_includes_vision_tower=bool(raw.get("published_includes_vision_tower", False)),
         )
@@ -88,6 +99,10 @@ def _name_index() -> dict[str, str]:
 def _entry_spec(key: str) -> ModelSpec:
     entry = model_entries()[key]
     source = f"catalog:{key} ({entry.config_source})"
+    if entry.meta_build is not None:
+        from vramledger.catalog.inventory import spec_from_json
+
+        return spec_from_json(entry.meta_build, entry.config, name=entry.hub_id, source=source)
     return model_spec_from_config(entry.config, name=entry.hub_id, source=source)
 
 

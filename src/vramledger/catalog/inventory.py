@@ -80,6 +80,11 @@ def _model_class(hf_cfg: Any, where: str) -> Any:
         MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES,
     )
 
+    # A checkpoint with a vision tower (Llama-4 Scout, Qwen2.5-VL) is built whole, as fine-tuning loads it;
+    # AutoModelForCausalLM would drop the tower for llama4.
+    multimodal = getattr(hf_cfg, "vision_config", None) is not None
+    if multimodal and hf_cfg.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
+        return AutoModelForImageTextToText
     if hf_cfg.model_type in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
         return AutoModelForCausalLM
     if hf_cfg.model_type in MODEL_FOR_IMAGE_TEXT_TO_TEXT_MAPPING_NAMES:
@@ -346,3 +351,29 @@ def peft_adapters(
         )
         out.append((replace(base, layers=n), params))
     return tuple(out)
+
+
+def spec_to_json(spec: ModelSpec) -> dict[str, Any]:
+    """A meta-built spec as stored beside a catalog config (``meta_build``), so that listing the catalog and
+    estimating its models stay instant and need no transformers; tests/catalog rebuild and compare each one."""
+    from dataclasses import asdict
+
+    out = asdict(spec)
+    for key in ("name", "source", "config_name"):
+        out.pop(key)
+    assert out["inventory"] is not None
+    out["inventory"].pop("config_json")
+    import json
+
+    return dict(json.loads(json.dumps(out)))  # tuples as the lists JSON stores
+
+
+def spec_from_json(stored: Mapping[str, Any], config: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
+    """The inverse of ``spec_to_json``, for the config it was built from."""
+    import json
+
+    fields = dict(stored)
+    inv = dict(fields.pop("inventory"))
+    linears = tuple(InventoryLinear(**lin) for lin in inv.pop("linears"))
+    inventory = ModuleInventory(**inv, linears=linears, config_json=json.dumps(dict(config), sort_keys=True))
+    return ModelSpec(**fields, name=name, source=source, inventory=inventory)
