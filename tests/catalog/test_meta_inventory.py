@@ -219,3 +219,18 @@ def test_estimate_labels_its_basis() -> None:
     basis = [w for w in ledger.warnings if w.startswith("glm4: no formula here")]
     assert basis and "`vramledger trace` gives the exact figure" in basis[0]
     assert "Glm4ForCausalLM" in basis[0]
+
+
+@pytest.mark.parametrize("name", ["olmo2", "glm4"])
+def test_dense_lora_count_without_torch_equals_peft_own(name: str) -> None:
+    # The dense path counts adapters without building anything; PEFT's get_nb_trainable_parameters on the
+    # meta-device model is the independent truth.
+    from peft import LoraConfig, get_peft_model
+
+    from vramledger.catalog.inventory import build_meta_model, hf_config_object
+
+    model = build_meta_model(hf_config_object(TINY[name], "test"), where="test")
+    peft_model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear", use_dora=True))
+    trainable, _ = peft_model.get_nb_trainable_parameters()
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=8, dora=True), micro_batch=1, seq_len=64)
+    assert estimate(_spec(name), train).trainable_params == trainable

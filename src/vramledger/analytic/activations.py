@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from vramledger.analytic.params import in_layers
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
 
@@ -153,7 +154,9 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if train.adapters:
         adapter = 0
         for a in wb.adapted:
-            adapter += a.linear.per_layer * _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
+            # An adapter in only some layers (a meta-built model's MoE layers, a vision tower) counts for its share.
+            share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
+            adapter += a.linear.per_layer * share // m.num_layers
         parts.append(("LoRA inputs and dropout masks", adapter))
 
     # Attention.

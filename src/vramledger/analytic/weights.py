@@ -107,9 +107,20 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
 def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
     """A model without formulas: PEFT itself, on the meta device, says what it adapts (its MoE conversions
     included); transformers and peft are imported here only for such models."""
+    assert m.inventory is not None
+    linears = layer_linears(m)
+    if m.inventory.model_class.endswith("ForCausalLM") and all(lin.lora_targetable for lin in linears):
+        # Dense text model: PEFT adapts exactly the nn.Linear modules named (all of them for all-linear; the
+        # output layer is no decoder-layer linear), r·(in + out) each, so no torch is needed.
+        picked = linears if lora.all_linear else tuple(lin for lin in linears if _matches(lin.name, lora.targets))
+        if picked or lora.all_linear:
+            return tuple(
+                Adapted(linear=lin, params=lora.rank * (lin.in_features + lin.out_features)
+                        + (lin.out_features if lora.dora else 0))
+                for lin in picked
+            )
     from vramledger.catalog.inventory import peft_adapters
 
-    assert m.inventory is not None
     found = peft_adapters(m.inventory, rank=lora.rank, targets=None if lora.all_linear else lora.targets,
                           dora=lora.dora)
     return tuple(

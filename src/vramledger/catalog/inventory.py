@@ -325,22 +325,26 @@ def peft_adapters(
         except ValueError as exc:
             raise VramledgerError(f"--lora-targets: PEFT rejected the targets ({exc})") from None
     layers = decoder_layers(peft_model, inv.decoder_layers)
-    found: dict[tuple[str, int], int] = {}
-    for layer in layers:
-        for path, module in layer.named_modules():
-            if not hasattr(module, "lora_A") or "default" not in getattr(module, "lora_A", {}):
-                continue
-            parts = [module.lora_A["default"], module.lora_B["default"]]
-            magnitude = getattr(module, "lora_magnitude_vector", {})
-            if "default" in magnitude:
-                parts.append(magnitude["default"])
-            params = sum(p.numel() for part in parts for p in part.parameters())
-            name = path.replace(".base_layer", "")
-            if getattr(module, "parameter_name", None):  # a ParamWrapper around a 3-D expert parameter
-                name = f"{name}.{module.parameter_name}"
-            a_in, b_out = parts[0].weight.shape[1], parts[1].weight.shape[0]
-            key = (name, params, a_in, b_out)
-            found[key] = found.get(key, 0) + 1
+    inside = {id(m) for layer in layers for m in layer.modules()}
+    # Paths inside a decoder layer (no index, so equal layers group), then adapters outside the layers (PEFT's
+    # all-linear also picks a vision tower's linears), once each under their full path.
+    modules = [pair for layer in layers for pair in layer.named_modules()]
+    modules += [(path, m) for path, m in peft_model.named_modules() if id(m) not in inside]
+    found: dict[tuple[str, int, int, int], int] = {}
+    for path, module in modules:
+        if not hasattr(module, "lora_A") or "default" not in getattr(module, "lora_A", {}):
+            continue
+        parts = [module.lora_A["default"], module.lora_B["default"]]
+        magnitude = getattr(module, "lora_magnitude_vector", {})
+        if "default" in magnitude:
+            parts.append(magnitude["default"])
+        params = sum(p.numel() for part in parts for p in part.parameters())
+        name = path.replace(".base_layer", "")
+        if getattr(module, "parameter_name", None):  # a ParamWrapper around a 3-D expert parameter
+            name = f"{name}.{module.parameter_name}"
+        a_in, b_out = parts[0].weight.shape[1], parts[1].weight.shape[0]
+        key = (name, params, a_in, b_out)
+        found[key] = found.get(key, 0) + 1
     by_name = {lin.name: lin for lin in inv.linears}
     out = []
     for (name, params, a_in, b_out), n in found.items():
