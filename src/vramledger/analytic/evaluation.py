@@ -85,7 +85,10 @@ class CacheBytes:
 
 
 def kv_bytes_per_token(m: ModelSpec, *, key_bytes: int, value_bytes: int) -> int:
-    """K and V of one token in one layer: kv_heads·head_dim·(key + value bytes)."""
+    """K and V of one token in one layer: kv_heads·head_dim·(key + value bytes). MLA (modeling_deepseek_v2/v3.py
+    ``past_key_values.update(k_nope, k_pe)``) caches the single-head latent and the shared rotary key instead."""
+    if m.kv_lora_rank:
+        return m.kv_lora_rank * key_bytes + m.qk_rope_head_dim * value_bytes
     return m.num_kv_heads * m.head_dim * (key_bytes + value_bytes)
 
 

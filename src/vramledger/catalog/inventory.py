@@ -284,6 +284,8 @@ def generic_model_spec(cfg: Mapping[str, Any], *, name: str, source: str) -> Mod
         else 0,
         sliding_window=window if sliding else 0,
         sliding_layers=sliding if window else 0,
+        kv_lora_rank=int(_attr(text, "kv_lora_rank", default=0) or 0) if mla else 0,
+        qk_rope_head_dim=int(text.qk_rope_head_dim) if mla else 0,
         attn_dropout=float(_attr(text, "attention_dropout", default=0.0) or 0.0),
         hidden_act=str(_attr(text, "hidden_act", "hidden_activation", default="silu")),
         native_dtype=str(dtype).removeprefix("torch."),

@@ -103,6 +103,10 @@ class ModelSpec:
     """Window of sliding-window attention layers (0: none)."""
     sliding_layers: int = 0
     """How many of the layers use the sliding window."""
+    kv_lora_rank: int = 0
+    """MLA (DeepSeek-V2/V3): width of the compressed key/value latent, which is what the cache holds (0: not MLA)."""
+    qk_rope_head_dim: int = 0
+    """MLA: the rotary part of the key, shared by all heads and cached beside the latent."""
     final_logit_softcapping: float = 0.0
     attn_logit_softcapping: float = 0.0
     resid_dropout: float = 0.0
