@@ -235,3 +235,44 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         norms_trainable=False,
         lm_head_weight_numel=lm_head_numel,
     )
+
+
+# -- storage of pre-quantised checkpoints (GPTQ, AWQ, FP8, MXFP4), per linear layer -----------------------------
+# Each is the buffers the loading layer registers, so bytes = Σ numel × element size; ``g = ⌈in / group_size⌉``
+# groups (group_size -1: one group of the whole input).
+
+
+def gptq_bytes(in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128, bias: bool = False) -> int:
+    """auto-gptq / optimum / gptqmodel ``QuantLinear.__init__`` (qlinear_cuda.py, qlinear_exllama.py):
+    qweight int32 (in·bits/32, out), qzeros int32 (g, out·bits/32), scales fp16 (g, out), g_idx int32 (in),
+    bias fp16 (out). Zero points are stored packed for every group even when symmetric."""
+    g = -(-in_features // (group_size if group_size > 0 else in_features))
+    qweight = 4 * (in_features // 32 * bits) * out_features
+    qzeros = 4 * g * (out_features // 32 * bits)
+    return qweight + qzeros + 2 * g * out_features + 4 * in_features + (2 * out_features if bias else 0)
+
+
+def awq_bytes(in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128, bias: bool = False) -> int:
+    """AutoAWQ ``WQLinear_GEMM.__init__`` (awq/modules/linear/gemm.py): qweight int32 (in, out/(32/bits)),
+    qzeros int32 (in/group, out/(32/bits)), scales fp16 (in/group, out), bias fp16 (out); no g_idx."""
+    g = in_features // (group_size if group_size > 0 else in_features)
+    per_int = 32 // bits
+    return 4 * in_features * (out_features // per_int) + 4 * g * (out_features // per_int) + 2 * g * out_features + (
+        2 * out_features if bias else 0
+    )
+
+
+def fp8_block_bytes(in_features: int, out_features: int, *, block: tuple[int, int] | None = (128, 128)) -> int:
+    """transformers integrations/finegrained_fp8.py ``FP8Linear``: weight float8 (out, in) and weight_scale_inv
+    fp32 (⌈out/128⌉, ⌈in/128⌉) for block-wise scales (DeepSeek-V3, Qwen3-FP8), one fp32 scale per tensor
+    otherwise."""
+    if block is None:
+        return out_features * in_features + 4
+    scales = -(-out_features // block[0]) * -(-in_features // block[1])
+    return out_features * in_features + 4 * scales
+
+
+def mxfp4_bytes(numel: int) -> int:
+    """OCP MXFP4 as gpt-oss ships its experts (transformers integrations/mxfp4.py ``Mxfp4GptOssExperts``: two
+    FP4 values per uint8, ``*_blocks`` (…, in/32, 16), and one E8M0 uint8 scale per 32 values, ``*_scales``)."""
+    return numel // 2 + -(-numel // 32)
