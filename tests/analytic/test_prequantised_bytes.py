@@ -46,3 +46,68 @@ def test_bitsandbytes_int8_is_weights_plus_row_scales() -> None:
     # bitsandbytes Int8Params: int8 (out, in) and SCB fp32 (out); outliers (threshold 6.0) are a run-time split of
     # the activations in LLM.int8, not stored.
     assert quantised_bytes(4096 * 14336, 4096, QuantSpec(bits=8)) == 4096 * 14336 + 4 * 4096
+
+
+def test_gpt_oss_20b_loads_its_experts_in_mxfp4() -> None:
+    # integrations/mxfp4.py Mxfp4GptOssExperts: per layer, 32 experts of gate_up (5760 × 2880) and down
+    # (2880 × 2880) in MXFP4, their biases in fp32; everything else (attention, router, embeddings, lm_head,
+    # norms, sinks) stays bf16 (modules_to_not_convert).
+    from vramledger.analytic.params import count_params
+    from vramledger.analytic.weights import checkpoint_storage_bytes
+    from vramledger.catalog import resolve_model
+
+    m = resolve_model("gpt-oss-20b")
+    experts = 32 * (5760 * 2880 + 2880 * 2880)
+    packed = 32 * (mxfp4_bytes(5760 * 2880) + mxfp4_bytes(2880 * 2880))
+    bias_fp32 = 32 * (5760 + 2880) * 4
+    bias_numel = 32 * (5760 + 2880)
+    hand = 24 * (packed + bias_fp32) + (count_params(m) - 24 * (experts + bias_numel)) * 2
+    assert checkpoint_storage_bytes(m, 2) == hand
+    assert 12.7 < hand / 2**30 < 12.9  # the checkpoint's safetensors files total about 13.8 GB
+
+
+def test_gptq_checkpoint_under_lora(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.catalog import resolve_model
+    from vramledger.specs import LoraSpec, Method, TrainSpec
+
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 4,
+        "torch_dtype": "float16",
+        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    m = resolve_model(str(tmp_path / "config.json"))
+    linears = [(128, 128)] * 4 + [(128, 256), (128, 256), (256, 128)]  # q k v o gate up down (in, out)
+    packed = 2 * sum(gptq_bytes(i, o, bits=4, group_size=64) for i, o in linears)
+    rest = 2 * 256 * 128 + 2 * (2 * 128) + 128  # embed + untied lm_head, 2 norms per layer, final norm
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=16)
+    assert weight_budget(m, train).frozen_bytes == packed + rest * 2
+
+
+def test_unmodelled_checkpoint_quantisation_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    import json
+
+    from vramledger.catalog import resolve_model
+    from vramledger.errors import VramledgerError
+
+    cfg = {
+        "model_type": "llama",
+        "vocab_size": 256,
+        "hidden_size": 128,
+        "intermediate_size": 256,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "quantization_config": {"quant_method": "hqq"},
+    }
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(VramledgerError, match=r"quant_method 'hqq' is not modelled; modelled: gptq, awq, fp8, mxfp4"):
+        resolve_model(str(tmp_path / "config.json"))

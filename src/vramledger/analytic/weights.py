@@ -32,6 +32,7 @@ from vramledger.analytic.params import (
 )
 from vramledger.errors import VramledgerError
 from vramledger.specs import DType, LoraSpec, Method, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs.model import CheckpointQuant
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -214,7 +215,8 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         other = total - linears_numel(m, linears, weights_only=True)
         frozen_bytes = quantised + other * frozen_dt.bytes
     else:
-        frozen_bytes = total * frozen_dt.bytes
+        # A GPTQ/AWQ/FP8 checkpoint keeps its packed storage under the adapters (PEFT wraps the quantised layer).
+        frozen_bytes = checkpoint_storage_bytes(m, frozen_dt.bytes)
     largest_adapter = max(
         (train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted), default=0
     )
@@ -276,3 +278,44 @@ def mxfp4_bytes(numel: int) -> int:
     """OCP MXFP4 as gpt-oss ships its experts (transformers integrations/mxfp4.py ``Mxfp4GptOssExperts``: two
     FP4 values per uint8, ``*_blocks`` (…, in/32, 16), and one E8M0 uint8 scale per 32 values, ``*_scales``)."""
     return numel // 2 + -(-numel // 32)
+
+
+def _skipped(name: str, skip: tuple[str, ...]) -> bool:
+    """``modules_to_not_convert`` entries match a module path by substring or glob (transformers
+    quantizers ``should_convert_module``)."""
+    from fnmatch import fnmatch
+
+    path = f"model.layers.0.{name}"
+    return any(s in name or fnmatch(path, s) or fnmatch(path, f"{s}.*") for s in skip)
+
+
+def checkpoint_linear_bytes(lin: Linear, cq: CheckpointQuant, dtype_bytes: int) -> int:
+    """Storage of one decoder-layer linear (all its copies) as the pre-quantised checkpoint loads it."""
+    if _skipped(lin.name, cq.skip):
+        return lin.numel * dtype_bytes
+    i, o, n = lin.in_features, lin.out_features, lin.per_layer
+    if cq.method == "gptq":
+        return n * gptq_bytes(i, o, bits=cq.bits, group_size=cq.group_size, bias=lin.bias)
+    if cq.method == "awq":
+        return n * awq_bytes(i, o, bits=cq.bits, group_size=cq.group_size, bias=lin.bias)
+    if cq.method == "fp8":
+        return n * fp8_block_bytes(i, o, block=cq.block) + (n * o * dtype_bytes if lin.bias else 0)
+    # mxfp4: transformers converts only the fused experts (Mxfp4GptOssExperts); nn.Linear stays in the dtype.
+    # Its expert biases become fp32 parameters: 4 − dtype more bytes than the bias counted with the rest. GptOss
+    # stores experts as (E, in, out) for ``x @ W``, which the inventory reads as (E, out, in): the bias has the
+    # inventory's in_features.
+    if lin.lora_targetable:
+        return lin.numel * dtype_bytes
+    return n * mxfp4_bytes(i * o) + n * i * (4 - dtype_bytes)
+
+
+def checkpoint_storage_bytes(m: ModelSpec, dtype_bytes: int) -> int:
+    """All parameters of a pre-quantised checkpoint as loaded: the decoder linears in its storage, the rest
+    (embeddings, norms, lm_head, biases held apart) in the dtype. Plain ``count × dtype`` without one."""
+    total = count_params(m)
+    if m.checkpoint_quant is None:
+        return total * dtype_bytes
+    linears = layer_linears(m)
+    quantised = sum(in_layers(m, lin) * checkpoint_linear_bytes(lin, m.checkpoint_quant, dtype_bytes)
+                    for lin in linears)
+    return quantised + (total - linears_numel(m, linears)) * dtype_bytes

@@ -17,8 +17,9 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
+from vramledger.catalog.hfconfig import checkpoint_quant
 from vramledger.errors import MissingDependencyError, VramledgerError
-from vramledger.specs.model import InventoryLinear, ModelSpec, ModuleInventory
+from vramledger.specs.model import CheckpointQuant, InventoryLinear, ModelSpec, ModuleInventory
 
 # Per-head (or per-projection) norms on queries and keys: Qwen3/OLMo-2/Gemma 3 ``q_norm``/``k_norm``.
 _QK_NORMS = ("q_norm", "k_norm")
@@ -290,6 +291,7 @@ def generic_model_spec(cfg: Mapping[str, Any], *, name: str, source: str) -> Mod
         hidden_act=str(_attr(text, "hidden_act", "hidden_activation", default="silu")),
         native_dtype=str(dtype).removeprefix("torch."),
         source=source,
+        checkpoint_quant=checkpoint_quant(cfg, where),
         inventory=inv,
     )
 
@@ -382,4 +384,8 @@ def spec_from_json(stored: Mapping[str, Any], config: Mapping[str, Any], *, name
     inv = dict(fields.pop("inventory"))
     linears = tuple(InventoryLinear(**lin) for lin in inv.pop("linears"))
     inventory = ModuleInventory(**inv, linears=linears, config_json=json.dumps(dict(config), sort_keys=True))
-    return ModelSpec(**fields, name=name, source=source, inventory=inventory)
+    quant = fields.pop("checkpoint_quant", None)
+    if quant is not None:
+        block = quant.pop("block")
+        quant = CheckpointQuant(**{**quant, "skip": tuple(quant["skip"])}, block=tuple(block) if block else None)
+    return ModelSpec(**fields, name=name, source=source, inventory=inventory, checkpoint_quant=quant)

@@ -8,6 +8,21 @@ from vramledger.errors import VramledgerError
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CheckpointQuant:
+    """How a pre-quantised checkpoint stores its linear layers (config.json ``quantization_config``)."""
+
+    method: str
+    """``gptq``, ``awq``, ``fp8`` (block-wise) or ``mxfp4``."""
+    bits: int = 4
+    group_size: int = 128
+    """Input features per scale/zero group (GPTQ/AWQ); -1: one group."""
+    block: tuple[int, int] | None = (128, 128)
+    """FP8 scale block (``weight_block_size``); None: one scale per tensor."""
+    skip: tuple[str, ...] = ()
+    """``modules_to_not_convert``: names (or globs) left in the checkpoint dtype."""
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class InventoryLinear:
     """One kind of matmul weight found in the decoder layers of a model built on the meta device."""
 
@@ -118,6 +133,8 @@ class ModelSpec:
     """``torch_dtype`` / ``dtype`` in config.json: the dtype the checkpoint is stored in."""
     source: str = ""
     """Where this config came from (catalog file and upstream URL, or a local path)."""
+    checkpoint_quant: CheckpointQuant | None = None
+    """A GPTQ/AWQ/FP8/MXFP4 checkpoint: the storage its linears load in (None: the dtype above)."""
     inventory: ModuleInventory | None = None
     """Exact parameters from a meta-device build, for a ``model_type`` without formulas here (None: formulas)."""
     config_name: str = ""
