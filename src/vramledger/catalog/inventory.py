@@ -384,8 +384,11 @@ def spec_from_json(stored: Mapping[str, Any], config: Mapping[str, Any], *, name
     inv = dict(fields.pop("inventory"))
     linears = tuple(InventoryLinear(**lin) for lin in inv.pop("linears"))
     inventory = ModuleInventory(**inv, linears=linears, config_json=json.dumps(dict(config), sort_keys=True))
-    quant = fields.pop("checkpoint_quant", None)
-    if quant is not None:
-        block = quant.pop("block")
-        quant = CheckpointQuant(**{**quant, "skip": tuple(quant["skip"])}, block=tuple(block) if block else None)
+    stored_quant = fields.pop("checkpoint_quant", None)
+    quant = None
+    if stored_quant is not None:
+        block = stored_quant["block"]
+        quant = CheckpointQuant(
+            **{**stored_quant, "skip": tuple(stored_quant["skip"]), "block": tuple(block) if block else None}
+        )
     return ModelSpec(**fields, name=name, source=source, inventory=inventory, checkpoint_quant=quant)
