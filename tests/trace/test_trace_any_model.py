@@ -37,3 +37,17 @@ def test_mla_with_narrower_values_traces_in_bf16() -> None:
     train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
     ledger = trace_step(m, train, config=hf_config(m))
     assert ledger.trainable_params == estimate(m, train).trainable_params
+
+
+def test_all_linear_on_llama4_router_is_refused_with_the_way_around() -> None:
+    # transformers 5.23 Llama4Router subclasses nn.Linear but returns (scores, logits); PEFT 0.21's
+    # lora.Linear.forward reads result.dtype and fails. Naming the projections traces.
+    from vramledger.errors import VramledgerError
+
+    m = model_spec_from_config(TINY["llama4_text"], name="tiny-l4", source="test")
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
+    with pytest.raises(VramledgerError, match=r"PEFT would wrap Llama4Router, an nn.Linear whose forward"):
+        trace_step(m, train, config=hf_config(m))
+    named = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")), micro_batch=1,
+                      seq_len=32)
+    assert trace_step(m, named, config=hf_config(m)).trainable_params == estimate(m, named).trainable_params

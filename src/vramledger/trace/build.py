@@ -185,6 +185,8 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
     lora = train.lora
     assert lora is not None
     targets: str | list[str] = "all-linear" if lora.all_linear else list(lora.targets)
+    if lora.all_linear:
+        _refuse_linear_subclasses(hf)
     cfg = LoraConfig(
         r=lora.rank,
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int, accepts float
@@ -205,6 +207,23 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
                 p.data = p.data.to(trainable_dt)
     _ = torch
     return peft_model
+
+
+def _refuse_linear_subclasses(hf: Any) -> None:
+    """PEFT's all-linear wraps every ``nn.Linear``, subclasses too, and its ``lora.Linear.forward`` (PEFT 0.21
+    tuners/lora/layer.py) takes the base layer's output as one tensor. A subclass returning something else
+    (transformers 5.23 ``Llama4Router`` returns (scores, logits)) fails there with AttributeError in the real run;
+    say so, and how to target around it."""
+    import torch
+
+    odd = sorted({type(m).__name__ for m in hf.modules()
+                  if isinstance(m, torch.nn.Linear) and type(m).forward is not torch.nn.Linear.forward})
+    if odd:
+        raise VramledgerError(
+            f"--lora-targets all: PEFT would wrap {', '.join(odd)}, an nn.Linear whose forward does not return one "
+            "tensor, and the step fails in PEFT's lora.Linear.forward; name the projections instead "
+            "(e.g. --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)"
+        )
 
 
 def shared_parameters(model: Any) -> list[list[tuple[Any, str]]]:
