@@ -28,7 +28,7 @@ __all__ = ["DEFAULT_HEADROOM", "estimate", "step_parts"]
 
 def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     out = list(train.warnings)
-    basis = activation_basis(m)
+    basis = activation_basis(m, train)
     if basis is not None:
         out.append(basis)
     if m.attn_logit_softcapping and train.attn is Attention.SDPA:

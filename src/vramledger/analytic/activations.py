@@ -114,17 +114,30 @@ def runs_eager(m: ModelSpec, train: TrainSpec) -> bool:
     return train.attn is Attention.SDPA and bool(no_sdpa)
 
 
-def activation_basis(m: ModelSpec) -> str | None:
+def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
     """What the activation figure of a model without formulas rests on, for the ledger's warnings."""
     if m.inventory is None:
         return None
     inv = m.inventory
+    merged = ""
+    if train.adapters:
+        from vramledger.analytic.weights import weight_budget
+
+        # PEFT 0.21 tuners/lora/layer.py ParamWrapper (target_parameters, which its MoE conversion uses for fused
+        # experts) adds B·A to the whole 3-D weight in every forward: one merged copy per adapted layer.
+        fused = [a.linear for a in weight_budget(m, train).adapted if not a.linear.lora_targetable]
+        n = sum(in_layers(m, lin) * lin.per_layer * lin.in_features * lin.out_features for lin in fused)
+        if n:
+            merged = (
+                f"; PEFT adapts the fused experts through ParamWrapper, which builds a merged copy of each adapted "
+                f"expert weight per forward ({n:,} elements over the model), not counted here"
+            )
     return (
         f"{m.family}: no formula here; weights, gradients and optimizer state are exact (built on the meta device: "
         f"{inv.model_class}, transformers {inv.transformers_version}); activations are a generic estimate of a "
         f"pre-norm block with this model's linears ({len(inv.linears)} kinds), {m.norms_per_layer} norms, "
         f"{m.num_heads} heads of {m.head_dim} and MLP width {m.moe_intermediate_size or m.intermediate_size}; "
-        "`vramledger trace` gives the exact figure"
+        f"`vramledger trace` gives the exact figure{merged}"
     )
 
 

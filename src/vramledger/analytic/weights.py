@@ -214,9 +214,13 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         # Everything else (embeddings, norms, biases, lm_head) stays in the frozen dtype.
         other = total - linears_numel(m, linears, weights_only=True)
         frozen_bytes = quantised + other * frozen_dt.bytes
-    else:
+    elif m.checkpoint_quant is not None and m.checkpoint_quant.method != "mxfp4":
         # A GPTQ/AWQ/FP8 checkpoint keeps its packed storage under the adapters (PEFT wraps the quantised layer).
+        # MXFP4 is not: its kernels have no backward, so fine-tuning loads it dequantised (Mxfp4Config(dequantize
+        # =True), as the gpt-oss fine-tuning recipes do).
         frozen_bytes = checkpoint_storage_bytes(m, frozen_dt.bytes)
+    else:
+        frozen_bytes = total * frozen_dt.bytes
     largest_adapter = max(
         (train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted), default=0
     )
