@@ -138,6 +138,9 @@ def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
         f"pre-norm block with this model's linears ({len(inv.linears)} kinds), {m.norms_per_layer} norms, "
         f"{m.num_heads} heads of {m.head_dim} and MLP width {m.moe_intermediate_size or m.intermediate_size}; "
         f"`vramledger trace` gives the exact figure{merged}"
+        + ("" if inv.supports_sdpa or train.attn is not Attention.SDPA else
+           f"; {inv.model_class} has no SDPA (_supports_sdpa = False): modelled as eager, whose L² scores "
+           "--attn flash_attention_2 (its kernel) avoids")
     )
 
 
