@@ -56,9 +56,24 @@ def _check_buildable(cfg: Mapping[str, Any], where: str) -> str:
         )
         raise VramledgerError(
             f"{where}: model_type {model_type!r} cannot be built: {reason}; pass the config of a model "
-            "transformers ships, or use `vramledger estimate <catalog-name> --config FILE`"
+            f"transformers ships{_native_twin(remote)}, or use `vramledger estimate <catalog-name> --config FILE`"
         )
     return model_type
+
+
+def _native_twin(auto_map: Any) -> str:
+    """A hint when the remote classes carry the name of a class transformers ships (Kimi-K2's auto_map names
+    ``modeling_deepseek.DeepseekV3ForCausalLM``): the same architecture may be run natively."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    if not isinstance(auto_map, Mapping):
+        return ""
+    names = {str(v).split(".")[-1] for v in auto_map.values()}
+    for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
+        if cls in names:
+            return f" (its classes are named like transformers' {cls}: if it is that architecture, a copy with " \
+                   f"\"model_type\": \"{model_type}\" runs natively)"
+    return ""
 
 
 def hf_config_object(cfg: Mapping[str, Any], where: str) -> Any:
