@@ -5,10 +5,15 @@ q_proj (in = out = 4096) or down_proj (in = 14336, out = 4096)."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from vramledger.analytic.weights import awq_bytes, fp8_block_bytes, gptq_bytes, mxfp4_bytes, quantised_bytes
-from vramledger.specs import QuantSpec
+from vramledger.catalog import resolve_model
+from vramledger.errors import VramledgerError
+from vramledger.specs import ModelSpec, QuantSpec
 
 
 def test_gptq_4bit_group_128() -> None:
@@ -66,13 +71,8 @@ def test_gpt_oss_20b_loads_its_experts_in_mxfp4() -> None:
     assert 12.7 < hand / 2**30 < 12.9  # the checkpoint's safetensors files total about 13.8 GB
 
 
-def test_gptq_checkpoint_under_lora(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    from vramledger.analytic.weights import weight_budget
-    from vramledger.catalog import resolve_model
-    from vramledger.specs import LoraSpec, Method, TrainSpec
-
+def _llama_with(tmp_path: Path, quantization_config: dict[str, object]) -> ModelSpec:
+    """A tiny Llama config.json carrying ``quantization_config``, resolved as a user's file would be."""
     cfg = {
         "model_type": "llama",
         "vocab_size": 256,
@@ -80,12 +80,18 @@ def test_gptq_checkpoint_under_lora(tmp_path) -> None:  # type: ignore[no-untype
         "intermediate_size": 256,
         "num_hidden_layers": 2,
         "num_attention_heads": 4,
-        "num_key_value_heads": 4,
         "torch_dtype": "float16",
-        "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 64},
+        "quantization_config": quantization_config,
     }
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    m = resolve_model(str(tmp_path / "config.json"))
+    return resolve_model(str(tmp_path / "config.json"))
+
+
+def test_gptq_checkpoint_under_lora(tmp_path: Path) -> None:
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.specs import LoraSpec, Method, TrainSpec
+
+    m = _llama_with(tmp_path, {"quant_method": "gptq", "bits": 4, "group_size": 64})
     linears = [(128, 128)] * 4 + [(128, 256), (128, 256), (256, 128)]  # q k v o gate up down (in, out)
     packed = 2 * sum(gptq_bytes(i, o, bits=4, group_size=64) for i, o in linears)
     rest = 2 * 256 * 128 + 2 * (2 * 128) + 128  # embed + untied lm_head, 2 norms per layer, final norm
@@ -93,21 +99,6 @@ def test_gptq_checkpoint_under_lora(tmp_path) -> None:  # type: ignore[no-untype
     assert weight_budget(m, train).frozen_bytes == packed + rest * 2
 
 
-def test_unmodelled_checkpoint_quantisation_is_named(tmp_path) -> None:  # type: ignore[no-untyped-def]
-    import json
-
-    from vramledger.catalog import resolve_model
-    from vramledger.errors import VramledgerError
-
-    cfg = {
-        "model_type": "llama",
-        "vocab_size": 256,
-        "hidden_size": 128,
-        "intermediate_size": 256,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "quantization_config": {"quant_method": "hqq"},
-    }
-    (tmp_path / "config.json").write_text(json.dumps(cfg))
+def test_unmodelled_checkpoint_quantisation_is_named(tmp_path: Path) -> None:
     with pytest.raises(VramledgerError, match=r"quant_method 'hqq' is not modelled; modelled: gptq, awq, fp8, mxfp4"):
-        resolve_model(str(tmp_path / "config.json"))
+        _llama_with(tmp_path, {"quant_method": "hqq"})

@@ -21,35 +21,16 @@ V, H = 128, 64
 EMB = V * H  # embed_tokens; every tiny model below has an untied lm_head of the same size
 FINAL_NORM = H
 
+# Shared by every tiny config: vocabulary, width, two layers (DeepSeek three), four heads.
+_BASE = dict(vocab_size=V, hidden_size=H, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+_TOKENS = dict(pad_token_id=0, eos_token_id=1)  # the families' default token ids lie outside V = 128
+
 TINY = {
-    "olmo2": dict(
-        model_type="olmo2",
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        pad_token_id=0,
-        eos_token_id=1,
-    ),
-    "glm4": dict(
-        model_type="glm4",
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        attention_bias=True,
-        pad_token_id=0,
-        eos_token_id=1,
-    ),
+    "olmo2": dict(_BASE, model_type="olmo2", intermediate_size=96, **_TOKENS),
+    "glm4": dict(_BASE, model_type="glm4", intermediate_size=96, head_dim=16, attention_bias=True, **_TOKENS),
     "deepseek_v3": dict(
+        _BASE,
         model_type="deepseek_v3",
-        vocab_size=V,
-        hidden_size=H,
         intermediate_size=96,
         moe_intermediate_size=32,
         num_hidden_layers=3,
@@ -59,7 +40,6 @@ TINY = {
         num_experts_per_tok=2,
         n_group=1,
         topk_group=1,
-        num_attention_heads=4,
         num_key_value_heads=4,
         q_lora_rank=24,
         kv_lora_rank=16,
@@ -68,26 +48,13 @@ TINY = {
         v_head_dim=8,
     ),
     "gpt_oss": dict(
-        model_type="gpt_oss",
-        vocab_size=V,
-        hidden_size=H,
-        intermediate_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-        num_local_experts=4,
-        num_experts_per_tok=2,
+        _BASE, model_type="gpt_oss", intermediate_size=32, head_dim=16, num_local_experts=4, num_experts_per_tok=2
     ),
     "llama4_text": dict(
+        _BASE,
         model_type="llama4_text",
-        vocab_size=V,
-        hidden_size=H,
         intermediate_size=32,
         intermediate_size_mlp=96,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         head_dim=16,
         num_local_experts=4,
         num_experts_per_tok=1,
