@@ -170,6 +170,8 @@ def _layer_linears(layers: Any) -> tuple[tuple[InventoryLinear, ...], int]:
                 key = (path, module.in_features, module.out_features, module.bias is not None, 1, True)
                 found[key] = found.get(key, 0) + 1
                 linear_params.update(id(p) for p in module.parameters(recurse=False))
+            elif isinstance(module, torch.nn.modules.conv._ConvNd):  # Mamba's conv1d: 3-D, but no experts
+                linear_params.update(id(p) for p in module.parameters(recurse=False))
         for path, p in layer.named_parameters():
             if id(p) not in seen:
                 seen.add(id(p))
