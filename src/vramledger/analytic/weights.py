@@ -110,9 +110,11 @@ def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
     included); transformers and peft are imported here only for such models."""
     assert m.inventory is not None
     linears = layer_linears(m)
-    if m.inventory.model_class.endswith("ForCausalLM") and all(lin.lora_targetable for lin in linears):
-        # Dense text model: PEFT adapts exactly the nn.Linear modules named (all of them for all-linear; the
-        # output layer is no decoder-layer linear), r·(in + out) each, so no torch is needed.
+    attention = any(lin.name.split(".")[-1] in ("q_proj", "qkv_proj", "query_key_value", "Wqkv") for lin in linears)
+    if m.inventory.model_class.endswith("ForCausalLM") and attention and all(lin.lora_targetable for lin in linears):
+        # Dense attention text model: PEFT adapts exactly the nn.Linear modules named (all of them for all-linear;
+        # the output layer is no decoder-layer linear), r·(in + out) each, so no torch is needed. (State-space
+        # layers go to PEFT, which refuses some of their modules: tuners/lora/model.py Mamba checks.)
         picked = linears if lora.all_linear else tuple(lin for lin in linears if _matches(lin.name, lora.targets))
         if picked or lora.all_linear:
             return tuple(
