@@ -201,3 +201,21 @@ def test_dense_lora_count_without_torch_equals_peft_own(name: str) -> None:
     trainable, _ = peft_model.get_nb_trainable_parameters()
     train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=8, dora=True), micro_batch=1, seq_len=64)
     assert estimate(_spec(name), train).trainable_params == trainable
+
+
+def test_state_space_model_counts_and_peft_refusal_is_clean() -> None:
+    # Mamba (modeling_mamba.py MambaMixer): in_proj H → 2I, conv1d (I, 1, k) with bias, x_proj I → R + 2S,
+    # dt_proj R → I with bias, A_log (I, S), D (I), out_proj I → H; one RMSNorm per block. The conv weight is 3-D
+    # but no expert. PEFT refuses out_proj and conv1d for Mamba, which surfaces as one clear error.
+    from vramledger.errors import VramledgerError
+
+    cfg = dict(model_type="mamba", vocab_size=V, hidden_size=H, state_size=4, num_hidden_layers=2, expand=2,
+               conv_kernel=4, time_step_rank=8, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    m = model_spec_from_config(cfg, name="tiny-mamba", source="test")
+    I, S, R, k = 2 * H, 4, 8, 4  # noqa: E741
+    mixer = H * 2 * I + (I * k + I) + I * (R + 2 * S) + (R * I + I) + I * S + I + I * H
+    tied = EMB  # MambaConfig ties the head by default
+    assert count_params(m) == tied + 2 * (mixer + H) + FINAL_NORM
+    with pytest.raises(VramledgerError, match=r"PEFT rejected the targets .*incompatible with Mamba"):
+        estimate(m, _lora(4))
+    assert estimate(m, TrainSpec(method=Method.FULL, micro_batch=1, seq_len=64)).trainable_params == count_params(m)
