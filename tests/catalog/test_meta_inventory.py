@@ -209,8 +209,19 @@ def test_state_space_model_counts_and_peft_refusal_is_clean() -> None:
     # but no expert. PEFT refuses out_proj and conv1d for Mamba, which surfaces as one clear error.
     from vramledger.errors import VramledgerError
 
-    cfg = dict(model_type="mamba", vocab_size=V, hidden_size=H, state_size=4, num_hidden_layers=2, expand=2,
-               conv_kernel=4, time_step_rank=8, pad_token_id=0, eos_token_id=1, bos_token_id=1)
+    cfg = dict(
+        model_type="mamba",
+        vocab_size=V,
+        hidden_size=H,
+        state_size=4,
+        num_hidden_layers=2,
+        expand=2,
+        conv_kernel=4,
+        time_step_rank=8,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=1,
+    )
     m = model_spec_from_config(cfg, name="tiny-mamba", source="test")
     I, S, R, k = 2 * H, 4, 8, 4  # noqa: E741
     mixer = H * 2 * I + (I * k + I) + I * (R + 2 * S) + (R * I + I) + I * S + I + I * H

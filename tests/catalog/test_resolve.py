@@ -153,19 +153,27 @@ def test_malformed_config_is_one_clear_error(tmp_path: Path, text: str, message:
 def test_remote_code_model_type_is_refused_with_the_reason(tmp_path: Path) -> None:
     # Kimi-K2's config.json (moonshotai/Kimi-K2-Instruct) names its own Python files; we never run them.
     path = tmp_path / "config.json"
-    remote = {"AutoConfig": "configuration_deepseek.DeepseekV3Config",
-              "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM"}
+    remote = {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    }
     path.write_text(json.dumps({**QWEN25_05B, "model_type": "kimi_k2", "auto_map": remote}))
-    with pytest.raises(VramledgerError, match=r"model_type 'kimi_k2' cannot be built: it needs the repository's "
-                       r"own Python code \(auto_map: AutoConfig, AutoModelForCausalLM\), which vramledger never runs"):
+    with pytest.raises(
+        VramledgerError,
+        match=r"model_type 'kimi_k2' cannot be built: it needs the repository's "
+        r"own Python code \(auto_map: AutoConfig, AutoModelForCausalLM\), which vramledger never runs",
+    ):
         resolve_model(str(path))
 
 
 def test_model_type_unknown_to_transformers(tmp_path: Path) -> None:
     path = tmp_path / "config.json"
     path.write_text(json.dumps({**QWEN25_05B, "model_type": "not_a_model"}))
-    with pytest.raises(VramledgerError, match=r"model_type 'not_a_model' cannot be built: transformers .* does not "
-                       r"know it; .*vramledger estimate <catalog-name> --config FILE"):
+    with pytest.raises(
+        VramledgerError,
+        match=r"model_type 'not_a_model' cannot be built: transformers .* does not "
+        r"know it; .*vramledger estimate <catalog-name> --config FILE",
+    ):
         resolve_model(str(path))
 
 

@@ -31,8 +31,15 @@ def test_trace_runs_and_agrees_with_the_hand_count(name: str, expected: int) -> 
 def test_mla_with_narrower_values_traces_in_bf16() -> None:
     # DeepSeek-V2-Lite's shape class: no q_lora_rank (a plain q_proj) and v_head_dim < qk_nope + qk_rope, under
     # bf16, where SDPA takes the flash/efficient route (trace/shims.py pads v for the CPU kernel).
-    cfg = dict(TINY["deepseek_v3"], model_type="deepseek_v2", q_lora_rank=None, qk_nope_head_dim=16,
-               qk_rope_head_dim=8, v_head_dim=16, torch_dtype="bfloat16")
+    cfg = dict(
+        TINY["deepseek_v3"],
+        model_type="deepseek_v2",
+        q_lora_rank=None,
+        qk_nope_head_dim=16,
+        qk_rope_head_dim=8,
+        v_head_dim=16,
+        torch_dtype="bfloat16",
+    )
     m = model_spec_from_config(cfg, name="tiny-v2", source="test")
     train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
     ledger = trace_step(m, train, config=hf_config(m))
@@ -48,6 +55,7 @@ def test_all_linear_on_llama4_router_is_refused_with_the_way_around() -> None:
     train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
     with pytest.raises(VramledgerError, match=r"PEFT would wrap Llama4Router, an nn.Linear whose forward"):
         trace_step(m, train, config=hf_config(m))
-    named = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")), micro_batch=1,
-                      seq_len=32)
+    named = TrainSpec(
+        method=Method.LORA, lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")), micro_batch=1, seq_len=32
+    )
     assert trace_step(m, named, config=hf_config(m)).trainable_params == estimate(m, named).trainable_params

@@ -65,8 +65,15 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
     if m.inventory is not None:
         # Built on the meta device (catalog/inventory.py): the layers' nn.Linear modules and 3-D expert weights.
         return tuple(
-            Linear(lin.name, lin.in_features, lin.out_features, lin.bias, per_layer=lin.copies,
-                   lora_targetable=lin.is_linear, layers=0 if lin.layers == m.num_layers else lin.layers)
+            Linear(
+                lin.name,
+                lin.in_features,
+                lin.out_features,
+                lin.bias,
+                per_layer=lin.copies,
+                lora_targetable=lin.is_linear,
+                layers=0 if lin.layers == m.num_layers else lin.layers,
+            )
             for lin in m.inventory.linears
         )
     H, Dq, Dkv, I = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size  # noqa: E741 (legend: I = MLP width)

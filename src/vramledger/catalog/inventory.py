@@ -71,8 +71,10 @@ def _native_twin(auto_map: Any) -> str:
     names = {str(v).split(".")[-1] for v in auto_map.values()}
     for model_type, cls in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.items():
         if cls in names:
-            return f" (its classes are named like transformers' {cls}: if it is that architecture, a copy with " \
-                   f"\"model_type\": \"{model_type}\" runs natively)"
+            return (
+                f" (its classes are named like transformers' {cls}: if it is that architecture, a copy with "
+                f'"model_type": "{model_type}" runs natively)'
+            )
     return ""
 
 

@@ -216,8 +216,13 @@ def _refuse_linear_subclasses(hf: Any) -> None:
     say so, and how to target around it."""
     import torch
 
-    odd = sorted({type(m).__name__ for m in hf.modules()
-                  if isinstance(m, torch.nn.Linear) and type(m).forward is not torch.nn.Linear.forward})
+    odd = sorted(
+        {
+            type(m).__name__
+            for m in hf.modules()
+            if isinstance(m, torch.nn.Linear) and type(m).forward is not torch.nn.Linear.forward
+        }
+    )
     if odd:
         raise VramledgerError(
             f"--lora-targets all: PEFT would wrap {', '.join(odd)}, an nn.Linear whose forward does not return one "
