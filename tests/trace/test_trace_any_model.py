@@ -59,3 +59,13 @@ def test_all_linear_on_llama4_router_is_refused_with_the_way_around() -> None:
         method=Method.LORA, lora=LoraSpec(rank=4, targets=("q_proj", "v_proj")), micro_batch=1, seq_len=32
     )
     assert trace_step(m, named, config=hf_config(m)).trainable_params == estimate(m, named).trainable_params
+
+
+def test_glm4_formula_family_traces_to_the_same_counts() -> None:
+    # GLM-4 has formulas (no meta-device inventory); the trace builds Glm4ForCausalLM from the same config.
+    m = model_spec_from_config(TINY["glm4"], name="tiny-glm4", source="test:glm4")
+    assert m.inventory is None
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
+    ledger = trace_step(m, train, config=dict(TINY["glm4"]))
+    analytic = estimate(m, train)
+    assert (ledger.params, ledger.trainable_params) == (analytic.params, analytic.trainable_params)

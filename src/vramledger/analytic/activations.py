@@ -70,7 +70,7 @@ def padded_sdpa(train: TrainSpec) -> bool:
 def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int, amp: bool = False) -> int:
     if m.norm_bias:  # nn.LayerNorm saves its input; autocast runs layer_norm in fp32, so it saves an fp32 cast
         return (4 if amp else s) * width
-    if m.norms_per_layer == 4:  # Gemma: fp32 upcast and fp32 normalised value
+    if m.family in ("gemma2", "gemma3_text"):  # Gemma 2/3: fp32 upcast and fp32 normalised value
         return 4 * width + (4 * width if trainable else 0)
     return 4 * width + (s * width if trainable else 0)
 

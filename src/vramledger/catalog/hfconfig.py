@@ -23,6 +23,7 @@ _TIE_DEFAULT = {
     "qwen3": False,
     "qwen3_moe": False,
     "phi3": False,
+    "glm4": False,
     "gemma": True,
     "gemma2": True,
     "gemma3_text": True,
@@ -149,6 +150,8 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         qkv_bias, o_bias = True, True
     elif family in ("phi3", "mixtral"):
         qkv_bias, o_bias = False, False
+    elif family == "glm4":  # Glm4Attention: q/k/v with bias=attention_bias, o_proj bias=False
+        qkv_bias, o_bias = attention_bias, False
     else:
         qkv_bias = o_bias = attention_bias
     mlp_bias = True if gpt2 else bool(_get(cfg, "mlp_bias", default=False)) if family == "llama" else False
@@ -191,11 +194,12 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         o_bias=o_bias,
         mlp_bias=mlp_bias,
         qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"),
-        norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
+        # Glm4DecoderLayer: input, post_self_attn, post_attention and post_mlp RMSNorms (modeling_glm4.py).
+        norms_per_layer=4 if family in ("gemma2", "gemma3_text", "glm4") else 2,
         norm_bias=gpt2,
         gated_mlp=not gpt2,
         fused_qkv=family in ("phi3", "gpt2"),
-        fused_gate_up=family == "phi3",
+        fused_gate_up=family in ("phi3", "glm4"),  # Glm4MLP.gate_up_proj, like Phi3MLP
         learned_positions=_int(cfg, "n_positions", default=1024, where=where) if gpt2 else 0,
         num_experts=experts,
         experts_per_token=_int(cfg, "num_experts_per_tok", default=2, where=where) if experts else 0,
