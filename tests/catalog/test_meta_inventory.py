@@ -139,15 +139,17 @@ def test_count_equals_the_hand_derivation(name: str, expected: int) -> None:
     m = _spec(name)
     got = count_params(m)
     print(name, "expected", expected, "got", got, "match", got == expected)
-    assert (m.inventory is None) == (name == "glm4")  # GLM-4 has formulas (analytic/params.py); the rest are built
+    # GLM-4 and OLMo-2 have formulas (analytic/params.py); the rest are built on the meta device.
+    assert (m.inventory is None) == (name in ("glm4", "olmo2"))
     assert got == expected
 
 
-def test_glm4_formula_equals_its_meta_device_build() -> None:
+@pytest.mark.parametrize(("name", "hand"), [("glm4", _glm4()), ("olmo2", _olmo2())], ids=["glm4", "olmo2"])
+def test_formula_families_equal_their_meta_device_build(name: str, hand: int) -> None:
     from vramledger.catalog.inventory import generic_model_spec
 
-    built = generic_model_spec(TINY["glm4"], name="tiny-glm4", source="test")
-    assert count_params(_spec("glm4")) == count_params(built) == _glm4()
+    built = generic_model_spec(TINY[name], name=f"tiny-{name}", source="test")
+    assert count_params(_spec(name)) == count_params(built) == hand
 
 
 def test_moe_active_params() -> None:
@@ -157,7 +159,9 @@ def test_moe_active_params() -> None:
 
 def test_config_defaults_come_from_transformers_config_class() -> None:
     # Olmo2Config's default rms_norm_eps etc. do not matter, but head_dim (H / heads) and the untied head do.
-    m = _spec("olmo2")
+    from vramledger.catalog.inventory import generic_model_spec
+
+    m = generic_model_spec(TINY["olmo2"], name="tiny-olmo2", source="test")
     assert (m.head_dim, m.num_kv_heads, m.tie_word_embeddings, m.qk_norm, m.norms_per_layer) == (16, 2, False, True, 2)
     mla = _spec("deepseek_v3")
     assert mla.head_dim == 8 + 4  # qk_nope_head_dim + qk_rope_head_dim
@@ -189,10 +193,10 @@ def test_lora_trainable_count_follows_peft_moe_conversion() -> None:
 
 
 def test_estimate_labels_its_basis() -> None:
-    ledger = estimate(_spec("olmo2"), _lora(8))
-    basis = [w for w in ledger.warnings if w.startswith("olmo2: no formula here")]
+    ledger = estimate(_spec("gpt_oss"), _lora(8))
+    basis = [w for w in ledger.warnings if w.startswith("gpt_oss: no formula here")]
     assert basis and "`vramledger trace` gives the exact figure" in basis[0]
-    assert "Olmo2ForCausalLM" in basis[0]
+    assert "GptOssForCausalLM" in basis[0] and "has no SDPA" in basis[0]
     assert not any("no formula here" in w for w in estimate(_spec("glm4"), _lora(8)).warnings)
 
 

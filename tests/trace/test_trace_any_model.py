@@ -61,11 +61,13 @@ def test_all_linear_on_llama4_router_is_refused_with_the_way_around() -> None:
     assert trace_step(m, named, config=hf_config(m)).trainable_params == estimate(m, named).trainable_params
 
 
-def test_glm4_formula_family_traces_to_the_same_counts() -> None:
-    # GLM-4 has formulas (no meta-device inventory); the trace builds Glm4ForCausalLM from the same config.
-    m = model_spec_from_config(TINY["glm4"], name="tiny-glm4", source="test:glm4")
+@pytest.mark.parametrize("name", ["glm4", "olmo2"])
+def test_new_formula_families_trace_to_the_same_counts(name: str) -> None:
+    # GLM-4 and OLMo-2 have formulas (no meta-device inventory); the trace builds the transformers class from the
+    # same config.
+    m = model_spec_from_config(TINY[name], name=f"tiny-{name}", source=f"test:{name}")
     assert m.inventory is None
     train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=4), micro_batch=1, seq_len=32)
-    ledger = trace_step(m, train, config=dict(TINY["glm4"]))
+    ledger = trace_step(m, train, config=dict(TINY[name]))
     analytic = estimate(m, train)
     assert (ledger.params, ledger.trainable_params) == (analytic.params, analytic.trainable_params)

@@ -117,7 +117,7 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
 def layer_norm_params(m: ModelSpec) -> int:
     """Norm weights in one decoder layer (LayerNorm adds a bias; Qwen3/Gemma 3 add q_norm and k_norm)."""
     per_norm = m.hidden_size * (2 if m.norm_bias else 1)
-    return m.norms_per_layer * per_norm + (2 * m.head_dim if m.qk_norm else 0)
+    return m.norms_per_layer * per_norm + ((m.qk_norm_width or 2 * m.head_dim) if m.qk_norm else 0)
 
 
 def layer_params(m: ModelSpec) -> int:

@@ -24,6 +24,7 @@ _TIE_DEFAULT = {
     "qwen3_moe": False,
     "phi3": False,
     "glm4": False,
+    "olmo2": False,
     "gemma": True,
     "gemma2": True,
     "gemma3_text": True,
@@ -193,7 +194,10 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"),
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"),
+        # Olmo2Attention: q_norm RMSNorm(heads·head_dim), k_norm RMSNorm(kv_heads·head_dim) over whole projections;
+        # Olmo2DecoderLayer has post_attention_layernorm and post_feedforward_layernorm only (modeling_olmo2.py).
+        qk_norm_width=(heads + kv_heads) * head_dim if family == "olmo2" else 0,
         # Glm4DecoderLayer: input, post_self_attn, post_attention and post_mlp RMSNorms (modeling_glm4.py).
         norms_per_layer=4 if family in ("gemma2", "gemma3_text", "glm4") else 2,
         norm_bias=gpt2,

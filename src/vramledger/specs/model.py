@@ -98,6 +98,9 @@ class ModelSpec:
     mlp_bias: bool = False
     qk_norm: bool = False
     """Per-head RMSNorm on queries and keys (Qwen3, Gemma 3)."""
+    qk_norm_width: int = 0
+    """Weights of q_norm + k_norm when they span whole projections (OLMo-2: heads·head_dim + kv_heads·head_dim);
+    0: one head_dim each."""
     norms_per_layer: int = 2
     """2 for pre-norm blocks; 4 for Gemma 2/3 (pre and post norms around attention and MLP)."""
     norm_bias: bool = False
