@@ -30,7 +30,6 @@ _TIE_DEFAULT = {
     "gemma3_text": True,
     "gpt2": True,
 }
-SUPPORTED_FAMILIES = tuple(sorted(_TIE_DEFAULT))
 
 # Shape defaults that published configs rely on by omitting the key. Gemma 3's multimodal checkpoints
 # (gemma-3-4b/12b/27b) give only the overrides in ``text_config`` and leave vocab_size, head counts and
