@@ -123,3 +123,32 @@ def test_unknown_method_names_the_modelled_ones() -> None:
     m = model_spec_from_config(TINY_LLAMA, name="tiny", source="test")
     with pytest.raises(VramledgerError, match=r"peft_type FOURIERFT has no formula here; modelled: LORA"):
         peft_trainable(m, {"peft_type": "FOURIERFT"})
+
+
+@pytest.mark.parametrize(
+    ("model_type", "extra"),
+    [
+        ("mixtral", {"num_local_experts": 4, "num_experts_per_tok": 2}),
+        ("qwen3_moe", {"num_experts": 4, "num_experts_per_tok": 2, "moe_intermediate_size": 32}),
+    ],
+    ids=["mixtral", "qwen3_moe"],
+)
+def test_all_linear_on_formula_moe_follows_peft_conversion(model_type: str, extra: dict[str, Any]) -> None:
+    # PEFT 0.21 + transformers 5: all-linear on these MoE families also adapts the router and the fused experts
+    # (target_parameters, gate_up at rank 2r); the formula must count what PEFT trains.
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from vramledger.analytic import estimate
+    from vramledger.specs import LoraSpec, Method, TrainSpec
+
+    cfg = {**TINY_LLAMA, "model_type": model_type, **extra}
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(
+            AutoConfig.for_model(model_type, **{k: v for k, v in cfg.items() if k != "model_type"})
+        )
+    peft_own, _ = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear")).get_nb_trainable_parameters()
+    spec = model_spec_from_config(cfg, name="tiny", source="test")
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=8), micro_batch=1, seq_len=32)
+    assert estimate(spec, train).trainable_params == peft_own

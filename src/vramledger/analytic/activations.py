@@ -170,6 +170,8 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if train.adapters:
         adapter = 0
         for a in wb.adapted:
+            if not a.linear.lora_targetable:
+                continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
             # An adapter in only some layers (a meta-built model's MoE layers, a vision tower) counts for its share.
             share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
             adapter += a.linear.per_layer * share // m.num_layers

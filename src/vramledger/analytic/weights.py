@@ -102,7 +102,28 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     for lin in picked:
         p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
+    if lora.all_linear and m.family in _PEFT_MOE_CONVERTED:
+        out += _converted_moe_adapters(linears, lora.rank)
     return tuple(out)
+
+
+# PEFT 0.21 with transformers 5 (utils/transformers_weight_conversion.py ``_convert_peft_config_moe``, for model
+# types whose conversion pattern is mixtral's or qwen2_moe's): "all-linear" also adapts the router ``gate.weight``
+# and the fused experts as ``target_parameters``, ``gate_up_proj`` at rank 2r (gate and up were two v4 linears).
+_PEFT_MOE_CONVERTED = ("mixtral", "qwen3_moe")
+
+
+def _converted_moe_adapters(linears: tuple[Linear, ...], r: int) -> list[Adapted]:
+    """ParamWrapper adapters (tuners/lora/layer.py): lora_A (rank·E, in), lora_B (out, rank·E) per 3-D weight;
+    the router, a bare (E, H) parameter, gets r·(H + E)."""
+    out = []
+    for lin in linears:
+        if lin.name == "gate":
+            out.append(Adapted(linear=lin, params=r * (lin.in_features + lin.out_features)))
+        elif lin.name in ("experts.gate_up_proj", "experts.down_proj"):
+            rank = 2 * r if lin.name.endswith("gate_up_proj") else r
+            out.append(Adapted(linear=lin, params=rank * lin.per_layer * (lin.in_features + lin.out_features)))
+    return out
 
 
 def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
