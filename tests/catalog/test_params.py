@@ -167,7 +167,8 @@ def test_moe_active_params_match_the_names() -> None:
 
 def test_moe_layout_follows_transformers_5() -> None:
     # modeling_mixtral.py (transformers 5): MixtralTopKRouter.weight (E, H) and MixtralExperts.gate_up_proj
-    # (E, 2I, H) / down_proj (E, H, I) are bare nn.Parameters, so PEFT's all-linear targets none of them.
+    # (E, 2I, H) / down_proj (E, H, I) are bare nn.Parameters, not nn.Linear modules (PEFT adapts them only as
+    # target_parameters, through its MoE conversion: tests/analytic/test_peft_methods.py).
     by_name = {lin.name: lin for lin in layer_linears(resolve_model("mixtral-8x7b"))}
     assert by_name["gate"].numel == 8 * 4096 and not by_name["gate"].lora_targetable
     assert by_name["experts.gate_up_proj"].numel == 8 * 2 * 14336 * 4096

@@ -95,7 +95,8 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
         # ``MixtralTopKRouter``/``Qwen3MoeTopKRouter`` holding a bare ``nn.Parameter(E, H)`` (no bias) applied
         # with F.linear, and the experts are ``MixtralExperts``/``Qwen3MoeExperts`` with two 3-D parameters,
         # ``gate_up_proj`` (E, 2·Im, H) and ``down_proj`` (E, H, Im). None of them is an nn.Linear, so PEFT's
-        # ``all-linear`` picks none of them.
+        # ``all-linear`` picks none of them as modules; PEFT 0.21's MoE conversion adds them as target_parameters
+        # (weights.py ``_converted_moe_adapters``).
         out += [
             Linear("gate", H, E, False, lora_targetable=False),
             Linear("experts.gate_up_proj", H, 2 * Im, False, per_layer=E, lora_targetable=False),
