@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from vramledger.analytic.params import count_params
-from vramledger.catalog import catalog_entry, gpu_entries, model_entries, resolve_gpu, resolve_model
+from vramledger.catalog import catalog_entry, gpu_entries, model_entries, resolve_gpu, resolve_model, variant_note
 from vramledger.errors import VramledgerError
 
 # Qwen2.5-0.5B's config.json fields that decide its shape; 494,032,768 parameters published.
@@ -48,8 +48,48 @@ QWEN25_05B = {
 )
 def test_names_resolve_case_insensitively(name: str, key: str) -> None:
     spec = resolve_model(name)
-    assert spec.name == model_entries()[key].hub_id
+    # A variant (an instruct tune) keeps the name the user gave; the config it is sized with is the entry's.
+    assert (spec.config_name or spec.name) == model_entries()[key].hub_id
+    assert spec.name in (name.strip(), model_entries()[key].hub_id)
     assert catalog_entry(name).key == key
+
+
+@pytest.mark.parametrize(
+    ("name", "hub_id"),
+    [
+        ("Qwen/Qwen3-4B-Instruct-2507", "Qwen/Qwen3-4B"),  # dated re-release of an instruct tune
+        ("NousResearch/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B"),  # a mirror under another organisation
+        ("unsloth/Qwen3-4B-Instruct-2507-bnb-4bit", "Qwen/Qwen3-4B"),  # a quantised mirror
+        ("qwen2_5_7b_instruct", "Qwen/Qwen2.5-7B"),  # torchtune's builder, models/qwen2_5/_model_builders.py
+        ("llama3_1_8b", "meta-llama/Llama-3.1-8B"),  # torchtune models/llama3_1/_model_builders.py
+        ("qwen2_5_0_5b", "Qwen/Qwen2.5-0.5B"),
+        ("gemma2_2b", "google/gemma-2-2b"),
+    ],
+)
+def test_variants_and_mirrors_resolve_by_pattern_and_keep_their_name(name: str, hub_id: str) -> None:
+    spec = resolve_model(name)
+    assert spec.name == name  # never renamed to the stand-in
+    assert spec.config_name == hub_id
+    note = variant_note(spec)
+    assert note is not None and name in note and hub_id in note
+
+
+def test_the_catalog_model_itself_carries_no_note() -> None:
+    spec = resolve_model("meta-llama/Meta-Llama-3-8B")
+    assert spec.config_name == "" and variant_note(spec) is None
+
+
+def test_unknown_name_suggests_a_catalog_stand_in() -> None:
+    with pytest.raises(VramledgerError, match=r"vramledger estimate <catalog-name> --config FILE"):
+        resolve_model("acme/TotallyNew-13B")
+
+
+def test_hf_cache_snapshot_is_named_by_its_repo_id(tmp_path: Path) -> None:
+    # huggingface_hub's cache layout: models--{org}--{name}/snapshots/{commit hash}/config.json
+    snap = tmp_path / "models--acme--Tiny-1B" / "snapshots" / ("0123abcd" * 5)
+    snap.mkdir(parents=True)
+    (snap / "config.json").write_text(json.dumps(QWEN25_05B))
+    assert resolve_model(str(snap / "config.json")).name == "acme/Tiny-1B"
 
 
 def test_every_alias_names_its_own_entry() -> None:
@@ -110,10 +150,30 @@ def test_malformed_config_is_one_clear_error(tmp_path: Path, text: str, message:
         resolve_model(str(path))
 
 
-def test_unmodelled_model_type(tmp_path: Path) -> None:
+def test_remote_code_model_type_is_refused_with_the_reason(tmp_path: Path) -> None:
+    # Kimi-K2's config.json (moonshotai/Kimi-K2-Instruct) names its own Python files; we never run them.
     path = tmp_path / "config.json"
-    path.write_text(json.dumps({**QWEN25_05B, "model_type": "mamba"}))
-    with pytest.raises(VramledgerError, match=r"model_type 'mamba' is not modelled yet; supported: .*llama"):
+    remote = {
+        "AutoConfig": "configuration_deepseek.DeepseekV3Config",
+        "AutoModelForCausalLM": "modeling_deepseek.DeepseekV3ForCausalLM",
+    }
+    path.write_text(json.dumps({**QWEN25_05B, "model_type": "kimi_k2", "auto_map": remote}))
+    with pytest.raises(
+        VramledgerError,
+        match=r"model_type 'kimi_k2' cannot be built: it needs the repository's "
+        r"own Python code \(auto_map: AutoConfig, AutoModelForCausalLM\), which vramledger never runs",
+    ):
+        resolve_model(str(path))
+
+
+def test_model_type_unknown_to_transformers(tmp_path: Path) -> None:
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN25_05B, "model_type": "not_a_model"}))
+    with pytest.raises(
+        VramledgerError,
+        match=r"model_type 'not_a_model' cannot be built: transformers .* does not "
+        r"know it; .*vramledger estimate <catalog-name> --config FILE",
+    ):
         resolve_model(str(path))
 
 

@@ -15,6 +15,7 @@ from dataclasses import replace
 from types import MappingProxyType
 
 from vramledger.advice import advice_sentence
+from vramledger.analytic.activations import activation_basis
 from vramledger.analytic.evaluation import eval_advice, eval_warnings
 from vramledger.analytic.loop import COMPILE_NOTE
 from vramledger.analytic.step import ledger_items, step_parts
@@ -26,6 +27,9 @@ __all__ = ["DEFAULT_HEADROOM", "estimate", "step_parts"]
 
 def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     out = list(train.warnings)
+    basis = activation_basis(m, train)
+    if basis is not None:
+        out.append(basis)
     if m.attn_logit_softcapping and train.attn is Attention.SDPA:
         out.append(
             f"{m.family}: transformers' sdpa does not support attention softcapping (it raises); modelled as eager"
@@ -90,6 +94,8 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         "family": m.family,
         "model_source": m.source,
     }
+    if m.config_name:
+        s["model_config"] = m.config_name
     if train.lora is not None and train.adapters:
         s["lora"] = {
             "rank": train.lora.rank,

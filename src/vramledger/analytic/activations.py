@@ -42,7 +42,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramledger.analytic.params import layer_linears
+from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
 
@@ -77,7 +77,7 @@ def padded_sdpa(train: TrainSpec) -> bool:
 def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int, amp: bool = False) -> int:
     if m.norm_bias:  # nn.LayerNorm saves its input; autocast runs layer_norm in fp32, so it saves an fp32 cast
         return (4 if amp else s) * width
-    if m.norms_per_layer == 4:  # Gemma: fp32 upcast and fp32 normalised value
+    if m.family in ("gemma2", "gemma3_text"):  # Gemma 2/3: fp32 upcast and fp32 normalised value
         return 4 * width + (4 * width if trainable else 0)
     return 4 * width + (s * width if trainable else 0)
 
@@ -147,6 +147,45 @@ def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     return max(4 * (a.linear.in_features ** 2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
 
 
+def runs_eager(m: ModelSpec, train: TrainSpec) -> bool:
+    """Whether attention runs the eager path: asked for, or SDPA asked of a model that cannot use it (Gemma 2's
+    soft-capping; a class with ``_supports_sdpa = False`` such as gpt-oss, whose sinks need eager or a kernel)."""
+    if train.attn is Attention.EAGER:
+        return True
+    no_sdpa = m.attn_logit_softcapping or (m.inventory is not None and not m.inventory.supports_sdpa)
+    return train.attn is Attention.SDPA and bool(no_sdpa)
+
+
+def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
+    """What the activation figure of a model without formulas rests on, for the ledger's warnings."""
+    if m.inventory is None:
+        return None
+    inv = m.inventory
+    merged = ""
+    if train.adapters:
+        from vramledger.analytic.weights import weight_budget
+
+        # PEFT 0.21 tuners/lora/layer.py ParamWrapper (target_parameters, which its MoE conversion uses for fused
+        # experts) adds B·A to the whole 3-D weight in every forward: one merged copy per adapted layer.
+        fused = [a.linear for a in weight_budget(m, train).adapted if not a.linear.lora_targetable]
+        n = sum(in_layers(m, lin) * lin.per_layer * lin.in_features * lin.out_features for lin in fused)
+        if n:
+            merged = (
+                f"; PEFT adapts the fused experts through ParamWrapper, which builds a merged copy of each adapted "
+                f"expert weight per forward ({n:,} elements over the model), not counted here"
+            )
+    return (
+        f"{m.family}: no formula here; weights, gradients and optimizer state are exact (built on the meta device: "
+        f"{inv.model_class}, transformers {inv.transformers_version}); activations are a generic estimate of a "
+        f"pre-norm block with this model's linears ({len(inv.linears)} kinds), {m.norms_per_layer} norms, "
+        f"{m.num_heads} heads of {m.head_dim} and MLP width {m.moe_intermediate_size or m.intermediate_size}; "
+        f"`vramledger trace` gives the exact figure{merged}"
+        + ("" if inv.supports_sdpa or train.attn is not Attention.SDPA else
+           f"; {inv.model_class} has no SDPA (_supports_sdpa = False): modelled as eager, whose L² scores "
+           "--attn flash_attention_2 (its kernel) avoids")
+    )
+
+
 def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> LayerActivations:
     """Saved activations of one decoder layer whose weights (or adapters) train."""
     H, I, Dq, Dkv, nh = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim, m.num_heads
@@ -173,7 +212,11 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if train.adapters:
         adapter = 0
         for a in wb.adapted:
-            adapter += a.linear.per_layer * _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
+            if not a.linear.lora_targetable:
+                continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
+            # An adapter in only some layers (a meta-built model's MoE layers, a vision tower) counts for its share.
+            share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
+            adapter += a.linear.per_layer * share // m.num_layers
         parts.append(("LoRA inputs and dropout masks", adapter))
     if train.quant is not None and train.quant.bits == 4:
         parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
@@ -182,7 +225,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if m.qk_norm:
         parts.append(("q/k norms", _norm_bytes(m, c, base_trains, Dq + Dkv)))
     scores = 0
-    if train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA):
+    if runs_eager(m, train):
         # q and the repeated k and v (saved by the two matmuls); the contiguous output copy only when o_proj's
         # own weight trains (a PEFT adapter saves its own cast instead).
         parts.append(("q, repeated k/v" + (", output" if base_trains else ""), c * (4 if base_trains else 3) * Dq))

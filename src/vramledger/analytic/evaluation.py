@@ -88,7 +88,10 @@ class CacheBytes:
 
 
 def kv_bytes_per_token(m: ModelSpec, *, key_bytes: int, value_bytes: int) -> int:
-    """K and V of one token in one layer: kv_heads·head_dim·(key + value bytes)."""
+    """K and V of one token in one layer: kv_heads·head_dim·(key + value bytes). MLA (modeling_deepseek_v2/v3.py
+    ``past_key_values.update(k_nope, k_pe)``) caches the single-head latent and the shared rotary key instead."""
+    if m.kv_lora_rank:
+        return m.kv_lora_rank * key_bytes + m.qk_rope_head_dim * value_bytes
     return m.num_kv_heads * m.head_dim * (key_bytes + value_bytes)
 
 
@@ -129,7 +132,9 @@ def kv_cache_bytes(
 # -- one layer's forward without autograd ----------------------------------------------------------------------
 def _eager(m: ModelSpec, train: TrainSpec) -> bool:
     # transformers' sdpa cannot softcap attention logits: Gemma 2 runs eager (see analytic/__init__ _warnings).
-    return train.attn is Attention.EAGER or bool(m.attn_logit_softcapping and train.attn is Attention.SDPA)
+    from vramledger.analytic.activations import runs_eager
+
+    return runs_eager(m, train)
 
 
 def layer_working_set(m: ModelSpec, train: TrainSpec, *, batch: int, length: int, resid: int) -> tuple[int, int]:

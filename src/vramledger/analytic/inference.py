@@ -82,7 +82,9 @@ class InferSpec:
 def weight_bytes(m: ModelSpec, spec: InferSpec) -> int:
     """Parameters in the load dtype, or bitsandbytes storage for the linears (weights.py ``quantised_bytes``)."""
     if spec.quant is None:
-        return count_params(m) * spec.dtype.bytes
+        from vramledger.analytic.weights import checkpoint_storage_bytes
+
+        return checkpoint_storage_bytes(m, spec.dtype.bytes)  # a GPTQ/AWQ/FP8/MXFP4 checkpoint: its storage
     from dataclasses import replace
 
     from vramledger.analytic.weights import weight_budget

@@ -37,6 +37,8 @@ class Linear:
     lora_targetable: bool = True
     """Whether PEFT's ``all-linear`` picks it (an ``nn.Linear``/``Conv1D``, not the output layer, not a fused
     expert parameter)."""
+    layers: int = 0
+    """How many decoder layers hold it; 0: every layer (always so for the families with formulas)."""
 
     @property
     def numel(self) -> int:
@@ -44,9 +46,36 @@ class Linear:
         return self.per_layer * per_copy
 
 
+def in_layers(m: ModelSpec, lin: Linear) -> int:
+    """Decoder layers holding ``lin``."""
+    return lin.layers or m.num_layers
+
+
+def linears_numel(m: ModelSpec, linears: tuple[Linear, ...] | list[Linear], *, weights_only: bool = False) -> int:
+    """Elements of these linears across the whole model (biases too unless ``weights_only``)."""
+    return sum(
+        in_layers(m, lin) * (lin.per_layer * lin.in_features * lin.out_features if weights_only else lin.numel)
+        for lin in linears
+    )
+
+
 @lru_cache(maxsize=256)
 def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
     """The linear layers of one decoder layer."""
+    if m.inventory is not None:
+        # Built on the meta device (catalog/inventory.py): the layers' nn.Linear modules and 3-D expert weights.
+        return tuple(
+            Linear(
+                lin.name,
+                lin.in_features,
+                lin.out_features,
+                lin.bias,
+                per_layer=lin.copies,
+                lora_targetable=lin.is_linear,
+                layers=0 if lin.layers == m.num_layers else lin.layers,
+            )
+            for lin in m.inventory.linears
+        )
     H, Dq, Dkv, I = m.hidden_size, m.q_dim, m.kv_dim, m.intermediate_size  # noqa: E741 (legend: I = MLP width)
     out: list[Linear] = []
     if m.family == "gpt2":  # GPT2Attention.c_attn = Conv1D(3H, H); c_proj = Conv1D(H, H)
@@ -66,7 +95,8 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
         # ``MixtralTopKRouter``/``Qwen3MoeTopKRouter`` holding a bare ``nn.Parameter(E, H)`` (no bias) applied
         # with F.linear, and the experts are ``MixtralExperts``/``Qwen3MoeExperts`` with two 3-D parameters,
         # ``gate_up_proj`` (E, 2·Im, H) and ``down_proj`` (E, H, Im). None of them is an nn.Linear, so PEFT's
-        # ``all-linear`` picks none of them.
+        # ``all-linear`` picks none of them as modules; PEFT 0.21's MoE conversion adds them as target_parameters
+        # (weights.py ``_converted_moe_adapters``).
         out += [
             Linear("gate", H, E, False, lora_targetable=False),
             Linear("experts.gate_up_proj", H, 2 * Im, False, per_layer=E, lora_targetable=False),
@@ -88,26 +118,36 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
 def layer_norm_params(m: ModelSpec) -> int:
     """Norm weights in one decoder layer (LayerNorm adds a bias; Qwen3/Gemma 3 add q_norm and k_norm)."""
     per_norm = m.hidden_size * (2 if m.norm_bias else 1)
-    return m.norms_per_layer * per_norm + (2 * m.head_dim if m.qk_norm else 0)
+    return m.norms_per_layer * per_norm + ((m.qk_norm_width or 2 * m.head_dim) if m.qk_norm else 0)
 
 
 def layer_params(m: ModelSpec) -> int:
+    """Parameters of one decoder layer (of the last one, where layers differ)."""
+    if m.inventory is not None:
+        return m.inventory.last_layer_params
     return sum(lin.numel for lin in layer_linears(m)) + layer_norm_params(m)
 
 
 def embedding_params(m: ModelSpec) -> int:
     """Input embedding (V×H) plus learned positions (GPT-2 ``wpe``)."""
+    if m.inventory is not None:
+        return m.inventory.embedding_params
     return m.vocab_size * m.hidden_size + m.learned_positions * m.hidden_size
 
 
 def head_params(m: ModelSpec) -> int:
-    """Final norm plus the output projection (0 extra when tied to the input embedding)."""
+    """Final norm plus the output projection (0 extra when tied to the input embedding); for a meta-built
+    model, everything outside the embedding and the decoder layers (a vision tower and projector too)."""
+    if m.inventory is not None:
+        return m.inventory.lm_head_params + m.inventory.other_params
     final_norm = m.hidden_size * (2 if m.norm_bias else 1)
     return final_norm + (0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)
 
 
 def count_params(m: ModelSpec) -> int:
     """Total parameters, each shared tensor once (as ``sum(p.numel() for p in model.parameters())``)."""
+    if m.inventory is not None:
+        return m.inventory.total_params
     return embedding_params(m) + m.num_layers * layer_params(m) + head_params(m)
 
 
@@ -115,6 +155,6 @@ def active_params(m: ModelSpec) -> int:
     """Parameters touched per token: for MoE only ``experts_per_token`` of the experts."""
     if not m.is_moe:
         return count_params(m)
-    expert_numel = sum(lin.numel for lin in layer_linears(m) if lin.per_layer == m.num_experts)
+    expert_numel = linears_numel(m, [lin for lin in layer_linears(m) if lin.per_layer == m.num_experts])
     idle = expert_numel * (m.num_experts - m.experts_per_token) // m.num_experts
-    return count_params(m) - m.num_layers * idle
+    return count_params(m) - idle

@@ -27,6 +27,7 @@ from vramledger.analytic.activations import (
     layer_activations,
     residual_bytes,
     rope_bytes_per_token,
+    runs_eager,
 )
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
@@ -62,7 +63,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     if train.grad_ckpt:
         saved_layers = n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T
         scores = 0
-        eager = train.attn is Attention.EAGER or (m.attn_logit_softcapping and train.attn is Attention.SDPA)
+        eager = runs_eager(m, train)
         if eager and n_tl:
             # The checkpoint keeps its inputs, among them the additive causal mask(s) eager attention gets
             # (transformers masking_utils eager_mask, in the dtype of the input embeddings: s·B·L² each; a second one

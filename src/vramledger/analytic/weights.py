@@ -29,13 +29,14 @@ from vramledger.analytic.params import (
     Linear,
     count_params,
     embedding_params,
-    head_params,
+    in_layers,
     layer_linears,
-    layer_norm_params,
     layer_params,
+    linears_numel,
 )
 from vramledger.errors import VramledgerError
-from vramledger.specs import DType, Method, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs import DType, LoraSpec, Method, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs.model import CheckpointQuant
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -83,6 +84,8 @@ def _matches(name: str, targets: tuple[str, ...]) -> bool:
 def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     assert train.lora is not None
     lora = train.lora
+    if m.inventory is not None:
+        return _inventory_adapted(m, lora)
     linears = layer_linears(m)
     targets = lora.layer_targets
     if lora.all_linear:
@@ -104,6 +107,8 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     for lin in picked:
         p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
+    if lora.all_linear and m.family in _PEFT_MOE_CONVERTED:
+        out += _converted_moe_adapters(linears, lora.rank)
     return tuple(out)
 
 
@@ -135,6 +140,54 @@ def saved_module_params(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
     embed = embedding_params(m) if leaves & set(_SAVED_EMBEDDING) else 0
     head = m.vocab_size * m.hidden_size if "lm_head" in leaves else 0
     return embed, head
+# PEFT 0.21 with transformers 5 (utils/transformers_weight_conversion.py ``_convert_peft_config_moe``, for model
+# types whose conversion pattern is mixtral's or qwen2_moe's): "all-linear" also adapts the router ``gate.weight``
+# and the fused experts as ``target_parameters``, ``gate_up_proj`` at rank 2r (gate and up were two v4 linears).
+_PEFT_MOE_CONVERTED = ("mixtral", "qwen3_moe")
+
+
+def _converted_moe_adapters(linears: tuple[Linear, ...], r: int) -> list[Adapted]:
+    """ParamWrapper adapters (tuners/lora/layer.py): lora_A (rank·E, in), lora_B (out, rank·E) per 3-D weight;
+    the router, a bare (E, H) parameter, gets r·(H + E)."""
+    out = []
+    for lin in linears:
+        if lin.name == "gate":
+            out.append(Adapted(linear=lin, params=r * (lin.in_features + lin.out_features)))
+        elif lin.name in ("experts.gate_up_proj", "experts.down_proj"):
+            rank = 2 * r if lin.name.endswith("gate_up_proj") else r
+            out.append(Adapted(linear=lin, params=rank * lin.per_layer * (lin.in_features + lin.out_features)))
+    return out
+
+
+def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
+    """A model without formulas: PEFT itself, on the meta device, says what it adapts (its MoE conversions
+    included); transformers and peft are imported here only for such models."""
+    assert m.inventory is not None
+    linears = layer_linears(m)
+    attention = any(lin.name.split(".")[-1] in ("q_proj", "qkv_proj", "query_key_value", "Wqkv") for lin in linears)
+    if m.inventory.model_class.endswith("ForCausalLM") and attention and all(lin.lora_targetable for lin in linears):
+        # Dense attention text model: PEFT adapts exactly the nn.Linear modules named (all of them for all-linear;
+        # the output layer is no decoder-layer linear), r·(in + out) each, so no torch is needed. (State-space
+        # layers go to PEFT, which refuses some of their modules: tuners/lora/model.py Mamba checks.)
+        picked = linears if lora.all_linear else tuple(lin for lin in linears if _matches(lin.name, lora.targets))
+        if picked or lora.all_linear:
+            return tuple(
+                Adapted(linear=lin, params=lora.rank * (lin.in_features + lin.out_features)
+                        + (lin.out_features if lora.dora else 0))
+                for lin in picked
+            )
+    from vramledger.catalog.inventory import peft_adapters
+
+    found = peft_adapters(m.inventory, rank=lora.rank, targets=None if lora.all_linear else lora.targets,
+                          dora=lora.dora)
+    return tuple(
+        Adapted(
+            linear=Linear(lin.name, lin.in_features, lin.out_features, lin.bias, per_layer=lin.copies,
+                          lora_targetable=lin.is_linear, layers=0 if lin.layers == m.num_layers else lin.layers),
+            params=params,
+        )
+        for lin, params in found
+    )
 
 
 def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
@@ -162,7 +215,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         # Autocast casts what matmul-type ops use (torch autocast_mode.cpp lower_precision_fp list: linear, matmul):
         # every linear's weight and bias, and the lm_head weight (the embedding itself when tied). aten::embedding
         # and the norms' elementwise weights are not cast.
-        matrix = m.num_layers * sum(lin.numel for lin in linears) + lm_head_numel
+        matrix = linears_numel(m, linears) + lm_head_numel
         return WeightBudget(
             total_params=total,
             trainable_params=total,
@@ -196,8 +249,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
             trainable_matrix_params=matrix,
             largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
             largest_frozen_matrix_numel=largest_frozen,
-            frozen_matrix_params=(m.num_layers - k) * sum(lin.in_features * lin.out_features * lin.per_layer
-                                                          for lin in linears) + lm_head_numel,
+            frozen_matrix_params=linears_numel(m, linears, weights_only=True) - matrix + lm_head_numel,
             embedding_trainable=False,
             head_trainable=False,
             norms_trainable=k > 0,
@@ -209,20 +261,25 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     adapted = adapted_linears(m, train)
     head_adapter = head_adapter_params(m, train)
     saved_embed, saved_head = saved_module_params(m, train)
-    adapter_params = m.num_layers * sum(a.params for a in adapted) + head_adapter + saved_embed + saved_head
+    adapter_params = sum(in_layers(m, a.linear) * a.params for a in adapted) + head_adapter + saved_embed + saved_head
     adapter_dt = DType.FP32 if (train.lora.adapter_fp32 or prec.compute is DType.FP32) else frozen_dt
     # The trained copies of modules_to_save keep the module's dtype (PEFT's cast_adapter_dtype casts only LoRA
     # layers), upcast to fp32 under AMP as LLaMA-Factory upcasts every trainable parameter.
     saved_dt = DType.FP32 if (prec.mixed or prec.compute is DType.FP32) else frozen_dt
     if train.quant is not None:
         q = train.quant
-        layer_bytes = sum(
-            lin.per_layer * quantised_bytes(lin.in_features * lin.out_features, lin.out_features, q)
-            + (lin.out_features * lin.per_layer * frozen_dt.bytes if lin.bias else 0)
+        quantised = sum(
+            in_layers(m, lin) * lin.per_layer * quantised_bytes(lin.in_features * lin.out_features, lin.out_features, q)
             for lin in linears
         )
-        other = embedding_params(m) + head_params(m) + m.num_layers * layer_norm_params(m)
-        frozen_bytes = m.num_layers * layer_bytes + other * frozen_dt.bytes
+        # Everything else (embeddings, norms, biases, lm_head) stays in the frozen dtype.
+        other = total - linears_numel(m, linears, weights_only=True)
+        frozen_bytes = quantised + other * frozen_dt.bytes
+    elif m.checkpoint_quant is not None and m.checkpoint_quant.method != "mxfp4":
+        # A GPTQ/AWQ/FP8 checkpoint keeps its packed storage under the adapters (PEFT wraps the quantised layer).
+        # MXFP4 is not: its kernels have no backward, so fine-tuning loads it dequantised (Mxfp4Config(dequantize
+        # =True), as the gpt-oss fine-tuning recipes do).
+        frozen_bytes = checkpoint_storage_bytes(m, frozen_dt.bytes)
     else:
         frozen_bytes = total * frozen_dt.bytes
     largest_adapter = max(
@@ -243,10 +300,91 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         trainable_matrix_params=adapter_params - saved_embed,
         largest_trainable_numel=largest_adapter,
         largest_frozen_matrix_numel=largest_frozen,
-        frozen_matrix_params=m.num_layers * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
-        + lm_head_numel,
+        frozen_matrix_params=linears_numel(m, linears, weights_only=True) + lm_head_numel,
         embedding_trainable=bool(saved_embed),
         head_trainable=bool(saved_head),
         norms_trainable=False,
         lm_head_weight_numel=lm_head_numel,
     )
+
+
+# -- storage of pre-quantised checkpoints (GPTQ, AWQ, FP8, MXFP4), per linear layer -----------------------------
+# Each is the buffers the loading layer registers, so bytes = Σ numel × element size; ``g = ⌈in / group_size⌉``
+# groups (group_size -1: one group of the whole input).
+
+
+def gptq_bytes(in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128, bias: bool = False) -> int:
+    """auto-gptq / optimum / gptqmodel ``QuantLinear.__init__`` (qlinear_cuda.py, qlinear_exllama.py):
+    qweight int32 (in·bits/32, out), qzeros int32 (g, out·bits/32), scales fp16 (g, out), g_idx int32 (in),
+    bias fp16 (out). Zero points are stored packed for every group even when symmetric."""
+    g = -(-in_features // (group_size if group_size > 0 else in_features))
+    qweight = 4 * (in_features // 32 * bits) * out_features
+    qzeros = 4 * g * (out_features // 32 * bits)
+    return qweight + qzeros + 2 * g * out_features + 4 * in_features + (2 * out_features if bias else 0)
+
+
+def awq_bytes(in_features: int, out_features: int, *, bits: int = 4, group_size: int = 128, bias: bool = False) -> int:
+    """AutoAWQ ``WQLinear_GEMM.__init__`` (awq/modules/linear/gemm.py): qweight int32 (in, out/(32/bits)),
+    qzeros int32 (in/group, out/(32/bits)), scales fp16 (in/group, out), bias fp16 (out); no g_idx."""
+    g = in_features // (group_size if group_size > 0 else in_features)
+    per_int = 32 // bits
+    return 4 * in_features * (out_features // per_int) + 4 * g * (out_features // per_int) + 2 * g * out_features + (
+        2 * out_features if bias else 0
+    )
+
+
+def fp8_block_bytes(in_features: int, out_features: int, *, block: tuple[int, int] | None = (128, 128)) -> int:
+    """transformers integrations/finegrained_fp8.py ``FP8Linear``: weight float8 (out, in) and weight_scale_inv
+    fp32 (⌈out/128⌉, ⌈in/128⌉) for block-wise scales (DeepSeek-V3, Qwen3-FP8), one fp32 scale per tensor
+    otherwise."""
+    if block is None:
+        return out_features * in_features + 4
+    scales = -(-out_features // block[0]) * -(-in_features // block[1])
+    return out_features * in_features + 4 * scales
+
+
+def mxfp4_bytes(numel: int) -> int:
+    """OCP MXFP4 as gpt-oss ships its experts (transformers integrations/mxfp4.py ``Mxfp4GptOssExperts``: two
+    FP4 values per uint8, ``*_blocks`` (…, in/32, 16), and one E8M0 uint8 scale per 32 values, ``*_scales``)."""
+    return numel // 2 + -(-numel // 32)
+
+
+def _skipped(name: str, skip: tuple[str, ...]) -> bool:
+    """``modules_to_not_convert`` entries match a module path by substring or glob (transformers
+    quantizers ``should_convert_module``)."""
+    from fnmatch import fnmatch
+
+    path = f"model.layers.0.{name}"
+    return any(s in name or fnmatch(path, s) or fnmatch(path, f"{s}.*") for s in skip)
+
+
+def checkpoint_linear_bytes(lin: Linear, cq: CheckpointQuant, dtype_bytes: int) -> int:
+    """Storage of one decoder-layer linear (all its copies) as the pre-quantised checkpoint loads it."""
+    if _skipped(lin.name, cq.skip):
+        return lin.numel * dtype_bytes
+    i, o, n = lin.in_features, lin.out_features, lin.per_layer
+    if cq.method == "gptq":
+        return n * gptq_bytes(i, o, bits=cq.bits, group_size=cq.group_size, bias=lin.bias)
+    if cq.method == "awq":
+        return n * awq_bytes(i, o, bits=cq.bits, group_size=cq.group_size, bias=lin.bias)
+    if cq.method == "fp8":
+        return n * fp8_block_bytes(i, o, block=cq.block) + (n * o * dtype_bytes if lin.bias else 0)
+    # mxfp4: transformers converts only the fused experts (Mxfp4GptOssExperts); nn.Linear stays in the dtype.
+    # Its expert biases become fp32 parameters: 4 − dtype more bytes than the bias counted with the rest. GptOss
+    # stores experts as (E, in, out) for ``x @ W``, which the inventory reads as (E, out, in): the bias has the
+    # inventory's in_features.
+    if lin.lora_targetable:
+        return lin.numel * dtype_bytes
+    return n * mxfp4_bytes(i * o) + n * i * (4 - dtype_bytes)
+
+
+def checkpoint_storage_bytes(m: ModelSpec, dtype_bytes: int) -> int:
+    """All parameters of a pre-quantised checkpoint as loaded: the decoder linears in its storage, the rest
+    (embeddings, norms, lm_head, biases held apart) in the dtype. Plain ``count × dtype`` without one."""
+    total = count_params(m)
+    if m.checkpoint_quant is None:
+        return total * dtype_bytes
+    linears = layer_linears(m)
+    quantised = sum(in_layers(m, lin) * checkpoint_linear_bytes(lin, m.checkpoint_quant, dtype_bytes)
+                    for lin in linears)
+    return quantised + (total - linears_numel(m, linears)) * dtype_bytes

@@ -1,12 +1,15 @@
 """Bundled model configs and GPU facts, stored as data files, and the one module that loads them.
 
-Model files: ``catalog/models/<alias>.json`` with keys ``hub_id``, ``aliases``, ``published_params``,
-``params_source``, ``config_source`` and ``config`` (the upstream config.json's fields, copied verbatim), and
-optionally ``published_counts_tied_head_twice`` / ``published_includes_vision_tower`` where the published
-figure counts more than the language model's parameters. GPUs: ``catalog/gpus.json``.
+Model files: ``catalog/models/<alias>.json`` with keys ``hub_id``, ``aliases``, ``published_params`` (or
+``published_params_rounded`` where only a rounded figure is published), ``params_source``, ``config_source``
+and ``config`` (the upstream config.json's fields), and optionally ``published_counts_tied_head_twice`` /
+``published_includes_vision_tower`` where the published figure counts more than the language model's
+parameters, and ``meta_build`` for a model_type without formulas (its meta-device build, stored).
+GPUs: ``catalog/gpus.json``.
 
 A model name resolves, in order, to: a path (a config.json file or a directory holding one), a catalog entry
-(hub id or alias, case-insensitive), or a snapshot in the local Hugging Face cache. Nothing is downloaded and
+(hub id or alias, case-insensitive), a snapshot in the local Hugging Face cache, or, by pattern, the catalog
+model a variant or mirror was made from (printing what was assumed). Nothing is downloaded and
 no remote code runs.
 """
 
@@ -15,7 +18,8 @@ from __future__ import annotations
 import difflib
 import json
 import os
-from dataclasses import dataclass
+import re
+from dataclasses import dataclass, replace
 from functools import cache, lru_cache
 from pathlib import Path
 from typing import Any
@@ -39,6 +43,12 @@ class CatalogEntry:
     params_source: str
     config_source: str
     config: dict[str, Any]
+    published_params_rounded: str = ""
+    """Where no exact count is published (gpt-oss: the safetensors figure counts MXFP4 blocks as bytes), the
+    figure as the publisher rounds it (``20.91B``)."""
+    meta_build: dict[str, Any] | None = None
+    """For a model_type without formulas: the spec transformers' meta-device build gave (catalog/inventory.py
+    ``spec_to_json``), stored so the catalog stays instant; a test rebuilds it and compares."""
     published_counts_tied_head_twice: bool = False
     """The published checkpoint stores ``lm_head.weight`` as well as the embedding it is tied to (Qwen3-0.6B
     and -1.7B), so the published figure exceeds the model's parameter count by vocab_size × hidden_size."""
@@ -68,6 +78,8 @@ def model_entries() -> dict[str, CatalogEntry]:
             params_source=raw.get("params_source", ""),
             config_source=raw.get("config_source", ""),
             config=raw["config"],
+            published_params_rounded=str(raw.get("published_params_rounded", "")),
+            meta_build=raw.get("meta_build"),
             published_counts_tied_head_twice=bool(raw.get("published_counts_tied_head_twice", False)),
             published_includes_vision_tower=bool(raw.get("published_includes_vision_tower", False)),
         )
@@ -87,6 +99,10 @@ def _name_index() -> dict[str, str]:
 def _entry_spec(key: str) -> ModelSpec:
     entry = model_entries()[key]
     source = f"catalog:{key} ({entry.config_source})"
+    if entry.meta_build is not None:
+        from vramledger.catalog.inventory import spec_from_json
+
+        return spec_from_json(entry.meta_build, entry.config, name=entry.hub_id, source=source)
     return model_spec_from_config(entry.config, name=entry.hub_id, source=source)
 
 
@@ -110,6 +126,15 @@ def _from_hf_cache(name: str) -> Path | None:
     return None
 
 
+def _repo_id_of_snapshot(path: Path) -> str | None:
+    """``org/name`` for a config.json inside the HF cache (``models--org--name/snapshots/<hash>/``), whose
+    folder name is a commit hash, not a model name (huggingface_hub ``file_download.repo_folder_name``)."""
+    parts = path.resolve().parts
+    if len(parts) >= 4 and parts[-3] == "snapshots" and parts[-4].startswith("models--"):
+        return parts[-4].removeprefix("models--").replace("--", "/")
+    return None
+
+
 def load_config_file(path: Path) -> ModelSpec:
     """Read a local config.json (or a directory holding one)."""
     from vramledger.userfiles import load_mapping_text, path_exists, read_text
@@ -122,8 +147,8 @@ def load_config_file(path: Path) -> ModelSpec:
     raw = load_mapping_text(read_text(path, "model"), "model", path.with_suffix(".json"))
     if not isinstance(raw, dict):
         raise VramledgerError(f"model: {path}: expected a JSON object (a config.json); pass another config.json")
-    name = raw.get("_name_or_path")
-    return model_spec_from_config(raw, name=str(name or path.parent.name), source=str(path))
+    name = raw.get("_name_or_path") or _repo_id_of_snapshot(path) or path.parent.name
+    return model_spec_from_config(raw, name=str(name), source=str(path))
 
 
 def resolve_model(name: str) -> ModelSpec:
@@ -139,20 +164,79 @@ def resolve_model(name: str) -> ModelSpec:
         return load_config_file(path)
     key = _name_index().get(_norm(name))
     if key is not None:
-        return _entry_spec(key)
+        return _named(name, key)
     cached = _from_hf_cache(name)
     if cached is not None:
         return load_config_file(cached)
+    key = _by_pattern(name)
+    if key is not None:
+        return _named(name, key)
     close = difflib.get_close_matches(_norm(name), list(_name_index()), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise VramledgerError(
         f"model: {name!r} is not in the catalog or the local HF cache{hint} "
-        "(or pass the path of its config.json; `vramledger models` lists the catalog)"
+        "(pass the path of its config.json, or name a catalog model of the same shapes: "
+        "`vramledger estimate <catalog-name> --config FILE`; `vramledger models` lists the catalog)"
+    )
+
+
+def _named(name: str, key: str) -> ModelSpec:
+    """The entry's spec under the name the user gave: a variant or mirror keeps its own name (it is another
+    model), with ``config_name`` saying whose config stands in for it."""
+    spec = _entry_spec(key)
+    entry = model_entries()[key]
+    canonical = {_norm(key), _norm(entry.hub_id), _norm(entry.hub_id.split("/")[-1])}
+    if _norm(name) in canonical:
+        return spec
+    return replace(spec, name=name.strip(), config_name=entry.hub_id)
+
+
+# Suffixes that name a variant with the base model's shapes: chat/instruct tunes, dated re-releases
+# (Qwen3-4B-Instruct-2507), transformers-format uploads (-hf), and quantised mirrors (unsloth's -bnb-4bit,
+# -AWQ, -GPTQ-Int4, -FP8), whose storage differs but whose architecture does not.
+_VARIANT = re.compile(
+    r"[-.](instruct|chat|it|base|hf|pt|sft|dpo|\d{4}|unsloth|bnb-4bit|bnb-8bit|4bit|8bit|awq|gptq|int4|int8|fp8)$"
+)
+
+
+def _candidates(name: str) -> list[str]:
+    """Spellings to try for a name not found as typed: without the mirror's organisation, without variant
+    suffixes, and torchtune builder names (``qwen2_5_7b_instruct``, ``llama3_1_8b``) with their version dots."""
+    base = _norm(name.split("/")[-1])
+    out: list[str] = []
+    stripped = base
+    while True:
+        out.append(stripped)
+        shorter = _VARIANT.sub("", stripped)
+        if shorter == stripped or not shorter:
+            break
+        stripped = shorter
+    # torchtune: underscores for dots too; try each version written with dots (2-5 → 2.5, 0-5b → 0.5b).
+    dotted = [re.sub(r"(\d)-(\d)", r"\1.\2", c) for c in out]
+    return out + dotted + [re.sub(r"(\d)-(\d+b)$", r"\1.\2", d) for d in dotted]
+
+
+def _by_pattern(name: str) -> str | None:
+    index = _name_index()
+    for candidate in _candidates(name):
+        if candidate in index:
+            return index[candidate]
+    return None
+
+
+def variant_note(spec: ModelSpec) -> str | None:
+    """The printed note when a name resolved by pattern (None when the name is the catalog model itself)."""
+    if not spec.config_name:
+        return None
+    return (
+        f"model {spec.name!r} is not in the catalog as such: sized with the config of {spec.config_name} "
+        "(a variant or mirror of the same architecture); pass its own config.json if its shapes differ"
     )
 
 
 def catalog_entry(name: str) -> CatalogEntry | None:
-    key = _name_index().get(_norm(name))
+    """The catalog entry for a name, its variants and mirrors included."""
+    key = _name_index().get(_norm(name)) or _by_pattern(name)
     return model_entries()[key] if key else None
 
 

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramledger.errors import VramledgerError
-from vramledger.specs.model import ModelSpec
+from vramledger.specs.model import CheckpointQuant, ModelSpec
 
 # Families whose decoder we model, with the config defaults that matter when a key is absent
 # (configuration_<family>.py, transformers 5.x).
@@ -23,12 +23,13 @@ _TIE_DEFAULT = {
     "qwen3": False,
     "qwen3_moe": False,
     "phi3": False,
+    "glm4": False,
+    "olmo2": False,
     "gemma": True,
     "gemma2": True,
     "gemma3_text": True,
     "gpt2": True,
 }
-SUPPORTED_FAMILIES = tuple(sorted(_TIE_DEFAULT))
 
 # Shape defaults that published configs rely on by omitting the key. Gemma 3's multimodal checkpoints
 # (gemma-3-4b/12b/27b) give only the overrides in ``text_config`` and leave vocab_size, head counts and
@@ -74,6 +75,34 @@ def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None, where: 
     return value
 
 
+# quantization_config.quant_method values and the storage they load as (transformers quantizers/auto.py names).
+_CHECKPOINT_METHODS = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "mxfp4": "mxfp4"}
+
+
+def checkpoint_quant(cfg: Mapping[str, Any], where: str) -> CheckpointQuant | None:
+    """The storage of a pre-quantised checkpoint from its ``quantization_config`` (None for bitsandbytes, which
+    quantises at load time and is chosen with --method qlora / --quant, and for unquantised checkpoints)."""
+    q = cfg.get("quantization_config")
+    if not isinstance(q, Mapping):
+        return None
+    method = str(q.get("quant_method", "")).lower()
+    if method == "bitsandbytes":
+        return None
+    if method not in _CHECKPOINT_METHODS:
+        raise VramledgerError(
+            f"{where}: quantization_config.quant_method {method!r} is not modelled; modelled: gptq, awq, fp8, "
+            "mxfp4 (and bitsandbytes via --method qlora)"
+        )
+    block = q.get("weight_block_size")
+    return CheckpointQuant(
+        method=method,
+        bits=int(q.get("bits", q.get("w_bit", 4)) or 4),
+        group_size=int(q.get("group_size", q.get("q_group_size", 128)) or 128),
+        block=(int(block[0]), int(block[1])) if isinstance(block, list) and len(block) == 2 else None,
+        skip=tuple(str(x) for x in (q.get("modules_to_not_convert") or ())),
+    )
+
+
 def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
     """Read the fields that decide memory from a config.json mapping.
 
@@ -82,6 +111,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     where = f"config {source}"
     if not isinstance(cfg, Mapping):
         raise VramledgerError(f"{where}: expected a JSON object")
+    original = cfg
     if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
         text = dict(cfg["text_config"])
         text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
@@ -93,9 +123,10 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     if family == "gemma3":
         family = "gemma3_text"
     if family not in _TIE_DEFAULT:
-        raise VramledgerError(
-            f"{where}: model_type {family!r} is not modelled yet; supported: {', '.join(SUPPORTED_FAMILIES)}"
-        )
+        # No formula for this family: transformers builds it on the meta device for exact parameters.
+        from vramledger.catalog.inventory import generic_model_spec
+
+        return generic_model_spec(original, name=name, source=source)
     if family in _FAMILY_DEFAULTS:
         cfg = {**_FAMILY_DEFAULTS[family], **cfg}
     gpt2 = family == "gpt2"
@@ -118,9 +149,10 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     sparse_step = _get(cfg, "decoder_sparse_step", default=1)
     dense_layers = _get(cfg, "mlp_only_layers", default=[]) or sparse_step != 1
     if family == "qwen3_moe" and dense_layers:
-        raise VramledgerError(
-            f"{where}: Qwen3-MoE with dense layers (mlp_only_layers/decoder_sparse_step) is not modelled yet"
-        )
+        # Dense and MoE layers mixed: no formula; the meta-device inventory counts each layer as built.
+        from vramledger.catalog.inventory import generic_model_spec
+
+        return generic_model_spec(original, name=name, source=source)
 
     # Biases. LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses bias=config.attention_bias on all
     # of q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o; GPT-2's Conv1D layers all have
@@ -132,6 +164,8 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         qkv_bias, o_bias = True, True
     elif family in ("phi3", "mixtral"):
         qkv_bias, o_bias = False, False
+    elif family == "glm4":  # Glm4Attention: q/k/v with bias=attention_bias, o_proj bias=False
+        qkv_bias, o_bias = attention_bias, False
     else:
         qkv_bias = o_bias = attention_bias
     mlp_bias = True if gpt2 else bool(_get(cfg, "mlp_bias", default=False)) if family == "llama" else False
@@ -173,12 +207,16 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         qkv_bias=qkv_bias,
         o_bias=o_bias,
         mlp_bias=mlp_bias,
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text"),
-        norms_per_layer=4 if family in ("gemma2", "gemma3_text") else 2,
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"),
+        # Olmo2Attention: q_norm RMSNorm(heads·head_dim), k_norm RMSNorm(kv_heads·head_dim) over whole projections;
+        # Olmo2DecoderLayer has post_attention_layernorm and post_feedforward_layernorm only (modeling_olmo2.py).
+        qk_norm_width=(heads + kv_heads) * head_dim if family == "olmo2" else 0,
+        # Glm4DecoderLayer: input, post_self_attn, post_attention and post_mlp RMSNorms (modeling_glm4.py).
+        norms_per_layer=4 if family in ("gemma2", "gemma3_text", "glm4") else 2,
         norm_bias=gpt2,
         gated_mlp=not gpt2,
         fused_qkv=family in ("phi3", "gpt2"),
-        fused_gate_up=family == "phi3",
+        fused_gate_up=family in ("phi3", "glm4"),  # Glm4MLP.gate_up_proj, like Phi3MLP
         learned_positions=_int(cfg, "n_positions", default=1024, where=where) if gpt2 else 0,
         num_experts=experts,
         experts_per_token=_int(cfg, "num_experts_per_tok", default=2, where=where) if experts else 0,
@@ -192,4 +230,5 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         hidden_act=str(_get(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu")),
         native_dtype=dtype,
         source=source,
+        checkpoint_quant=checkpoint_quant(original, where),
     )

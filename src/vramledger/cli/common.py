@@ -221,7 +221,7 @@ def _preset(args: argparse.Namespace, model_name: str, provenance: dict[str, str
 
 def resolve_inputs(args: argparse.Namespace) -> Inputs:
     """Build the specs from a config file (if any) and the flags (which win)."""
-    from vramledger.catalog import resolve_gpu, resolve_model
+    from vramledger.catalog import resolve_gpu, resolve_model, variant_note
 
     provenance: dict[str, str] = {}
     warnings: list[str] = []
@@ -326,6 +326,9 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
                 f"(e.g. {_short(model_name)}=8)"
             ) from None
         raise
+    note = variant_note(model)
+    if note is not None:
+        warnings.append(note)
     args.notes = (preset_note,) if preset_note else ()
     return Inputs(
         model=model,

@@ -32,8 +32,10 @@ def hf_config(model: ModelSpec) -> dict[str, Any]:
     spec built by hand) a mapping rebuilt from the spec's fields."""
     from vramledger.catalog import catalog_entry
 
-    entry = catalog_entry(model.name)
-    if entry is not None and entry.hub_id == model.name:
+    if model.inventory is not None:  # built on the meta device once already: the very config it came from
+        return dict(json.loads(model.inventory.config_json))
+    entry = catalog_entry(model.config_name or model.name)
+    if entry is not None and entry.hub_id in (model.name, model.config_name):
         return dict(entry.config)
     src = Path(model.source) if model.source else None
     if src is not None and src.suffix == ".json" and src.is_file():
@@ -86,21 +88,11 @@ def _config_from_spec(m: ModelSpec) -> dict[str, Any]:
     return cfg
 
 
-def _decoder_layers(model: Any, num_layers: int) -> Any:
-    """The ModuleList of decoder layers (``model.layers`` for Llama-likes, ``transformer.h`` for GPT-2)."""
-    import torch
-
-    lists = [m for m in model.modules() if isinstance(m, torch.nn.ModuleList) and len(m) == num_layers]
-    if not lists:
-        raise VramledgerError(f"trace: could not find the {num_layers} decoder layers in the model")
-    return lists[0]
-
-
 def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any]) -> tuple[Any, list[str]]:
     """The HF model with the method applied, on the meta device. Returns (model, warnings)."""
     try:
         import torch
-        from transformers import AutoConfig, AutoModelForCausalLM
+        from transformers import AutoConfig
     except ImportError as exc:  # pragma: no cover - exercised only without the extra installed
         raise MissingDependencyError(exc.name or "transformers", "trace") from exc
 
@@ -109,7 +101,13 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     model_type = str(cfg_dict.pop("model_type", model.family))
     if model_type == "gemma3":
         model_type = "gemma3_text"
-    hf_cfg = AutoConfig.for_model(model_type, **cfg_dict)
+    if model.inventory is not None:
+        # Any architecture transformers ships (catalog/inventory.py): its own config class and Auto class.
+        from vramledger.catalog.inventory import hf_config_object
+
+        hf_cfg = hf_config_object(config, f"model {model.name}")
+    else:
+        hf_cfg = AutoConfig.for_model(model_type, **cfg_dict)
     hf_cfg.use_cache = False  # the Trainer / LLaMA-Factory train with use_cache=False
     attn = train.attn.value
     if train.attn is Attention.FLASH2:
@@ -123,13 +121,13 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     trainable_dt = torch_dtype(train.precision.trainable)
     with torch.device("meta"):
         try:
-            hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=frozen_dt)
-        except ValueError as exc:
+            hf = _from_config(model, hf_cfg, attn, frozen_dt)
+        except (ValueError, VramledgerError) as exc:
             if attn != "sdpa" or "does not support" not in str(exc):
                 raise
             # e.g. Gemma 2 in transformers 5.x: no SDPA (soft-capping); its default is eager, so trace that.
             warnings.append(f"{model_type} has no SDPA attention in this transformers: traced with eager")
-            hf = AutoModelForCausalLM.from_config(hf_cfg, attn_implementation="eager", dtype=frozen_dt)
+            hf = _from_config(model, hf_cfg, "eager", frozen_dt)
     hf.config.use_cache = False
     hf.train()
 
@@ -142,7 +140,9 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     elif train.method is Method.FREEZE:
         # LLaMA-Factory _setup_freeze_tuning: the last N decoder layers train (upcast to fp32 unless
         # pure_bf16).
-        layers = _decoder_layers(hf, model.num_layers)
+        from vramledger.catalog.inventory import decoder_layers
+
+        layers = decoder_layers(hf, model.num_layers)
         hf.requires_grad_(False)
         n = min(train.freeze_trainable_layers, len(layers))
         for layer in list(layers)[len(layers) - n :]:
@@ -165,6 +165,16 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     return hf, warnings
 
 
+def _from_config(model: ModelSpec, hf_cfg: Any, attn: str, dtype: Any) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    if model.inventory is not None:
+        from vramledger.catalog.inventory import build_meta_model
+
+        return build_meta_model(hf_cfg, where=f"model {model.name}", attn=attn, dtype=dtype)
+    return AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=dtype)
+
+
 def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str]) -> Any:
     import torch
 
@@ -175,6 +185,8 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
     lora = train.lora
     assert lora is not None
     targets: str | list[str] = "all-linear" if lora.all_linear else list(lora.targets)
+    if lora.all_linear:
+        _refuse_linear_subclasses(hf)
     if lora.all_linear and lora.head:
         # PEFT's "all-linear" leaves the output layer out; name every linear leaf and lm_head instead.
         leaves = {n.rsplit(".", 1)[-1] for n, mod in hf.named_modules() if isinstance(mod, torch.nn.Linear)}
@@ -200,6 +212,28 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
                 p.data = p.data.to(trainable_dt)
     _ = torch
     return peft_model
+
+
+def _refuse_linear_subclasses(hf: Any) -> None:
+    """PEFT's all-linear wraps every ``nn.Linear``, subclasses too, and its ``lora.Linear.forward`` (PEFT 0.21
+    tuners/lora/layer.py) takes the base layer's output as one tensor. A subclass returning something else
+    (transformers 5.23 ``Llama4Router`` returns (scores, logits)) fails there with AttributeError in the real run;
+    say so, and how to target around it."""
+    import torch
+
+    odd = sorted(
+        {
+            type(m).__name__
+            for m in hf.modules()
+            if isinstance(m, torch.nn.Linear) and type(m).forward is not torch.nn.Linear.forward
+        }
+    )
+    if odd:
+        raise VramledgerError(
+            f"--lora-targets all: PEFT would wrap {', '.join(odd)}, an nn.Linear whose forward does not return one "
+            "tensor, and the step fails in PEFT's lora.Linear.forward; name the projections instead "
+            "(e.g. --lora-targets q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj)"
+        )
 
 
 def shared_parameters(model: Any) -> list[list[tuple[Any, str]]]:

@@ -156,9 +156,9 @@ def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
 
 
 def _layer_classes(hf: Any, m: ModelSpec) -> set[type]:
-    from vramledger.trace.build import _decoder_layers
+    from vramledger.catalog.inventory import decoder_layers
 
-    return {type(layer) for layer in _decoder_layers(hf, m.num_layers)}
+    return {type(layer) for layer in decoder_layers(hf, m.num_layers)}
 
 
 def _mixed(train: TrainSpec) -> Any:

@@ -252,9 +252,15 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
                 return torch.ops.aten._scaled_dot_product_attention_math(
                     q, k, v, mask, p, causal, None, scale=scale, enable_gqa=gqa
                 )[0]
+            dv = v.shape[-1]
+            if dv != q.shape[-1]:
+                # MLA (DeepSeek-V2/V3): values narrower than queries/keys. CUDA's efficient kernel takes them as
+                # they are; the CPU flash kernel does not, so v is zero-padded and the output sliced (the saved
+                # v and output are then (d - dv)/d larger than on the GPU: a stated over-estimate).
+                v = torch.nn.functional.pad(v, (0, q.shape[-1] - dv))
             return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
                 q, k, v, p, causal, attn_mask=mask, scale=scale
-            )[0]
+            )[0][..., :dv]
 
     with _Mode():
         yield chosen
