@@ -29,7 +29,9 @@ def test_torchtune_base_and_instruct_builders(tmp_path: Path, builder: str, hub_
     cfg.write_text(text.replace("torchtune.models.llama3.lora_llama3_8b", builder))
     rc = load_config(cfg)
     assert rc.model == hub_id  # the checkpoint the builder stands for, instruct kept
-    assert resolve_model(rc.model).name == catalog_key  # and the catalog knows its shapes
+    spec = resolve_model(rc.model)
+    assert spec.name == hub_id  # the name the user gave is kept
+    assert (spec.config_name or spec.name) == catalog_key  # and the catalog knows its shapes
 
 
 def test_an_unknown_torchtune_builder_is_named_not_called_no_model(tmp_path: Path) -> None:

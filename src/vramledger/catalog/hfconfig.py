@@ -10,8 +10,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from vramledger.catalog.checkpoint_quant import checkpoint_quant
 from vramledger.errors import VramledgerError
-from vramledger.specs.model import CheckpointQuant, ModelSpec
+from vramledger.specs.model import ModelSpec
 
 # Families whose decoder we model, with the config defaults that matter when a key is absent
 # (configuration_<family>.py, transformers 5.x).
@@ -73,34 +74,6 @@ def _int(cfg: Mapping[str, Any], *keys: str, default: int | None = None, where: 
     if isinstance(value, bool) or not isinstance(value, int):
         raise VramledgerError(f"{where}: {keys[0]!r} must be an integer (got {value!r})")
     return value
-
-
-# quantization_config.quant_method values and the storage they load as (transformers quantizers/auto.py names).
-_CHECKPOINT_METHODS = {"gptq": "gptq", "awq": "awq", "fp8": "fp8", "mxfp4": "mxfp4"}
-
-
-def checkpoint_quant(cfg: Mapping[str, Any], where: str) -> CheckpointQuant | None:
-    """The storage of a pre-quantised checkpoint from its ``quantization_config`` (None for bitsandbytes, which
-    quantises at load time and is chosen with --method qlora / --quant, and for unquantised checkpoints)."""
-    q = cfg.get("quantization_config")
-    if not isinstance(q, Mapping):
-        return None
-    method = str(q.get("quant_method", "")).lower()
-    if method == "bitsandbytes":
-        return None
-    if method not in _CHECKPOINT_METHODS:
-        raise VramledgerError(
-            f"{where}: quantization_config.quant_method {method!r} is not modelled; modelled: gptq, awq, fp8, "
-            "mxfp4 (and bitsandbytes via --method qlora)"
-        )
-    block = q.get("weight_block_size")
-    return CheckpointQuant(
-        method=method,
-        bits=int(q.get("bits", q.get("w_bit", 4)) or 4),
-        group_size=int(q.get("group_size", q.get("q_group_size", 128)) or 128),
-        block=(int(block[0]), int(block[1])) if isinstance(block, list) and len(block) == 2 else None,
-        skip=tuple(str(x) for x in (q.get("modules_to_not_convert") or ())),
-    )
 
 
 def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:

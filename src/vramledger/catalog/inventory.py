@@ -17,7 +17,7 @@ from dataclasses import replace
 from functools import lru_cache
 from typing import Any
 
-from vramledger.catalog.hfconfig import checkpoint_quant
+from vramledger.catalog.checkpoint_quant import checkpoint_quant
 from vramledger.errors import MissingDependencyError, VramledgerError
 from vramledger.specs.model import CheckpointQuant, InventoryLinear, ModelSpec, ModuleInventory
 
