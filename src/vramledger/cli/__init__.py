@@ -18,6 +18,7 @@ from vramledger.errors import VramledgerError
 COMMANDS: tuple[str, ...] = (
     "estimate",
     "trace",
+    "simulate",
     "fit",
     "plan",
     "accum",

@@ -115,12 +115,6 @@ def make_templates(model: ModelSpec, train: TrainSpec, spec: RunSpec, *, eval_ba
     return build_templates(model, train, eval_batch=eval_batch if evaluates else None, config=config)
 
 
-def _train_samples(lengths: Lengths, seed: int, base_seed: int, redraw: Any) -> list[int]:
-    if redraw is not None and seed != base_seed:
-        return list(redraw(seed))
-    return list(lengths.train)
-
-
 def simulate(
     templates: StepTemplates,
     lengths: Lengths,
@@ -130,13 +124,12 @@ def simulate(
     conf: AllocatorConf = DEFAULT_CONF,
     seed: int = 0,
     shuffles: int = 1,
-    redraw: Any = None,
     replayer: Replayer | None = None,
 ) -> Simulation:
     """Simulate the run ``shuffles`` times; the first (seed ``seed``) is reported step by step.
 
-    ``redraw(seed)``: new sample lengths for another shuffle (lengths drawn from statistics); without it every
-    shuffle reorders the same samples. ``replayer``: reuse one (and its memo) across calls with the same
+    Lengths drawn from summary statistics are drawn again for every other shuffle (``Lengths.redraw``); other
+    sources are reordered. ``replayer``: reuse one (and its memo) across calls with the same
     templates, allocator settings and GPU.
     """
     if shuffles < 1:
@@ -153,7 +146,7 @@ def simulate(
     oom_steps: list[int | None] = []
     for k in range(shuffles):
         s = seed + k
-        samples = _train_samples(lengths, s, seed, redraw)
+        samples = list(lengths.train if k == 0 else lengths.redraw(len(lengths.train), s))
         plan = plan_run(samples, list(lengths.eval), spec, batch=templates.micro_batch, eval_batch=eval_batch,
                         seed=s)
         outcome = _outcome(rep.run(plan.units), s, plan.bucket)

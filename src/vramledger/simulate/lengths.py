@@ -50,6 +50,12 @@ class Lengths:
     source: str = ""
     """Where the lengths came from, in words (tokenizer or fallback included)."""
     warnings: tuple[str, ...] = ()
+    stats: tuple[float, float, float, float] | None = None
+    """The summary statistics the lengths were drawn from (another seed draws again)."""
+
+    def redraw(self, n: int, seed: int) -> tuple[int, ...]:
+        """The training lengths for another shuffle: a new draw from ``stats``, else the same samples."""
+        return tuple(lognormal_lengths(self.stats, n, seed)) if self.stats is not None else self.train
 
 
 def lognormal_lengths(stats: tuple[float, float, float, float], n: int, seed: int) -> list[int]:
@@ -81,7 +87,7 @@ def read_lengths(spec: str, *, n: int, seed: int = 0, tokenizer_name: str | None
         if abs(implied - mean) > 0.25 * mean:
             warnings = (f"--lengths: a log-normal with p50 {p50:g} and p99 {p99:g} has mean {implied:.0f}, not "
                         f"{mean:g}; the draw follows p50 and p99",)
-        return Lengths(train=tuple(lognormal_lengths(stats, n, seed)), warnings=warnings,
+        return Lengths(train=tuple(lognormal_lengths(stats, n, seed)), warnings=warnings, stats=stats,
                        source=f"log-normal with p50 {p50:g}, p99 {p99:g}, capped at {stats[3]:g} (seed {seed})")
     path = Path(spec)
     if not path.is_file():

@@ -69,13 +69,12 @@ class Plan:
 
 
 def bucket_width(lengths: list[int], spec: RunSpec) -> int:
-    """The smallest multiple of the pad multiple that leaves at most ``MAX_SHAPES`` distinct lengths."""
+    """The smallest of pad multiple × 1, 2, 4, … that leaves at most ``MAX_SHAPES`` distinct lengths."""
     if spec.bucket is not None:
         return spec.bucket
-    step = spec.pad_multiple or 1
-    width = step
+    width = spec.pad_multiple or 1
     while len({pad_to(n, width) for n in lengths}) > MAX_SHAPES:
-        width += step
+        width *= 2
     return width
 
 
