@@ -9,8 +9,9 @@ from typing import Any
 from tests.trace._trace_tiny import TINY, spec
 from vramledger.specs import LoraSpec, Method, TrainSpec
 
-TRAIN = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=64, grad_ckpt=True,
-                  lora=LoraSpec(rank=8, alpha=16.0, dropout=0.1))
+TRAIN = TrainSpec(
+    method=Method.LORA, micro_batch=2, seq_len=64, grad_ckpt=True, lora=LoraSpec(rank=8, alpha=16.0, dropout=0.1)
+)
 EVAL_BATCH = 3
 HELD_OUT = 50
 """A length the templates were not traced at (their reference is a prime above 60)."""
@@ -29,6 +30,7 @@ def real_trace(length: int = HELD_OUT) -> tuple[Any, list[Any]]:
     from vramledger.trace.api import trace_result
     from vramledger.trace.oom import device_events
 
-    _, events = trace_result(spec("llama"), dataclasses.replace(TRAIN, seq_len=length), config=TINY["llama"],
-                             eval_shape=(EVAL_BATCH, length))
+    _, events = trace_result(
+        spec("llama"), dataclasses.replace(TRAIN, seq_len=length), config=TINY["llama"], eval_shape=(EVAL_BATCH, length)
+    )
     return events, device_events(events, None)

@@ -19,8 +19,11 @@ from vramledger.simulate.lengths import CHARS_PER_TOKEN, read_lengths
 
 
 @settings(max_examples=60, deadline=None)
-@given(lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=400), batch=st.integers(1, 8),
-       seed=st.integers(0, 10**6))
+@given(
+    lengths=st.lists(st.integers(1, 4096), min_size=1, max_size=400),
+    batch=st.integers(1, 8),
+    seed=st.integers(0, 10**6),
+)
 def test_length_grouped_indices_as_transformers_states(lengths: list[int], batch: int, seed: int) -> None:
     # trainer_pt_utils.get_length_grouped_indices: a permutation; mega-batches of mult·batch sorted descending;
     # the longest sample first.
@@ -30,7 +33,7 @@ def test_length_grouped_indices_as_transformers_states(lengths: list[int], batch
     mult = min(len(lengths) // (batch * 4), 50) or 1
     size = mult * batch
     for start in range(0, len(idx), size):
-        mega = [lengths[i] for i in idx[start:start + size]]
+        mega = [lengths[i] for i in idx[start : start + size]]
         assert mega[1:] == sorted(mega[1:], reverse=True)  # the first may be the swapped-in longest
 
 
@@ -64,15 +67,30 @@ def test_packing_gives_rows_of_the_cutoff() -> None:
 def test_ground_truth_lengths_json(tmp_path: Path) -> None:
     # The keys bench/ground_truth/whole_run.py lengths_record writes.
     path = tmp_path / "lengths.json"
-    path.write_text(json.dumps({"seed": 0, "micro_batch": 4, "train_lengths": [300, 16, 2048, 77],
-                                "train_batch_padded_len": [2048], "eval_lengths": [40, 50], "cutoff": 2048}))
+    path.write_text(
+        json.dumps(
+            {
+                "seed": 0,
+                "micro_batch": 4,
+                "train_lengths": [300, 16, 2048, 77],
+                "train_batch_padded_len": [2048],
+                "eval_lengths": [40, 50],
+                "cutoff": 2048,
+            }
+        )
+    )
     got = read_lengths(str(path), n=0)
     assert got.train == (300, 16, 2048, 77) and got.eval == (40, 50) and got.ordered
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("[3, 4, 5]", (3, 4, 5)), ('{"lengths": [7, 8]}', (7, 8)),
-], ids=["list", "object"])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("[3, 4, 5]", (3, 4, 5)),
+        ('{"lengths": [7, 8]}', (7, 8)),
+    ],
+    ids=["list", "object"],
+)
 def test_json_lengths(tmp_path: Path, text: str, expected: tuple[int, ...]) -> None:
     path = tmp_path / "l.json"
     path.write_text(text)
@@ -98,9 +116,14 @@ def test_summary_statistics_draw_a_lognormal() -> None:
     assert got.redraw(5, 2) != got.redraw(5, 3)
 
 
-@pytest.mark.parametrize(("spec", "message"), [
-    ("10,300,200,2048", "p50 <= p99"), ("nope.json", "neither a file"),
-], ids=["stats", "missing"])
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("10,300,200,2048", "p50 <= p99"),
+        ("nope.json", "neither a file"),
+    ],
+    ids=["stats", "missing"],
+)
 def test_bad_lengths_name_the_flag(spec: str, message: str) -> None:
     with pytest.raises(VramledgerError, match=message):
         read_lengths(spec, n=10)

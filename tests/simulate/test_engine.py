@@ -20,21 +20,37 @@ FIXED = SizeRule(MiB, ())  # 1 MiB (small pool)
 
 
 def _seg(name: str, steps: list[tuple[bool, int, SizeRule | None]]) -> Segment:
-    return Segment(name=name, kinds=tuple(k for k, _, _ in steps), ids=tuple(i for _, i, _ in steps),
-                   rules=tuple(r for _, _, r in steps),
-                   events=tuple(AllocEvent.alloc(i, 0, op=f"op{i}") if k else AllocEvent.free(i)
-                                for k, i, _ in steps))
+    return Segment(
+        name=name,
+        kinds=tuple(k for k, _, _ in steps),
+        ids=tuple(i for _, i, _ in steps),
+        rules=tuple(r for _, _, r in steps),
+        events=tuple(AllocEvent.alloc(i, 0, op=f"op{i}") if k else AllocEvent.free(i) for k, i, _ in steps),
+    )
 
 
 FB = _seg("fb", [(True, 1, PER_TOKEN), (True, 2, PER_TOKEN), (False, 1, None), (False, 2, None)])
 EMPTY = _seg("empty", [])
-TEMPLATES = StepTemplates(load=EMPTY, first_fb=FB, first_opt=EMPTY, fb=FB, fb_acc=FB, opt=EMPTY, eval=None,
-                          reference_len=16, micro_batch=1, eval_batch=None, unscaled=0, versions="hand-made")
+TEMPLATES = StepTemplates(
+    load=EMPTY,
+    first_fb=FB,
+    first_opt=EMPTY,
+    fb=FB,
+    fb_acc=FB,
+    opt=EMPTY,
+    eval=None,
+    reference_len=16,
+    micro_batch=1,
+    eval_batch=None,
+    unscaled=0,
+    versions="hand-made",
+)
 
 
 def _units(lengths: list[int]) -> list[Unit]:
-    return [Unit(kind="load", step=0)] + [Unit(kind="train", step=k, lengths=(n,))
-                                          for k, n in enumerate(lengths, start=1)]
+    return [Unit(kind="load", step=0)] + [
+        Unit(kind="train", step=k, lengths=(n,)) for k, n in enumerate(lengths, start=1)
+    ]
 
 
 def _reserved_after_each(rep: Replayer, lengths: list[int]) -> list[int]:

@@ -39,19 +39,29 @@ def _real_allocs(step: int, phases: tuple[Phase, ...]) -> list[tuple[str, int]]:
     return out
 
 
-@pytest.mark.parametrize(("segment", "step", "phases"), [
-    ("first_fb", 1, FB), ("fb", 2, FB), ("first_opt", 1, (Phase.OPTIMIZER,)), ("opt", 2, (Phase.OPTIMIZER,)),
-    ("eval", 3, (Phase.EVAL,)),
-], ids=["first_fb", "fb", "first_opt", "opt", "eval"])
+@pytest.mark.parametrize(
+    ("segment", "step", "phases"),
+    [
+        ("first_fb", 1, FB),
+        ("fb", 2, FB),
+        ("first_opt", 1, (Phase.OPTIMIZER,)),
+        ("opt", 2, (Phase.OPTIMIZER,)),
+        ("eval", 3, (Phase.EVAL,)),
+    ],
+    ids=["first_fb", "fb", "first_opt", "opt", "eval"],
+)
 def test_held_out_length_byte_for_byte(segment: str, step: int, phases: tuple[Phase, ...]) -> None:
     t = templates()
     seg = getattr(t, segment)
-    derived = [(e.op, size) for is_alloc, e, size in zip(seg.kinds, seg.events, seg.sizes(HELD_OUT), strict=True)
-               if is_alloc]
+    derived = [
+        (e.op, size) for is_alloc, e, size in zip(seg.kinds, seg.events, seg.sizes(HELD_OUT), strict=True) if is_alloc
+    ]
     real = _real_allocs(step, phases)
     mismatched = sum(a != b for a, b in zip(derived, real, strict=False))
-    print(f"{segment}: traced at {t.reference_len}, derived at {HELD_OUT}: {len(derived)} allocations, "
-          f"real {len(real)}, mismatched {mismatched}")
+    print(
+        f"{segment}: traced at {t.reference_len}, derived at {HELD_OUT}: {len(derived)} allocations, "
+        f"real {len(real)}, mismatched {mismatched}"
+    )
     assert t.reference_len != HELD_OUT and t.unscaled == 0
     assert derived == real
 
@@ -61,11 +71,18 @@ def test_constant_lengths_equal_the_replay_of_the_traced_steps(conf: object) -> 
     events, dev = real_trace()
     two_steps = [ev for ev, src in zip(dev.events, dev.origin, strict=True) if src < 0 or events[src].step <= 2]
     expected = replay(two_steps, capacity_bytes=None, conf=conf)  # type: ignore[arg-type]
-    sim = simulate(templates(), Lengths(train=(HELD_OUT,) * 4), RunSpec(cutoff=HELD_OUT, steps=2, order=Order.GIVEN),
-                   conf=conf)  # type: ignore[arg-type]
+    sim = simulate(
+        templates(), Lengths(train=(HELD_OUT,) * 4), RunSpec(cutoff=HELD_OUT, steps=2, order=Order.GIVEN), conf=conf
+    )  # type: ignore[arg-type]
     got_alloc = max(p.peak_allocated_bytes for p in sim.run.points)
-    print("reserved", expected.peak_reserved_bytes, sim.run.high_water_reserved_bytes,
-          "allocated", expected.peak_allocated_bytes, got_alloc)
+    print(
+        "reserved",
+        expected.peak_reserved_bytes,
+        sim.run.high_water_reserved_bytes,
+        "allocated",
+        expected.peak_allocated_bytes,
+        got_alloc,
+    )
     assert sim.run.high_water_reserved_bytes == expected.peak_reserved_bytes
     assert got_alloc == expected.peak_allocated_bytes
 

@@ -36,48 +36,68 @@ def render_simulation(sim: Simulation, remedies: Sequence[RemedyOutcome] = (), *
     """The terminal summary: the run, its high-water mark and where, whether and when it fails, the remedies."""
     run = sim.run
     lines = [title] if title else []
-    lines.append(f"samples: {len(sim.sample_lengths)} ({sim.source}); truncated lengths {_percentiles(sim.sample_lengths)}")
-    lines.append(f"run: {sim.steps} optimizer steps, batches padded to {_percentiles(sim.train_lengths)} tokens; "
-                 f"allocator {sim.conf or 'default settings'}")
+    lines.append(
+        f"samples: {len(sim.sample_lengths)} ({sim.source}); truncated lengths {_percentiles(sim.sample_lengths)}"
+    )
+    lines.append(
+        f"run: {sim.steps} optimizer steps, batches padded to {_percentiles(sim.train_lengths)} tokens; "
+        f"allocator {sim.conf or 'default settings'}"
+    )
     lines.append(f"high-water reserved {fmt_bytes(run.high_water_reserved_bytes)} at {_where(run.high_water_point)}")
     longest = max((p for p in run.points if p.kind == "train"), key=lambda p: max(p.padded_lengths), default=None)
     if longest is not None and run.high_water_point is not None and longest.step != run.high_water_point.step:
-        lines.append(f"  the longest batch is at step {longest.step} ({max(longest.padded_lengths)} tokens): the "
-                     "high-water mark is elsewhere, where cached blocks of other sizes were already held")
+        lines.append(
+            f"  the longest batch is at step {longest.step} ({max(longest.padded_lengths)} tokens): the "
+            "high-water mark is elsewhere, where cached blocks of other sizes were already held"
+        )
     creep = [p for p in run.points if p.kind == "train"]
     if len(creep) > 1:
         first = creep[0].reserved_end_bytes
         last = creep[-1].reserved_end_bytes
-        lines.append(f"reserved after step 1 {fmt_bytes(first)}, after the last step {fmt_bytes(last)} "
-                     f"({fmt_bytes(last - first, signed=True)}; {creep[-1].segments_end} segments)")
+        lines.append(
+            f"reserved after step 1 {fmt_bytes(first)}, after the last step {fmt_bytes(last)} "
+            f"({fmt_bytes(last - first, signed=True)}; {creep[-1].segments_end} segments)"
+        )
     if sim.capacity_bytes is None:
         lines.append("no --gpu: no capacity to run out of")
     elif run.oom is None:
         spare = sim.capacity_bytes - run.high_water_reserved_bytes
-        lines.append(f"FITS on {sim.gpu}: no OOM in {sim.steps} steps "
-                     f"({fmt_bytes(spare)} below the {fmt_bytes(sim.capacity_bytes)} torch can obtain)")
+        lines.append(
+            f"FITS on {sim.gpu}: no OOM in {sim.steps} steps "
+            f"({fmt_bytes(spare)} below the {fmt_bytes(sim.capacity_bytes)} torch can obtain)"
+        )
     else:
         o = run.oom
         where = "evaluation after step" if o.kind == "eval" else "step"
-        lines.append(f"OOM at {where} {o.step} of {sim.steps} (batch padded to {o.length}): {o.op} in "
-                     f"{o.module or '(top level)'} ({o.phase}) asked for {fmt_bytes(o.requested_bytes)}")
-        lines.append(f"  allocated {fmt_bytes(o.allocated_bytes)}, reserved {fmt_bytes(o.reserved_bytes)} of "
-                     f"{fmt_bytes(o.capacity_bytes)}; largest free block {fmt_bytes(o.largest_free_block_bytes)}")
+        lines.append(
+            f"OOM at {where} {o.step} of {sim.steps} (batch padded to {o.length}): {o.op} in "
+            f"{o.module or '(top level)'} ({o.phase}) asked for {fmt_bytes(o.requested_bytes)}"
+        )
+        lines.append(
+            f"  allocated {fmt_bytes(o.allocated_bytes)}, reserved {fmt_bytes(o.reserved_bytes)} of "
+            f"{fmt_bytes(o.capacity_bytes)}; largest free block {fmt_bytes(o.largest_free_block_bytes)}"
+        )
     if sim.shuffles > 1:
         fails = [s for s in sim.oom_steps if s is not None]
-        lines.append(f"OOM probability {sim.oom_probability:.0%} over {sim.shuffles} shuffles"
-                     + (f" (failing steps: {', '.join(str(s) for s in sorted(fails)[:8])})" if fails else ""))
+        lines.append(
+            f"OOM probability {sim.oom_probability:.0%} over {sim.shuffles} shuffles"
+            + (f" (failing steps: {', '.join(str(s) for s in sorted(fails)[:8])})" if fails else "")
+        )
     if remedies:
         lines.append("remedies (each re-simulated on the same samples and seeds):")
         width = max(len(r.label) for r in remedies)
         for r in remedies:
             verdict = "no OOM" if r.oom_step is None else f"OOM at step {r.oom_step}"
             prob = f", P(OOM) {r.oom_probability:.0%}" if sim.shuffles > 1 else ""
-            lines.append(f"  {r.label:<{width}}  high-water {fmt_bytes(r.high_water_reserved_bytes):>10}  "
-                         f"({fmt_bytes(r.high_water_reserved_bytes - run.high_water_reserved_bytes, signed=True)})"
-                         f"  {verdict}{prob}   [{r.setting}]")
-    lines.append(f"replayed {sim.replays} step(s), {sim.memo_hits} memoised; traced once at length "
-                 f"{sim.reference_len} ({sim.versions})")
+            lines.append(
+                f"  {r.label:<{width}}  high-water {fmt_bytes(r.high_water_reserved_bytes):>10}  "
+                f"({fmt_bytes(r.high_water_reserved_bytes - run.high_water_reserved_bytes, signed=True)})"
+                f"  {verdict}{prob}   [{r.setting}]"
+            )
+    lines.append(
+        f"replayed {sim.replays} step(s), {sim.memo_hits} memoised; traced once at length "
+        f"{sim.reference_len} ({sim.versions})"
+    )
     lines += [f"warning: {w}" for w in sim.warnings]
     return "\n".join(lines)
 
@@ -114,8 +134,13 @@ def simulation_to_dict(sim: Simulation, remedies: Sequence[RemedyOutcome] = ()) 
             "alloc_retries": [p.retries for p in run.points],
         },
         "remedies": [
-            {"label": r.label, "setting": r.setting, "high_water_reserved_bytes": r.high_water_reserved_bytes,
-             "oom_step": r.oom_step, "oom_probability": r.oom_probability}
+            {
+                "label": r.label,
+                "setting": r.setting,
+                "high_water_reserved_bytes": r.high_water_reserved_bytes,
+                "oom_step": r.oom_step,
+                "oom_probability": r.oom_probability,
+            }
             for r in remedies
         ],
         "replays": sim.replays,
@@ -136,18 +161,39 @@ def write_simulation_png(path: Path, sim: Simulation, *, headroom: float = 0.08)
         fig, (ax, hx) = _new(12.0, 4.6, ncols=2)
         train = [p for p in run.points if p.kind == "train"]
         ev = [p for p in run.points if p.kind == "eval"]
-        ax.plot([p.step for p in train], [p.peak_reserved_bytes / gib for p in train], color="#004488", lw=1.2,
-                label="peak reserved per step")
-        ax.plot([p.step for p in train], [p.peak_allocated_bytes / gib for p in train], color="#DDAA33", lw=0.9,
-                label="peak allocated per step")
+        ax.plot(
+            [p.step for p in train],
+            [p.peak_reserved_bytes / gib for p in train],
+            color="#004488",
+            lw=1.2,
+            label="peak reserved per step",
+        )
+        ax.plot(
+            [p.step for p in train],
+            [p.peak_allocated_bytes / gib for p in train],
+            color="#DDAA33",
+            lw=0.9,
+            label="peak allocated per step",
+        )
         if ev:
-            ax.scatter([p.step for p in ev], [p.peak_reserved_bytes / gib for p in ev], marker="v", color="#BB5566",
-                       zorder=6, label="evaluation (peak reserved)")
+            ax.scatter(
+                [p.step for p in ev],
+                [p.peak_reserved_bytes / gib for p in ev],
+                marker="v",
+                color="#BB5566",
+                zorder=6,
+                label="evaluation (peak reserved)",
+            )
         hw = run.high_water_point
         if hw is not None:
-            ax.annotate(f"high-water {run.high_water_reserved_bytes / gib:.2f} GiB\n{hw.kind} step {hw.step}",
-                        (hw.step, hw.peak_reserved_bytes / gib), xytext=(-150, -45), textcoords="offset points",
-                        arrowprops={"arrowstyle": "->"}, fontsize=8.5)
+            ax.annotate(
+                f"high-water {run.high_water_reserved_bytes / gib:.2f} GiB\n{hw.kind} step {hw.step}",
+                (hw.step, hw.peak_reserved_bytes / gib),
+                xytext=(-150, -45),
+                textcoords="offset points",
+                arrowprops={"arrowstyle": "->"},
+                fontsize=8.5,
+            )
         if sim.capacity_bytes is not None:
             _gpu_lines(ax, sim.capacity_bytes, int(sim.capacity_bytes * (1 - headroom)), sim.gpu)
         if run.oom is not None:

@@ -82,10 +82,18 @@ class Simulation:
 
 def _points(stats: list[UnitStats]) -> tuple[StepPoint, ...]:
     return tuple(
-        StepPoint(step=s.unit.step, kind=s.unit.kind, padded_lengths=s.unit.lengths,
-                  peak_allocated_bytes=s.peak_allocated_bytes, peak_reserved_bytes=s.peak_reserved_bytes,
-                  reserved_end_bytes=s.reserved_end_bytes, segments_end=s.segments_end, retries=s.retries)
-        for s in stats if s.unit.kind != "load"
+        StepPoint(
+            step=s.unit.step,
+            kind=s.unit.kind,
+            padded_lengths=s.unit.lengths,
+            peak_allocated_bytes=s.peak_allocated_bytes,
+            peak_reserved_bytes=s.peak_reserved_bytes,
+            reserved_end_bytes=s.reserved_end_bytes,
+            segments_end=s.segments_end,
+            retries=s.retries,
+        )
+        for s in stats
+        if s.unit.kind != "load"
     )
 
 
@@ -94,8 +102,14 @@ def _outcome(stats: list[UnitStats], seed: int, bucket: int) -> RunOutcome:
     hw = max(points, key=lambda p: p.peak_reserved_bytes, default=None)  # max() keeps the first maximum
     load = max((s.peak_reserved_bytes for s in stats if s.unit.kind == "load"), default=0)
     high = max(load, hw.peak_reserved_bytes if hw is not None else 0)
-    return RunOutcome(seed=seed, points=points, oom=stats[-1].oom if stats else None,
-                      high_water_reserved_bytes=high, high_water_point=hw, bucket=bucket)
+    return RunOutcome(
+        seed=seed,
+        points=points,
+        oom=stats[-1].oom if stats else None,
+        high_water_reserved_bytes=high,
+        high_water_point=hw,
+        bucket=bucket,
+    )
 
 
 def capacity_of(gpu: GPUSpec | None) -> int | None:
@@ -108,8 +122,9 @@ def capacity_of(gpu: GPUSpec | None) -> int | None:
     return cap
 
 
-def make_templates(model: ModelSpec, train: TrainSpec, spec: RunSpec, *, eval_batch: int | None,
-                   config: dict[str, Any] | None = None) -> StepTemplates:
+def make_templates(
+    model: ModelSpec, train: TrainSpec, spec: RunSpec, *, eval_batch: int | None, config: dict[str, Any] | None = None
+) -> StepTemplates:
     """The traced step templates the run needs (with an eval batch when the schedule evaluates)."""
     evaluates = spec.eval_every is not None and spec.eval_batches > 0 and eval_batch is not None
     return build_templates(model, train, eval_batch=eval_batch if evaluates else None, config=config)
@@ -137,8 +152,9 @@ def simulate(
     if spec.eval_every and spec.eval_batches and templates.eval is None:
         raise VramledgerError("simulate: evaluation needs an eval batch (--eval-batch N)")
     cap = capacity_of(gpu)
-    rep = replayer or Replayer(templates, conf=conf, capacity_bytes=cap,
-                               device_total_bytes=None if gpu is None else gpu.memory_bytes)
+    rep = replayer or Replayer(
+        templates, conf=conf, capacity_bytes=cap, device_total_bytes=None if gpu is None else gpu.memory_bytes
+    )
     eval_batch = templates.eval_batch
     main: RunOutcome | None = None
     main_plan = None
@@ -147,8 +163,7 @@ def simulate(
     for k in range(shuffles):
         s = seed + k
         samples = list(lengths.train if k == 0 else lengths.redraw(len(lengths.train), s))
-        plan = plan_run(samples, list(lengths.eval), spec, batch=templates.micro_batch, eval_batch=eval_batch,
-                        seed=s)
+        plan = plan_run(samples, list(lengths.eval), spec, batch=templates.micro_batch, eval_batch=eval_batch, seed=s)
         outcome = _outcome(rep.run(plan.units), s, plan.bucket)
         oom_steps.append(outcome.oom_step)
         if main is None:
@@ -158,8 +173,10 @@ def simulate(
     if templates.unscaled:
         warnings += (f"{templates.unscaled} traced allocations do not follow their shape; kept at their traced size",)
     if main.bucket > 1 and (spec.bucket is None):
-        warnings += (f"{len(set(main_plan.train_lengths))} distinct padded lengths: replayed in buckets of "
-                     f"{main.bucket} tokens (rounded up; --bucket 1 replays them exactly)",)
+        warnings += (
+            f"{len(set(main_plan.train_lengths))} distinct padded lengths: replayed in buckets of "
+            f"{main.bucket} tokens (rounded up; --bucket 1 replays them exactly)",
+        )
     return Simulation(
         run=main,
         oom_probability=sum(x is not None for x in oom_steps) / shuffles,

@@ -49,8 +49,9 @@ def length_grouped_indices(lengths: Sequence[int], batch: int, rng: random.Rando
     indices = list(range(len(lengths)))
     rng.shuffle(indices)
     size = mult * batch
-    megabatches = [sorted(indices[i:i + size], key=lambda k: lengths[k], reverse=True)
-                   for i in range(0, len(indices), size)]
+    megabatches = [
+        sorted(indices[i : i + size], key=lambda k: lengths[k], reverse=True) for i in range(0, len(indices), size)
+    ]
     maxima = [lengths[m[0]] for m in megabatches]
     top = maxima.index(max(maxima))
     megabatches[0][0], megabatches[top][0] = megabatches[top][0], megabatches[0][0]
@@ -116,7 +117,7 @@ def padded_batches(
     while len(out) < micro_steps:
         idx = epoch_order(cut, order, batch, rng)
         for i in range(0, len(idx), batch):
-            out.append(pad_to(max(cut[k] for k in idx[i:i + batch]), pad_multiple))
+            out.append(pad_to(max(cut[k] for k in idx[i : i + batch]), pad_multiple))
             if len(out) == micro_steps:
                 break
     return out

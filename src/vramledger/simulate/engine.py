@@ -10,10 +10,10 @@ Cost stays bounded whatever the number of steps. Between optimizer steps only th
 (weights, optimizer state, cuBLAS workspaces) are allocated, always at the same addresses, and every cached
 block of a segment has merged back into one free block per gap (``free_block`` → ``try_merge_blocks``). A
 step that creates no segment and releases none therefore leaves the allocator exactly as it found it, and
-what it does depends only on that state and its lengths. Such steps are memoised on (the allocator's free
-layout, the step's lengths): the next step of the same lengths from the same state is not replayed. A step
-that changes the state (a new segment: creep; a release) is always replayed, and there are few: reserved
-memory only grows until something frees the cache.
+what it does depends only on that state and its lengths. Such steps are memoised on (where the persistent
+tensors sit, the allocator's free layout, the step's lengths): the next step of the same lengths from the
+same state is not replayed. A step that changes the state (a new segment: creep; a release) is always
+replayed, and there are few: reserved memory only grows until something frees the cache.
 """
 
 from __future__ import annotations
@@ -117,30 +117,43 @@ class Replayer:
 
     def run(self, units: list[Unit]) -> list[UnitStats]:
         """Replay ``units`` in order on a fresh allocator; stops after the unit that runs out of memory."""
-        model = CachingAllocatorModel(self.conf, capacity_bytes=self.capacity,
-                                      device_total_bytes=self.device_total)
+        model = CachingAllocatorModel(self.conf, capacity_bytes=self.capacity, device_total_bytes=self.device_total)
         live: dict[int, Any] = {}
         out: list[UnitStats] = []
-        root: tuple[int, ...] = ()
+        root: tuple[tuple[int, int], ...] = ()
         for unit in units:
-            if unit.kind == "train" and unit.step == 1:
-                root = unit.lengths
             key = None
             if self._memo_on and unit.kind != "load" and unit.step > 1:
-                key = (root, unit.kind, unit.lengths, unit.empty_cache_before, unit.empty_cache_after,
-                       model.free_layout())
+                key = (
+                    root,
+                    unit.kind,
+                    unit.lengths,
+                    unit.empty_cache_before,
+                    unit.empty_cache_after,
+                    model.free_layout(),
+                )
                 hit = self._memo.get(key)
                 if hit is not None:
                     self.memo_hits += 1
-                    out.append(UnitStats(unit=unit, peak_allocated_bytes=hit.peak_allocated_bytes,
-                                         peak_reserved_bytes=hit.peak_reserved_bytes,
-                                         reserved_end_bytes=hit.reserved_end_bytes, segments_end=hit.segments_end,
-                                         retries=hit.retries, replayed=False))
+                    out.append(
+                        UnitStats(
+                            unit=unit,
+                            peak_allocated_bytes=hit.peak_allocated_bytes,
+                            peak_reserved_bytes=hit.peak_reserved_bytes,
+                            reserved_end_bytes=hit.reserved_end_bytes,
+                            segments_end=hit.segments_end,
+                            retries=hit.retries,
+                            replayed=False,
+                        )
+                    )
                     continue
             stats = self._replay(model, live, unit)
             out.append(stats)
             if stats.oom is not None:
                 break
+            if unit.kind == "train" and unit.step == 1:
+                # Where the persistent tensors (weights, workspaces, optimizer state) sit: fixed from here on.
+                root = tuple(sorted((b.addr, b.size) for b in live.values() if b is not None))
             if key is not None and model.free_layout() == key[-1]:
                 self._memo[key] = stats
         return out
@@ -157,17 +170,33 @@ class Replayer:
             if failed is not None:
                 ev, st = seg.events[failed], model.last_oom
                 assert st is not None
-                oom = OomAt(step=unit.step, kind=unit.kind, length=length, op=ev.op, module=ev.module,
-                            phase=ev.phase.value if ev.phase is not None else "", requested_bytes=st.rounded_bytes,
-                            allocated_bytes=st.allocated_bytes, reserved_bytes=st.reserved_bytes,
-                            capacity_bytes=self.capacity or 0, largest_free_block_bytes=st.largest_free_block_bytes)
+                oom = OomAt(
+                    step=unit.step,
+                    kind=unit.kind,
+                    length=length,
+                    op=ev.op,
+                    module=ev.module,
+                    phase=ev.phase.value if ev.phase is not None else "",
+                    requested_bytes=st.rounded_bytes,
+                    allocated_bytes=st.allocated_bytes,
+                    reserved_bytes=st.reserved_bytes,
+                    capacity_bytes=self.capacity or 0,
+                    largest_free_block_bytes=st.largest_free_block_bytes,
+                )
                 break
         peak_alloc, peak_res = model.peak_allocated, model.peak_reserved
         if unit.empty_cache_after and oom is None:
             model.empty_cache()
-        return UnitStats(unit=unit, peak_allocated_bytes=peak_alloc, peak_reserved_bytes=peak_res,
-                         reserved_end_bytes=model.reserved, segments_end=model.num_segments(),
-                         retries=model.num_alloc_retries - retries0, replayed=True, oom=oom)
+        return UnitStats(
+            unit=unit,
+            peak_allocated_bytes=peak_alloc,
+            peak_reserved_bytes=peak_res,
+            reserved_end_bytes=model.reserved,
+            segments_end=model.num_segments(),
+            retries=model.num_alloc_retries - retries0,
+            replayed=True,
+            oom=oom,
+        )
 
     @staticmethod
     def _replay_segment(

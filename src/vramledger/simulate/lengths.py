@@ -70,7 +70,9 @@ def lognormal_lengths(stats: tuple[float, float, float, float], n: int, seed: in
 def _parse_stats(spec: str) -> tuple[float, float, float, float]:
     mean, p50, p99, mx = (float(x) for x in spec.split(","))
     if not 0 < p50 <= p99 <= mx:
-        raise VramledgerError("--lengths mean,p50,p99,max: needs 0 < p50 <= p99 <= max; e.g. --lengths 420,300,1800,2048")
+        raise VramledgerError(
+            "--lengths mean,p50,p99,max: needs 0 < p50 <= p99 <= max; e.g. --lengths 420,300,1800,2048"
+        )
     if mean <= 0:
         raise VramledgerError("--lengths mean,p50,p99,max: the mean must be positive")
     return mean, p50, p99, mx
@@ -83,15 +85,23 @@ def read_lengths(spec: str, *, n: int, seed: int = 0, tokenizer_name: str | None
         mean, p50, p99, _ = stats
         sigma = (math.log(p99) - math.log(p50)) / Z99
         implied = p50 * math.exp(sigma**2 / 2)
-        warnings = ()
+        warnings: tuple[str, ...] = ()
         if abs(implied - mean) > 0.25 * mean:
-            warnings = (f"--lengths: a log-normal with p50 {p50:g} and p99 {p99:g} has mean {implied:.0f}, not "
-                        f"{mean:g}; the draw follows p50 and p99",)
-        return Lengths(train=tuple(lognormal_lengths(stats, n, seed)), warnings=warnings, stats=stats,
-                       source=f"log-normal with p50 {p50:g}, p99 {p99:g}, capped at {stats[3]:g} (seed {seed})")
+            warnings = (
+                f"--lengths: a log-normal with p50 {p50:g} and p99 {p99:g} has mean {implied:.0f}, not "
+                f"{mean:g}; the draw follows p50 and p99",
+            )
+        return Lengths(
+            train=tuple(lognormal_lengths(stats, n, seed)),
+            warnings=warnings,
+            stats=stats,
+            source=f"log-normal with p50 {p50:g}, p99 {p99:g}, capped at {stats[3]:g} (seed {seed})",
+        )
     path = Path(spec)
     if not path.is_file():
-        raise VramledgerError(f"--lengths: {spec!r} is neither a file nor mean,p50,p99,max; e.g. --lengths lengths.json")
+        raise VramledgerError(
+            f"--lengths: {spec!r} is neither a file nor mean,p50,p99,max; e.g. --lengths lengths.json"
+        )
     suffix = path.suffix.lower()
     if suffix == ".json":
         data = _load_json(path)
@@ -103,7 +113,9 @@ def read_lengths(spec: str, *, n: int, seed: int = 0, tokenizer_name: str | None
             return Lengths(train=_int_list(data, path), source=str(path))
         if isinstance(data, list) and data and all(isinstance(x, dict) for x in data):
             return _from_records(data, path, tokenizer_name)
-        raise VramledgerError(f"--lengths {path}: expected a list of lengths, {{'lengths': [...]}} or a list of records")
+        raise VramledgerError(
+            f"--lengths {path}: expected a list of lengths, {{'lengths': [...]}} or a list of records"
+        )
     if suffix == ".jsonl":
         records = []
         for k, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
@@ -129,8 +141,9 @@ def _load_json(path: Path) -> Any:
 
 
 def _int_list(values: Any, path: Path) -> tuple[int, ...]:
-    if not isinstance(values, list) or not all(isinstance(x, int) and not isinstance(x, bool) and x > 0
-                                               for x in values):
+    if not isinstance(values, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in values
+    ):
         raise VramledgerError(f"--lengths {path}: lengths must be a list of positive integers")
     return tuple(values)
 
@@ -161,8 +174,7 @@ def _record_text(rec: dict[str, Any]) -> str | None:
     for key in _CHAT_KEYS:
         msgs = rec.get(key)
         if isinstance(msgs, list):
-            return "\n".join(str(m.get("content", m.get("value", ""))) if isinstance(m, dict) else str(m)
-                             for m in msgs)
+            return "\n".join(str(m.get("content", m.get("value", ""))) if isinstance(m, dict) else str(m) for m in msgs)
     parts = [str(rec[k]) for k in _TEXT_KEYS if isinstance(rec.get(k), str)]
     return "\n".join(parts) if parts else None
 
@@ -191,13 +203,20 @@ def _from_records(records: list[Any], path: Path, tokenizer_name: str | None) ->
         return Lengths(train=lens, source=f"{path} (column {key})")
     texts = [_record_text(r) for r in records]
     if any(t is None for t in texts):
-        raise VramledgerError(f"--lengths {path}: no length column ({', '.join(_LENGTH_KEYS)}) and no text column "
-                              f"({', '.join(_TEXT_KEYS + _CHAT_KEYS)}) in every row")
+        raise VramledgerError(
+            f"--lengths {path}: no length column ({', '.join(_LENGTH_KEYS)}) and no text column "
+            f"({', '.join(_TEXT_KEYS + _CHAT_KEYS)}) in every row"
+        )
     tok = _local_tokenizer(tokenizer_name)
     if tok is not None:
         lens = tuple(max(1, len(tok(t)["input_ids"])) for t in texts if t is not None)
         return Lengths(train=lens, source=f"{path} (tokenized with the local {tokenizer_name} tokenizer)")
     lens = tuple(max(1, math.ceil(len(t) / CHARS_PER_TOKEN)) for t in texts if t is not None)
-    return Lengths(train=lens, source=f"{path} (no local tokenizer: {CHARS_PER_TOKEN:g} characters per token)",
-                   warnings=(f"--lengths: no tokenizer of {tokenizer_name or 'the model'} in the local cache; "
-                             f"lengths estimated at {CHARS_PER_TOKEN:g} characters per token",))
+    return Lengths(
+        train=lens,
+        source=f"{path} (no local tokenizer: {CHARS_PER_TOKEN:g} characters per token)",
+        warnings=(
+            f"--lengths: no tokenizer of {tokenizer_name or 'the model'} in the local cache; "
+            f"lengths estimated at {CHARS_PER_TOKEN:g} characters per token",
+        ),
+    )

@@ -38,25 +38,56 @@ def _candidates(spec: RunSpec, conf: AllocatorConf, samples: list[int]) -> list[
     p99 = cut[min(len(cut) - 1, int(0.99 * len(cut)))] if cut else spec.cutoff
     lower = pad_to(p99, spec.pad_multiple or 8)
     if lower < spec.cutoff:
-        out.append((f"cutoff {lower} (the samples' p99)", f"cutoff_len: {lower}", dataclasses.replace(spec, cutoff=lower),
-                    None))
+        out.append(
+            (
+                f"cutoff {lower} (the samples' p99)",
+                f"cutoff_len: {lower}",
+                dataclasses.replace(spec, cutoff=lower),
+                None,
+            )
+        )
     if spec.order is not Order.GROUP_BY_LENGTH and not spec.packing:
-        out.append(("group by length", "group_by_length: true",
-                    dataclasses.replace(spec, order=Order.GROUP_BY_LENGTH), None))
+        out.append(
+            ("group by length", "group_by_length: true", dataclasses.replace(spec, order=Order.GROUP_BY_LENGTH), None)
+        )
     if (spec.pad_multiple or 1) < 64 and not spec.packing:
-        out.append(("pad to a multiple of 64", "pad_to_multiple_of=64 (data collator)",
-                    dataclasses.replace(spec, pad_multiple=64), None))
+        out.append(
+            (
+                "pad to a multiple of 64",
+                "pad_to_multiple_of=64 (data collator)",
+                dataclasses.replace(spec, pad_multiple=64),
+                None,
+            )
+        )
     if not spec.packing:
         out.append(("packing", "packing: true", dataclasses.replace(spec, packing=True), None))
     if spec.eval_every and spec.eval_batches and not spec.empty_cache_after_eval:
-        out.append(("empty_cache after evaluation", "torch.cuda.empty_cache() in on_evaluate",
-                    dataclasses.replace(spec, empty_cache_after_eval=True), None))
+        out.append(
+            (
+                "empty_cache after evaluation",
+                "torch.cuda.empty_cache() in on_evaluate",
+                dataclasses.replace(spec, empty_cache_after_eval=True),
+                None,
+            )
+        )
     if not conf.expandable_segments:
-        out.append(("expandable segments", "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True", spec,
-                    "expandable_segments:True"))
+        out.append(
+            (
+                "expandable segments",
+                "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True",
+                spec,
+                "expandable_segments:True",
+            )
+        )
         if conf.max_split_size_bytes is None:
-            out.append(("max_split_size_mb 128", "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128", spec,
-                        "max_split_size_mb:128"))
+            out.append(
+                (
+                    "max_split_size_mb 128",
+                    "PYTORCH_CUDA_ALLOC_CONF=max_split_size_mb:128",
+                    spec,
+                    "max_split_size_mb:128",
+                )
+            )
     return out
 
 
@@ -76,11 +107,24 @@ def try_remedies(
     out = []
     for label, setting, rspec, extra in _candidates(spec, conf, list(base.sample_lengths)):
         rconf = conf if extra is None else _conf_with(conf, extra)
-        rep = replayer if extra is None else Replayer(
-            templates, conf=rconf, capacity_bytes=capacity_of(gpu),
-            device_total_bytes=None if gpu is None else gpu.memory_bytes)
-        sim = simulate(templates, lengths, rspec, gpu=gpu, conf=rconf, seed=seed, shuffles=shuffles,
-                       replayer=rep)
-        out.append(RemedyOutcome(label=label, setting=setting, high_water_reserved_bytes=sim.run.high_water_reserved_bytes,
-                                 oom_step=sim.run.oom_step, oom_probability=sim.oom_probability))
+        rep = (
+            replayer
+            if extra is None
+            else Replayer(
+                templates,
+                conf=rconf,
+                capacity_bytes=capacity_of(gpu),
+                device_total_bytes=None if gpu is None else gpu.memory_bytes,
+            )
+        )
+        sim = simulate(templates, lengths, rspec, gpu=gpu, conf=rconf, seed=seed, shuffles=shuffles, replayer=rep)
+        out.append(
+            RemedyOutcome(
+                label=label,
+                setting=setting,
+                high_water_reserved_bytes=sim.run.high_water_reserved_bytes,
+                oom_step=sim.run.oom_step,
+                oom_probability=sim.oom_probability,
+            )
+        )
     return out

@@ -16,7 +16,7 @@ from vramledger.errors import VramledgerError
 from vramledger.simulate.batching import Order, greedy_knapsack, pad_to, padded_batches
 from vramledger.simulate.engine import Unit
 
-MAX_SHAPES = 64
+MAX_SHAPES = 32
 """At most this many distinct padded lengths are replayed: beyond it lengths are rounded up to buckets."""
 
 
@@ -78,22 +78,29 @@ def bucket_width(lengths: list[int], spec: RunSpec) -> int:
     return width
 
 
-def plan_run(train: list[int], eval_lengths: list[int], spec: RunSpec, *, batch: int, eval_batch: int | None,
-             seed: int) -> Plan:
+def plan_run(
+    train: list[int], eval_lengths: list[int], spec: RunSpec, *, batch: int, eval_batch: int | None, seed: int
+) -> Plan:
     """The units of a run over samples of ``train`` lengths (``eval_lengths`` for evaluation)."""
-    if spec.packing:
-        rows = len(greedy_knapsack([min(x, spec.cutoff) for x in train], spec.cutoff))
-    else:
-        rows = len(train)
+    cut = [min(x, spec.cutoff) for x in train]
+    rows = len(greedy_knapsack(cut, spec.cutoff)) if spec.packing else len(train)
     per_epoch = -(-rows // batch)
     n_micro = spec.steps * spec.accum if spec.steps is not None else max(spec.accum, round(spec.epochs * per_epoch))
-    padded = padded_batches(train, batch=batch, micro_steps=n_micro, cutoff=spec.cutoff, order=spec.order,
-                            pad_multiple=spec.pad_multiple, packing=spec.packing, seed=seed)
+    padded = padded_batches(
+        train,
+        batch=batch,
+        micro_steps=n_micro,
+        cutoff=spec.cutoff,
+        order=spec.order,
+        pad_multiple=spec.pad_multiple,
+        packing=spec.packing,
+        seed=seed,
+    )
     ev_padded: list[int] = []
     if spec.eval_every and spec.eval_batches and eval_batch:
         pool = eval_lengths or train
         ev = [min(x, spec.cutoff) for x in pool[: spec.eval_batches * eval_batch]]
-        ev_padded = [pad_to(max(ev[i:i + eval_batch]), spec.pad_multiple) for i in range(0, len(ev), eval_batch)]
+        ev_padded = [pad_to(max(ev[i : i + eval_batch]), spec.pad_multiple) for i in range(0, len(ev), eval_batch)]
     width = bucket_width(padded + ev_padded, spec)
     top = max(padded + ev_padded)  # a bucket never rounds past the longest batch
     padded_b = [min(pad_to(n, width), top) for n in padded]
@@ -101,7 +108,7 @@ def plan_run(train: list[int], eval_lengths: list[int], spec: RunSpec, *, batch:
     units = [Unit(kind="load", step=0)]
     n_steps = len(padded_b) // spec.accum
     for k in range(1, n_steps + 1):
-        lens = tuple(padded_b[(k - 1) * spec.accum: k * spec.accum])
+        lens = tuple(padded_b[(k - 1) * spec.accum : k * spec.accum])
         empty = spec.empty_cache_steps is not None and k % spec.empty_cache_steps == 0
         units.append(Unit(kind="train", step=k, lengths=lens, empty_cache_before=empty))
         if ev_b and spec.eval_every and k % spec.eval_every == 0:

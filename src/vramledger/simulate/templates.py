@@ -35,9 +35,24 @@ _ACC_ID_OFFSET = 1 << 44  # ids of an accumulation micro-step's own gradients (t
 _REFERENCE_CANDIDATES = (61, 67, 71, 73, 79, 83, 89, 97, 101, 103, 107, 109, 113, 127, 131, 137, 139, 149)
 
 _DTYPE_BYTES = {
-    "float32": 4, "float": 4, "bfloat16": 2, "float16": 2, "half": 2, "float64": 8, "double": 8,
-    "int64": 8, "long": 8, "int32": 4, "int": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
-    "complex64": 8, "float8_e4m3fn": 1, "float8_e5m2": 1,
+    "float32": 4,
+    "float": 4,
+    "bfloat16": 2,
+    "float16": 2,
+    "half": 2,
+    "float64": 8,
+    "double": 8,
+    "int64": 8,
+    "long": 8,
+    "int32": 4,
+    "int": 4,
+    "int16": 2,
+    "int8": 1,
+    "uint8": 1,
+    "bool": 1,
+    "complex64": 8,
+    "float8_e4m3fn": 1,
+    "float8_e5m2": 1,
 }
 
 
@@ -213,8 +228,11 @@ def build_templates(
     def part(step: int, phases: tuple[Phase, ...]) -> list[Any]:
         """The events of ``step`` in ``phases`` whose storage was allocated in that same step (the trace's
         teardown frees weights and optimizer state at its end: not part of a step)."""
-        own = {ev.id for ev, src in zip(dev.events, dev.origin, strict=True)
-               if ev.kind is EventKind.ALLOC and (src < 0 or events[src].step == step)}
+        own = {
+            ev.id
+            for ev, src in zip(dev.events, dev.origin, strict=True)
+            if ev.kind is EventKind.ALLOC and (src < 0 or events[src].step == step)
+        }
         out = []
         for ev, src in zip(dev.events, dev.origin, strict=True):
             e_step = events[src].step if src >= 0 else 1  # cuBLAS workspaces: first forward/backward
@@ -224,11 +242,15 @@ def build_templates(
         return out
 
     fb_phases = (Phase.FORWARD, Phase.BACKWARD)
-    load = [ev for ev, src in zip(dev.events, dev.origin, strict=True)
-            if src >= 0 and events[src].phase is Phase.LOAD and ev.kind is EventKind.ALLOC]
+    load = [
+        ev
+        for ev, src in zip(dev.events, dev.origin, strict=True)
+        if src >= 0 and events[src].phase is Phase.LOAD and ev.kind is EventKind.ALLOC
+    ]
     fb = _segment("fb", part(2, fb_phases), rules)
     gradients = frozenset(
-        i for i, k in zip(fb.ids, fb.kinds, strict=True)
+        i
+        for i, k in zip(fb.ids, fb.kinds, strict=True)
         if k and (s := result.storages.get(i)) is not None and s.category == Category.GRADIENTS.value
     )
     eval_seg = _segment("eval", part(3, (Phase.EVAL,)), rules) if eval_batch else None
@@ -246,4 +268,3 @@ def build_templates(
         unscaled=unscaled,
         versions=result.versions,
     )
-
