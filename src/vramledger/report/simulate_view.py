@@ -189,7 +189,7 @@ def write_simulation_png(path: Path, sim: Simulation, *, headroom: float = 0.08)
             ax.annotate(
                 f"high-water {run.high_water_reserved_bytes / gib:.2f} GiB\n{hw.kind} step {hw.step}",
                 (hw.step, hw.peak_reserved_bytes / gib),
-                xytext=(-150, -45),
+                xytext=(30, -45) if 2 * hw.step < max(p.step for p in run.points) else (-150, -45),
                 textcoords="offset points",
                 arrowprops={"arrowstyle": "->"},
                 fontsize=8.5,
@@ -201,7 +201,7 @@ def write_simulation_png(path: Path, sim: Simulation, *, headroom: float = 0.08)
         ax.set_xlabel("optimizer step")
         ax.set_ylabel("GiB")
         ax.set_title("reserved and allocated over the run")
-        ax.legend(loc="lower right")
+        ax.legend(loc="lower right", frameon=True, framealpha=0.9)
         hx.hist(sim.sample_lengths, bins=40, color="#004488")
         hx.set_xlabel("sample length (tokens, truncated)")
         hx.set_ylabel("samples")
