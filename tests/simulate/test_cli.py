@@ -54,6 +54,8 @@ def test_json(setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> N
             "--shuffles",
             "2",
             "--json",
+            "--html",
+            str(config.parent / "sim.html"),
         ]
     )
     out = json.loads(capsys.readouterr().out)
@@ -66,6 +68,8 @@ def test_json(setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> N
     assert out["oom_step"] is None and out["oom_probability"] == 0.0
     assert out["high_water_reserved_bytes"] == max(series["peak_reserved_bytes"])
     assert len(out["remedies"]) >= 3 and all("high_water_reserved_bytes" in r for r in out["remedies"])
+    page = (config.parent / "sim.html").read_text()
+    assert "<svg" in page and "high-water reserved" in page and "http://" not in page and "https://" not in page
 
 
 def test_bad_lengths_is_one_line(setup: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:

@@ -76,6 +76,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     g.add_argument("--no-remedies", action="store_true", help="skip re-simulating the remedies")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--png", type=Path, metavar="DIR", help="write simulate.png (reserved over the run) into DIR")
+    p.add_argument("--html", type=Path, metavar="FILE", help="write a self-contained HTML page (summary + figure)")
     p.set_defaults(run=_run)
 
 
@@ -83,7 +84,12 @@ def _run(args: argparse.Namespace) -> int:
     from vramledger.allocator.conf import parse_alloc_conf
     from vramledger.cli.common import resolve_inputs
     from vramledger.errors import VramledgerError
-    from vramledger.report.simulate_view import render_simulation, simulation_to_dict, write_simulation_png
+    from vramledger.report.simulate_view import (
+        render_simulation,
+        simulation_to_dict,
+        write_simulation_html,
+        write_simulation_png,
+    )
     from vramledger.simulate.api import make_templates, simulate
     from vramledger.simulate.batching import Order
     from vramledger.simulate.lengths import read_lengths
@@ -125,19 +131,19 @@ def _run(args: argparse.Namespace) -> int:
             templates, lengths, spec, sim, gpu=inputs.gpu, conf=conf, seed=args.seed, shuffles=args.shuffles
         )
     )
+    title = (
+        f"{inputs.model.name}  (simulate: {train.method.value}, batch {train.micro_batch}, "
+        f"accum {train.grad_accum}, cutoff {spec.cutoff})"
+    )
     if args.json:
         import json
 
         print(json.dumps(simulation_to_dict(sim, remedies), indent=2))
     else:
-        print(
-            render_simulation(
-                sim,
-                remedies,
-                title=f"{inputs.model.name}  (simulate: {train.method.value}, "
-                f"batch {train.micro_batch}, accum {train.grad_accum}, cutoff {spec.cutoff})",
-            )
-        )
+        print(render_simulation(sim, remedies, title=title))
+    if args.html is not None:
+        path = write_simulation_html(args.html, sim, remedies, title=title, headroom=inputs.headroom)
+        print(f"wrote {path}", file=sys.stderr)
     if args.png is not None:
         path = write_simulation_png(args.png / "simulate.png", sim, headroom=inputs.headroom)
         print(f"wrote {path}", file=sys.stderr)

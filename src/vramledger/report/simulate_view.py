@@ -149,66 +149,105 @@ def simulation_to_dict(sim: Simulation, remedies: Sequence[RemedyOutcome] = ()) 
     }
 
 
-def write_simulation_png(path: Path, sim: Simulation, *, headroom: float = 0.08) -> Path:
+def _figure(sim: Simulation, headroom: float) -> Any:
     """Reserved and allocated peaks over the run (evaluations marked, the high-water step annotated, capacity
     and headroom lines) beside the histogram of the samples' lengths."""
-    from vramledger.report.plots import _gpu_lines, _new, require_matplotlib, style
+    from vramledger.report.plots import _gpu_lines, _new
 
-    require_matplotlib()
     run = sim.run
     gib = 2**30
+    fig, (ax, hx) = _new(12.0, 4.6, ncols=2)
+    train = [p for p in run.points if p.kind == "train"]
+    ev = [p for p in run.points if p.kind == "eval"]
+    ax.plot(
+        [p.step for p in train],
+        [p.peak_reserved_bytes / gib for p in train],
+        color="#004488",
+        lw=1.2,
+        label="peak reserved per step",
+    )
+    ax.plot(
+        [p.step for p in train],
+        [p.peak_allocated_bytes / gib for p in train],
+        color="#DDAA33",
+        lw=0.9,
+        label="peak allocated per step",
+    )
+    if ev:
+        ax.scatter(
+            [p.step for p in ev],
+            [p.peak_reserved_bytes / gib for p in ev],
+            marker="v",
+            color="#BB5566",
+            zorder=6,
+            label="evaluation (peak reserved)",
+        )
+    hw = run.high_water_point
+    if hw is not None:
+        left = 2 * hw.step < max(p.step for p in run.points)
+        ax.annotate(
+            f"high-water {run.high_water_reserved_bytes / gib:.2f} GiB\n{hw.kind} step {hw.step}",
+            (hw.step, hw.peak_reserved_bytes / gib),
+            xytext=(30, -45) if left else (-150, -45),
+            textcoords="offset points",
+            arrowprops={"arrowstyle": "->"},
+            fontsize=8.5,
+        )
+    if sim.capacity_bytes is not None:
+        _gpu_lines(ax, sim.capacity_bytes, int(sim.capacity_bytes * (1 - headroom)), sim.gpu)
+    if run.oom is not None:
+        ax.axvline(run.oom.step, color="#BB5566", lw=1.5, ls=":", label=f"OOM at step {run.oom.step}")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("GiB")
+    ax.set_title("reserved and allocated over the run")
+    ax.legend(loc="lower right", frameon=True, framealpha=0.9)
+    hx.hist(sim.sample_lengths, bins=40, color="#004488")
+    hx.set_xlabel("sample length (tokens, truncated)")
+    hx.set_ylabel("samples")
+    hx.set_title("length histogram")
+    return fig
+
+
+def _render(sim: Simulation, fmt: str, headroom: float) -> bytes:
+    import io
+
+    from vramledger.report.plots import require_matplotlib, style
+
+    require_matplotlib()
     with style():
-        fig, (ax, hx) = _new(12.0, 4.6, ncols=2)
-        train = [p for p in run.points if p.kind == "train"]
-        ev = [p for p in run.points if p.kind == "eval"]
-        ax.plot(
-            [p.step for p in train],
-            [p.peak_reserved_bytes / gib for p in train],
-            color="#004488",
-            lw=1.2,
-            label="peak reserved per step",
-        )
-        ax.plot(
-            [p.step for p in train],
-            [p.peak_allocated_bytes / gib for p in train],
-            color="#DDAA33",
-            lw=0.9,
-            label="peak allocated per step",
-        )
-        if ev:
-            ax.scatter(
-                [p.step for p in ev],
-                [p.peak_reserved_bytes / gib for p in ev],
-                marker="v",
-                color="#BB5566",
-                zorder=6,
-                label="evaluation (peak reserved)",
-            )
-        hw = run.high_water_point
-        if hw is not None:
-            ax.annotate(
-                f"high-water {run.high_water_reserved_bytes / gib:.2f} GiB\n{hw.kind} step {hw.step}",
-                (hw.step, hw.peak_reserved_bytes / gib),
-                xytext=(30, -45) if 2 * hw.step < max(p.step for p in run.points) else (-150, -45),
-                textcoords="offset points",
-                arrowprops={"arrowstyle": "->"},
-                fontsize=8.5,
-            )
-        if sim.capacity_bytes is not None:
-            _gpu_lines(ax, sim.capacity_bytes, int(sim.capacity_bytes * (1 - headroom)), sim.gpu)
-        if run.oom is not None:
-            ax.axvline(run.oom.step, color="#BB5566", lw=1.5, ls=":", label=f"OOM at step {run.oom.step}")
-        ax.set_xlabel("optimizer step")
-        ax.set_ylabel("GiB")
-        ax.set_title("reserved and allocated over the run")
-        ax.legend(loc="lower right", frameon=True, framealpha=0.9)
-        hx.hist(sim.sample_lengths, bins=40, color="#004488")
-        hx.set_xlabel("sample length (tokens, truncated)")
-        hx.set_ylabel("samples")
-        hx.set_title("length histogram")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, format="png", dpi=110)
-        except OSError as exc:
-            raise VramledgerError(f"--png: cannot write {path}: {exc.strerror}") from exc
+        buf = io.BytesIO()
+        _figure(sim, headroom).savefig(buf, format=fmt, dpi=110)
+    return buf.getvalue()
+
+
+def write_simulation_png(path: Path, sim: Simulation, *, headroom: float = 0.08) -> Path:
+    """``--png DIR``: the figure as ``DIR/simulate.png``."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(_render(sim, "png", headroom))
+    except OSError as exc:
+        raise VramledgerError(f"--png: cannot write {path}: {exc.strerror}") from exc
+    return path
+
+
+def write_simulation_html(
+    path: Path, sim: Simulation, remedies: Sequence[RemedyOutcome] = (), *, title: str = "", headroom: float = 0.08
+) -> Path:
+    """``--html FILE``: one self-contained page, the terminal summary and the figure as inline SVG."""
+    import html
+
+    from vramledger.report.html import _CSS, inline_svg
+
+    svg = inline_svg(_render(sim, "svg", headroom).decode("utf-8"), "sim")
+    text = html.escape(render_simulation(sim, remedies, title=title))
+    page = (
+        f"<!doctype html><html><head><meta charset='utf-8'><title>{html.escape(title or 'simulate')}</title>"
+        f"<style>{_CSS}</style></head><body><h1>{html.escape(title or 'simulate')}</h1>"
+        f"<figure class='vl-figure'>{svg}<figcaption id='sim-caption'>reserved and allocated over the run; "
+        f"the samples' lengths</figcaption></figure><pre>{text}</pre></body></html>"
+    )
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise VramledgerError(f"--html: cannot write {path}: {exc.strerror}; pass a writable file path") from exc
     return path
