@@ -9,6 +9,8 @@ the step the two halves merge back (``try_merge_blocks``).
 
 from __future__ import annotations
 
+import dataclasses
+
 from vramledger.allocator.conf import parse_alloc_conf
 from vramledger.allocator.replay import AllocEvent
 from vramledger.simulate.engine import Replayer, Unit
@@ -102,3 +104,16 @@ def test_memo_replays_each_state_and_length_once() -> None:
     assert memo == full
     # load, step 1 (never memoised), then 30, 20 and 40 from the one state step 1 leaves: the rest are hits.
     assert rep.replays == 1 + 1 + 3 and rep.memo_hits == len(lengths) - 4
+
+
+def test_evaluation_leaves_its_segment_unless_the_cache_is_emptied() -> None:
+    # The eval batch allocates one 50 MiB tensor: no cached segment (two of 20 MiB) holds it, so a new one is
+    # made and stays cached; emptying the cache after evaluation releases every unused segment (all of them:
+    # nothing persistent here).
+    ev = _seg("eval", [(True, 9, PER_TOKEN), (False, 9, None)])
+    t = dataclasses.replace(TEMPLATES, eval=ev)
+    units = [Unit(kind="load", step=0), Unit(kind="train", step=1, lengths=(20,))]
+    kept = Replayer(t).run([*units, Unit(kind="eval", step=1, lengths=(50,))])
+    emptied = Replayer(t).run([*units, Unit(kind="eval", step=1, lengths=(50,), empty_cache_after=True)])
+    assert kept[-1].reserved_end_bytes == 90 * MiB and kept[-1].peak_reserved_bytes == 90 * MiB
+    assert emptied[-1].reserved_end_bytes == 0 and emptied[-1].peak_reserved_bytes == 90 * MiB

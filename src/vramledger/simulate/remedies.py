@@ -31,8 +31,11 @@ def _conf_with(conf: AllocatorConf, text: str) -> AllocatorConf:
     return parse_alloc_conf(joined)
 
 
-def _candidates(spec: RunSpec, conf: AllocatorConf, samples: list[int]) -> list[tuple[str, str, RunSpec, str | None]]:
-    """(label, setting, run spec, extra allocator settings) for each remedy that changes something."""
+def _candidates(
+    spec: RunSpec, conf: AllocatorConf, samples: list[int], bucket: int
+) -> list[tuple[str, str, RunSpec, str | None]]:
+    """(label, setting, run spec, extra allocator settings) for each remedy that changes something (padding to
+    64 does not when the replay's buckets are already multiples of 64)."""
     out: list[tuple[str, str, RunSpec, str | None]] = []
     cut = sorted(min(x, spec.cutoff) for x in samples)
     p99 = cut[min(len(cut) - 1, int(0.99 * len(cut)))] if cut else spec.cutoff
@@ -50,7 +53,7 @@ def _candidates(spec: RunSpec, conf: AllocatorConf, samples: list[int]) -> list[
         out.append(
             ("group by length", "group_by_length: true", dataclasses.replace(spec, order=Order.GROUP_BY_LENGTH), None)
         )
-    if (spec.pad_multiple or 1) < 64 and not spec.packing:
+    if (spec.pad_multiple or 1) < 64 and bucket % 64 and not spec.packing:
         out.append(
             (
                 "pad to a multiple of 64",
@@ -105,7 +108,7 @@ def try_remedies(
 ) -> list[RemedyOutcome]:
     """Re-simulate the run under each remedy; the order is the list's, results are not ranked."""
     out = []
-    for label, setting, rspec, extra in _candidates(spec, conf, list(base.sample_lengths)):
+    for label, setting, rspec, extra in _candidates(spec, conf, list(base.sample_lengths), base.run.bucket):
         rconf = conf if extra is None else _conf_with(conf, extra)
         rep = (
             replayer
