@@ -81,6 +81,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _run(args: argparse.Namespace) -> int:
+    import dataclasses
+
     from vramledger.allocator.conf import parse_alloc_conf
     from vramledger.cli.common import resolve_inputs
     from vramledger.errors import VramledgerError
@@ -124,6 +126,22 @@ def _run(args: argparse.Namespace) -> int:
         raise VramledgerError("--shuffles must be at least 1")
     templates = make_templates(inputs.model, train, spec, eval_batch=eval_batch)
     sim = simulate(templates, lengths, spec, gpu=inputs.gpu, conf=conf, seed=args.seed, shuffles=args.shuffles)
+    ignored = [
+        flag
+        for flag, on in (
+            ("--predict-with-generate", train.predict_with_generate),
+            ("--eval-logits", train.eval_logits.value != "none"),
+            ("--eval-seq", train.eval_seq_len is not None),
+        )
+        if on
+    ]
+    extra = list(inputs.warnings)
+    if ignored:
+        extra.append(
+            f"{', '.join(ignored)}: not simulated (evaluation keeps the loss only; eval lengths come from --lengths)"
+        )
+    if extra:
+        sim = dataclasses.replace(sim, warnings=(*extra, *sim.warnings))
     remedies = (
         []
         if args.no_remedies
