@@ -186,7 +186,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if pickled is not None and pickled.exists():
             from streams import compact
 
-            meta = {"id": cfg["id"], "alloc_conf": args.alloc_conf or None}
+            meta = {"id": cfg["id"], "alloc_conf": args.alloc_conf or None,
+                    "empty_cache_at": raw.get("empty_cache_at_entry")}
             rec["stream"] = compact(pickled, pickled.with_suffix(".json.xz"), max_entries=1_000_000, meta=meta)
             pickled.unlink()
         write_jsonl(out, [rec])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from vramledger.adapters import load_config
-from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, QuantSpec
+from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, QuantSpec, Sharding
 
 F = Path(__file__).parent / "fixtures"
 
@@ -62,7 +62,10 @@ def test_llamafactory_full_with_ds3() -> None:
     assert rc.deepspeed.buckets["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
     assert rc.deepspeed.buckets["stage3_param_persistence_threshold"] == 40960
     assert any("world_size" in w for w in rc.warnings)  # the launcher decides; we say so
-    assert any("stage3_max_live_parameters" in w for w in rc.warnings)
+    # the buckets are modelled now (analytic/distributed.py): they reach the spec instead of a warning
+    assert t.zero_buffers is not None and t.zero_buffers.reduce_bucket_size == 4096 * 4096
+    assert t.zero_buffers.max_live_parameters == int(1e9)  # ds_z3_config.json stage3_max_live_parameters: 1e9
+    assert not any("stage3_max_live_parameters" in w for w in rc.warnings)
 
 
 @pytest.mark.parametrize(
@@ -191,7 +194,7 @@ def test_axolotl_qlora_and_full() -> None:
 def test_axolotl_fsdp_offload() -> None:
     rc = load_config(F / "axolotl_llama3_qlora_fsdp_70b.yaml", overrides=["base_model=NousResearch/Meta-Llama-3-8B"])
     t = rc.train
-    assert t.zero_stage == 3  # fsdp_sharding_strategy: FULL_SHARD
+    assert t.fsdp is Sharding.FULL_SHARD and t.zero_stage == 0  # fsdp_sharding_strategy: FULL_SHARD
     assert t.offload_params is True and t.offload_optimizer is True  # fsdp_offload_params
     assert t.optimizer is Optimizer.ADAMW_FUSED
 
@@ -235,10 +238,11 @@ def test_torchtune_qlora() -> None:
 def test_accelerate_fsdp_alone_and_with_config() -> None:
     rc = load_config(F / "lf_accelerate_fsdp_config.yaml")
     assert rc.format == "fsdp" and rc.model == ""
-    assert (rc.train.zero_stage, rc.train.world_size) == (3, 2)  # FULL_SHARD, num_processes: 2
+    assert (rc.train.fsdp, rc.train.world_size) == (Sharding.FULL_SHARD, 2)  # FULL_SHARD, num_processes: 2
     assert rc.train.precision is Precision.BF16_MIXED  # mixed_precision: bf16
     rc = load_config(F / "lf_llama3_lora_sft.yaml", accelerate_config=F / "trl_accelerate_fsdp2.yaml")
-    assert (rc.train.zero_stage, rc.train.world_size) == (3, 8)  # fsdp_version 2, reshard_after_forward: true
+    # fsdp_version 2, reshard_after_forward: true
+    assert (rc.train.fsdp, rc.train.fsdp_version, rc.train.world_size) == (Sharding.FULL_SHARD, 2, 8)
     assert rc.train.method is Method.LORA
 
 

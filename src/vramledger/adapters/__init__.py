@@ -165,7 +165,7 @@ def load_config(
         fields["lora"] = dataclasses.replace(fields["lora"], adapter_fp32=False)
         provenance["lora"] += "; default: trl (sft_trainer.py: ZeRO-3 + PEFT → autocast_adapter_dtype=False)"
 
-    if fields.get("zero_stage", 0) > 0 and "world_size" not in fields:
+    if (fields.get("zero_stage", 0) > 0 or fields.get("fsdp") is not None) and "world_size" not in fields:
         warnings.append(
             "world_size: not given in the configs (the launcher decides); ZeRO/FSDP shards are "
             "estimated for 1 GPU — add world_size=N after the config file"

@@ -15,7 +15,7 @@ from typing import Any
 from vramledger.adapters._base import Reader, as_int
 from vramledger.adapters.hf import TrainerFlags
 from vramledger.errors import VramledgerError
-from vramledger.specs import Optimizer, Precision
+from vramledger.specs import Optimizer, Precision, ZeroBuffers
 
 HF_DS = "transformers integrations/deepspeed.py HfTrainerDeepSpeedConfig"
 DS_ZERO = "deepspeed runtime/zero/config.py DeepSpeedZeroConfig"
@@ -190,6 +190,8 @@ def read(
 
     # -- buffers: resolved, reported, not modelled --------------------------------------------------------------
     buckets: dict[str, int] = {}
+    switches: dict[str, bool] = {}
+    shown_keys: dict[str, str] = {}
     for raw_key, value in zero.items():
         key = _ALIASES.get(raw_key, raw_key)
         if key in BUCKET_DEFAULTS:
@@ -202,6 +204,7 @@ def read(
                     shown = f"auto = {formula} = {buckets[key]:,}"
                 else:
                     shown = f"auto = {formula}"
+                    switches[f"auto:{key}"] = True
             else:
                 n = as_int(value)
                 if n is None or n < 0:
@@ -212,10 +215,7 @@ def read(
                 shown = f"{n:,}"
             if key.startswith("stage3_") and stage != 3:
                 continue
-            r.warn(
-                f"ignored: deepspeed zero_optimization.{raw_key} ({shown} elements; communication buffers are "
-                "not modelled)"
-            )
+            shown_keys[key] = f"file: {src} zero_optimization.{raw_key} ({shown} elements)"
         elif key == "stage3_gather_16bit_weights_on_model_save":
             if value is True and stage == 3:
                 r.warn(
@@ -223,12 +223,16 @@ def read(
                     "model at each save; that spike is not modelled)"
                 )
         elif key in ("overlap_comm", "contiguous_gradients"):
-            if value is True:
-                r.warn(f"ignored: deepspeed zero_optimization.{raw_key} (its extra gradient buffers are not modelled)")
+            if not isinstance(value, bool):
+                raise VramledgerError(f"{src}: zero_optimization.{raw_key} must be true or false (got {value!r})")
+            switches[key] = value
+            shown_keys[key] = f"file: {src} zero_optimization.{raw_key}={str(value).lower()}"
         elif key not in _HARMLESS_ZERO:
             r.warn(f"ignored: deepspeed zero_optimization.{raw_key}={value} (not modelled)")
     for key, default in BUCKET_DEFAULTS.items():
         buckets.setdefault(key, default)
+    if stage and shown_keys:  # None stands for DeepSpeed's defaults
+        r.set("zero_buffers", zero_buffers(buckets, switches), "; ".join(shown_keys.values()))
 
     # -- precision ------------------------------------------------------------------------------------------
     bf16, fp16 = _enabled(r, "bf16"), _enabled(r, "fp16")
@@ -296,6 +300,20 @@ def read(
         ):
             r.warn(f"ignored: deepspeed {key} (not a DeepSpeed setting vramledger knows)")
     return DeepSpeedConfig(stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=src)
+
+
+def zero_buffers(buckets: dict[str, int], switches: dict[str, bool]) -> ZeroBuffers:
+    """The resolved buckets as the spec's ``ZeroBuffers`` (the analytic model's input)."""
+    return ZeroBuffers(
+        reduce_bucket_size=buckets["reduce_bucket_size"],
+        allgather_bucket_size=buckets["allgather_bucket_size"],
+        prefetch_bucket_size=buckets["stage3_prefetch_bucket_size"],
+        max_live_parameters=buckets["stage3_max_live_parameters"],
+        param_persistence_threshold=buckets["stage3_param_persistence_threshold"],
+        overlap_comm=switches.get("overlap_comm"),
+        contiguous_gradients=switches.get("contiguous_gradients", True),
+        auto=tuple(sorted(k.removeprefix("auto:") for k in switches if k.startswith("auto:"))),
+    )
 
 
 def _batch_value(

@@ -1,9 +1,10 @@
 """An accelerate config YAML (FSDP, DeepSpeed or plain multi-GPU), and the HF Trainer's ``fsdp``/``fsdp_config``
 keys → sharding stage, offload, checkpointing and world size.
 
-FSDP sharding maps onto the ZeRO stage TrainSpec models: ``FULL_SHARD`` shards parameters, gradients and
-optimizer states (≈ ZeRO-3); ``SHARD_GRAD_OP`` keeps parameters whole between forward and backward (≈ ZeRO-2);
-``NO_SHARD`` is DDP. Defaults are accelerate 1.15's (``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin``:
+FSDP sharding maps onto ``TrainSpec.fsdp`` (``specs/distributed.py`` ``Sharding``): ``FULL_SHARD`` shards
+parameters, gradients and optimizer states; ``SHARD_GRAD_OP`` keeps parameters whole between forward and backward;
+``NO_SHARD`` is DDP; FSDP2's ``reshard_after_forward=True/False`` is FULL_SHARD/SHARD_GRAD_OP. Defaults are
+accelerate 1.15's (``utils/dataclasses.py`` ``FullyShardedDataParallelPlugin``:
 ``sharding_strategy='FULL_SHARD'``, ``reshard_after_forward=True`` for ``fsdp_version=2``).
 """
 
@@ -13,11 +14,17 @@ from typing import Any
 
 from vramledger.adapters._base import Reader, as_int
 from vramledger.errors import VramledgerError
-from vramledger.specs import Precision
+from vramledger.specs import Precision, Sharding
 
 ACC = "accelerate utils/dataclasses.py FullyShardedDataParallelPlugin"
 
-_STAGE = {"FULL_SHARD": 3, "SHARD_GRAD_OP": 2, "NO_SHARD": 0, "HYBRID_SHARD": 3, "HYBRID_SHARD_ZERO2": 2}
+_STAGE = {
+    "FULL_SHARD": Sharding.FULL_SHARD,
+    "SHARD_GRAD_OP": Sharding.SHARD_GRAD_OP,
+    "NO_SHARD": Sharding.NO_SHARD,
+    "HYBRID_SHARD": Sharding.HYBRID_SHARD,
+    "HYBRID_SHARD_ZERO2": Sharding.SHARD_GRAD_OP,
+}
 _HARMLESS_FSDP = frozenset(
     [
         "auto_wrap_policy",
@@ -80,7 +87,7 @@ def apply_fsdp_config(r: Reader, cfg: dict[str, Any], *, where: str, strategy_wo
     version = as_int(c.get("version") or 1)
     if version not in (1, 2):
         raise VramledgerError(f"{r.source}: fsdp_version must be 1 or 2 (got {c.get('version')!r})")
-    stage: int | None = None
+    stage: Sharding | None = None
     how = ""
     words = [w.upper() for w in strategy_words]
     named = next((w for w in words if w in _STAGE), None)
@@ -88,23 +95,26 @@ def apply_fsdp_config(r: Reader, cfg: dict[str, Any], *, where: str, strategy_wo
         v = c["reshard_after_forward"]
         if not isinstance(v, bool):
             raise VramledgerError(f"{r.source}: fsdp_reshard_after_forward must be true or false (got {v!r})")
-        stage, how = (3 if v else 2), f"file: {where}fsdp_reshard_after_forward={str(v).lower()}"
+        stage = Sharding.FULL_SHARD if v else Sharding.SHARD_GRAD_OP
+        how = f"file: {where}fsdp_reshard_after_forward={str(v).lower()}"
     elif "sharding_strategy" in c:
         s = c["sharding_strategy"]
         key = _STAGE_BY_NUMBER.get(as_int(s) or -1) if as_int(s) is not None else str(s).upper()
         if key not in _STAGE:
             raise VramledgerError(f"{r.source}: fsdp_sharding_strategy must be one of {', '.join(_STAGE)} (got {s!r})")
         stage, how = _STAGE[key], f"file: {where}fsdp_sharding_strategy={key}"
-        if key.startswith("HYBRID"):
-            r.warn(f"fsdp {key}: shards within a node only; modelled as sharding over the whole world size")
+        if key == "HYBRID_SHARD_ZERO2":
+            r.warn(f"fsdp {key}: modelled as SHARD_GRAD_OP within a node (gpus_per_node)")
     elif named is not None:
         stage, how = _STAGE[named], f"file: fsdp={named.lower()}"
     else:
         stage, how = (
-            3,
+            Sharding.FULL_SHARD,
             f"default: accelerate ({ACC} sharding_strategy=FULL_SHARD / reshard_after_forward=True)",
         )
-    r.set("zero_stage", stage, how)
+    r.set("fsdp", stage, how)
+    r.set("fsdp_version", version, f"file: {where}fsdp_version" if c.get("version") else f"default: accelerate "
+          f"({ACC} fsdp_version=1)")
     offload = c.get("offload_params")
     if offload is True or str(offload).lower() == "true" or "OFFLOAD" in words:
         # CPUOffload(offload_params=True) keeps parameters and gradients on the CPU; the optimizer steps there.

@@ -180,7 +180,7 @@ def load(r: Reader) -> str | None:
     r.ignore("enable_activation_offloading", "offloaded activations are not modelled")
     r.ignore("compile", "torch.compile changes activation memory; estimated without it")
     r.ignore("optimizer_in_bwd", "optimizer steps fused into backward (gradients freed early) are not modelled")
-    r.ignore("fsdp_cpu_offload", "FSDP CPU offload: pass an accelerate config or world_size with care")
+    _distributed(r)
     r.ignore("tensor_parallel_dim", "tensor parallelism is not modelled")
 
     tok = r.raw.get("tokenizer")
@@ -284,3 +284,23 @@ def _model_name(r: Reader, base: str) -> str | None:
             "as the model argument"
         )
     return hub
+
+
+def _distributed(r: Reader) -> None:
+    """The ``*_distributed`` recipes (``full_finetune_distributed.py``, ``lora_finetune_distributed.py``) wrap the
+    model with FSDP2 (torchtune training/_distributed.py ``shard_model``: ``fully_shard`` per layer and at the root,
+    ``reshard_after_forward=True`` unless ``fsdp_reshard_after_forward: False``; ``fsdp_cpu_offload`` passes
+    ``CPUOffloadPolicy``, which keeps parameters, gradients and the optimizer step on the host). Their configs carry
+    ``fsdp_cpu_offload``; single-device configs do not. The GPU count comes from ``tune run --nproc_per_node``."""
+    from vramledger.specs import Sharding
+
+    if not (r.has("fsdp_cpu_offload") or r.has("fsdp_reshard_after_forward")):
+        return
+    reshard = r.flag("fsdp_reshard_after_forward", True)
+    r.set("fsdp", Sharding.FULL_SHARD if reshard else Sharding.SHARD_GRAD_OP,
+          r.file("fsdp_reshard_after_forward") if r.has("fsdp_reshard_after_forward")
+          else r.default("training/_distributed.py shard_model: fully_shard, reshard_after_forward=True"))
+    r.set("fsdp_version", 2, r.default("training/_distributed.py shard_model: FSDP2 fully_shard"))
+    if r.flag("fsdp_cpu_offload", False):
+        r.set("offload_params", True, r.file("fsdp_cpu_offload") + " (CPUOffloadPolicy)")
+        r.set("offload_optimizer", True, r.file("fsdp_cpu_offload") + " (the optimizer steps on the host)")

@@ -33,10 +33,10 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         )
     if m.is_moe:
         out.append("MoE activations follow the eager expert loop of modeling_mixtral; not yet cross-checked by a trace")
-    if train.zero_stage or train.world_size > 1:
-        out.append("ZeRO/FSDP per-rank memory is modelled coarsely (shards of weights, grads, states); see README")
-    if train.offload_params:
-        out.append("parameter offload is not modelled: weights are counted on the GPU")
+    if train.distributed:
+        from vramledger.analytic.distributed import distributed_warnings
+
+        out.extend(distributed_warnings(m, train, step_parts))
     if train.quant is not None and train.optimizer.value.startswith("paged"):
         out.append("paged optimizer states live in CUDA managed memory: counted on the device, may be paged out")
     from vramledger.analytic.evaluation import eval_warnings
@@ -125,5 +125,9 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         s["quant"] = {"bits": train.quant.bits, "type": train.quant.quant_type, "double": train.quant.double_quant}
     if train.method is Method.FREEZE:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
+    if train.distributed:
+        from vramledger.analytic.distributed import distributed_settings
+
+        s["distributed"] = distributed_settings(m, train, step_parts)
     return s
 

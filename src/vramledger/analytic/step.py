@@ -29,6 +29,7 @@ from vramledger.analytic.activations import (
     residual_bytes,
     rope_bytes_per_token,
 )
+from vramledger.analytic.distributed import Buffer, add_buffers, rank_step_parts
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
@@ -96,6 +97,8 @@ class StepParts:
     workspace_bytes: int
     optimizer_source: str
     logits_source: str
+    buffers: tuple[Buffer, ...] = ()
+    """Data-parallel engine buffers (DDP buckets, FSDP all-gathers, ZeRO buckets), with the phases they live in."""
 
 
 def _sources() -> dict[str, str]:
@@ -112,6 +115,8 @@ def _sources() -> dict[str, str]:
 
 @lru_cache(maxsize=4096)
 def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
+    if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed.py
+        return rank_step_parts(m, train, gpu, single=step_parts)
     wb = weight_budget(m, train)
     T, B = train.tokens, train.micro_batch
     c = train.precision.compute.bytes
@@ -154,22 +159,6 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
     master = 0
-    if train.offload_optimizer and train.zero_stage == 0:
-        # Optimizer offload (DeepSpeed ZeRO-Offload's CPU Adam): states and the step live in host memory; the GPU
-        # keeps weights and gradients (copied to the host each step).
-        states, step_temp = 0, 0
-    if train.zero_stage > 0:
-        # DeepSpeed ZeRO (runtime/zero/stage_1_and_2.py, stage3.py): bf16/fp16 model weights and gradients, an
-        # fp32 master copy and fp32 Adam states in the optimizer, partitioned over ranks by stage.
-        N = train.world_size
-        p = wb.trainable_params
-        lowp = 2 if c == 2 else 4
-        trainable = p * lowp // (N if train.zero_stage == 3 else 1)
-        grads = p * lowp // (N if train.zero_stage >= 2 else 1)
-        master = 0 if (train.offload_optimizer or c == 4) else 4 * p // N
-        states = 0 if train.offload_optimizer else 8 * p // N
-        step_temp = 0
-        autocast_copies = 0
 
     # Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates.
     H, I = m.hidden_size, (m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size)
@@ -322,6 +311,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     _persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
     opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
+    for phase, mo in out.items():
+        add_buffers(mo, phase, p.buffers)
     from vramledger.analytic.evaluation import eval_moments  # eval/generate phases (issue 9)
 
     out.update(eval_moments(m, train, gpu, p))

@@ -27,6 +27,8 @@ COMMANDS: tuple[str, ...] = (
     "catalog_cmds",
     "accum_check",
     "convert",
+    "explain",
+    "ui",
 )
 
 

@@ -116,6 +116,7 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--eval-steps", type=int, help="eval batches per evaluation (for predictions kept on the GPU)")
     g.add_argument("--predict-with-generate", action="store_true", default=None, help="generate during evaluation")
     g.add_argument("--max-new-tokens", type=int, help="tokens generated per eval sequence (predict_with_generate)")
+    add_distributed_options(p)
 
 
 def add_gpu_options(p: argparse.ArgumentParser) -> None:
@@ -240,6 +241,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         )
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
+    changes.update(distributed_changes(args))
     for key in changes:
         provenance[key] = "flag"
     if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
@@ -314,3 +316,65 @@ def write_outputs(
 
         written.extend(write_pngs(png_dir, figs))
     return written
+
+
+# -- several GPUs ----------------------------------------------------------------------------------------------------
+def add_distributed_options(p: argparse.ArgumentParser) -> None:
+    """``--world-size`` (or ``--nproc-per-node`` × ``--nnodes``), ``--zero``, ``--fsdp``, ``--fsdp-version``,
+    ``--offload``: the data-parallel setup, per rank (see docs/distributed.md)."""
+    g = p.add_argument_group("several GPUs (per-rank memory)")
+    g.add_argument("--world-size", type=int, help="data-parallel GPUs in all (default 1; DDP unless --zero/--fsdp)")
+    g.add_argument("--nproc-per-node", type=int, help="GPUs per node (torchrun's name); world size = this × --nnodes")
+    g.add_argument("--nnodes", type=int, help="nodes (default 1)")
+    g.add_argument("--zero", type=int, help="DeepSpeed ZeRO stage 0 | 1 | 2 | 3")
+    g.add_argument("--fsdp", help="PyTorch FSDP: full_shard | shard_grad_op | hybrid_shard | no_shard")
+    g.add_argument("--fsdp-version", type=int, help="FSDP 1 (FullyShardedDataParallel) or 2 (fully_shard; default)")
+    g.add_argument("--offload", help="to the CPU: optimizer (states, master copy) | param (also parameters) | none")
+
+
+def distributed_changes(args: argparse.Namespace) -> dict[str, Any]:
+    """TrainSpec fields the distributed flags set (flags win over the config file)."""
+    from vramledger.specs import Sharding
+
+    out: dict[str, Any] = {}
+    world, per_node, nodes = (getattr(args, k, None) for k in ("world_size", "nproc_per_node", "nnodes"))
+    for flag, value in (("--world-size", world), ("--nproc-per-node", per_node), ("--nnodes", nodes)):
+        if value is not None and value < 1:
+            raise VramledgerError(f"{flag} must be a positive integer (got {value}); e.g. {flag} 8")
+    if per_node is not None or nodes is not None:
+        implied = (per_node or 1) * (nodes or 1)
+        if world is not None and world != implied:
+            raise VramledgerError(
+                f"--world-size {world} but --nproc-per-node × --nnodes = {implied}; give one or make them agree"
+            )
+        world = implied
+        if per_node is not None:
+            out["gpus_per_node"] = per_node
+    if world is not None:
+        out["world_size"] = world
+    zero, fsdp = getattr(args, "zero", None), getattr(args, "fsdp", None)
+    if zero is not None and fsdp is not None and zero > 0 and fsdp.strip().lower() != "none":
+        raise VramledgerError("--zero and --fsdp exclude each other (DeepSpeed or FSDP): pass one")
+    if zero is not None:
+        if zero not in (0, 1, 2, 3):
+            raise VramledgerError(f"--zero: DeepSpeed ZeRO stage must be 0, 1, 2 or 3 (got {zero})")
+        out["zero_stage"] = zero
+        if zero:
+            out["fsdp"] = None
+    if fsdp is not None:
+        table: dict[str, Any] = {s.value: s for s in Sharding} | {"none": None, "hybrid": Sharding.HYBRID_SHARD,
+                                                                     "full": Sharding.FULL_SHARD}
+        out["fsdp"] = _choice(table, "--fsdp", fsdp.replace("-", "_"))
+        if out["fsdp"] is not None:
+            out["zero_stage"] = 0
+    if getattr(args, "fsdp_version", None) is not None:
+        if args.fsdp_version not in (1, 2):
+            raise VramledgerError(f"--fsdp-version must be 1 or 2 (got {args.fsdp_version})")
+        out["fsdp_version"] = args.fsdp_version
+    offload = getattr(args, "offload", None)
+    if offload is not None:
+        kind = _choice({"optimizer": "optimizer", "param": "param", "params": "param", "none": "none"}, "--offload",
+                       offload)
+        out["offload_optimizer"] = kind != "none"
+        out["offload_params"] = kind == "param"
+    return out

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import TYPE_CHECKING
 
 from vramledger.cli.common import (
     Inputs,
@@ -15,6 +16,9 @@ from vramledger.cli.common import (
     show_bars,
     write_outputs,
 )
+
+if TYPE_CHECKING:
+    from vramledger.ledger import Ledger
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -41,16 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramledger.analytic import estimate
-
     inputs = resolve_inputs(args)
     if args.mode == "infer":
         return _run_infer(args, inputs)
-    ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
-    if inputs.warnings:
-        from dataclasses import replace
-
-        ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
+    ledger = train_ledger(inputs)
     if args.json:
         from vramledger.report.json_out import dumps
 
@@ -70,11 +68,30 @@ def run(args: argparse.Namespace) -> int:
         if args.sources:
             print()
             print(render_sources(ledger))
+        if "distributed" in ledger.settings and inputs.train.world_size > 1:  # per-rank section: docs/distributed.md
+            from vramledger.plan.multigpu import multi_gpu_options
+            from vramledger.report.distributed_view import render_distributed
+
+            print()
+            print(render_distributed(ledger.settings["distributed"],  # type: ignore[arg-type]
+                                     multi_gpu_options(inputs.model, inputs.train, inputs.gpu)))
     for path in write_outputs(args, ledger, inputs=inputs):
         print(f"wrote {path}", file=sys.stderr)
     if ledger.verdict is not None and not ledger.verdict.fits:
         return 3
     return 0
+
+
+def train_ledger(inputs: Inputs) -> Ledger:
+    """The analytic ledger of a training step, with the config's warnings first (what ``--json`` prints)."""
+    from vramledger.analytic import estimate
+
+    ledger = estimate(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
+    return ledger
 
 
 def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:

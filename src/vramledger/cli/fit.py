@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import argparse
+from typing import TYPE_CHECKING
 
 from vramledger.cli.common import (
+    Inputs,
     add_gpu_options,
     add_model_options,
     add_output_options,
@@ -13,6 +15,9 @@ from vramledger.cli.common import (
     write_outputs,
 )
 from vramledger.errors import VramledgerError
+
+if TYPE_CHECKING:
+    from vramledger.plan.frontier import FitReport
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -34,17 +39,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramledger.plan.frontier import fit
-
     inputs = resolve_inputs(args)
-    if inputs.gpu is None:
-        raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
-                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
-    if inputs.warnings:
-        from dataclasses import replace
-
-        report = replace(report, warnings=tuple(inputs.warnings) + report.warnings)
+    report = fit_report(args, inputs)
     from vramledger.report.plan_view import render_fit, to_json
 
     print(to_json(report) if args.json else render_fit(report))
@@ -57,3 +53,18 @@ def run(args: argparse.Namespace) -> int:
         for path in write_outputs(args, ledger, inputs=inputs):
             print(f"wrote {path}", file=sys.stderr)
     return 0
+
+
+def fit_report(args: argparse.Namespace, inputs: Inputs) -> FitReport:
+    """What ``fit`` prints, for the flags in ``args`` (the config's warnings first)."""
+    from vramledger.plan.frontier import fit
+
+    if inputs.gpu is None:
+        raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
+    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
+                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        report = replace(report, warnings=tuple(inputs.warnings) + report.warnings)
+    return report

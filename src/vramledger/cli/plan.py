@@ -38,17 +38,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def run(args: argparse.Namespace) -> int:
-    from vramledger.plan.planner import plan
-
     inputs = resolve_inputs(args)
-    if inputs.gpu is None:
-        raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
-                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
-    if inputs.warnings:
-        from dataclasses import replace
-
-        result = replace(result, warnings=tuple(inputs.warnings) + result.warnings)
+    result = plan_result(args, inputs)
     from vramledger.report.plan_view import render_plan, to_json
 
     print(to_json(result) if args.json else render_plan(result, top=args.top))
@@ -62,6 +53,21 @@ def run(args: argparse.Namespace) -> int:
         note = write_plan_config(result.best.model.name, result.best.train, args.write_config, fmt=fmt)
         print(f"\nwrote plan 1 to {args.write_config} ({note})", flush=True)
     return 0 if result.best is not None else 3
+
+
+def plan_result(args: argparse.Namespace, inputs: Any) -> Any:
+    """What ``plan`` prints (a ``plan.planner.Plan``), for the flags in ``args`` (the config's warnings first)."""
+    from vramledger.plan.planner import plan
+
+    if inputs.gpu is None:
+        raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
+    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
+                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
+    if inputs.warnings:
+        from dataclasses import replace
+
+        result = replace(result, warnings=tuple(inputs.warnings) + result.warnings)
+    return result
 
 
 def _format_of(args: argparse.Namespace) -> str:

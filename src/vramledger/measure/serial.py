@@ -9,6 +9,8 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
     Attention,
+    DType,
+    EvalLogits,
     LoraSpec,
     Loss,
     Method,
@@ -24,6 +26,8 @@ _ENUMS: dict[str, type[enum.Enum]] = {
     "optimizer": Optimizer,
     "attn": Attention,
     "loss": Loss,
+    "eval_logits": EvalLogits,
+    "base_dtype": DType,
 }
 
 
@@ -52,7 +56,7 @@ def train_from_dict(raw: dict[str, Any]) -> TrainSpec:
         raise VramledgerError(f"train spec: unknown field(s) {', '.join(unknown)}; check the spelling")
     kw: dict[str, Any] = {}
     for key, value in raw.items():
-        if key in _ENUMS:
+        if key in _ENUMS and value is not None:
             kw[key] = _ENUMS[key](value)
         elif key == "lora" and value is not None:
             lora = dict(value)

@@ -42,7 +42,7 @@ import traceback
 import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Protocol
 
 FAULT_ENV = "VRAMLEDGER_WORKER_FAULT"
 
@@ -227,9 +227,7 @@ def _quantize_linears(model: Any, quant: Any, compute_dtype: Any, device: Any) -
                 threshold=6.0,
                 device="meta",
             )
-            new.weight = bnb.nn.Int8Params(
-                old.weight.data.to("cpu"), requires_grad=False, has_fp16_weights=False
-            )
+            new.weight = bnb.nn.Int8Params(old.weight.data.to("cpu"), requires_grad=False, has_fp16_weights=False)
         if has_bias:
             new.bias = torch.nn.Parameter(old.bias.data.to("cpu"), requires_grad=False)
         setattr(parent, name.rsplit(".", 1)[-1], new.to(device))  # .to(cuda) quantizes
@@ -306,38 +304,13 @@ def build_model(spec: dict[str, Any], train: Any, device: Any) -> tuple[Any, dic
 
 
 def build_optimizer(train: Any, params: list[Any]) -> Any:
-    """The optimizer the HF Trainer builds for ``optim`` (``Trainer.get_optimizer_cls_and_kwargs``)."""
-    import torch
+    """The optimizer the HF Trainer builds (:func:`vramledger.optimizers.trainer_optimizer`)."""
+    from vramledger.optimizers import trainer_optimizer
 
-    from vramledger.specs import Optimizer
-
-    lr = 1e-5
-    o = train.optimizer
-    if o is Optimizer.ADAMW:
-        return torch.optim.AdamW(params, lr=lr)  # foreach on CUDA by default
-    if o is Optimizer.ADAMW_FUSED:
-        return torch.optim.AdamW(params, lr=lr, fused=True)
-    if o is Optimizer.ADAMW_FORLOOP:
-        return torch.optim.AdamW(params, lr=lr, foreach=False)
-    if o is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=lr, momentum=train.sgd_momentum)
-    if o is Optimizer.ADAFACTOR:
-        from transformers.optimization import Adafactor
-
-        # The Trainer's "adafactor": scale_parameter=False, relative_step=False.
-        return Adafactor(params, lr=lr, scale_parameter=False, relative_step=False)
     try:
-        import bitsandbytes as bnb
+        return trainer_optimizer(params, train.optimizer, sgd_momentum=train.sgd_momentum)
     except ImportError as exc:
-        raise Unsupported(f"optimizer {o.value} needs bitsandbytes (pip install bitsandbytes)") from exc
-    table = {
-        Optimizer.ADAMW_8BIT: bnb.optim.AdamW8bit,
-        Optimizer.PAGED_ADAMW_8BIT: bnb.optim.PagedAdamW8bit,
-        Optimizer.PAGED_ADAMW_32BIT: bnb.optim.PagedAdamW32bit,
-        Optimizer.LION: bnb.optim.Lion,
-        Optimizer.LION_8BIT: bnb.optim.Lion8bit,
-    }
-    return table[o](params, lr=lr)
+        raise Unsupported(f"optimizer {train.optimizer.value} needs bitsandbytes (pip install bitsandbytes)") from exc
 
 
 def _tensor_bytes(tensors: Any) -> int:
@@ -363,9 +336,7 @@ def _check_supported(train: Any) -> None:
     from vramledger.specs import Loss
 
     if train.loss is not Loss.STANDARD:
-        raise Unsupported(
-            f"loss {train.loss.value} is not run by the harness (transformers' standard loss only)"
-        )
+        raise Unsupported(f"loss {train.loss.value} is not run by the harness (transformers' standard loss only)")
     if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
         raise Unsupported("the harness measures one GPU without ZeRO/FSDP or offload")
 
@@ -381,34 +352,182 @@ def _phase(probe: Any, readings: dict[str, Any], name: str) -> Iterator[None]:
     readings[name] = reading
 
 
-def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
-    """Run one trial in this process and return its result mapping (see the module docstring)."""
+class Probe(Protocol):
+    """What a trial reads memory through: :class:`CudaProbe` on a GPU, :class:`CountingProbe` in CPU test mode."""
+
+    def begin(self) -> None: ...
+    def end(self) -> dict[str, Any]: ...
+    def counters(self) -> dict[str, int]: ...
+
+
+def _open_probe(spec: dict[str, Any], device: Any) -> tuple[Probe, Any]:
+    """The probe for ``device`` and the mode the trial runs under (the CPU counter's dispatch mode)."""
     import contextlib
 
     import torch
 
-    from vramledger.measure.serial import train_from_dict
+    if device.type == "cuda":
+        if not torch.cuda.is_available():
+            raise Unsupported("no CUDA GPU is visible to the worker")
+        return CudaProbe(), contextlib.nullcontext()
+    probe = CountingProbe(spec.get("fake_capacity_bytes"))
+    return probe, probe.mode
+
+
+def _load(spec: dict[str, Any], train: Any, device: Any, probe: Probe, result: dict[str, Any]) -> Any:
+    """Step 1-3 of the module docstring: the model built, quantized, checkpointed and wrapped; its readings."""
+    import torch
+
+    probe.begin()
+    model, notes = build_model(spec, train, device)
+    if device.type == "cuda":
+        if spec.get("snapshot"):
+            # Where the recorded stream has this empty_cache, so that a replay can do the same.
+            traces = torch.cuda.memory._snapshot()["device_traces"]
+            result["empty_cache_at_entry"] = len(traces[torch.cuda.current_device()])
+        # Our build leaves transient blocks (the random init, dtype casts, quantization) that a real
+        # from_pretrained load, one tensor at a time, does not: drop them from the cache.
+        torch.cuda.empty_cache()
+    load = probe.end()
+    result["notes"] = notes
+    result["params"] = sum(q.numel() for q in model.parameters())
+    result["trainable_params"] = sum(q.numel() for q in model.parameters() if q.requires_grad)
+    result["weights_bytes"] = load["allocated_now"]
+    result["load"] = load
+    return model
+
+
+def _inject_fault() -> None:
+    """The isolation tests' failures (``VRAMLEDGER_WORKER_FAULT``), after the model is built."""
+    import torch
+
+    fault = os.environ.get(FAULT_ENV, "")
+    if fault == "crash":
+        os.abort()
+    if fault == "hang":
+        time.sleep(3600)
+    if fault == "oom":
+        raise torch.OutOfMemoryError("injected by VRAMLEDGER_WORKER_FAULT=oom")
+
+
+def _autocast(train: Any, device: Any) -> Any:
+    """A factory of the forward's autocast context (HF Trainer / Lightning AMP), a no-op without AMP."""
+    import contextlib
+
+    import torch
+
     from vramledger.specs import Precision
 
+    if train.precision not in (Precision.BF16_MIXED, Precision.FP16_MIXED):
+        return contextlib.nullcontext
+    return lambda: torch.autocast(device.type, dtype=_dtype(train.precision.compute.value))
+
+
+def _train_steps(model: Any, train: Any, ids: Any, steps: int, probe: Probe, result: dict[str, Any]) -> None:
+    """Step 4: ``steps`` optimizer steps of ``grad_accum`` micro-batches, each phase read on its own."""
+    import torch
+
+    from vramledger.specs import Precision
+
+    params = [q for q in model.parameters() if q.requires_grad]
+    if not params:
+        raise Unsupported("nothing to train: no parameter requires a gradient")
+    opt = build_optimizer(train, params)
+    scaler = torch.amp.GradScaler(ids.device.type) if train.precision is Precision.FP16_MIXED else None
+    autocast = _autocast(train, ids.device)
+    for step in range(steps):
+        readings: dict[str, Any] = {}
+        result["phase"] = "forward"
+        for micro in range(train.grad_accum):
+            with _phase(probe, readings, f"forward.{micro}"), autocast():
+                # Keep only the loss, as Trainer.training_step does: the logits die with the outputs.
+                loss = model(input_ids=ids, labels=ids).loss / train.grad_accum
+            result["phase"] = "backward"
+            with _phase(probe, readings, f"backward.{micro}"):
+                (scaler.scale(loss) if scaler else loss).backward()
+                del loss
+        result["phase"] = "optimizer"
+        with _phase(probe, readings, "optimizer"):
+            if scaler:
+                scaler.step(opt)
+                scaler.update()
+            else:
+                opt.step()
+            if step == 0:
+                result["gradients_bytes"] = _tensor_bytes(q.grad for q in params)
+            opt.zero_grad(set_to_none=True)
+        readings.pop("_current", None)
+        result["steps"].append(readings)
+    result["optimizer_state_bytes"] = _optimizer_state_bytes(opt)
+
+
+def _evaluate(model: Any, train: Any, ids: Any, probe: Probe, result: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Step 5a: one evaluation batch under ``no_grad``, its logits kept as the Trainer's eval loop keeps them."""
+    import torch
+
+    result["phase"] = "eval"
+    model.eval()
+    eval_ids = ids.new_zeros((train.eval_batch, train.eval_seq_len or train.seq_len))
+    with _phase(probe, extra, "eval"), torch.no_grad(), _autocast(train, ids.device)():
+        out = model(input_ids=eval_ids, labels=eval_ids)
+        kept = (out.loss, out.logits)  # the Trainer's prediction_step returns both
+        del out, kept
+    model.train()
+
+
+def _generate(model: Any, train: Any, ids: Any, probe: Probe, result: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Step 5b: greedy ``generate`` with the KV cache, exactly ``generation_max_new_tokens`` new tokens."""
+    import torch
+
+    result["phase"] = "generate"
+    model.eval()
+    n_new = train.generation_max_new_tokens or 128
+    prompt = ids.new_zeros((train.eval_batch or train.micro_batch, train.eval_seq_len or train.seq_len))
+    with _phase(probe, extra, "generate"), torch.no_grad(), _autocast(train, ids.device)():
+        model.generate(
+            input_ids=prompt,
+            attention_mask=torch.ones_like(prompt),
+            max_new_tokens=n_new,
+            min_new_tokens=n_new,
+            do_sample=False,
+            use_cache=True,
+            pad_token_id=0,
+        )
+    model.train()
+
+
+def _close(spec: dict[str, Any], device: Any, probe: Probe, result: dict[str, Any], t0: float) -> None:
+    """What every trial reports however it ended: wall time, counters, the allocator's stats, the snapshot."""
+    import torch
+
+    result["wall_s"] = round(time.perf_counter() - t0, 3)
+    result["counters"] = probe.counters()
+    if device.type != "cuda":
+        return
+    result["memory_stats"] = dict(torch.cuda.memory_stats())
+    snapshot = spec.get("snapshot")
+    if snapshot:
+        try:
+            torch.cuda.memory._dump_snapshot(snapshot)
+            result["snapshot"] = snapshot
+        finally:
+            torch.cuda.memory._record_memory_history(enabled=None)
+
+
+def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
+    """Run one trial in this process and return its result mapping (the steps of the module docstring)."""
+    import torch
+
+    from vramledger.measure.serial import train_from_dict
+
     train = train_from_dict(spec["train"])
-    steps = int(spec.get("steps", 3))
     device = torch.device(spec.get("device", "cuda"))
     result: dict[str, Any] = {"status": "running", "phase": "load", "steps": []}
     _check_supported(train)
     torch.manual_seed(int(spec.get("seed", 0)))
-
-    if device.type == "cuda":
-        if not torch.cuda.is_available():
-            raise Unsupported("no CUDA GPU is visible to the worker")
-        probe: Any = CudaProbe()
-        mode: Any = contextlib.nullcontext()
-    else:
-        probe = CountingProbe(spec.get("fake_capacity_bytes"))
-        mode = probe.mode
+    probe, mode = _open_probe(spec, device)
     result["probe"] = "cuda" if device.type == "cuda" else "cpu-counter"
-
-    snapshot = spec.get("snapshot")
-    if snapshot and device.type == "cuda":
+    if spec.get("snapshot") and device.type == "cuda":
         # From before the build, so that the recorded stream replays from an empty allocator. Context "all"
         # keeps the Python and C++ stacks of every event for memory_viz; None records the events alone
         # (action, address, size, stream), which is what an allocator replay needs, at a fraction of the cost.
@@ -418,94 +537,17 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     with mode:
         try:
-            probe.begin()
-            model, notes = build_model(spec, train, device)
-            if device.type == "cuda":
-                # Our build leaves transient blocks (the random init, dtype casts, quantization) that a real
-                # from_pretrained load, one tensor at a time, does not: drop them from the cache.
-                torch.cuda.empty_cache()
-            load = probe.end()
-            result["notes"] = notes
-            result["params"] = sum(q.numel() for q in model.parameters())
-            result["trainable_params"] = sum(q.numel() for q in model.parameters() if q.requires_grad)
-            result["weights_bytes"] = load["allocated_now"]
-            result["load"] = load
-            fault = os.environ.get(FAULT_ENV, "")
-            if fault == "crash":
-                os.abort()
-            if fault == "hang":
-                time.sleep(3600)
-            if fault == "oom":
-                raise torch.OutOfMemoryError("injected by VRAMLEDGER_WORKER_FAULT=oom")
-
-            params = [q for q in model.parameters() if q.requires_grad]
-            if not params:
-                raise Unsupported("nothing to train: no parameter requires a gradient")
-            opt = build_optimizer(train, params)
-            amp = train.precision in (Precision.BF16_MIXED, Precision.FP16_MIXED)
-            scaler = torch.amp.GradScaler(device.type) if train.precision is Precision.FP16_MIXED else None
-            autocast = (
-                (lambda: torch.autocast(device.type, dtype=_dtype(train.precision.compute.value)))
-                if amp
-                else contextlib.nullcontext
-            )
+            model = _load(spec, train, device, probe, result)
+            _inject_fault()
             vocab = int(spec["hf_config"].get("vocab_size") or 32000)
             gen = torch.Generator(device=device).manual_seed(int(spec.get("seed", 0)))
             ids = torch.randint(0, vocab, (train.micro_batch, train.seq_len), device=device, generator=gen)
-
-            for step in range(steps):
-                readings: dict[str, Any] = {}
-                result["phase"] = "forward"
-                for micro in range(train.grad_accum):
-                    with _phase(probe, readings, f"forward.{micro}"), autocast():
-                        # Keep only the loss, as Trainer.training_step does: the logits die with the outputs.
-                        loss = model(input_ids=ids, labels=ids).loss / train.grad_accum
-                    result["phase"] = "backward"
-                    with _phase(probe, readings, f"backward.{micro}"):
-                        (scaler.scale(loss) if scaler else loss).backward()
-                        del loss
-                result["phase"] = "optimizer"
-                with _phase(probe, readings, "optimizer"):
-                    if scaler:
-                        scaler.step(opt)
-                        scaler.update()
-                    else:
-                        opt.step()
-                    if step == 0:
-                        result["gradients_bytes"] = _tensor_bytes(q.grad for q in params)
-                    opt.zero_grad(set_to_none=True)
-                readings.pop("_current", None)
-                result["steps"].append(readings)
-            result["optimizer_state_bytes"] = _optimizer_state_bytes(opt)
-
+            _train_steps(model, train, ids, int(spec.get("steps", 3)), probe, result)
             extra: dict[str, Any] = {}
             if train.eval_batch:
-                result["phase"] = "eval"
-                model.eval()
-                eval_ids = ids.new_zeros((train.eval_batch, train.eval_seq_len or train.seq_len))
-                with _phase(probe, extra, "eval"), torch.no_grad(), autocast():
-                    out = model(input_ids=eval_ids, labels=eval_ids)
-                    kept = (out.loss, out.logits)  # the Trainer's prediction_step returns both
-                    del out, kept
-                model.train()
+                _evaluate(model, train, ids, probe, result, extra)
             if train.predict_with_generate or train.generation_max_new_tokens:
-                result["phase"] = "generate"
-                model.eval()
-                n_new = train.generation_max_new_tokens or 128
-                prompt = ids.new_zeros(
-                    (train.eval_batch or train.micro_batch, train.eval_seq_len or train.seq_len)
-                )
-                with _phase(probe, extra, "generate"), torch.no_grad(), autocast():
-                    model.generate(
-                        input_ids=prompt,
-                        attention_mask=torch.ones_like(prompt),
-                        max_new_tokens=n_new,
-                        min_new_tokens=n_new,
-                        do_sample=False,
-                        use_cache=True,
-                        pad_token_id=0,
-                    )
-                model.train()
+                _generate(model, train, ids, probe, result, extra)
             extra.pop("_current", None)
             result["extra_phases"] = extra
             result["status"] = "ok"
@@ -518,16 +560,7 @@ def run_trial(spec: dict[str, Any]) -> dict[str, Any]:
             if not oom:
                 result["traceback"] = traceback.format_exc()[-4000:]
         finally:
-            result["wall_s"] = round(time.perf_counter() - t0, 3)
-            result["counters"] = probe.counters()
-            if device.type == "cuda":
-                result["memory_stats"] = dict(torch.cuda.memory_stats())
-            if snapshot and device.type == "cuda":
-                try:
-                    torch.cuda.memory._dump_snapshot(snapshot)
-                    result["snapshot"] = snapshot
-                finally:
-                    torch.cuda.memory._record_memory_history(enabled=None)
+            _close(spec, device, probe, result, t0)
     result["phases"] = summarize(result)
     return result
 

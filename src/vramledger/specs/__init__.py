@@ -1,5 +1,6 @@
 """What the user asks about: the model, the training setup and the GPU, as frozen validated dataclasses."""
 
+from vramledger.specs.distributed import Sharding, ZeroBuffers
 from vramledger.specs.gpu import GPUSpec
 from vramledger.specs.model import ModelSpec
 from vramledger.specs.train import (
@@ -27,5 +28,7 @@ __all__ = [
     "Optimizer",
     "Precision",
     "QuantSpec",
+    "Sharding",
     "TrainSpec",
+    "ZeroBuffers",
 ]

@@ -6,6 +6,7 @@ import enum
 from dataclasses import dataclass, field
 
 from vramledger.errors import VramledgerError
+from vramledger.specs.distributed import Sharding, ZeroBuffers
 
 
 class DType(str, enum.Enum):
@@ -212,6 +213,14 @@ class TrainSpec:
     offload_optimizer: bool = False
     """Optimizer states (and the fp32 master copy) on the CPU."""
     offload_params: bool = False
+    fsdp: Sharding | None = None
+    """PyTorch FSDP's sharding strategy; None: no FSDP (DDP when ``world_size > 1`` and ``zero_stage == 0``)."""
+    fsdp_version: int = 2
+    """1: ``FullyShardedDataParallel`` (flat parameters); 2: ``fully_shard`` (per-parameter DTensors)."""
+    gpus_per_node: int = 8
+    """GPUs per node: HYBRID_SHARD shards over these only."""
+    zero_buffers: ZeroBuffers | None = None
+    """DeepSpeed's bucket sizes (its defaults when None)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
@@ -228,6 +237,14 @@ class TrainSpec:
             raise VramledgerError("world size must be at least 1")
         if self.zero_stage not in (0, 1, 2, 3):
             raise VramledgerError(f"ZeRO stage must be 0, 1, 2 or 3 (got {self.zero_stage})")
+        if self.fsdp is not None and self.zero_stage:
+            raise VramledgerError(
+                f"FSDP and DeepSpeed ZeRO-{self.zero_stage} exclude each other: pass --fsdp or --zero, not both"
+            )
+        if self.fsdp_version not in (1, 2):
+            raise VramledgerError(f"fsdp version must be 1 or 2 (got {self.fsdp_version}); try --fsdp-version 2")
+        if self.gpus_per_node < 1:
+            raise VramledgerError("gpus per node must be at least 1; try --nproc-per-node 8")
         if self.eval_batch is not None and self.eval_batch < 1:
             raise VramledgerError(f"eval batch must be a positive integer (got {self.eval_batch})")
         if self.eval_seq_len is not None and self.eval_seq_len < 1:
@@ -262,6 +279,12 @@ class TrainSpec:
     def frozen_dtype(self) -> DType:
         """dtype of frozen (non-quantised) weights: as loaded, else the compute dtype."""
         return self.base_dtype or self.precision.frozen
+
+    @property
+    def distributed(self) -> bool:
+        """Several GPUs, or one of the multi-GPU engines (ZeRO, FSDP, offload) even on one."""
+        return (self.world_size > 1 or bool(self.zero_stage) or self.fsdp is not None or self.offload_optimizer
+                or self.offload_params)
 
     @property
     def tokens(self) -> int:

@@ -9,6 +9,7 @@ from typing import Any
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
+from vramledger.trace.distributed import wrapper_settings
 from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
 from vramledger.trace.oom import device_events, device_lines, replay_outcome
 from vramledger.trace.recorder import Event, round_block
@@ -162,4 +163,4 @@ def _settings(train: TrainSpec, result: TraceResult, events: list[Event]) -> dic
         "top_modules": top_modules(events),
         "events": len(events),
         "categories": sorted({c.value for c in Category if any(e.category == c.value for e in events)}),
-    }
+    } | ({"distributed": wrapper_settings(train)} if train.distributed else {})

@@ -20,7 +20,7 @@ OOM point.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
@@ -133,6 +133,8 @@ class DeviceEvents:
     """Trace event indices before which each handle's workspaces are allocated."""
     workspace_sizes: tuple[int, ...]
     """Block sizes of one handle's workspaces (cuBLAS, cuBLASLt)."""
+    streams: dict[int, str] = field(default_factory=dict)
+    """Storage id → the non-default CUDA stream it was allocated on (FSDP's collectives: trace/distributed.py)."""
 
     def workspace_live(self, index: int) -> int:
         """Workspace bytes live after trace event ``index``."""
@@ -163,7 +165,7 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
             out.append(AllocEvent.free(e.storage, op=e.op, module=e.module, phase=e.phase, category=cat))
         origin.append(i)
     return DeviceEvents(events=tuple(out), origin=tuple(origin), workspace_at=tuple(positions),
-                        workspace_sizes=sizes)
+                        workspace_sizes=sizes, streams={e.storage: e.stream for e in events if e.stream})
 
 
 def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFAULT_CONF) -> dict[int, int]:
@@ -172,10 +174,16 @@ def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFA
     The same rules as :func:`vramledger.allocator.replay.replay` (``malloc``/``free`` of
     ``CachingAllocatorModel``), with reserved read after the events asked for.
     """
-    model = CachingAllocatorModel(conf)
+    # One pool per stream: CUDACachingAllocator.cpp never serves a request from a block cached for another
+    # stream (get_free_block searches BlockPool keys that include the stream).
+    models: dict[str, CachingAllocatorModel] = {}
     live: dict[int, Any] = {}
     out: dict[int, int] = {}
     for ev, src in zip(dev.events, dev.origin, strict=True):
+        stream = dev.streams.get(ev.id, "")
+        if stream not in models:
+            models[stream] = CachingAllocatorModel(conf)
+        model = models[stream]
         if ev.kind is EventKind.ALLOC:
             live[ev.id] = model.malloc(ev.size) if ev.size else None
         elif ev.kind is EventKind.FREE:
@@ -183,7 +191,7 @@ def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFA
             if blk is not None:
                 model.free(blk)
         if src in indices:
-            out[src] = model.reserved
+            out[src] = sum(m.reserved for m in models.values())
     return out
 
 

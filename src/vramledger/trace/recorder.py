@@ -54,6 +54,9 @@ class Event:
     """The aten op that allocated (``mm``, ``_to_copy``…); for a free, the op that allocated it."""
     category: str = ""
     """A ``Category`` value, assigned after the step; ``host`` for tensors a CUDA run keeps on the host."""
+    stream: str = ""
+    """The CUDA stream the allocation is made on: empty for the default stream (FSDP's collectives have their own;
+    trace/distributed.py)."""
 
 
 @dataclass(slots=True)
@@ -74,6 +77,13 @@ class StorageInfo:
     param_cast: bool = False
     """A dtype cast of a loaded parameter (autocast's weight cast)."""
     category: str = ""
+    stream: str = ""
+
+
+def _local(t: Any) -> Any:
+    """A DTensor's memory is its local shard's (trace/distributed.py); any other tensor is itself."""
+    local = getattr(t, "_local_tensor", None)
+    return t if local is None else local
 
 
 class Recorder:
@@ -93,6 +103,11 @@ class Recorder:
         self._seq_starts: list[int] = []
         self._seq_modules: list[str] = []
         self.param_names: dict[int, str] = {}
+        self.stream = ""
+        """The stream new allocations are made on (set while FSDP's collectives run)."""
+        self.stream_categories: dict[str, str] = {}
+        """Category of every allocation made on a named stream, and (key ``resize_``) of storages re-allocated by
+        ``resize_``: FSDP's unsharded parameters and collective buffers (trace/distributed.py)."""
 
     # -- module attribution
     # ------------------------------------------------------------------------------------
@@ -141,6 +156,7 @@ class Recorder:
     # -- allocations
     # ---------------------------------------------------------------------------------------------
     def on_output(self, t: Any, op: str) -> None:
+        t = _local(t)
         storage = t.untyped_storage()
         key = storage._cdata
         if key in self._live:
@@ -161,21 +177,48 @@ class Recorder:
             dtype=str(t.dtype).removeprefix("torch."),
             alloc_index=len(self.events),
             in_recompute=recompute,
+            stream=self.stream,
+            category=self.stream_categories.get(self.stream, "") if self.stream else "",
         )
         self.storages[sid] = info
-        self.events.append(Event("alloc", sid, nbytes, self.phase, self.step, module, op))
+        self.events.append(Event("alloc", sid, nbytes, self.phase, self.step, module, op, stream=self.stream))
         weakref.finalize(storage, self._on_free, key, sid)
 
     def _on_free(self, key: int, sid: int) -> None:
         if self._live.get(key) == sid:
             del self._live[key]
         info = self.storages[sid]
+        if info.free_index >= 0:  # already freed by a resize to 0
+            return
         info.free_index = len(self.events)
-        self.events.append(Event("free", sid, info.bytes, self.phase, self.step, info.module, info.op))
+        self.events.append(
+            Event("free", sid, info.bytes, self.phase, self.step, info.module, info.op, stream=info.stream)
+        )
+
+    def on_resize(self, storage: Any, before: int, after: int) -> None:
+        """A storage resized in place (FSDP's free and re-allocation of unsharded parameters): to 0 frees the
+        block, from 0 allocates a new one."""
+        key = storage._cdata
+        if after == 0 and key in self._live:
+            self._on_free(key, self._live[key])
+        elif before == 0 and after > 0 and key not in self._live:
+            sid = self._next_sid
+            self._next_sid += 1
+            self._live[key] = sid
+            module, recompute = self.module_now()
+            self.storages[sid] = StorageInfo(
+                sid=sid, bytes=round_block(after), phase=self.phase, step=self.step, module=module, op="resize_",
+                shape=(after,), dtype="uint8", alloc_index=len(self.events), in_recompute=recompute,
+                stream=self.stream, category=self.stream_categories.get(self.stream or "resize_", ""),
+            )
+            self.events.append(
+                Event("alloc", sid, round_block(after), self.phase, self.step, module, "resize_", stream=self.stream)
+            )
+            weakref.finalize(storage, self._on_free, key, sid)
 
     def sid_of(self, t: Any) -> int | None:
         """The storage id of a live tensor (None when it was allocated outside the recording)."""
-        return self._live.get(t.untyped_storage()._cdata)
+        return self._live.get(_local(t).untyped_storage()._cdata)
 
     def mark(self, t: Any, category: str) -> None:
         sid = self.sid_of(t)

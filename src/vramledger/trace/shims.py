@@ -286,28 +286,15 @@ def dropout_as_cuda() -> Iterator[None]:
 
 
 def make_optimizer(params: list[Any], optimizer: Optimizer, *, sgd_momentum: float = 0.0) -> Any:
-    """The optimizer the HF Trainer builds for ``optim`` (trainer.py ``get_optimizer_cls_and_kwargs``), with
-    the
-    implementation PyTorch picks on CUDA made explicit (foreach by default, fused when asked)."""
-    import torch
+    """The Trainer's optimizer (:func:`vramledger.optimizers.trainer_optimizer`); bitsandbytes ones refused."""
+    from vramledger.optimizers import BITSANDBYTES_OPTIMIZERS, trainer_optimizer
 
-    if optimizer is Optimizer.ADAMW:
-        return torch.optim.AdamW(params, lr=1e-5, foreach=True)
-    if optimizer is Optimizer.ADAMW_FUSED:
-        return torch.optim.AdamW(params, lr=1e-5, fused=True)
-    if optimizer is Optimizer.ADAMW_FORLOOP:
-        return torch.optim.AdamW(params, lr=1e-5, foreach=False)
-    if optimizer is Optimizer.SGD:
-        return torch.optim.SGD(params, lr=1e-3, momentum=sgd_momentum, foreach=True)
-    if optimizer is Optimizer.ADAFACTOR:
-        from transformers.optimization import Adafactor
-
-        # trainer.py: optim "adafactor" -> Adafactor(scale_parameter=False, relative_step=False)
-        return Adafactor(params, lr=1e-5, scale_parameter=False, relative_step=False)
-    raise VramledgerError(
-        f"trace: optimizer {optimizer.value} needs bitsandbytes, which does not run on fake tensors; "
-        "use `vramledger estimate`, or trace with --optimizer adamw_torch"
-    )
+    if optimizer in BITSANDBYTES_OPTIMIZERS:
+        raise VramledgerError(
+            f"trace: optimizer {optimizer.value} needs bitsandbytes, which does not run on fake tensors; "
+            "use `vramledger estimate`, or trace with --optimizer adamw_torch"
+        )
+    return trainer_optimizer(params, optimizer, sgd_momentum=sgd_momentum, as_on_cuda=True)
 
 
 @contextmanager

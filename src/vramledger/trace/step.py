@@ -45,10 +45,10 @@ def _check_supported(train: TrainSpec) -> None:
             f"trace: --loss {train.loss.value} needs Liger or a chunked loss, which trace does not run yet; "
             "use --loss standard or `vramledger estimate`"
         )
-    if train.world_size > 1 or train.zero_stage or train.offload_optimizer or train.offload_params:
-        raise VramledgerError(
-            "trace: one GPU only (no ZeRO/FSDP/offload); use `vramledger estimate` for several"
-        )
+    if train.distributed:
+        from vramledger.trace.distributed import check_traceable
+
+        check_traceable(train)
 
 
 def run_trace(
@@ -101,6 +101,11 @@ def run_trace(
 
         rec.phase = Phase.LOAD
         materialise(hf)
+        run = hf
+        if train.distributed:  # the real FSDP/DDP wrapper on a fake process group: trace/distributed.py
+            from vramledger.trace.distributed import data_parallel
+
+            run = stack.enter_context(data_parallel(hf, model, train, rec))
         params = {id(p): p for p in hf.parameters()}
         n_params = sum(p.numel() for p in params.values())
         trainable = [p for p in params.values() if p.requires_grad]
@@ -123,7 +128,7 @@ def run_trace(
             rec.pop()
             amp = torch.autocast("cpu", dtype=compute) if mixed else contextlib.nullcontext()
             with amp:
-                out = hf(input_ids=input_ids, labels=labels, use_cache=False)
+                out = run(input_ids=input_ids, labels=labels, use_cache=False)
             if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
                 out = {
                     k: (
@@ -152,6 +157,9 @@ def run_trace(
                 accumulate_grad=True,
             )
             del loss
+            for p in trainable if train.fsdp is not None else ():  # FSDP sets sharded grads without AccumulateGrad
+                if p.grad is not None:
+                    rec.mark(p.grad, Category.GRADIENTS.value)
             rec.phase = Phase.OPTIMIZER
             opt.step()
             for state in opt.state.values():
@@ -166,12 +174,12 @@ def run_trace(
             _eval_forward(hf, rec, train, eval_shape)
         for h in hooks:
             h.remove()
-        del opt, trainable, params, hf
+        del opt, trainable, params, hf, run
     backends = list(chosen)
     storages = rec.storages
     classify(storages, vocab=vocab, seq_len=L, backward_start=backward_start)
     events = [
-        Event(e.kind, e.storage, e.bytes, e.phase, e.step, e.module, e.op, storages[e.storage].category)
+        Event(e.kind, e.storage, e.bytes, e.phase, e.step, e.module, e.op, storages[e.storage].category, e.stream)
         for e in rec.events
     ]
     versions = f"torch {torch.__version__}, transformers {transformers.__version__}"

@@ -1,0 +1,222 @@
+"""Per-rank trace of the real FSDP2 / FSDP1 / DDP wrappers against the analytic estimate, over a grid of configs.
+
+For each config: trace two training steps on the fake process group (``vramledger.trace``, trace/distributed.py),
+and record rank 0's allocated bytes at each phase's peak and overall, with the analytic estimate for the same
+specs. tests/analytic/test_distributed_grid.py checks the estimate against the committed traces.
+
+Run:  nice python bench/distributed/run_grid.py              # traces what is missing from grid.jsonl (minutes)
+      python bench/distributed/run_grid.py --analytic        # recompute only the analytic columns (instant)
+      python bench/distributed/run_grid.py --only ID         # one config, printed, not saved
+      python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
+Output: bench/distributed/grid.jsonl, one JSON object per config (bytes everywhere).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+
+from vramledger.catalog import resolve_model  # noqa: E402
+from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
+from vramledger.ledger import Ledger, Phase  # noqa: E402
+from vramledger.specs import LoraSpec, Method, ModelSpec, Precision, Sharding, TrainSpec  # noqa: E402
+
+OUT = Path(__file__).with_name("grid.jsonl")
+PHASES = (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
+
+MID = {
+    "model_type": "llama",
+    "hidden_size": 1024,
+    "intermediate_size": 2816,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 4,
+    "num_hidden_layers": 8,
+    "vocab_size": 32000,
+    "torch_dtype": "bfloat16",
+    "tie_word_embeddings": False,
+    "max_position_embeddings": 8192,
+}
+
+# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
+ENGINES: dict[str, dict[str, Any]] = {
+    "fsdp2": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 2},
+    "fsdp2-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 2},
+    "fsdp1": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 1},
+    "ddp": {},
+}
+# (model, engine, world, method, precision, batch, seq, grad_ckpt). One unpadded sequence per micro-batch, so that
+# the single-GPU lines the engines start from are exact (a padded batch adds the analytic mask terms); FSDP1 cannot
+# flatten fp32 adapters with a bf16 base (a real run fails too), so its LoRA rows are pure bf16.
+GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
+    ("mid", engine, world, method, precision, 1, 1024, False)
+    for engine in ENGINES
+    for world in (2, 8)
+    for method, precision in (
+        ("full", "bf16-true"),
+        ("full", "bf16-mixed"),
+        ("freeze", "bf16-mixed"),
+        ("lora", "bf16-true" if engine.startswith("fsdp1") else "bf16-mixed"),
+    )
+] + [("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True) for engine in ("fsdp2", "fsdp1", "ddp")]
+
+
+def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
+    model, engine, world, method, precision, b, L, ckpt = row
+    return f"{model}/{engine}/w{world}/{method}/{precision}/b{b}/L{L}/{'ckpt' if ckpt else 'nockpt'}"
+
+
+def _specs(row: tuple[str, str, int, str, str, int, int, bool]) -> tuple[ModelSpec, TrainSpec, dict[str, Any] | None]:
+    model, engine, world, method, precision, b, L, ckpt = row
+    if model == "mid":
+        spec, config = model_spec_from_config(MID, name="mid", source="bench"), MID
+    else:
+        spec, config = resolve_model(model), None
+    # pure bf16 LoRA keeps its adapters in bf16 (torchtune, LitGPT), which FSDP1 needs to flatten a unit
+    lora = LoraSpec(adapter_fp32=False) if method == "lora" and precision == "bf16-true" else None
+    train = TrainSpec(
+        method=Method(method),
+        precision=Precision(precision),
+        micro_batch=b,
+        seq_len=L,
+        grad_ckpt=ckpt,
+        world_size=world,
+        lora=lora,
+        **ENGINES[engine],
+    )
+    return spec, train, config
+
+
+def _phases(ledger: Ledger) -> dict[str, Any]:
+    """Allocated bytes at each phase's peak, and by category."""
+    return {
+        p.value: {
+            "allocated": ledger.allocated(p),
+            "by_category": {c.value: ledger.bytes_of(c, p) for c in ledger.categories() if c.allocated},
+        }
+        for p in PHASES
+        if p in ledger.phases
+    }
+
+
+def analytic(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
+    from vramledger.analytic import estimate
+
+    m, t, _ = _specs(row)
+    ledger = estimate(m, t)
+    return {"peak_allocated": ledger.peak_allocated, "phases": _phases(ledger)}
+
+
+def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
+    from vramledger.trace import trace_step
+
+    m, t, config = _specs(row)
+    start = time.time()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ledger = trace_step(m, t, config=config)
+    return {
+        "seconds": round(time.time() - start, 1),
+        "peak_allocated": ledger.peak_allocated,
+        "phases": _phases(ledger),
+        "versions": ledger.settings.get("versions", ""),
+    }
+
+
+def single_view(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
+    """The same step on one GPU in the dtype the engine computes in (analytic/distributed.py ``single_gpu_spec``
+    and ``_engine_casts``), traced and estimated: the single-GPU error the per-rank figures inherit."""
+    from vramledger.analytic import estimate
+    from vramledger.analytic.distributed import compute_view
+    from vramledger.trace import trace_step
+
+    m, t, config = _specs(row)
+    view = compute_view(t)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        traced_peak = trace_step(m, view, config=config).peak_allocated
+    return {"trace_peak_allocated": traced_peak, "analytic_peak_allocated": estimate(m, view).peak_allocated}
+
+
+def _load() -> dict[str, dict[str, Any]]:
+    if not OUT.exists():
+        return {}
+    return {d["id"]: d for d in (json.loads(line) for line in OUT.read_text().splitlines() if line.strip())}
+
+
+def _save(rows: dict[str, dict[str, Any]]) -> None:
+    order = [_id(r) for r in GRID]
+    OUT.write_text("".join(json.dumps(rows[i]) + "\n" for i in order if i in rows))
+
+
+def table(rows: dict[str, dict[str, Any]]) -> str:
+    lines = ["| config | trace (rank 0) | estimate | error |", "|---|---:|---:|---:|"]
+    for r in GRID:
+        d = rows.get(_id(r))
+        if d is None:
+            continue
+        t, a = d["trace"]["peak_allocated"], d["analytic"]["peak_allocated"]
+        lines.append(f"| {d['id']} | {t / 2**30:.2f} GiB | {a / 2**30:.2f} GiB | {100 * (a - t) / t:+.1f}% |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--analytic", action="store_true")
+    ap.add_argument("--only")
+    ap.add_argument("--table", action="store_true")
+    ap.add_argument("--views", action="store_true", help="add the single-GPU compute view of the LoRA rows")
+    args = ap.parse_args()
+    rows = _load()
+    if args.views:
+        cache: dict[str, dict[str, Any]] = {}
+        for row in GRID:
+            d = rows.get(_id(row))
+            if d is None or row[3] != "lora":
+                continue
+            from vramledger.analytic.distributed import compute_view
+
+            key = repr(compute_view(_specs(row)[1]))
+            if key not in cache:
+                cache[key] = single_view(row)
+            d["single_view"] = cache[key]
+        _save(rows)
+        return
+    if args.table:
+        print(table(rows))
+        return
+    for row in GRID:
+        rid = _id(row)
+        if args.only and rid != args.only:
+            continue
+        if args.analytic:
+            if rid in rows:
+                rows[rid]["analytic"] = analytic(row)
+            continue
+        if rid in rows and not args.only:
+            continue
+        d = {"id": rid, "trace": traced(row), "analytic": analytic(row)}
+        t, a = d["trace"]["peak_allocated"], d["analytic"]["peak_allocated"]
+        print(
+            f"{rid}: trace {t / 2**30:.3f} GiB, estimate {a / 2**30:.3f} GiB ({100 * (a - t) / t:+.1f}%), "
+            f"{d['trace']['seconds']} s",
+            flush=True,
+        )
+        if args.only:
+            print(json.dumps(d, indent=1))
+            return
+        rows[rid] = d
+        _save(rows)
+    if args.analytic:
+        _save(rows)
+
+
+if __name__ == "__main__":
+    main()

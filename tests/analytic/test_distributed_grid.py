@@ -1,0 +1,94 @@
+"""The per-rank estimate against the committed traces of the real FSDP2/FSDP1/DDP wrappers on the fake process group
+(bench/distributed/grid.jsonl, written by bench/distributed/run_grid.py): rank 0's allocated bytes, phase by phase.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from vramledger.analytic import estimate
+from vramledger.ledger import Category, Phase
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = ROOT / "bench" / "distributed" / "grid.jsonl"
+PER_RANK = (Category.WEIGHTS, Category.GRADIENTS, Category.OPTIMIZER_STATE, Category.MASTER_WEIGHTS)
+# Known misses, kept visible as strict xfails (test name, config id) -> what the trace shows that we do not model.
+KNOWN = {
+    ("lines", "llama-3.2-1b/fsdp1/w8/full/bf16-mixed/b1/L1024/ckpt"): "the trace files FSDP1's unsharded output-layer "
+    "gradient under logits (FSDP1 copies it into the flat gradient only later), and the root's gradient shard is not "
+    "allocated yet at that moment; the peak is +2.9%",
+    ("peak", "mid/fsdp1/w8/lora/bf16-true/b1/L1024/nockpt"): "-3.3% once the single-GPU error is taken out: FSDP1's "
+    "flat shards split the adapters unevenly (rank 0 holds more of them), not modelled",
+}
+
+
+@cache
+def _runner() -> ModuleType:
+    # loaded under its own name: bench/reserve has a run_grid.py too
+    path = ROOT / "bench" / "distributed" / "run_grid.py"
+    spec = importlib.util.spec_from_file_location("distributed_run_grid", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["distributed_run_grid"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _records() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in GRID.read_text().splitlines() if line.strip()]
+
+
+def _cases(test: str) -> list[Any]:
+    return [
+        pytest.param(r, id=r["id"], marks=pytest.mark.xfail(strict=True, reason=KNOWN[(test, r["id"])]))
+        if (test, r["id"]) in KNOWN
+        else pytest.param(r, id=r["id"])
+        for r in _records()
+    ]
+
+
+def _ledger(rec: dict[str, Any]):  # type: ignore[no-untyped-def]  # noqa: ANN202
+    run = _runner()
+    row = next(r for r in run.GRID if run._id(r) == rec["id"])
+    m, t, _ = run._specs(row)
+    return estimate(m, t)
+
+
+def test_the_grid_covers_thirty_configurations_of_every_engine() -> None:
+    recs = _records()
+    assert len(recs) >= 30
+    engines = {r["id"].split("/")[1] for r in recs}
+    assert engines >= {"fsdp2", "fsdp2-sgo", "fsdp1", "ddp"}
+
+
+@pytest.mark.parametrize("rec", _cases("lines"))
+def test_per_rank_lines_match_the_trace(rec: dict[str, Any]) -> None:
+    """Weights (shards, unsharded units), gradients (shards, DDP buckets), optimizer state and master copy at each
+    phase's peak: what the distributed model decides, within 1% of the phase (padding and 512 B rounding)."""
+    ledger = _ledger(rec)
+    for phase, d in rec["trace"]["phases"].items():
+        ph = Phase(phase)
+        for cat in PER_RANK:
+            got, want = ledger.bytes_of(cat, ph), d["by_category"].get(cat.value, 0)
+            print(rec["id"], phase, cat.value, "estimate", got, "trace", want)
+            assert abs(got - want) <= 0.01 * d["allocated"], (phase, cat.value)
+
+
+@pytest.mark.parametrize("rec", _cases("peak"))
+def test_peak_allocated_within_3_percent(rec: dict[str, Any]) -> None:
+    """The whole peak within 3%; where the same step on one GPU (in the dtype the engine computes in) already
+    misses, that single-GPU error is taken out first: the distributed model must add none of its own."""
+    got, want = _ledger(rec).peak_allocated, rec["trace"]["peak_allocated"]
+    inherited = 0
+    if "single_view" in rec:
+        inherited = rec["single_view"]["analytic_peak_allocated"] - rec["single_view"]["trace_peak_allocated"]
+    print(rec["id"], "estimate", got, "trace", want, "inherited", inherited)
+    assert abs(got - inherited - want) <= 0.03 * want
