@@ -126,6 +126,8 @@ def make_templates(
     model: ModelSpec, train: TrainSpec, spec: RunSpec, *, eval_batch: int | None, config: dict[str, Any] | None = None
 ) -> StepTemplates:
     """The traced step templates the run needs (with an eval batch when the schedule evaluates)."""
+    if train.distributed:
+        raise VramledgerError("simulate: one GPU only for now (no DDP/FSDP/ZeRO); drop the distributed settings")
     evaluates = spec.eval_every is not None and spec.eval_batches > 0 and eval_batch is not None
     return build_templates(model, train, eval_batch=eval_batch if evaluates else None, config=config)
 
