@@ -142,6 +142,17 @@ class CachingAllocatorModel:
         """``cacheInfo``: the largest cached (free, mapped) block."""
         return max((p.keys[-1][0] for p in (self._small, self._large) if p.keys), default=0)
 
+    def free_layout(self) -> tuple[object, ...]:
+        """Every cached block (size, address) of both pools, the unmapped ranges of expandable segments and the
+        reserved total. With the same allocated blocks, two models with equal layouts make the same decisions
+        from here on (garbage collection aside, which also reads the blocks' ages): a memo key."""
+        return (
+            self.reserved,
+            tuple(self._small.keys),
+            tuple(self._large.keys),
+            tuple((a, p.unmapped[a].size) for p in (self._small, self._large) for a in p.unmapped_addrs),
+        )
+
     def num_segments(self) -> int:
         """cudaMalloc segments plus expandable segments with mapped pages."""
         return self.segments + sum(1 for v in self._es_mapped.values() if v > 0)

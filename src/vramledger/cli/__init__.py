@@ -19,6 +19,7 @@ from vramledger.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_UNEXPECTED, Vramledg
 COMMANDS: tuple[str, ...] = (
     "estimate",
     "trace",
+    "simulate",
     "fit",
     "plan",
     "accum",

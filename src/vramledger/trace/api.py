@@ -52,9 +52,9 @@ def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
 
 
 def _trace(
-    model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None
+    model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None, eval_shape: tuple[int, int] | None = None
 ) -> tuple[TraceResult, list[Event]]:
-    result = run_trace(model, train, config=config)
+    result = run_trace(model, train, config=config, eval_shape=eval_shape)
     events = result.events
     if train.quant is not None:
         events = _apply_quantisation(result, train.quant)
@@ -66,6 +66,18 @@ def trace_events(model: ModelSpec, train: TrainSpec, *, config: dict[str, Any] |
     step, module, op, category)`` with bytes rounded to 512 B. ``category`` ``host`` marks tensors a CUDA run
     keeps on the CPU (skip them when replaying device memory)."""
     return _trace(model, train, config)[1]
+
+
+def trace_result(
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    config: dict[str, Any] | None = None,
+    eval_shape: tuple[int, int] | None = None,
+) -> tuple[TraceResult, list[Event]]:
+    """The trace with its storages (shape and dtype of each) beside the events of :func:`trace_events`;
+    ``eval_shape`` (batch, length) adds one evaluation forward after the two steps (phase ``eval``)."""
+    return _trace(model, train, config, eval_shape)
 
 
 def trace_step(

@@ -75,11 +75,17 @@ def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int) -> Any:
 
 
 def run_trace(
-    model: ModelSpec, train: TrainSpec, *, config: dict[str, Any] | None = None, fake: bool = True
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    config: dict[str, Any] | None = None,
+    fake: bool = True,
+    eval_shape: tuple[int, int] | None = None,
 ) -> TraceResult:
     """Trace ``STEPS`` training steps; returns the categorised events. ``fake=False`` runs the same loop on
     real
-    (uninitialised) CPU tensors, for tests that compare the fake trace with a real run."""
+    (uninitialised) CPU tensors, for tests that compare the fake trace with a real run. ``eval_shape``
+    (batch, length) adds one evaluation forward after the steps (phase ``EVAL``, step ``STEPS + 1``)."""
     try:
         import torch
         import transformers
@@ -202,6 +208,8 @@ def run_trace(
                         cat = "host" if key == "step" and not fused else Category.OPTIMIZER_STATE.value
                         rec.mark(t, cat)
             hf.zero_grad(set_to_none=True)
+        if eval_shape is not None:
+            _eval_forward(hf, rec, train, eval_shape)
         for h in hooks:
             h.remove()
         del opt, trainable, params, hf, run
@@ -227,6 +235,32 @@ def run_trace(
         quantised=quantised,
         versions=versions,
     )
+
+
+def _eval_forward(hf: Any, rec: Recorder, train: TrainSpec, shape: tuple[int, int]) -> None:
+    """One evaluation batch as the HF Trainer runs it (trainer.py ``prediction_step``): ``model.eval()``, the
+    forward with labels under ``torch.no_grad()`` (and autocast with accelerate's fp32 outputs under AMP), the
+    outputs dropped once the loss is read (``prediction_loss_only``). ``use_cache`` follows
+    ``config.use_cache``, which LLaMA-Factory turns off exactly when it enables gradient checkpointing
+    (analytic/evaluation.py)."""
+    import torch
+
+    rec.step, rec.phase = STEPS + 1, Phase.EVAL
+    compute = torch.bfloat16 if train.precision.compute.value == "bf16" else torch.float16
+    rec.push(INPUTS)
+    input_ids = torch.zeros(shape, dtype=torch.long)
+    labels = input_ids.clone()
+    rec.pop()
+    hf.eval()
+    amp = torch.autocast("cpu", dtype=compute) if train.precision.mixed else contextlib.nullcontext()
+    with torch.no_grad(), amp:
+        out = hf(input_ids=input_ids, labels=labels, use_cache=not train.grad_ckpt)
+    if train.precision.mixed:
+        with torch.no_grad():
+            out = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
+                   for k, v in out.items()}
+    del out, input_ids, labels
+    hf.train()
 
 
 def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
