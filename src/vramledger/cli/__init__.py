@@ -71,8 +71,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         args = build_parser().parse_args(argv)
         check_outputs(args)
         code = int(args.run(args) or EXIT_OK)
-        for note in getattr(args, "notes", ()):  # set by resolve_inputs: printed once the command has answered
-            print(f"note: {note}", file=sys.stderr)
+        if getattr(args, "notes", ()):  # set by resolve_inputs: printed once the command has answered
+            from vramledger.report.terminal import wrap
+
+            for note in args.notes:
+                print(wrap(f"note: {note}"), file=sys.stderr)
         return code
     except VramledgerError as exc:
         print(f"error: {_one_line(str(exc))}", file=sys.stderr)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import warnings
 from typing import Any
 
 from vramledger.cli.common import add_gpu_options, add_model_options, add_output_options, add_train_options
@@ -48,10 +47,7 @@ def _run(args: argparse.Namespace) -> int:
         conf_text = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
         note = f"allocator settings from the environment: PYTORCH_CUDA_ALLOC_CONF={conf_text}"
     conf = parse_alloc_conf(conf_text or "")
-    with Progress(f"tracing {inputs.model.name} on fake tensors (tens of seconds)"), warnings.catch_warnings():
-        # transformers 5 warns that `is_gradient_checkpointing` (read by PEFT while preparing the model) is renamed;
-        # nothing the user can act on
-        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+    with Progress(f"tracing {inputs.model.name} on fake tensors (tens of seconds)"):
         ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf)
     ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
     if args.json:

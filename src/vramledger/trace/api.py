@@ -54,7 +54,13 @@ def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
 def _trace(
     model: ModelSpec, train: TrainSpec, config: dict[str, Any] | None, eval_shape: tuple[int, int] | None = None
 ) -> tuple[TraceResult, list[Event]]:
-    result = run_trace(model, train, config=config, eval_shape=eval_shape)
+    import warnings
+
+    with warnings.catch_warnings():
+        # transformers 5 warns that `is_gradient_checkpointing` (read by PEFT while preparing the model) is
+        # renamed: nothing a user of the trace can act on
+        warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+        result = run_trace(model, train, config=config, eval_shape=eval_shape)
     events = result.events
     if train.quant is not None:
         events = _apply_quantisation(result, train.quant)
