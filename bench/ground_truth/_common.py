@@ -86,17 +86,7 @@ def environment(device: str) -> dict[str, Any]:
     }
     info["cuda"] = info["versions"].get("cuda")
     if device == "cuda":
-        import torch
-
-        if torch.cuda.is_available():
-            props = torch.cuda.get_device_properties(torch.cuda.current_device())
-            info["gpu"] = props.name
-            info["gpu_total_bytes"] = int(props.total_memory)
-            row = env.row_for(env.gpu_table(), env.torch_uuid(torch.cuda.current_device()))
-            if row is not None:
-                info["driver"] = row["driver"]
-                info["nvml_total_bytes"] = row["total_bytes"]
-                info["nvml_source"] = row["source"]
+        info.update(env.cuda_device_facts())
     return info
 
 

@@ -117,7 +117,7 @@ def test_fixes_in_llamafactory_keys_read_back_to_the_saving(capsys: pytest.Captu
     "argv,needle",
     [
         (["explain", "/nonexistent/oom.log"], "no file at /nonexistent/oom.log"),
-        (["explain", "README.md"], "no CUDA out-of-memory message found"),
+        (["explain", "pyproject.toml"], "no CUDA out-of-memory message found"),
     ],
     ids=["missing-file", "no-message"],
 )

@@ -23,6 +23,21 @@ def cuda_context_bytes(gpu: GPUSpec | None) -> int:
     return cuda_context(gpu.arch if gpu is not None else None).bytes
 
 
+def obtainable_bytes(gpu: GPUSpec | None) -> int | None:
+    """What torch's caching allocator can obtain on ``gpu``: its memory less the CUDA context (None: no GPU, an
+    unlimited device). The capacity every allocator replay (trace, simulate) runs against."""
+    if gpu is None:
+        return None
+    context = cuda_context_bytes(gpu)
+    if gpu.memory_bytes - context <= 0:
+        from vramledger.errors import VramledgerError
+
+        raise VramledgerError(
+            f"--gpu: {gpu.name} has no memory left after the CUDA context ({context // MiB} MiB); give a larger GPU"
+        )
+    return gpu.memory_bytes - context
+
+
 def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:
     """cuBLAS + cuBLASLt workspaces, allocated through torch's caching allocator (so counted as allocated).
 

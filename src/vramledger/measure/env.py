@@ -127,3 +127,20 @@ def versions() -> dict[str, Any]:
         "bitsandbytes": package_version("bitsandbytes"),
         "vramledger": __version__,
     }
+
+
+def cuda_device_facts() -> dict[str, Any]:
+    """The current CUDA device as a measurement record names it: GPU, its memory (torch and NVML), the driver
+    and where the NVML figures came from; empty without a visible GPU. Creates the CUDA context."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    info: dict[str, Any] = {"gpu": props.name, "gpu_total_bytes": int(props.total_memory)}
+    row = row_for(gpu_table(), torch_uuid(torch.cuda.current_device()))
+    if row is not None:
+        info["driver"] = row["driver"]
+        info["nvml_total_bytes"] = row["total_bytes"]
+        info["nvml_source"] = row["source"]
+    return info

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
-from vramledger.analytic.overhead import cuda_context_bytes
+from vramledger.analytic.overhead import obtainable_bytes
 from vramledger.errors import VramledgerError
 from vramledger.simulate.engine import OomAt, Replayer, UnitStats
 from vramledger.simulate.lengths import Lengths
@@ -113,13 +113,8 @@ def _outcome(stats: list[UnitStats], seed: int, bucket: int) -> RunOutcome:
 
 
 def capacity_of(gpu: GPUSpec | None) -> int | None:
-    """What torch can obtain on ``gpu``: its memory less the CUDA context (trace/oom.py's rule)."""
-    if gpu is None:
-        return None
-    cap = gpu.memory_bytes - cuda_context_bytes(gpu)
-    if cap <= 0:
-        raise VramledgerError(f"--gpu: {gpu.name} has no memory left after the CUDA context; give a larger GPU")
-    return cap
+    """What torch can obtain on ``gpu`` (:func:`vramledger.analytic.overhead.obtainable_bytes`)."""
+    return obtainable_bytes(gpu)
 
 
 def make_templates(

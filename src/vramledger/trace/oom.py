@@ -26,7 +26,7 @@ from typing import Any
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.allocator.replay import AllocEvent, EventKind, OomReport, replay
-from vramledger.analytic.overhead import CONTEXT_SOURCE, cuda_context_bytes
+from vramledger.analytic.overhead import CONTEXT_SOURCE, cuda_context_bytes, obtainable_bytes
 from vramledger.catalog.device_overhead import DeviceOverhead, device_overhead
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, LineItem, Phase
@@ -203,13 +203,7 @@ def replay_outcome(
     gpu: GPUSpec | None = None,
 ) -> ReplayOutcome:
     """Replay on ``gpu`` (capacity = its memory − the CUDA context) or on an unlimited device."""
-    capacity = None if gpu is None else gpu.memory_bytes - cuda_context_bytes(gpu)
-    if capacity is not None and capacity <= 0:
-        raise VramledgerError(
-            f"--gpu: {gpu.name if gpu else 'the GPU'} has no memory"
-            f" left after the CUDA context ({cuda_context_bytes(gpu) // 2**20} MiB);"
-            " give a larger GPU"
-        )
+    capacity = obtainable_bytes(gpu)
     r = replay(dev.events, capacity_bytes=capacity, conf=conf,
                device_total_bytes=None if gpu is None else gpu.memory_bytes)
     oom = None
