@@ -1,14 +1,16 @@
 """Gradient checkpointing never raises the estimate's device total: the two setups the safety trial found.
 
-Strict xfail until the analytic refactor (branch ``reserve``) lands the two fixes located here:
-- ``analytic/reserve.py stranded_bytes``: under checkpointing it adds one layer's recompute and backward transients
-  (+ eager's (c+4)·nh·L²·B) on top of the loss's peak as "stranded"; with a fused or chunked loss the loss makes
-  no 4·V·T request, so those cached blocks are reused (best fit splits large blocks) and nothing is stranded.
-- ``analytic/step.py`` backward of the top layer under checkpointing: ``_activations`` already holds the
-  checkpoints of every trained layer (the top one's included, and eager's mask), and "one layer recomputed" adds
-  that layer's whole saved set again, input and mask included; ``torch.utils.checkpoint`` recomputes from the
-  checkpointed input itself, so the top layer's input and mask are counted twice (visible with one trained layer).
-When both land, these pass and the strict marker fails: remove it then.
+Two causes were located:
+- fixed: ``analytic/reserve.py stranded_bytes`` under checkpointing added one layer's recompute and backward
+  transients (+ eager's (c+4)·nh·L²·B) on top of the loss's peak as "stranded"; with a fused or chunked loss the
+  loss makes no 4·V·T request, so those cached blocks are reused (best fit splits large blocks) and nothing is
+  stranded. This was the whole of the phi-4 case.
+- open (strict xfail on the gemma-3-4b case): ``analytic/step.py``, the backward of the top layer under
+  checkpointing: ``add_activations`` already holds the checkpoints of every trained layer (the top one's
+  included, and eager's mask), and "one layer recomputed" adds that layer's whole saved set again, input and
+  mask included; ``torch.utils.checkpoint`` recomputes from the checkpointed input itself, so the top layer's
+  input and mask are counted twice (visible with one trained layer).
+When that lands, the gemma case passes and its strict marker fails: remove it then.
 """
 
 from __future__ import annotations
@@ -51,8 +53,18 @@ CASES = {
 }
 
 
-@pytest.mark.xfail(strict=True, reason="fix located in analytic/reserve.py and analytic/step.py (branch reserve)")
-@pytest.mark.parametrize("case", sorted(CASES))
+_OPEN = "gemma-3-4b/freeze1/fp16-true/adafactor/eager/fused/packed/1x1400"
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(strict=True, reason="the recomputed top layer counts its checkpointed "
+                                                "input and eager mask twice (analytic/step.py)"))
+        if c == _OPEN else c
+        for c in sorted(CASES)
+    ],
+)
 def test_checkpointing_does_not_raise_the_peak(case: str) -> None:
     name, kw = CASES[case]
     model, train = resolve_model(name), TrainSpec(**kw)  # type: ignore[arg-type]

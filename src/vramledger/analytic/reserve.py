@@ -282,7 +282,10 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     H, V = m.hidden_size, m.vocab_size
     I = _decoder_mlp_width(m)  # noqa: E741
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
-    if not wb.trainable_layers:
+    if not wb.trainable_layers or train.loss is not Loss.STANDARD:
+        # A fused or chunked loss makes no V·T-sized request at its peak: its chunk-sized requests are cut from
+        # whatever the layers' transients left cached (get_free_block's best fit splits larger blocks), so
+        # nothing is stranded there.
         return logits_hole
     fwd = p.forward_layer_temp
     if not train.grad_ckpt:
