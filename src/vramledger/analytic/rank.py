@@ -4,7 +4,7 @@ buffers with the phases they live in. Shared by analytic/distributed.py (DDP, FS
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from vramledger.ledger import Category, Phase
 from vramledger.specs import TrainSpec
@@ -91,9 +91,17 @@ def engine_name(train: TrainSpec) -> str:
     return "ddp" if train.world_size > 1 else "single"
 
 
-def add_buffers(moment: object, phase: Phase, buffers: tuple[Buffer, ...]) -> None:
+class _Moment(Protocol):
+    """What ``add_buffers`` needs of analytic/parts.py ``Moment`` (which imports this module's ``Buffer``)."""
+
+    name: str
+
+    def add(self, cat: Category, label: str, n: int, source: str) -> None: ...
+
+
+def add_buffers(moment: _Moment, phase: Phase, buffers: tuple[Buffer, ...]) -> None:
     """Add the engine's buffers live in ``phase`` to a step moment (analytic/parts.py ``Moment``)."""
-    at_end = str(getattr(moment, "name", "")).startswith(END_OF_BACKWARD)
+    at_end = moment.name.startswith(END_OF_BACKWARD)
     for b in buffers:
         if phase in b.phases and b.at_end_of_backward in (None, at_end):
-            moment.add(b.category, b.label, b.bytes, b.source)  # type: ignore[attr-defined]
+            moment.add(b.category, b.label, b.bytes, b.source)

@@ -14,7 +14,7 @@ from vramledger.cli.common import (
 from vramledger.errors import VramledgerError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "accum",
         help="every micro-batch x accumulation split of a global batch: memory, time per step, LR schedule",

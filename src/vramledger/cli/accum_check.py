@@ -17,7 +17,7 @@ MAX_MICRO_BATCHES = 64
 """The experiment runs one backward per micro-batch on CPU: its time grows with the count."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     from vramledger.cli.args import MAX_SEED, count, in_path
 
     p = sub.add_parser(

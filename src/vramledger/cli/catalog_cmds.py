@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("models", help="list the bundled model catalog")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_models)

@@ -6,7 +6,7 @@ import argparse
 import sys
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     from vramledger.cli.args import name, out_path
     from vramledger.cli.common import add_force_option, add_model_options, add_train_options
 

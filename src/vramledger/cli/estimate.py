@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from vramledger.ledger import Ledger
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "estimate",
         help="itemised GPU memory of a training step, per category and phase, and the verdict for a GPU",

@@ -10,7 +10,7 @@ from pathlib import Path
 from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "explain",
         help="explain an OOM: an error message, a log, a memory snapshot or the callback's JSONL (no GPU needed)",

@@ -11,7 +11,7 @@ from vramledger.cli.measure import add_trial_options
 from vramledger.errors import EXIT_NO, VramledgerError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "find-max",
         help="find the largest batch or length that runs on this GPU (real trials, seeded by the estimate)",

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
     from vramledger.plan.frontier import FitReport
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "fit",
         help="the largest micro-batch and length that fit on a GPU, and the batch x length frontier",

@@ -16,7 +16,7 @@ from vramledger.cli.common import (
 from vramledger.errors import EXIT_NO, EXIT_OK, EXIT_UNEXPECTED, VramledgerError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "measure",
         help="measure a training step on this GPU (random weights, no download) beside the estimate",

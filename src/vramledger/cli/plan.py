@@ -16,7 +16,7 @@ from vramledger.cli.common import (
 from vramledger.errors import EXIT_NO, EXIT_OK, VramledgerError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "plan",
         help="configurations that fit on a GPU, fastest first, with each remedy's memory saved and time cost",

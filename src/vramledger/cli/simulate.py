@@ -13,7 +13,7 @@ HF_EVAL_BATCH = 8
 """transformers ``TrainingArguments.per_device_eval_batch_size`` default."""
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "simulate",
         help="simulate a whole run: dynamic padding, evaluation, fragmentation, and the step it runs out of memory",

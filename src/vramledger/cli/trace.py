@@ -13,7 +13,7 @@ from vramledger.ledger import Ledger
 _TRACE_KEYS = ("allocator", "allocator_default", "top_modules")
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "trace",
         help="trace the real training step on fake tensors (CPU, no GPU, no weights)",

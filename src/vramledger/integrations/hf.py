@@ -43,7 +43,7 @@ def batch_shape(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[int, ...
     return None
 
 
-class VramledgerCallback(TrainerCallback):  # type: ignore[misc]
+class VramledgerCallback(TrainerCallback):
     """Measure, predict and explain GPU memory in a Trainer run (see the module docstring).
 
     ``out``: the JSONL file (a new name is picked if it exists). ``seq_len``: predict at train begin for this

@@ -113,7 +113,7 @@ class LightningWatch:
 
 if _Callback is not None:
 
-    class VramledgerLightningCallback(LightningWatch, _Callback):  # type: ignore[misc, valid-type]
+    class VramledgerLightningCallback(LightningWatch, _Callback):
         """The memory callback for a Lightning ``Trainer(callbacks=[...])``."""
 
 else:

@@ -61,7 +61,7 @@ def predictions(
     out: dict[str, Ledger] = {}
     notes: list[str] = []
     try:
-        from vramledger.analytic import estimate  # type: ignore[attr-defined]
+        from vramledger.analytic import estimate
     except ImportError:
         notes.append("no estimate: vramledger.analytic.estimate is not in this version")
     else:

@@ -237,7 +237,7 @@ def value_predictor(
 def estimate_device_total(model: ModelSpec) -> Callable[[TrainSpec], int] | None:
     """``train -> predicted device total`` from ``vramledger.analytic.estimate`` (None if unavailable)."""
     try:
-        from vramledger.analytic import estimate  # type: ignore[attr-defined]
+        from vramledger.analytic import estimate
     except ImportError:
         return None
     return lambda t: int(estimate(model, t).device_total)

@@ -134,7 +134,7 @@ class CountingProbe:
             probe.live -= n
 
         class _Count(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.device.type == "cpu":

@@ -299,7 +299,7 @@ def _tracer() -> Callable[..., Ledger]:
             "--exact needs the tracer (vramledger.trace.trace_step), which this build does not have yet; "
             "run without --exact for the analytic frontier"
         )
-    return fn  # type: ignore[no-any-return]
+    return fn
 
 
 def exact_checks(

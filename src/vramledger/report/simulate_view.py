@@ -112,7 +112,7 @@ def simulation_to_dict(sim: Simulation, remedies: Sequence[RemedyOutcome] = ()) 
         "high_water_kind": None if hw is None else hw.kind,
         "high_water_padded_lengths": None if hw is None else list(hw.padded_lengths),
         "oom_step": run.oom_step,
-        "oom": None if run.oom is None else {k: getattr(run.oom, k) for k in run.oom.__slots__},  # type: ignore[attr-defined]
+        "oom": None if run.oom is None else {k: getattr(run.oom, k) for k in run.oom.__slots__},
         "oom_probability": sim.oom_probability,
         "shuffles": sim.shuffles,
         "oom_steps": list(sim.oom_steps),

@@ -105,7 +105,7 @@ def recorded_resizes(rec: Recorder) -> Iterator[None]:
     try:
         yield
     finally:
-        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign,assignment]
+        torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
 
 @contextlib.contextmanager

@@ -95,7 +95,7 @@ class ReplayOutcome:
     oom: OomPoint | None
 
     def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "oom"}  # type: ignore[attr-defined]
+        out: dict[str, Any] = {k: getattr(self, k) for k in self.__slots__ if k != "oom"}
         out["oom"] = None if self.oom is None else self.oom.to_dict()
         return out
 

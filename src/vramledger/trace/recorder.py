@@ -232,7 +232,7 @@ def _dispatch_mode(recorder: Recorder) -> Any:
     from torch.utils._pytree import tree_leaves
 
     class _Mode(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             out = func(*args, **(kwargs or {}))
             op = func._overloadpacket.__name__
             n_before = recorder._next_sid

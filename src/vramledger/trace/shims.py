@@ -150,7 +150,7 @@ def autocast_as_cuda() -> Iterator[None]:
         return t.to(dtype)
 
     class _Mode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if not torch.is_autocast_enabled("cpu"):
                 return func(*args, **kwargs)
@@ -231,7 +231,7 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     class _Mode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func is not sdpa:
                 return func(*args, **kwargs)
@@ -275,7 +275,7 @@ def dropout_as_cuda() -> Iterator[None]:
     targets = (torch.nn.functional.dropout, torch.dropout)
 
     class _Mode(TorchFunctionMode):
-        def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        def __torch_function__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
             if func not in targets:
                 return func(*args, **kwargs)

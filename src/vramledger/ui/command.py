@@ -9,7 +9,7 @@ from pathlib import Path
 from vramledger.errors import VramledgerError
 
 
-def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "ui",
         help="a local page: sliders and toggles that move the bill, the cliff and the remedies live",

@@ -91,7 +91,7 @@ def command_parser(command: str) -> argparse.ArgumentParser:
     """The CLI's subparser for ``command`` (to look its flags up)."""
     for action in cli_parser()._subparsers._group_actions:  # type: ignore[union-attr]
         if isinstance(action, argparse._SubParsersAction):
-            return action.choices[command]  # type: ignore[no-any-return]
+            return action.choices[command]
     raise AssertionError("vramledger's parser has no subcommands")
 
 
