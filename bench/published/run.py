@@ -254,7 +254,7 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
             # trace with an optimizer that allocates nothing through torch, then add the managed bytes back.
             train = dataclasses.replace(train, optimizer=Optimizer.SGD, sgd_momentum=0.0)
-        from vramledger.trace.build import hf_config
+        from vramledger.catalog.config_of import config_of as hf_config
 
         config = hf_config(m)
         if s.get("untie_embeddings"):

@@ -11,12 +11,13 @@ from types import MappingProxyType
 import pytest
 
 from vramledger.catalog import resolve_model
+from vramledger.catalog.config_of import config_from_spec
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.cli import main
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, Phase
 from vramledger.measure.harness import TrialResult, cuda_available, ledger_from_result
-from vramledger.measure.modelcfg import hf_config_for, spec_to_hf_config
+from vramledger.measure.modelcfg import hf_config_for
 from vramledger.measure.serial import train_from_dict, train_to_dict
 from vramledger.specs import (
     Attention,
@@ -77,7 +78,7 @@ def test_unknown_train_field_is_an_error() -> None:
 def test_config_rebuilt_from_a_spec_reads_back_to_the_same_spec() -> None:
     # catalog.hfconfig is the independent parser: what we write must parse back to the same architecture.
     spec = resolve_model("llama-3-8b")
-    again = model_spec_from_config(spec_to_hf_config(spec), name=spec.name, source=spec.source)
+    again = model_spec_from_config(config_from_spec(spec), name=spec.name, source=spec.source)
     assert (
         replace(again, native_dtype=spec.native_dtype, max_position_embeddings=spec.max_position_embeddings)
         == spec

@@ -7,10 +7,10 @@ import pytest
 
 from tests.catalog.test_meta_inventory import TINY, _deepseek_v3, _gpt_oss
 from vramledger.analytic import estimate
+from vramledger.catalog.config_of import config_of as hf_config
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.specs import LoraSpec, Method, TrainSpec
 from vramledger.trace import trace_step
-from vramledger.trace.build import hf_config
 
 
 @pytest.mark.parametrize(

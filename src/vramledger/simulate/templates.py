@@ -198,8 +198,8 @@ def build_templates(
     reference: int | None = None,
 ) -> StepTemplates:
     """Trace the run once at a reference length and cut it into segments (see the module docstring)."""
+    from vramledger.catalog.config_of import config_of as hf_config
     from vramledger.trace.api import trace_result
-    from vramledger.trace.build import hf_config
     from vramledger.trace.oom import device_events
 
     cfg = dict(config) if config is not None else hf_config(model)

@@ -11,9 +11,7 @@ fails
 
 from __future__ import annotations
 
-import json
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from vramledger.errors import MissingDependencyError, VramledgerError
@@ -24,68 +22,6 @@ def torch_dtype(d: DType) -> Any:
     import torch
 
     return {DType.FP32: torch.float32, DType.BF16: torch.bfloat16, DType.FP16: torch.float16}[d]
-
-
-def hf_config(model: ModelSpec) -> dict[str, Any]:
-    """The config.json mapping a ModelSpec came from: the catalog entry, the file named in ``source``, or (for
-    a
-    spec built by hand) a mapping rebuilt from the spec's fields."""
-    from vramledger.catalog import catalog_entry
-
-    if model.inventory is not None:  # built on the meta device once already: the very config it came from
-        return dict(json.loads(model.inventory.config_json))
-    entry = catalog_entry(model.config_name or model.name)
-    if entry is not None and entry.hub_id in (model.name, model.config_name):
-        return dict(entry.config)
-    src = Path(model.source) if model.source else None
-    if src is not None and src.suffix == ".json" and src.is_file():
-        raw = json.loads(src.read_text())
-        return dict(raw.get("text_config", raw)) if "text_config" in raw else raw
-    return _config_from_spec(model)
-
-
-def _config_from_spec(m: ModelSpec) -> dict[str, Any]:
-    if m.family == "gpt2":
-        return {
-            "model_type": "gpt2",
-            "vocab_size": m.vocab_size,
-            "n_embd": m.hidden_size,
-            "n_layer": m.num_layers,
-            "n_head": m.num_heads,
-            "n_inner": m.intermediate_size,
-            "n_positions": m.learned_positions or m.max_position_embeddings or 1024,
-            "activation_function": m.hidden_act,
-            "tie_word_embeddings": m.tie_word_embeddings,
-        }
-    cfg: dict[str, Any] = {
-        "model_type": m.family,
-        "vocab_size": m.vocab_size,
-        "hidden_size": m.hidden_size,
-        "intermediate_size": m.intermediate_size,
-        "num_hidden_layers": m.num_layers,
-        "num_attention_heads": m.num_heads,
-        "num_key_value_heads": m.num_kv_heads,
-        "head_dim": m.head_dim,
-        "tie_word_embeddings": m.tie_word_embeddings,
-        "max_position_embeddings": m.max_position_embeddings or 4096,
-        "hidden_act": m.hidden_act,
-        "attention_bias": m.qkv_bias,
-        "mlp_bias": m.mlp_bias,
-    }
-    if m.sliding_window:
-        cfg["sliding_window"] = m.sliding_window
-    if m.num_experts:
-        cfg.update(
-            num_experts=m.num_experts,
-            num_local_experts=m.num_experts,
-            num_experts_per_tok=m.experts_per_token,
-            moe_intermediate_size=m.moe_intermediate_size,
-        )
-    if m.final_logit_softcapping:
-        cfg["final_logit_softcapping"] = m.final_logit_softcapping
-    if m.attn_logit_softcapping:
-        cfg["attn_logit_softcapping"] = m.attn_logit_softcapping
-    return cfg
 
 
 def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any]) -> tuple[Any, list[str]]:

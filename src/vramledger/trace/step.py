@@ -93,7 +93,8 @@ def run_trace(
         from torch.autograd.graph import _engine_run_backward
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError(exc.name or "torch", "trace") from exc
-    from vramledger.trace.build import build_on_meta, hf_config, materialise
+    from vramledger.catalog.config_of import config_of
+    from vramledger.trace.build import build_on_meta, materialise
     from vramledger.trace.classify import classify
     from vramledger.trace.recorder import dispatch_mode, module_hooks
     from vramledger.trace.shims import (
@@ -106,7 +107,7 @@ def run_trace(
     )
 
     _check_supported(train)
-    cfg = dict(config) if config is not None else hf_config(model)
+    cfg = dict(config) if config is not None else config_of(model)
     hf, warnings = build_on_meta(model, train, cfg)
     rec = Recorder()
     mixed = train.precision.mixed
