@@ -190,15 +190,26 @@ def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
     )
 
 
-def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
-    """Storage of one bitsandbytes-quantised weight (see module docstring)."""
+def quantised_tensors(numel: int, out_features: int, q: QuantSpec) -> tuple[int, ...]:
+    """The bytes of each tensor one bitsandbytes-quantised weight is stored as (the allocator rounds each).
+
+    4-bit (bitsandbytes/functional.py ``quantize_4bit``): ``(n + 1) // 2`` packed uint8 bytes and one fp32 absmax
+    per ``blocksize`` elements; with double quantisation (``compress_statistics``) the absmax is itself
+    block-quantised (``quantize_blockwise``, blocks of 256): one uint8 per block plus one fp32 per 256 blocks.
+    8-bit (``Int8Params``): one int8 per element plus the fp32 row scales ``SCB`` (one per output row).
+    """
     if q.bits == 8:
-        return numel + 4 * out_features
+        return numel, 4 * out_features
     blocks = -(-numel // q.blocksize)
     packed = -(-numel // 2)
     if q.double_quant:
-        return packed + blocks + 4 * -(-blocks // 256)
-    return packed + 4 * blocks
+        return packed, blocks, 4 * -(-blocks // 256)
+    return packed, 4 * blocks
+
+
+def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
+    """Storage of one bitsandbytes-quantised weight (see module docstring)."""
+    return sum(quantised_tensors(numel, out_features, q))
 
 
 @lru_cache(maxsize=4096)

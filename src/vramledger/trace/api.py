@@ -19,24 +19,11 @@ from vramledger.trace.step import TraceResult, run_trace
 
 
 def quantised_weight_bytes(numel: int, out_features: int, quant: QuantSpec) -> int:
-    """Device bytes of one bitsandbytes-quantised weight, each tensor rounded to the allocator's 512 B.
+    """Device bytes of one bitsandbytes-quantised weight: the tensors of the analytic formula
+    (:func:`vramledger.analytic.weights.quantised_tensors`), each rounded to the allocator's 512 B."""
+    from vramledger.analytic.weights import quantised_tensors
 
-    4-bit (bitsandbytes/functional.py ``quantize_4bit``): ``(n + 1) // 2`` packed uint8 bytes and one fp32
-    absmax
-    per ``blocksize`` elements; with double quantisation (``compress_statistics``) the absmax is itself
-    block-quantised (``quantize_blockwise``, blocks of 256): one uint8 per block plus one fp32 per 256 blocks.
-    8-bit (``Int8Params``): one int8 per element plus the fp32 row scales ``SCB`` (one per output row).
-
-    TODO(analytic): use the analytic engine's quantised-weights formula once ``vramledger.analytic`` lands on
-    main,
-    so that both engines share one figure.
-    """
-    if quant.bits == 8:
-        return round_block(numel) + round_block(4 * out_features)
-    blocks = -(-numel // quant.blocksize)
-    double = round_block(blocks) + round_block(4 * -(-blocks // 256))
-    stats = double if quant.double_quant else round_block(4 * blocks)
-    return round_block((numel + 1) // 2) + stats
+    return sum(round_block(n) for n in quantised_tensors(numel, out_features, quant))
 
 
 def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
