@@ -24,7 +24,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.plan import memo, remedies
 from vramledger.plan.frontier import DEFAULT_GRANULARITY, largest
-from vramledger.plan.remedies import ORDER, TITLES, Change, Variant
+from vramledger.plan.remedies import ORDER, TITLES, Change, Remedy, Variant
 from vramledger.plan.timemodel import DEFAULT_ASSUMPTIONS, StepTime, TimeAssumptions, step_time
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 from vramledger.specs.gpu import check_headroom
@@ -108,7 +108,7 @@ class _Ctx:
         after = f"{d}x{self.global_batch // d}"
         if after == self.base_split:
             return ()
-        return (Change(remedy="micro_batch", setting="micro-batch x accum", before=self.base_split, after=after),)
+        return (Change(remedy=Remedy.MICRO_BATCH, setting="micro-batch x accum", before=self.base_split, after=after),)
 
     def candidate(self, m: ModelSpec, t: TrainSpec, changes: Iterable[Change]) -> Candidate:
         led = memo.ledger(m, t, self.gpu, self.headroom)
@@ -378,12 +378,12 @@ def _task_changing(m: ModelSpec, t: TrainSpec, ladder: list[Candidate], ctx: _Ct
     stacks = [(t, ()), (last.train, last.changes)]
     for st, changes in stacks:
         for L in _shorter_lengths(m, st, ctx, granularity, at_micro_one=True):
-            ch = Change(remedy="seq_len", setting="sequence length", before=str(t.seq_len), after=str(L))
+            ch = Change(remedy=Remedy.SEQ_LEN, setting="sequence length", before=str(t.seq_len), after=str(L))
             c = ctx.fastest_split(m, dataclasses.replace(st, seq_len=L), changes + (ch,))
             if c is not None:
                 out[(m.name, c.train)] = c
     for small in remedies.smaller_models(m):
-        ch = Change(remedy="model", setting="model", before=m.name, after=small.name)
+        ch = Change(remedy=Remedy.MODEL, setting="model", before=m.name, after=small.name)
         for st, changes in stacks:
             c = ctx.fastest_split(small, st, changes + (ch,))
             if c is not None:

@@ -14,6 +14,7 @@ Variants are built with ``dataclasses.replace`` on the frozen TrainSpec, so they
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,47 +32,72 @@ from vramledger.specs import (
     TrainSpec,
 )
 
-ORDER: tuple[str, ...] = (
-    "precision",
-    "micro_batch",
-    "grad_ckpt",
-    "loss",
-    "optimizer",
-    "adapters",
-    "offload",
-    "attention",
-    "seq_len",
-    "model",
-)
-"""Remedy keys in the seeds' order."""
 
-TITLES = {
-    "precision": "precision",
-    "micro_batch": "smaller micro-batch + accumulation",
-    "grad_ckpt": "gradient checkpointing",
-    "loss": "fused / chunked loss",
-    "optimizer": "optimizer state",
-    "adapters": "LoRA / QLoRA / rank",
-    "offload": "CPU offload of optimizer state",
-    "attention": "attention kernel",
-    "seq_len": "shorter sequence",
-    "model": "smaller model",
+class Remedy(str, enum.Enum):
+    """A remedy, in the seeds' order (the order of the members): its title and the price it costs.
+
+    A ``str`` enum, so that JSON and string comparisons see the key (``Remedy.GRAD_CKPT == "grad_ckpt"``).
+    """
+
+    PRECISION = "precision"
+    MICRO_BATCH = "micro_batch"
+    GRAD_CKPT = "grad_ckpt"
+    LOSS = "loss"
+    OPTIMIZER = "optimizer"
+    ADAPTERS = "adapters"
+    OFFLOAD = "offload"
+    ATTENTION = "attention"
+    SEQ_LEN = "seq_len"
+    MODEL = "model"
+
+    def __str__(self) -> str:
+        return self.value
+
+    @property
+    def title(self) -> str:  # type: ignore[override]  # str.title is a method; a remedy's title is its name
+        return _TITLES[self]
+
+    @property
+    def price(self) -> str:
+        return _PRICES[self]
+
+    @property
+    def changes_task(self) -> bool:
+        return self in (Remedy.SEQ_LEN, Remedy.MODEL)
+
+
+_TITLES = {
+    Remedy.PRECISION: "precision",
+    Remedy.MICRO_BATCH: "smaller micro-batch + accumulation",
+    Remedy.GRAD_CKPT: "gradient checkpointing",
+    Remedy.LOSS: "fused / chunked loss",
+    Remedy.OPTIMIZER: "optimizer state",
+    Remedy.ADAPTERS: "LoRA / QLoRA / rank",
+    Remedy.OFFLOAD: "CPU offload of optimizer state",
+    Remedy.ATTENTION: "attention kernel",
+    Remedy.SEQ_LEN: "shorter sequence",
+    Remedy.MODEL: "smaller model",
 }
 
-PRICE = {
-    "precision": "none on tensor-core GPUs (fp32 matmuls are slower)",
-    "micro_batch": "more, smaller kernels per optimizer step; saves only one micro-batch's activations",
-    "grad_ckpt": "a recomputed forward of every trained layer",
-    "loss": "about none (chunks of the same matmul)",
-    "optimizer": "(de)quantisation of 8-bit states; paged states spill to host memory under pressure",
-    "adapters": "a different model update (adapters, not weights); QLoRA dequantises every weight per pass",
-    "offload": "PCIe transfers every micro-step and a CPU optimizer step",
-    "attention": "none: fused kernels are faster",
-    "seq_len": "CHANGES THE TASK: samples are truncated or split",
-    "model": "CHANGES THE TASK: a smaller model of the same family",
+_PRICES = {
+    Remedy.PRECISION: "none on tensor-core GPUs (fp32 matmuls are slower)",
+    Remedy.MICRO_BATCH: "more, smaller kernels per optimizer step; saves only one micro-batch's activations",
+    Remedy.GRAD_CKPT: "a recomputed forward of every trained layer",
+    Remedy.LOSS: "about none (chunks of the same matmul)",
+    Remedy.OPTIMIZER: "(de)quantisation of 8-bit states; paged states spill to host memory under pressure",
+    Remedy.ADAPTERS: "a different model update (adapters, not weights); QLoRA dequantises every weight per pass",
+    Remedy.OFFLOAD: "PCIe transfers every micro-step and a CPU optimizer step",
+    Remedy.ATTENTION: "none: fused kernels are faster",
+    Remedy.SEQ_LEN: "CHANGES THE TASK: samples are truncated or split",
+    Remedy.MODEL: "CHANGES THE TASK: a smaller model of the same family",
 }
 
-TASK_CHANGING = frozenset({"seq_len", "model"})
+ORDER: tuple[Remedy, ...] = tuple(Remedy)
+"""Remedies in the seeds' order."""
+
+TITLES = {r.value: r.title for r in Remedy}
+PRICE = {r.value: r.price for r in Remedy}
+TASK_CHANGING = frozenset(r for r in Remedy if r.changes_task)
 
 # FlashAttention-2 runs on Ampere, Ada and Hopper (Dao-AILab/flash-attention README, "Installation and
 # features"), and on AMD MI200/MI300 through its ROCm backend; Blackwell is supported by recent releases.
@@ -82,15 +108,18 @@ _FA2_ARCHS = frozenset({"ampere", "ada", "hopper", "blackwell", "cdna2", "cdna3"
 class Change:
     """One setting a remedy changed."""
 
-    remedy: str
-    """A key of ``ORDER``."""
+    remedy: Remedy
+    """Which remedy (its key, e.g. ``"grad_ckpt"``, is accepted and converted)."""
     setting: str
     before: str
     after: str
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "remedy", Remedy(self.remedy))
+
     @property
     def changes_task(self) -> bool:
-        return self.remedy in TASK_CHANGING
+        return self.remedy.changes_task
 
     def __str__(self) -> str:
         return f"{self.setting} {self.before} -> {self.after}"
@@ -106,7 +135,7 @@ class Variant:
 
 
 def _v(m: ModelSpec, t: TrainSpec, key: str, setting: str, before: object, after: object, **kw: Any) -> Variant:
-    return Variant(model=m, train=dataclasses.replace(t, **kw), change=Change(remedy=key, setting=setting,
+    return Variant(model=m, train=dataclasses.replace(t, **kw), change=Change(remedy=Remedy(key), setting=setting,
                                                                               before=str(before), after=str(after)))
 
 
@@ -231,7 +260,7 @@ def smaller_models(m: ModelSpec, *, limit: int = 2) -> list[ModelSpec]:
 
 
 def model_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
-    return [Variant(model=s, train=t, change=Change(remedy="model", setting="model", before=m.name, after=s.name))
+    return [Variant(model=s, train=t, change=Change(remedy=Remedy.MODEL, setting="model", before=m.name, after=s.name))
             for s in smaller_models(m)]
 
 
