@@ -96,7 +96,8 @@ def test_catalog_records_the_published_figure(key: str) -> None:
 
 # The new families (gpt-oss, DeepSeek-V2, Llama-4 and Qwen2.5-VL built on the meta device; OLMo-2 and GLM-4 by
 # formula): exact published counts written out here too, and the two published only rounded (gpt-oss: the model
-# card's table; GLM-4: the model page).
+# card's table; GLM-4: the model page). The four exact figures are the hub's safetensors parameter totals, as
+# quoted in several public model inventories (checked 2026-11-24 with the search tool's string index).
 PUBLISHED_META = {
     "deepseek-v2-lite": 15_706_484_224,
     "llama-4-scout": 108_641_793_536,  # vision encoder included: built as Llama4ForConditionalGeneration
