@@ -40,7 +40,8 @@ METRICS = ("allocated", "reserved", "device", "allocated_plus_context", "oom")
 SETUP_KEYS = {
     "model", "mode", "method", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "adapter_fp32",
     "modules_to_save", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "loss",
-    "loss_chunk", "packing", "world_size", "zero_stage", "quant", "untie_embeddings", "prompt", "new_tokens",
+    "loss_chunk", "packing", "world_size", "zero_stage", "fsdp", "fsdp_version", "offload_optimizer",
+    "offload_params", "quant", "untie_embeddings", "prompt", "new_tokens",
     "cache", "base_dtype", "metric", "gpu",
 }  # fmt: skip
 ROW_KEYS = SETUP_KEYS | {"row", "profile", "csv_model", "csv_value", "judgement"}
@@ -165,7 +166,7 @@ def _quant(text: str | None) -> Any:
 
 def train_spec(setup: Mapping[str, Any]) -> Any:
     """The TrainSpec of a training row (vramledger's own names; see mapping.yaml's header)."""
-    from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, TrainSpec
+    from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, Sharding, TrainSpec
 
     method = Method(setup.get("method", "lora"))
     lora = None
@@ -180,6 +181,7 @@ def train_spec(setup: Mapping[str, Any]) -> Any:
             modules_to_save=tuple(setup.get("modules_to_save", ())),
         )
     base = setup.get("base_dtype")
+    fsdp = setup.get("fsdp")
     return TrainSpec(
         method=method,
         precision=Precision(setup.get("precision", "bf16-mixed")),
@@ -194,6 +196,10 @@ def train_spec(setup: Mapping[str, Any]) -> Any:
         packing=bool(setup.get("packing", False)),
         world_size=int(setup.get("world_size", 1)),
         zero_stage=int(setup.get("zero_stage", 0)),
+        fsdp=Sharding(fsdp) if fsdp else None,
+        fsdp_version=int(setup.get("fsdp_version", 2)),
+        offload_optimizer=bool(setup.get("offload_optimizer", False)),
+        offload_params=bool(setup.get("offload_params", False)),
         lora=lora,
         quant=_quant(setup.get("quant")) if method is Method.QLORA else None,
         base_dtype=DType(base) if base else None,

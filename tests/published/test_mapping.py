@@ -94,3 +94,17 @@ def test_bundled_configs_give_the_published_parameter_count(name: str) -> None:
     from vramledger.catalog import resolve_model
 
     assert count_params(resolve_model(str(BENCH / "models" / f"{name}.json"))) == PUBLISHED[name]
+
+
+def test_distributed_settings_reach_the_estimate() -> None:
+    # Rows 149 and 146 are the same TinyLlama pretraining step (litgpt extensions/thunder), on one GPU and under DDP
+    # on 8. As published, DDP adds 32.04 - 29.84 = 2.20 GB: the buckets' second copy of the bf16 gradients (Fabric's
+    # DDPStrategy leaves gradient_as_bucket_view=False). TinyLlama-1.1B has 1,100,048,384 parameters by hand: 22 layers
+    # of q, o 2048² + k, v 2048·256 + MLP 3·2048·5632 + 2 norms of 2048, an untied 32000×2048 embedding and head,
+    # and a final norm. If world_size did not reach TrainSpec, the two predictions would be equal.
+    mapping = run.load_mapping()
+    rows = {r.row.row: r for r in run.run(mapping, "estimate") if r.row.row in (146, 149)}
+    params = 22 * (2 * 2048**2 + 2 * 2048 * 256 + 3 * 2048 * 5632 + 2 * 2048) + 2 * 32000 * 2048 + 2048
+    assert params == 1_100_048_384
+    added = (rows[146].predicted_gb - rows[149].predicted_gb) * 1e9
+    assert added == pytest.approx(2 * params, rel=1e-6)
