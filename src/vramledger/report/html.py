@@ -157,6 +157,8 @@ def _allocator_replay(ledger: Ledger) -> list[str]:
     words (``trace_text.render_allocator``, one home for that wording)."""
     from vramledger.report.trace_text import oom_sentence, render_allocator
 
+    if ledger.engine != "trace":
+        return []
     text = render_allocator(ledger)
     if not text:
         return []
