@@ -7,6 +7,7 @@ import os
 import sys
 from typing import Any
 
+from vramledger.cli.args import out_path
 from vramledger.cli.common import add_gpu_options, add_model_options, add_output_options, add_train_options
 from vramledger.ledger import Ledger
 
@@ -28,6 +29,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="PYTORCH_CUDA_ALLOC_CONF to replay, e.g. expandable_segments:True (default: the "
                    "environment's PYTORCH_CUDA_ALLOC_CONF, else torch's defaults); compared with the defaults")
     p.add_argument("--json", action="store_true", help="machine-readable output (estimate's keys + trace keys)")
+    p.add_argument("--snapshot", type=out_path, metavar="FILE",
+                   help="write the traced step as a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's "
+                   "pickle), taken at the OOM point or the peak: open it at pytorch.org/memory_viz or with "
+                   "`vramledger explain FILE`")
     p.add_argument("--timeline", action="store_true", help="with --json: include the live-bytes timeline")
     add_output_options(p)
     p.set_defaults(run=_run)
@@ -40,6 +45,7 @@ def _run(args: argparse.Namespace) -> int:
     from vramledger.cli.common import resolve_inputs, show_bars, write_outputs
     from vramledger.report.progress import Progress
     from vramledger.trace import trace_step
+    from vramledger.trace.api import trace_step_snapshot
 
     inputs = resolve_inputs(args)
     conf_text, note = args.alloc_conf, ""
@@ -47,8 +53,14 @@ def _run(args: argparse.Namespace) -> int:
         conf_text = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
         note = f"allocator settings from the environment: PYTORCH_CUDA_ALLOC_CONF={conf_text}"
     conf = parse_alloc_conf(conf_text or "")
+    snapshot = None
     with Progress(f"tracing {inputs.model.name} on fake tensors (tens of seconds)"):
-        ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf)
+        if args.snapshot is None:
+            ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom,
+                                alloc_conf=conf)
+        else:
+            ledger, snapshot = trace_step_snapshot(inputs.model, inputs.train, gpu=inputs.gpu,
+                                                   headroom=inputs.headroom, alloc_conf=conf)
     ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
     if args.json:
         import json
@@ -68,6 +80,12 @@ def _run(args: argparse.Namespace) -> int:
 
             print()
             print(render_bars(ledger))
+    if snapshot is not None:
+        import pickle
+
+        from vramledger.userfiles import write_atomic
+
+        print(f"wrote {write_atomic(args.snapshot, pickle.dumps(snapshot), '--snapshot')}", file=sys.stderr)
     for path in write_outputs(args, ledger, inputs=inputs):
         print(f"wrote {path}", file=sys.stderr)
     # As `estimate`: exit 3 when the step does not fit the GPU, so scripts can branch on it.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html
 import re
+from collections.abc import Mapping
 from pathlib import Path
 
 from vramledger.ledger import Basis, Category, Ledger
@@ -151,6 +152,23 @@ def _verdict(ledger: Ledger) -> str:
     return f'<div class="verdict {"fits" if v.fits else "oom"}">{_e(text)}</div>'
 
 
+def _allocator_replay(ledger: Ledger) -> list[str]:
+    """A trace's allocator replay: the OOM point (if any) as a verdict line, then the replay in the terminal's
+    words (``trace_text.render_allocator``, one home for that wording)."""
+    from vramledger.report.trace_text import oom_sentence, render_allocator
+
+    if ledger.engine != "trace":
+        return []
+    text = render_allocator(ledger)
+    if not text:
+        return []
+    out = []
+    given = ledger.settings.get("allocator")
+    if isinstance(given, Mapping) and given.get("oom"):
+        out.append(f'<div class="verdict oom">{_e(oom_sentence(given["oom"]))}</div>')
+    return [*out, "<h2>Allocator replay</h2>", f'<pre class="replay">{_e(text)}</pre>']
+
+
 def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | None = None) -> str:
     """The whole page as a string. ``figures`` defaults to the bill alone; figures need matplotlib."""
     from vramledger.report.plots import render
@@ -176,6 +194,7 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
     ]
     if ledger.advice:
         parts.append(f"<p>{_e(ledger.advice)}</p>")
+    parts += _allocator_replay(ledger)
     parts += ["<h2>The bill</h2>", ledger_table(ledger), _sources(ledger)]
     notes = [f"assumed, not yet measured: {c}" for c in
              sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})]

@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramledger.ledger import Ledger, Phase
+from vramledger.trace.opnames import op_label
 from vramledger.units import fmt_bytes
 
 
@@ -21,13 +22,23 @@ def _oom_lines(r: Mapping[str, Any]) -> list[str]:
         note = [f"  (after freeing the cache {retries}x)"] if retries else []
         return [f"no OOM within {fmt_bytes(r['capacity_bytes'])}", *note]
     return [
-        f"OOM at {o['op']}",
+        f"OOM at {op_label(o['op'], o.get('category', ''), o['phase'], o['module'])}",
         f"  in {o['module'] or '(top level)'}",
         f"  {o['phase']}, step {o['step']}: {fmt_bytes(o['requested_bytes'])} requested",
         f"  allocated {fmt_bytes(o['allocated_bytes'])} of {fmt_bytes(o['capacity_bytes'])}",
         f"  free but unusable {fmt_bytes(o['unusable_free_bytes'])}",
         f"  (cached {fmt_bytes(o['free_cached_bytes'])}, largest block {fmt_bytes(o['largest_free_block_bytes'])})",
     ]
+
+
+def oom_sentence(o: Mapping[str, Any]) -> str:
+    """The OOM point of a replay (``OomPoint.to_dict``) in one sentence."""
+    op = op_label(o["op"], o.get("category", ""), o["phase"], o["module"])
+    return (
+        f"Runs out of memory at {op} in {o['module'] or '(top level)'}, "
+        f"{o['phase']} of step {o['step']}: {fmt_bytes(o['requested_bytes'])} requested with "
+        f"{fmt_bytes(o['allocated_bytes'])} of {fmt_bytes(o['capacity_bytes'])} allocated."
+    )
 
 
 def _summary(r: Mapping[str, Any]) -> list[str]:

@@ -14,6 +14,7 @@ from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.trace.distributed import wrapper_settings
 from vramledger.trace.ledger_build import downsample, line_items, replay, top_modules
 from vramledger.trace.oom import device_events, device_lines, replay_outcome
+from vramledger.trace.opnames import op_label
 from vramledger.trace.recorder import Event, round_block
 from vramledger.trace.step import TraceResult, run_trace
 
@@ -97,6 +98,36 @@ def trace_step(
         seq_len=4096))
         ledger.peak_allocated
     """
+    return _trace_ledger(model, train, gpu=gpu, headroom=headroom, config=config, alloc_conf=alloc_conf)[0]
+
+
+def trace_step_snapshot(
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    gpu: GPUSpec | None = None,
+    headroom: float = DEFAULT_HEADROOM,
+    config: dict[str, Any] | None = None,
+    alloc_conf: AllocatorConf = DEFAULT_CONF,
+) -> tuple[Ledger, dict[str, Any]]:
+    """:func:`trace_step` and, from the same trace, its memory snapshot in ``torch.cuda.memory._snapshot``'s
+    format (trace/snapshot.py): pickle it to get what ``torch.cuda.memory._dump_snapshot`` writes."""
+    ledger, snap = _trace_ledger(model, train, gpu=gpu, headroom=headroom, config=config, alloc_conf=alloc_conf,
+                                 snapshot=True)
+    assert snap is not None
+    return ledger, snap
+
+
+def _trace_ledger(
+    model: ModelSpec,
+    train: TrainSpec,
+    *,
+    gpu: GPUSpec | None,
+    headroom: float,
+    config: dict[str, Any] | None,
+    alloc_conf: AllocatorConf,
+    snapshot: bool = False,
+) -> tuple[Ledger, dict[str, Any] | None]:
     result, events = _trace(model, train, config)
     casts = frozenset(sid for sid, info in result.storages.items() if info.param_cast)
     peaks, samples = replay(events, casts)
@@ -112,7 +143,8 @@ def trace_step(
     if alloc_conf.ignored_keys:
         warnings += (f"alloc conf: {', '.join(alloc_conf.ignored_keys)} do not change device memory; ignored",)
     moments: dict[Phase, str] = {
-        p: f"{pk.op} in {pk.module or '(top level)'} (step {pk.step})"
+        p: f"{op_label(pk.op, events[pk.index].category, p.value, pk.module)} in {pk.module or '(top level)'} "
+        f"(step {pk.step})"
         for p, pk in peaks.items()
         if p is not Phase.LOAD
     }
@@ -131,7 +163,15 @@ def trace_step(
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
-    return dataclasses.replace(ledger, verdict=verdict, advice=advice)
+    snap = None
+    if snapshot:
+        from vramledger.analytic.overhead import obtainable_bytes
+        from vramledger.trace.snapshot import build_snapshot
+
+        steps = tuple(events[i].step if i >= 0 else 1 for i in dev.origin)
+        snap = build_snapshot(dev, steps, conf=alloc_conf, capacity_bytes=obtainable_bytes(gpu),
+                              device_total_bytes=None if gpu is None else gpu.memory_bytes)
+    return dataclasses.replace(ledger, verdict=verdict, advice=advice), snap
 
 
 def _settings(train: TrainSpec, result: TraceResult, events: list[Event]) -> dict[str, object]:
