@@ -93,10 +93,8 @@ CONFIGS: Mapping[str, GpuCheckConfig] = {
 def events_from_snapshot(snapshot: Mapping[str, Any], device: int = 0) -> tuple[list[AllocEvent], int]:
     """Alloc/free events from a ``torch.cuda.memory._snapshot()``'s ``device_traces``.
 
-    ``alloc`` opens a storage at an address, ``free_completed`` (when the block is back in the pool) closes
-    it;
-    segment, OOM and snapshot entries are the allocator's own doing and are skipped. Returns the events and
-    the
+    ``alloc`` opens a storage at an address, ``free_completed`` (when the block is back in the pool) closes it;
+    segment, OOM and snapshot entries are the allocator's own doing and are skipped. Returns the events and the
     number of frees of storages allocated before recording began (they cannot be replayed; should be 0).
     """
     events: list[AllocEvent] = []

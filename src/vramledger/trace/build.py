@@ -1,12 +1,10 @@
 """Build the Hugging Face model for a traced step: config, method, dtypes, checkpointing, with no real memory.
 
-The model is built on the ``meta`` device (no memory, no initialisation cost), the method is applied there
-(PEFT adapters, frozen layers, dtype casts as the loaders do them), and only then are the parameters
-converted,
-inside the fake-tensor mode, into fake CPU tensors (``materialise``). Building PEFT directly under fake mode
-fails
-(``Module.to()`` swaps tensors the fake converter holds a weakref to: tracing.md), and converting with
-``_apply`` unties tied embeddings, so ``materialise`` re-links every shared parameter and checks the count.
+The model is built on the ``meta`` device (no memory, no initialisation cost), the method is applied there (PEFT
+adapters, frozen layers, dtype casts as the loaders do them), and only then are the parameters converted, inside the
+fake-tensor mode, into fake CPU tensors (``materialise``). Building PEFT directly under fake mode fails
+(``Module.to()`` swaps tensors the fake converter holds a weakref to: tracing.md), and converting with ``_apply``
+unties tied embeddings, so ``materialise`` re-links every shared parameter and checks the count.
 """
 
 from __future__ import annotations
@@ -86,8 +84,7 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
             layer.to(trainable_dt)
 
     if train.grad_ckpt:
-        # transformers modeling_utils.py _activation_checkpointing_enable: use_reentrant=False by default, and
-        # the
+        # transformers modeling_utils.py _activation_checkpointing_enable: use_reentrant=False by default, and the
         # input embeddings' output made to require grad (enable_input_require_grads).
         hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 

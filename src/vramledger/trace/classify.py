@@ -1,10 +1,8 @@
 """Give every traced storage one memory category, from what it is and how long it lives.
 
-Rules, in order (the category of a storage is decided once, after the step, so that a tensor counts the same
-at
+Rules, in order (the category of a storage is decided once, after the step, so that a tensor counts the same at
 every moment):
-1. set while tracing: gradients (``p.grad`` after accumulation), optimizer state (``optimizer.state``),
-``host``
+1. set while tracing: gradients (``p.grad`` after accumulation), optimizer state (``optimizer.state``), ``host``
    (AdamW's non-fused ``step`` counters, which a CUDA run keeps on the CPU);
 2. allocated while loading: weights (parameters and buffers);
 3. a dtype cast of a parameter (autocast's weight cast cache): weights (shown on their own line);
@@ -25,8 +23,7 @@ INPUTS = "<inputs>"
 
 
 def _loss_region(module: str) -> bool:
-    # ``LlamaForCausalLM.forward`` calls ``self.model`` then ``self.lm_head`` then ``self.loss_function``: ops
-    # in
+    # ``LlamaForCausalLM.forward`` calls ``self.model`` then ``self.lm_head`` then ``self.loss_function``: ops in
     # the causal-LM module itself (path "" or "base_model.model" under PEFT) are the logits slice and the
     # loss.
     last = module.rsplit(".", 1)[-1]

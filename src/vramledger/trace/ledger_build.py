@@ -1,7 +1,6 @@
 """Turn categorised trace events into a Ledger: per phase, the bytes of each category at that phase's peak.
 
-The live total is replayed event by event (allocated bytes only; ``host`` tensors are left out). A phase's
-peak is
+The live total is replayed event by event (allocated bytes only; ``host`` tensors are left out). A phase's peak is
 its highest live total over both traced steps; its line items are the categories live at that moment.
 """
 

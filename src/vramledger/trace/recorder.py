@@ -1,17 +1,14 @@
 """Record every allocation and free of a traced step: size, storage, phase, module and op.
 
-A ``TorchDispatchMode`` sits above the fake-tensor mode: every op's outputs pass through it, and each output
-whose
-storage we have not seen is an allocation. A ``weakref.finalize`` on that storage reports the free. Nothing
-here
-holds a tensor or a storage: the recorder must never extend a lifetime (tracing.md: ModTracker kept DoRA
-temporaries alive until the garbage collector ran).
+A ``TorchDispatchMode`` sits above the fake-tensor mode: every op's outputs pass through it, and each output whose
+storage we have not seen is an allocation. A ``weakref.finalize`` on that storage reports the free. Nothing here
+holds a tensor or a storage: the recorder must never extend a lifetime (tracing.md: ModTracker kept DoRA temporaries
+alive until the garbage collector ran).
 
-Module attribution. Forward: forward pre/post hooks on every module keep a stack of module paths (they also
-fire
-in the recompute of non-reentrant checkpointing). Backward: the autograd node being executed
-(``torch._C._current_autograd_node``) carries the sequence number it was created with in forward; the forward
-hooks log (sequence number, module) intervals, so a bisect maps a backward op back to its forward module.
+Module attribution. Forward: forward pre/post hooks on every module keep a stack of module paths (they also fire in
+the recompute of non-reentrant checkpointing). Backward: the autograd node being executed
+(``torch._C._current_autograd_node``) carries the sequence number it was created with in forward; the forward hooks
+log (sequence number, module) intervals, so a bisect maps a backward op back to its forward module.
 """
 
 from __future__ import annotations

@@ -196,10 +196,8 @@ def cuda_sdpa_backend(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, 
     on an
     sm80+ GPU: ``flash``, ``efficient`` or ``math``, by the checks that differ between them here.
 
-    flash: fp16/bf16, no explicit mask, head_dim ≤ 256 and a multiple of 8 (check_head_dim_size_flash),
-    grouped
-    heads allowed. efficient: fp16/bf16/fp32, a mask allowed, head_dim a multiple of 8 (4 for fp32), but the
-    same
+    flash: fp16/bf16, no explicit mask, head_dim ≤ 256 and a multiple of 8 (check_head_dim_size_flash), grouped
+    heads allowed. efficient: fp16/bf16/fp32, a mask allowed, head_dim a multiple of 8 (4 for fp32), but the same
     number of query and key heads (check_batch_size_and_num_heads_dense<false>). Otherwise math.
     """
     import torch

@@ -1,12 +1,11 @@
 """Run two training steps of the real model code on fake CPU tensors and record every allocation and free.
 
-The loop is the HF Trainer's (trainer.py ``training_step`` / ``compute_loss`` with accelerate's
-``prepare_model``): under mixed precision the forward runs in ``torch.autocast`` and accelerate converts the
-bf16/fp16 outputs to fp32 (accelerate/utils/operations.py ``convert_outputs_to_fp32``); the loss comes from
-transformers' ``ForCausalLMLoss`` via ``labels``; then ``backward``, ``optimizer.step()`` and
-``model.zero_grad()`` (set_to_none=True). Two steps: optimizer states exist only from the first step on, so
-the
-second step's backward is where full fine-tuning peaks (tracing.md).
+The loop is the HF Trainer's (trainer.py ``training_step`` / ``compute_loss`` with accelerate's ``prepare_model``):
+under mixed precision the forward runs in ``torch.autocast`` and accelerate converts the bf16/fp16 outputs to fp32
+(accelerate/utils/operations.py ``convert_outputs_to_fp32``); the loss comes from transformers' ``ForCausalLMLoss``
+via ``labels``; then ``backward``, ``optimizer.step()`` and ``model.zero_grad()`` (set_to_none=True). Two steps:
+optimizer states exist only from the first step on, so the second step's backward is where full fine-tuning peaks
+(tracing.md).
 """
 
 from __future__ import annotations
@@ -83,8 +82,7 @@ def run_trace(
     eval_shape: tuple[int, int] | None = None,
 ) -> TraceResult:
     """Trace ``STEPS`` training steps; returns the categorised events. ``fake=False`` runs the same loop on
-    real
-    (uninitialised) CPU tensors, for tests that compare the fake trace with a real run. ``eval_shape``
+    real (uninitialised) CPU tensors, for tests that compare the fake trace with a real run. ``eval_shape``
     (batch, length) adds one evaluation forward after the steps (phase ``EVAL``, step ``STEPS + 1``)."""
     try:
         import torch
@@ -181,11 +179,9 @@ def run_trace(
             del out, input_ids, labels
             rec.phase = Phase.BACKWARD
             backward_start[step] = len(rec.events)
-            # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a
-            # torch
-            # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they
-            # handle
-            # a call, so the backward (and its checkpoint recomputes) would run without them.
+            # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a torch
+            # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they handle a
+            # call, so the backward (and its checkpoint recomputes) would run without them.
             _engine_run_backward(
                 (loss,),
                 (torch.ones_like(loss),),
@@ -266,9 +262,8 @@ def _eval_forward(hf: Any, rec: Recorder, train: TrainSpec, shape: tuple[int, in
 
 def _quantised_linears(hf: Any, rec: Recorder) -> list[tuple[int, int, int]]:
     """(storage id, numel, out_features) of the linears bitsandbytes would quantise: every frozen
-    ``nn.Linear``
-    weight except the output layer (transformers integrations/bitsandbytes.py ``get_keys_to_not_convert``
-    keeps
+    ``nn.Linear`` weight except the output layer (transformers integrations/bitsandbytes.py
+    ``get_keys_to_not_convert`` keeps
     lm_head)."""
     import torch
 
