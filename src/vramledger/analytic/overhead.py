@@ -60,7 +60,7 @@ RESERVE_FRACTION = 0.05
 RESERVE_SOURCE = (
     "caching-allocator reserve (2 MiB rounding, cached blocks that do not fit later requests) taken as 5% of "
     "peak allocated + 64 MiB (published OOM messages show 4-5.5% reserved-but-unallocated) until the allocator "
-    "replay is calibrated on a GPU (issue 4)"
+    "replay is checked against real streams on a GPU (bench/accuracy/replay_streams.py)"
 )
 
 

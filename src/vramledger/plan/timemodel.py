@@ -41,7 +41,7 @@ Time (``step_time``), with every constant in ``TimeAssumptions`` below:
   CPU Adam (host-memory bound) and the updated low-precision parameters back to the GPU once per optimizer step.
 
 No GPU was available when these constants were chosen: they are assumptions with their evidence, to be
-calibrated on a GPU (issue 6, point 3).
+calibrated on a GPU (bench/ground_truth/constants.py measures them).
 """
 
 from __future__ import annotations
