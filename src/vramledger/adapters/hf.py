@@ -176,7 +176,7 @@ def _shapes(r: Reader, batch_default: int, batch_cite: str) -> None:
     r.set(
         "micro_batch",
         r.integer("per_device_train_batch_size", batch_default, minimum=1),
-        r.file("per_device_train_batch_size") if r.has("per_device_train_batch_size") else r.default(batch_cite),
+        r.origin("per_device_train_batch_size", batch_cite),
     )
     r.set(
         "grad_accum",
