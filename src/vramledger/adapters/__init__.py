@@ -18,11 +18,15 @@ import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramledger.adapters.deepspeed import DeepSpeedConfig
 from vramledger.errors import VramledgerError
 from vramledger.specs import Method, TrainSpec
+
+if TYPE_CHECKING:
+    from vramledger.adapters._base import Reader
+    from vramledger.adapters.hf import TrainerFlags
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -52,6 +56,24 @@ _MODEL_KEYS = {
 _TRAIN_FIELDS = frozenset(f.name for f in dataclasses.fields(TrainSpec))
 
 
+@dataclass
+class _Merged:
+    """What the configs read so far set: fields and provenance (a later config wins) and warnings (each once)."""
+
+    fields: dict[str, Any] = field(default_factory=dict)
+    provenance: dict[str, str] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)
+
+    def add(self, r: Reader) -> None:
+        self.fields.update(r.fields)
+        self.provenance.update(r.provenance)
+        for w in r.warnings:
+            if w not in self.seen:
+                self.seen.add(w)
+                self.warnings.append(w)
+
+
 def load_config(
     path: Path | None,
     *,
@@ -66,128 +88,149 @@ def load_config(
     ``require_model=False`` when the caller already has the model (a positional argument): a missing or
     unresolvable model in the file is then not an error.
     """
-    from vramledger.adapters import deepspeed as ds
     from vramledger.adapters import fsdp
-    from vramledger.adapters._base import Reader, apply_overrides, read_mapping, resolve_relative
-    from vramledger.adapters.detect import detect, normalise_format
+    from vramledger.adapters._base import Reader
+    from vramledger.adapters.detect import normalise_format
 
-    fields: dict[str, Any] = {}
-    provenance: dict[str, str] = {}
-    warnings: list[str] = []
-    seen: set[str] = set()
+    m = _Merged()
     kind = normalise_format(fmt) if fmt else ""
     model: str | None = None
-    trainer = None
-    ds_config: DeepSpeedConfig | None = None
     main: Reader | None = None
-
-    def merge(r: Reader) -> None:
-        fields.update(r.fields)
-        provenance.update(r.provenance)
-        for w in r.warnings:
-            if w not in seen:
-                seen.add(w)
-                warnings.append(w)
-
     if path is None and overrides:
         raise VramledgerError(f"unexpected argument {overrides[0]!r}: KEY=VALUE overrides need --config FILE")
     if path is not None:
-        raw = read_mapping(path)
-        raw, touched = apply_overrides(raw, overrides)
-        kind = kind or detect(raw, str(path))
-        world = raw.pop("world_size", None) if kind != "axolotl" or "world_size" in touched else None
-        main = Reader(raw, framework=kind, source=str(path), overridden=touched)
+        kind, main, model = _read_main(path, kind, overrides, m)
         if kind == "deepspeed":
             deepspeed = deepspeed or path
         elif kind == "fsdp":
             accelerate_config = accelerate_config or path
-        else:
-            model = _load_main(kind, main)
-            trainer = main.extras.get("trainer")
-            merge(main)
-        if world is not None:
-            fields["world_size"] = _world(world, str(path))
-            provenance["world_size"] = ("override" if "world_size" in touched else "file") + ": world_size"
-
+    trainer = main.extras.get("trainer") if main is not None else None
     hidden = _hidden_size(model)
 
     if accelerate_config is not None:
-        ar = Reader(
-            read_mapping(accelerate_config, "accelerate config"),
-            framework="accelerate",
-            source=str(accelerate_config),
-        )
-        fsdp.read_accelerate(ar)
-        mp = ar.extras.get("mixed_precision")
-        if trainer is None and mp is not None:
-            ar.set("precision", mp, f"file: {accelerate_config} mixed_precision")
-        merge(ar)
-        if deepspeed is None and isinstance(ar.extras.get("deepspeed_file"), str):
-            deepspeed = resolve_relative(ar.extras["deepspeed_file"], accelerate_config)
-
-    ds_source: Any = deepspeed
-    if ds_source is None and trainer is not None and trainer.deepspeed is not None:
-        ds_source = trainer.deepspeed
-        if isinstance(ds_source, str):
-            ds_path = resolve_relative(ds_source, path)
-            if not ds_path.is_file():
-                raise VramledgerError(
-                    f"{path}: deepspeed names {ds_source}, which does not exist here; pass the file with "
-                    "--deepspeed PATH"
-                )
-            ds_source = ds_path
+        deepspeed = _read_accelerate(accelerate_config, trainer, deepspeed, m)
+    ds_source = _deepspeed_source(deepspeed, trainer, path)
+    ds_config: DeepSpeedConfig | None = None
     if ds_source is not None:
-        if isinstance(ds_source, dict):
-            dr = Reader({str(k): v for k, v in ds_source.items()}, framework="deepspeed", source="deepspeed")
-        else:
-            dr = Reader(
-                read_mapping(Path(ds_source), "deepspeed config"),
-                framework="deepspeed",
-                source=str(ds_source),
-            )
-        ds_config = ds.read(
-            dr,
-            trainer=trainer,
-            micro_batch=fields.get("micro_batch"),
-            grad_accum=fields.get("grad_accum"),
-            hidden_size=hidden,
-        )
-        if "world_size" in fields:
-            dr.fields.pop("world_size", None)
-            dr.provenance.pop("world_size", None)
-        merge(dr)
+        ds_config = _read_deepspeed(ds_source, trainer, hidden, m)
     elif trainer is not None and trainer.fsdp not in (None, False, "", []):
         fr = Reader({}, framework="fsdp", source=str(path))
         fsdp.read_trainer_fsdp(fr, trainer.fsdp, trainer.fsdp_config)
-        merge(fr)
+        m.add(fr)
 
+    fields, provenance = m.fields, m.provenance
     # TRL: ZeRO-3 with a non-quantised PEFT model passes autocast_adapter_dtype=False (sft_trainer.py), so the
     # adapters stay in the model dtype.
     if kind == "trl" and fields.get("zero_stage") == 3 and fields.get("method") is Method.LORA and fields.get("lora"):
         fields["lora"] = dataclasses.replace(fields["lora"], adapter_fp32=False)
         provenance["lora"] += "; default: trl (sft_trainer.py: ZeRO-3 + PEFT → autocast_adapter_dtype=False)"
-
     if (fields.get("zero_stage", 0) > 0 or fields.get("fsdp") is not None) and "world_size" not in fields:
-        warnings.append(
+        m.warnings.append(
             "world_size: not given in the configs (the launcher decides); ZeRO/FSDP shards are "
             "estimated for 1 GPU — add world_size=N after the config file"
         )
     model_name = model or ""
     if path is not None and kind not in ("deepspeed", "fsdp") and require_model:
-        unknown = main.extras.get("unknown_builder") if main is not None else None
-        if not model_name and unknown:
-            raise VramledgerError(
-                f"{path}: the torchtune builder {unknown!r} (model._component_) is not in vramledger's table; pass "
-                f"the model's config.json before --config (vramledger estimate /path/to/config.json --config {path})"
-            )
-        if not model_name:
-            raise VramledgerError(
-                f"{path}: names no model ({_MODEL_KEYS.get(kind, 'model')}); add it to the file or pass the model "
-                "(a catalog name or a config.json path) before --config"
-            )
-        _check_model(model_name, _MODEL_KEYS.get(kind, "model"), path)
+        _require_model(path, kind, main, model_name)
+    return _resolved(m, path, model=model_name, kind=kind, ds_config=ds_config)
 
-    train_fields = {k: v for k, v in fields.items() if k in _TRAIN_FIELDS}
+
+def _read_main(path: Path, kind: str, overrides: Sequence[str], m: _Merged) -> tuple[str, Reader, str | None]:
+    """The file given with --config, overrides applied; returns its format, its reader and the model it names.
+    A DeepSpeed or accelerate file is only detected here: the caller reads it as such."""
+    from vramledger.adapters._base import Reader, apply_overrides, read_mapping
+    from vramledger.adapters.detect import detect
+
+    raw = read_mapping(path)
+    raw, touched = apply_overrides(raw, overrides)
+    kind = kind or detect(raw, str(path))
+    world = raw.pop("world_size", None) if kind != "axolotl" or "world_size" in touched else None
+    main = Reader(raw, framework=kind, source=str(path), overridden=touched)
+    model = None
+    if kind not in ("deepspeed", "fsdp"):
+        model = _load_main(kind, main)
+        m.add(main)
+    if world is not None:
+        m.fields["world_size"] = _world(world, str(path))
+        m.provenance["world_size"] = ("override" if "world_size" in touched else "file") + ": world_size"
+    return kind, main, model
+
+
+def _read_accelerate(path: Path, trainer: TrainerFlags | None, deepspeed: Path | None, m: _Merged) -> Path | None:
+    """An accelerate config (FSDP, mixed precision); returns the DeepSpeed config to read, given or named in it."""
+    from vramledger.adapters import fsdp
+    from vramledger.adapters._base import Reader, read_mapping, resolve_relative
+
+    ar = Reader(read_mapping(path, "accelerate config"), framework="accelerate", source=str(path))
+    fsdp.read_accelerate(ar)
+    mp = ar.extras.get("mixed_precision")
+    if trainer is None and mp is not None:
+        ar.set("precision", mp, f"file: {path} mixed_precision")
+    m.add(ar)
+    if deepspeed is None and isinstance(ar.extras.get("deepspeed_file"), str):
+        deepspeed = resolve_relative(ar.extras["deepspeed_file"], path)
+    return deepspeed
+
+
+def _deepspeed_source(deepspeed: Path | None, trainer: TrainerFlags | None, path: Path | None) -> Any:
+    """The DeepSpeed config to read: the one given, else the training config's ``deepspeed`` (a path, resolved as
+    the framework does, or an inline mapping); None when there is none."""
+    from vramledger.adapters._base import resolve_relative
+
+    if deepspeed is not None or trainer is None or trainer.deepspeed is None:
+        return deepspeed
+    if not isinstance(trainer.deepspeed, str):
+        return trainer.deepspeed
+    ds_path = resolve_relative(trainer.deepspeed, path)
+    if not ds_path.is_file():
+        raise VramledgerError(
+            f"{path}: deepspeed names {trainer.deepspeed}, which does not exist here; pass the file with "
+            "--deepspeed PATH"
+        )
+    return ds_path
+
+
+def _read_deepspeed(source: Any, trainer: TrainerFlags | None, hidden: int | None, m: _Merged) -> DeepSpeedConfig:
+    from vramledger.adapters import deepspeed as ds
+    from vramledger.adapters._base import Reader, read_mapping
+
+    if isinstance(source, dict):
+        dr = Reader({str(k): v for k, v in source.items()}, framework="deepspeed", source="deepspeed")
+    else:
+        dr = Reader(read_mapping(Path(source), "deepspeed config"), framework="deepspeed", source=str(source))
+    ds_config = ds.read(
+        dr,
+        trainer=trainer,
+        micro_batch=m.fields.get("micro_batch"),
+        grad_accum=m.fields.get("grad_accum"),
+        hidden_size=hidden,
+    )
+    if "world_size" in m.fields:  # world_size=N given with the training config wins over train_batch_size
+        dr.fields.pop("world_size", None)
+        dr.provenance.pop("world_size", None)
+    m.add(dr)
+    return ds_config
+
+
+def _require_model(path: Path, kind: str, main: Reader | None, model_name: str) -> None:
+    unknown = main.extras.get("unknown_builder") if main is not None else None
+    if not model_name and unknown:
+        raise VramledgerError(
+            f"{path}: the torchtune builder {unknown!r} (model._component_) is not in vramledger's table; pass "
+            f"the model's config.json before --config (vramledger estimate /path/to/config.json --config {path})"
+        )
+    if not model_name:
+        raise VramledgerError(
+            f"{path}: names no model ({_MODEL_KEYS.get(kind, 'model')}); add it to the file or pass the model "
+            "(a catalog name or a config.json path) before --config"
+        )
+    _check_model(model_name, _MODEL_KEYS.get(kind, "model"), path)
+
+
+def _resolved(
+    m: _Merged, path: Path | None, *, model: str, kind: str, ds_config: DeepSpeedConfig | None
+) -> ResolvedConfig:
+    train_fields = {k: v for k, v in m.fields.items() if k in _TRAIN_FIELDS}
     if train_fields.get("method") not in (Method.QLORA,):
         train_fields.pop("quant", None)
     try:
@@ -196,12 +239,12 @@ def load_config(
         train = TrainSpec(**train_fields)
     except TypeError as exc:  # a value of the wrong type slipped through: still one clear line
         raise VramledgerError(f"{path}: a value has the wrong type ({exc}); check the file") from None
-    provenance = {k: v for k, v in provenance.items() if k in _TRAIN_FIELDS or k == "model_dtype"}
+    provenance = {k: v for k, v in m.provenance.items() if k in _TRAIN_FIELDS or k == "model_dtype"}
     return ResolvedConfig(
-        model=model_name,
+        model=model,
         train=train,
         provenance=provenance,
-        warnings=tuple(warnings),
+        warnings=tuple(m.warnings),
         format=kind,
         deepspeed=ds_config,
     )
@@ -239,9 +282,24 @@ def preset_config(kind: str, model: str) -> ResolvedConfig:
     return ResolvedConfig(model=model, train=TrainSpec(**train_fields), provenance=provenance, format=kind)
 
 
-_SHAPE_FIELDS = frozenset({"micro_batch", "seq_len", "grad_accum", "packing", "eval_batch", "eval_seq_len",
-                           "eval_accumulation_steps", "eval_steps_total", "eval_logits", "predict_with_generate",
-                           "generation_max_new_tokens", "world_size", "zero_stage", "loss_chunk_tokens"})
+_SHAPE_FIELDS = frozenset(
+    {
+        "micro_batch",
+        "seq_len",
+        "grad_accum",
+        "packing",
+        "eval_batch",
+        "eval_seq_len",
+        "eval_accumulation_steps",
+        "eval_steps_total",
+        "eval_logits",
+        "predict_with_generate",
+        "generation_max_new_tokens",
+        "world_size",
+        "zero_stage",
+        "loss_chunk_tokens",
+    }
+)
 
 
 def _load_main(kind: str, r: Any) -> str | None:

@@ -241,6 +241,11 @@ class Reader:
     def default(self, cite: str) -> str:
         return f"default: {self.framework} ({cite})"
 
+    def origin(self, key: str, cite: str) -> str:
+        """Where a setting read from ``key`` came from: the file (or an override) when the key is set there, else
+        the framework's default, ``cite`` naming the upstream file that sets it."""
+        return self.file(key) if self.has(key) else self.default(cite)
+
     def warn(self, message: str) -> None:
         if message not in self._warned:
             self._warned.add(message)

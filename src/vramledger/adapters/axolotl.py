@@ -121,9 +121,75 @@ HARMLESS = frozenset(
 )
 AX = "axolotl"
 
+LORA_KEYS = (
+    "lora_r",
+    "lora_alpha",
+    "lora_target_linear",
+    "lora_target_modules",
+    "lora_dropout",
+    "peft_use_dora",
+    "lora_modules_to_save",
+)
+"""The keys that make the LoraSpec, in the order its provenance names them."""
+IGNORED_ATTENTION = ("xformers_attention", "flex_attention", "s2_attention")
+"""Attention implementations axolotl patches in that vramledger does not model."""
+IGNORED_KERNELS = (
+    "liger_rope",
+    "liger_rms_norm",
+    "liger_glu_activation",
+    "liger_layer_norm",
+    "liger_cross_entropy",
+    "chunked_cross_entropy",
+    "chunked_cross_entropy_num_chunks",
+    "tiled_mlp",
+    "torch_compile",
+)
+"""Kernels whose activation savings vramledger does not model."""
+UNMODELLED: tuple[tuple[str, str], ...] = (
+    ("rl", "preference/RL training (reference model, paired batches) is not modelled"),
+    ("reward_model", "reward model training is not modelled"),
+    ("relora", "ReLoRA is not modelled"),
+    ("context_parallel_size", "context parallelism is not modelled"),
+    ("tensor_parallel_size", "tensor parallelism is not modelled"),
+    ("sequence_parallel_degree", "sequence parallelism is not modelled"),
+    ("fp8", "fp8 training is not modelled"),
+    ("qat", "quantisation-aware training is not modelled"),
+    ("gptq", "GPTQ bases are not modelled"),
+    ("neftune_noise_alpha", "NEFTune's noise is not modelled"),
+    ("resize_token_embeddings_to_32x", "resized embeddings are not modelled"),
+    ("unsloth_lora_mlp", "Unsloth kernels are not modelled"),
+    ("unsloth_lora_qkv", "Unsloth kernels are not modelled"),
+    ("unsloth_lora_o", "Unsloth kernels are not modelled"),
+    ("lora_mlp_kernel", "LoRA kernels are not modelled"),
+    ("lora_qkv_kernel", "LoRA kernels are not modelled"),
+    ("lora_o_kernel", "LoRA kernels are not modelled"),
+    ("torch_empty_cache_steps", "periodic empty_cache is not modelled"),
+    ("auto_find_batch_size", "batch halving after an OOM is not modelled"),
+    ("world_size", "axolotl reads WORLD_SIZE from the launcher; pass world_size=N as an override"),
+)
+"""Memory-relevant keys vramledger does not model, each with the reason its warning gives."""
+
 
 def load(r: Reader) -> str | None:
     model = r.text("base_model")
+    method, adapter, eight = _method(r)
+    if adapter:
+        _lora(r, adapter)
+    prec = _precision(r, method, eight)
+    _shapes(r)
+    _checkpointing(r)
+    _optimizer(r)
+    _attention(r)
+    _evaluation(r)
+    for key, reason in UNMODELLED:
+        r.ignore(key, reason)
+    _distributed(r, prec)
+    r.finish(HARMLESS)
+    return model
+
+
+def _method(r: Reader) -> tuple[Method, str, bool]:
+    """The method (full, LoRA, QLoRA) and the quantised base; returns the method, the adapter and 8-bit."""
     adapter = (r.text("adapter") or "").lower()
     four, eight = r.flag("load_in_4bit", False), r.flag("load_in_8bit", False)
     if adapter not in ("", "lora", "qlora"):
@@ -134,72 +200,61 @@ def load(r: Reader) -> str | None:
         raise VramledgerError(f"{r.source}: adapter: qlora needs load_in_4bit: true (axolotl's rule); add it")
     if not adapter and (four or eight):
         raise VramledgerError(f"{r.source}: a 4/8-bit base trains only with an adapter; add adapter: lora or qlora")
-    if adapter:
-        method = Method.QLORA if (four or eight) else Method.LORA
-        r.set(
-            "method",
-            method,
-            r.file("adapter", *(["load_in_4bit"] if four else ["load_in_8bit"] if eight else [])),
-        )
-        if four or eight:
-            # loaders/model.py: qlora + load_in_4bit → BitsAndBytesConfig(nf4, bnb_4bit_use_double_quant=True)
-            kwargs = r.mapping("bnb_config_kwargs") or {}
-            qtype = str(kwargs.get("bnb_4bit_quant_type", "nf4")).lower()
-            dq = kwargs.get("bnb_4bit_use_double_quant", True)
-            r.set(
-                "quant",
-                QuantSpec(bits=4 if four else 8, quant_type=qtype, double_quant=bool(dq) and four),
-                r.file("load_in_4bit" if four else "load_in_8bit")
-                + (
-                    f" (loaders/model.py BitsAndBytesConfig: {qtype}{', double quant' if dq else ''})"
-                    if four
-                    else " (loaders/model.py BitsAndBytesConfig(load_in_8bit=True): int8 LLM.int8() Linear8bitLt)"
-                ),
-            )
-        rank = r.integer("lora_r")
-        if rank is None:
-            raise VramledgerError(f"{r.source}: lora_r is required with adapter: {adapter}; add e.g. lora_r: 16")
-        targets = ("all",) if r.flag("lora_target_linear", False) else r.names("lora_target_modules")
-        if targets is None:
-            raise VramledgerError(
-                f"{r.source}: set lora_target_linear: true or lora_target_modules (axolotl needs one)"
-            )
-        r.used.add("lora_target_modules")
-        alpha = r.number("lora_alpha")
-        r.set(
-            "lora",
-            LoraSpec(
-                rank=rank,
-                alpha=alpha if alpha is not None else float(rank),
-                targets=targets,
-                dropout=r.number("lora_dropout", 0.0),
-                dora=bool(r.flag("peft_use_dora", False)),
-                modules_to_save=r.names("lora_modules_to_save") or (),
-            ),
-            r.file(
-                *[
-                    k
-                    for k in (
-                        "lora_r",
-                        "lora_alpha",
-                        "lora_target_linear",
-                        "lora_target_modules",
-                        "lora_dropout",
-                        "peft_use_dora",
-                        "lora_modules_to_save",
-                    )
-                    if r.has(k)
-                ]
-            ),
-        )
-        r.ignore("peft_layers_to_transform", "adapters on a subset of layers are not modelled")
-        r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
-    else:
-        method = Method.FULL
+    if not adapter:
         r.set("method", Method.FULL, r.default("schemas/peft.py adapter=None: full fine-tuning"))
         r.ignore("unfrozen_parameters", "training only some parameters is modelled as full fine-tuning")
+        return Method.FULL, adapter, eight
+    method = Method.QLORA if (four or eight) else Method.LORA
+    r.set(
+        "method",
+        method,
+        r.file("adapter", *(["load_in_4bit"] if four else ["load_in_8bit"] if eight else [])),
+    )
+    if four or eight:
+        # loaders/model.py: qlora + load_in_4bit → BitsAndBytesConfig(nf4, bnb_4bit_use_double_quant=True)
+        kwargs = r.mapping("bnb_config_kwargs") or {}
+        qtype = str(kwargs.get("bnb_4bit_quant_type", "nf4")).lower()
+        dq = kwargs.get("bnb_4bit_use_double_quant", True)
+        r.set(
+            "quant",
+            QuantSpec(bits=4 if four else 8, quant_type=qtype, double_quant=bool(dq) and four),
+            r.file("load_in_4bit" if four else "load_in_8bit")
+            + (
+                f" (loaders/model.py BitsAndBytesConfig: {qtype}{', double quant' if dq else ''})"
+                if four
+                else " (loaders/model.py BitsAndBytesConfig(load_in_8bit=True): int8 LLM.int8() Linear8bitLt)"
+            ),
+        )
+    return method, adapter, eight
 
-    # precision: resolve_dtype turns bf16: auto into true on a bf16-capable GPU; the model loads in cfg.torch_dtype
+
+def _lora(r: Reader, adapter: str) -> None:
+    rank = r.integer("lora_r")
+    if rank is None:
+        raise VramledgerError(f"{r.source}: lora_r is required with adapter: {adapter}; add e.g. lora_r: 16")
+    targets = ("all",) if r.flag("lora_target_linear", False) else r.names("lora_target_modules")
+    if targets is None:
+        raise VramledgerError(f"{r.source}: set lora_target_linear: true or lora_target_modules (axolotl needs one)")
+    r.used.add("lora_target_modules")
+    alpha = r.number("lora_alpha")
+    r.set(
+        "lora",
+        LoraSpec(
+            rank=rank,
+            alpha=alpha if alpha is not None else float(rank),
+            targets=targets,
+            dropout=r.number("lora_dropout", 0.0),
+            dora=bool(r.flag("peft_use_dora", False)),
+            modules_to_save=r.names("lora_modules_to_save") or (),
+        ),
+        r.file(*[k for k in LORA_KEYS if r.has(k)]),
+    )
+    r.ignore("peft_layers_to_transform", "adapters on a subset of layers are not modelled")
+    r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
+
+
+def _precision(r: Reader, method: Method, eight: bool) -> Precision:
+    # resolve_dtype turns bf16: auto into true on a bf16-capable GPU; the model loads in cfg.torch_dtype
     # (bf16 → bfloat16) and the Trainer autocasts, so full fine-tuning keeps bf16 weights; PEFT adapters stay fp32.
     bf16 = r.value("bf16")
     fp16 = r.flag("fp16", False)
@@ -231,13 +286,15 @@ def load(r: Reader) -> str | None:
         prec,
         bprov + (" + file: fp16" if fp16 else "") + " (loaders/model.py loads weights in cfg.torch_dtype)",
     )
+    return prec
 
+
+def _shapes(r: Reader) -> None:
+    """Micro-batch, accumulation, sequence length and packing."""
     r.set(
         "micro_batch",
         r.integer("micro_batch_size", 1, minimum=1),
-        r.file("micro_batch_size")
-        if r.has("micro_batch_size")
-        else r.default("schemas/training.py micro_batch_size=1"),
+        r.origin("micro_batch_size", "schemas/training.py micro_batch_size=1"),
     )
     if r.has("gradient_accumulation_steps"):
         r.set(
@@ -255,20 +312,19 @@ def load(r: Reader) -> str | None:
     else:
         r.set("grad_accum", 1, r.default("schemas/training.py gradient_accumulation_steps=1"))
     r.used.add("batch_size")
-
     r.set(
         "seq_len",
         r.integer("sequence_len", 512, minimum=1),
-        r.file("sequence_len") if r.has("sequence_len") else r.default("schemas/config.py sequence_len=512"),
+        r.origin("sequence_len", "schemas/config.py sequence_len=512"),
     )
     r.set(
         "packing",
         bool(r.flag("sample_packing", False)),
-        r.file("sample_packing")
-        if r.has("sample_packing")
-        else r.default("schemas/config.py sample_packing=None (off)"),
+        r.origin("sample_packing", "schemas/config.py sample_packing=None (off)"),
     )
 
+
+def _checkpointing(r: Reader) -> None:
     gc = r.value("gradient_checkpointing")
     if gc in ("offload", "offload_disk"):
         r.set("grad_ckpt", True, r.file("gradient_checkpointing"))
@@ -280,12 +336,12 @@ def load(r: Reader) -> str | None:
         r.set(
             "grad_ckpt",
             bool(r.flag("gradient_checkpointing", False)),
-            r.file("gradient_checkpointing")
-            if r.has("gradient_checkpointing")
-            else r.default("schemas/config.py gradient_checkpointing=False"),
+            r.origin("gradient_checkpointing", "schemas/config.py gradient_checkpointing=False"),
         )
     r.ignore("activation_offloading", "offloaded activations are not modelled")
 
+
+def _optimizer(r: Reader) -> None:
     if r.has("optimizer"):
         r.set("optimizer", optimizer_from_name(r.value("optimizer"), "optimizer", r.source), r.file("optimizer"))
     else:
@@ -296,6 +352,9 @@ def load(r: Reader) -> str | None:
         )
     r.ignore("optim_args", "optimizer arguments are not modelled")
 
+
+def _attention(r: Reader) -> None:
+    """The attention implementation and the fused loss kernels."""
     if r.has("attn_implementation"):
         r.set(
             "attn",
@@ -308,28 +367,20 @@ def load(r: Reader) -> str | None:
         r.set("attn", Attention.SDPA, r.file("sdp_attention"))
     else:
         r.set("attn", Attention.SDPA, "default: transformers (attn_implementation unset → sdpa)")
-    for key in ("xformers_attention", "flex_attention", "s2_attention"):
+    for key in IGNORED_ATTENTION:
         r.ignore(key, "this attention implementation is not modelled")
     r.ignore("eager_attention", "modelled as sdpa unless attn_implementation: eager")
 
     if r.flag("liger_fused_linear_cross_entropy", False) or r.flag("cut_cross_entropy", False):
         key = "liger_fused_linear_cross_entropy" if r.has("liger_fused_linear_cross_entropy") else "cut_cross_entropy"
         r.set("loss", Loss.FUSED, r.file(key))
-    for key in (
-        "liger_rope",
-        "liger_rms_norm",
-        "liger_glu_activation",
-        "liger_layer_norm",
-        "liger_cross_entropy",
-        "chunked_cross_entropy",
-        "chunked_cross_entropy_num_chunks",
-        "tiled_mlp",
-        "torch_compile",
-    ):
+    for key in IGNORED_KERNELS:
         r.ignore(key, "this kernel's activation savings are not modelled")
 
-    # evaluation: val_set_size > 0 or test_datasets; eval_batch_size defaults to micro_batch_size
-    # (utils/config normalize_config)
+
+def _evaluation(r: Reader) -> None:
+    """val_set_size > 0 or test_datasets; eval_batch_size defaults to micro_batch_size (utils/config
+    normalize_config)."""
     val = r.number("val_set_size", 0.0)
     evaluates = (val or 0) > 0 or r.has("test_datasets")
     strategy = r.text("eval_strategy")
@@ -353,40 +404,13 @@ def load(r: Reader) -> str | None:
                 r.file("eval_accumulation_steps"),
             )
     r.used.update(
-        (
-            "eval_batch_size",
-            "eval_sequence_len",
-            "eval_accumulation_steps",
-            "eval_sample_packing",
-            "test_datasets",
-        )
+        ("eval_batch_size", "eval_sequence_len", "eval_accumulation_steps", "eval_sample_packing", "test_datasets")
     )
     r.ignore("eval_max_new_tokens", "generation during eval is not modelled")
 
-    for key, reason in (
-        ("rl", "preference/RL training (reference model, paired batches) is not modelled"),
-        ("reward_model", "reward model training is not modelled"),
-        ("relora", "ReLoRA is not modelled"),
-        ("context_parallel_size", "context parallelism is not modelled"),
-        ("tensor_parallel_size", "tensor parallelism is not modelled"),
-        ("sequence_parallel_degree", "sequence parallelism is not modelled"),
-        ("fp8", "fp8 training is not modelled"),
-        ("qat", "quantisation-aware training is not modelled"),
-        ("gptq", "GPTQ bases are not modelled"),
-        ("neftune_noise_alpha", "NEFTune's noise is not modelled"),
-        ("resize_token_embeddings_to_32x", "resized embeddings are not modelled"),
-        ("unsloth_lora_mlp", "Unsloth kernels are not modelled"),
-        ("unsloth_lora_qkv", "Unsloth kernels are not modelled"),
-        ("unsloth_lora_o", "Unsloth kernels are not modelled"),
-        ("lora_mlp_kernel", "LoRA kernels are not modelled"),
-        ("lora_qkv_kernel", "LoRA kernels are not modelled"),
-        ("lora_o_kernel", "LoRA kernels are not modelled"),
-        ("torch_empty_cache_steps", "periodic empty_cache is not modelled"),
-        ("auto_find_batch_size", "batch halving after an OOM is not modelled"),
-        ("world_size", "axolotl reads WORLD_SIZE from the launcher; pass world_size=N as an override"),
-    ):
-        r.ignore(key, reason)
 
+def _distributed(r: Reader, prec: Precision) -> None:
+    """DeepSpeed and FSDP, handed on as the Trainer flags the DeepSpeed/FSDP readers take."""
     ds = r.value("deepspeed")
     if ds is not None and not isinstance(ds, (str, dict)):
         raise VramledgerError(f"{r.source}: deepspeed must be a path or a mapping (got {ds!r})")
@@ -405,5 +429,3 @@ def load(r: Reader) -> str | None:
         fsdp=r.value("fsdp") or (["full_shard"] if fc else None),
         fsdp_config=fc,
     )
-    r.finish(HARMLESS)
-    return model

@@ -159,18 +159,41 @@ def read(
     hidden_size: int | None,
 ) -> DeepSpeedConfig:
     """Map a DeepSpeed config (already read into ``r``) onto TrainSpec fields recorded on ``r``."""
-    src = r.source
     zero = r.raw.get("zero_optimization") or {}
     if not isinstance(zero, dict):
-        raise VramledgerError(f"{src}: zero_optimization must be a mapping (got {zero!r})")
+        raise VramledgerError(f"{r.source}: zero_optimization must be a mapping (got {zero!r})")
+    stage = _stage(r, zero)
+    off_opt, off_par = _offload(r, zero, stage)
+    buckets = _buffers(r, zero, stage, hidden_size)
+    _precision(r, trainer)
+    _batch(r, trainer, micro_batch, grad_accum)
+    _optimizer(r)
+    for key in _UNMODELLED_TOP:
+        if r.raw.get(key) is not None:
+            r.warn(f"ignored: deepspeed {key} (not modelled)")
+    for key in r.raw:
+        if key not in _HARMLESS_TOP and r.raw[key] is not None and key not in _UNMODELLED_TOP:
+            r.warn(f"ignored: deepspeed {key} (not a DeepSpeed setting vramledger knows)")
+    return DeepSpeedConfig(
+        stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=r.source
+    )
+
+
+def _stage(r: Reader, zero: dict[str, Any]) -> int:
     stage = as_int(zero.get("stage", 0))
     if stage is None or stage not in (0, 1, 2, 3):
-        raise VramledgerError(f"{src}: zero_optimization.stage must be 0, 1, 2 or 3 (got {zero.get('stage')!r})")
+        raise VramledgerError(f"{r.source}: zero_optimization.stage must be 0, 1, 2 or 3 (got {zero.get('stage')!r})")
     r.set(
         "zero_stage",
         stage,
-        f"file: {src} zero_optimization.stage" if "stage" in zero else f"default: deepspeed ({DS_ZERO} stage=0)",
+        f"file: {r.source} zero_optimization.stage" if "stage" in zero else f"default: deepspeed ({DS_ZERO} stage=0)",
     )
+    return stage
+
+
+def _offload(r: Reader, zero: dict[str, Any], stage: int) -> tuple[str, str]:
+    """The devices the optimizer states and the parameters are offloaded to (``none``, ``cpu``, ``nvme``)."""
+    src = r.source
     off_opt = _device(r, zero.get("offload_optimizer"), "offload_optimizer")
     off_par = _device(r, zero.get("offload_param"), "offload_param")
     if zero.get("cpu_offload") is True:  # the pre-0.5 spelling of offload_optimizer.device=cpu
@@ -187,32 +210,19 @@ def read(
     for dev, what in ((off_opt, "optimizer"), (off_par, "param")):
         if dev == "nvme":
             r.warn(f"deepspeed offload_{what} to nvme: modelled as CPU offload (device memory is the same)")
+    return off_opt, off_par
 
-    # -- buffers: resolved, reported, not modelled --------------------------------------------------------------
+
+def _buffers(r: Reader, zero: dict[str, Any], stage: int, hidden_size: int | None) -> dict[str, int]:
+    """ZeRO's bucket sizes and switches: resolved, reported, not modelled."""
+    src = r.source
     buckets: dict[str, int] = {}
     switches: dict[str, bool] = {}
     shown_keys: dict[str, str] = {}
     for raw_key, value in zero.items():
         key = _ALIASES.get(raw_key, raw_key)
         if key in BUCKET_DEFAULTS:
-            if _is_auto(value):
-                if key not in _AUTO_BUCKETS:
-                    raise VramledgerError(f'{src}: zero_optimization.{raw_key} cannot be "auto"; give a number')
-                formula, fn = _AUTO_BUCKETS[key]
-                if hidden_size:
-                    buckets[key] = fn(hidden_size)
-                    shown = f"auto = {formula} = {buckets[key]:,}"
-                else:
-                    shown = f"auto = {formula}"
-                    switches[f"auto:{key}"] = True
-            else:
-                n = as_int(value)
-                if n is None or n < 0:
-                    raise VramledgerError(
-                        f"{src}: zero_optimization.{raw_key} must be a number of elements (got {value!r})"
-                    )
-                buckets[key] = n
-                shown = f"{n:,}"
+            shown = _bucket(r, raw_key, key, value, hidden_size, buckets, switches)
             if key.startswith("stage3_") and stage != 3:
                 continue
             shown_keys[key] = f"file: {src} zero_optimization.{raw_key} ({shown} elements)"
@@ -233,8 +243,40 @@ def read(
         buckets.setdefault(key, default)
     if stage and shown_keys:  # None stands for DeepSpeed's defaults
         r.set("zero_buffers", zero_buffers(buckets, switches), "; ".join(shown_keys.values()))
+    return buckets
 
-    # -- precision ------------------------------------------------------------------------------------------
+
+def _bucket(
+    r: Reader,
+    raw_key: str,
+    key: str,
+    value: Any,
+    hidden_size: int | None,
+    buckets: dict[str, int],
+    switches: dict[str, bool],
+) -> str:
+    """One bucket size into ``buckets`` (``"auto"`` resolved from the hidden size when known); returns it as
+    shown in the provenance."""
+    if not _is_auto(value):
+        n = as_int(value)
+        if n is None or n < 0:
+            raise VramledgerError(
+                f"{r.source}: zero_optimization.{raw_key} must be a number of elements (got {value!r})"
+            )
+        buckets[key] = n
+        return f"{n:,}"
+    if key not in _AUTO_BUCKETS:
+        raise VramledgerError(f'{r.source}: zero_optimization.{raw_key} cannot be "auto"; give a number')
+    formula, fn = _AUTO_BUCKETS[key]
+    if hidden_size:
+        buckets[key] = fn(hidden_size)
+        return f"auto = {formula} = {buckets[key]:,}"
+    switches[f"auto:{key}"] = True
+    return f"auto = {formula}"
+
+
+def _precision(r: Reader, trainer: TrainerFlags | None) -> None:
+    src = r.source
     bf16, fp16 = _enabled(r, "bf16"), _enabled(r, "fp16")
     if trainer is not None:
         for section, ds_val, hf_val in (("bf16", bf16, trainer.bf16), ("fp16", fp16, trainer.fp16)):
@@ -248,7 +290,11 @@ def read(
     elif fp16 is True:
         r.set("precision", Precision.FP16_MIXED, f"file: {src} fp16.enabled")
 
-    # -- batch ----------------------------------------------------------------------------------------------
+
+def _batch(r: Reader, trainer: TrainerFlags | None, micro_batch: int | None, grad_accum: int | None) -> None:
+    """Micro-batch and accumulation (``auto`` takes the training config's), and the GPU count that
+    ``train_batch_size`` implies."""
+    src = r.source
     mb = _batch_value(
         r,
         "train_micro_batch_size_per_gpu",
@@ -278,28 +324,20 @@ def read(
                 )
             r.set("world_size", n // (mb * ga), f"file: {src} train_batch_size / (micro batch × accumulation)")
 
+
+def _optimizer(r: Reader) -> None:
     opt = r.raw.get("optimizer")
-    if opt is not None:
-        kind = str(opt.get("type", "")) if isinstance(opt, dict) else ""
-        if kind.lower() in ("adam", "adamw", "fusedadam"):
-            # DeepSpeed builds FusedAdam (or DeepSpeedCPUAdam when offloading): one multi-tensor kernel.
-            r.set("optimizer", Optimizer.ADAMW_FUSED, f"file: {src} optimizer.type={kind}")
-        else:
-            r.warn(
-                f"ignored: deepspeed optimizer.type={kind or opt!r} (only Adam/AdamW are modelled; the "
-                "training config's optimizer is used)"
-            )
-    for key in _UNMODELLED_TOP:
-        if r.raw.get(key) is not None:
-            r.warn(f"ignored: deepspeed {key} (not modelled)")
-    for key in r.raw:
-        if (
-            key not in _HARMLESS_TOP
-            and r.raw[key] is not None
-            and key not in _UNMODELLED_TOP
-        ):
-            r.warn(f"ignored: deepspeed {key} (not a DeepSpeed setting vramledger knows)")
-    return DeepSpeedConfig(stage=stage, offload_optimizer=off_opt, offload_param=off_par, buckets=buckets, source=src)
+    if opt is None:
+        return
+    kind = str(opt.get("type", "")) if isinstance(opt, dict) else ""
+    if kind.lower() in ("adam", "adamw", "fusedadam"):
+        # DeepSpeed builds FusedAdam (or DeepSpeedCPUAdam when offloading): one multi-tensor kernel.
+        r.set("optimizer", Optimizer.ADAMW_FUSED, f"file: {r.source} optimizer.type={kind}")
+    else:
+        r.warn(
+            f"ignored: deepspeed optimizer.type={kind or opt!r} (only Adam/AdamW are modelled; the "
+            "training config's optimizer is used)"
+        )
 
 
 def zero_buffers(buckets: dict[str, int], switches: dict[str, bool]) -> ZeroBuffers:

@@ -122,6 +122,17 @@ class TrainerFlags:
     fsdp_config: dict[str, Any] | None
 
 
+UNMODELLED_TRAINER: tuple[tuple[str, str], ...] = (
+    ("auto_find_batch_size", "the Trainer halves the batch after an OOM; estimated at the given batch"),
+    ("bf16_full_eval", "evaluation with weights cast to bf16 is not modelled"),
+    ("fp16_full_eval", "evaluation with weights cast to fp16 is not modelled"),
+    ("torch_empty_cache_steps", "periodic torch.cuda.empty_cache() is not modelled"),
+    ("include_for_metrics", "extra tensors kept for metrics are not modelled"),
+    ("neftune_noise_alpha", "NEFTune's noise tensor is not modelled"),
+)
+"""Memory-relevant TrainingArguments keys vramledger does not model, each with the reason its warning gives."""
+
+
 def read_trainer(
     r: Reader,
     *,
@@ -135,23 +146,46 @@ def read_trainer(
     optim_cite: str = f"{TA} optim (adamw_torch_fused with torch ≥ 2.8)",
 ) -> TrainerFlags:
     """Map the TrainingArguments keys onto ``r``; return the precision flags and the distributed settings."""
-    if r.has("per_device_train_batch_size"):
+    _shapes(r, batch_default, batch_cite)
+    _checkpointing(r, ckpt_default, ckpt_cite)
+    _optimizer(r, optim_default, optim_cite)
+    bf16, fp16, keys = _precision_flags(r, bf16_default, bf16_cite)
+    _read_eval(r)
+    if r.flag("torch_compile", False):  # accepted; estimated as eager with the assumption stated (analytic/loop.py)
+        r.set("compile", True, r.file("torch_compile"))
+    for key, reason in UNMODELLED_TRAINER:
+        r.ignore(key, reason)
+    if r.has("attn_implementation"):
         r.set(
-            "micro_batch",
-            r.integer("per_device_train_batch_size", minimum=1),
-            r.file("per_device_train_batch_size"),
+            "attn",
+            attn_from_name(r.value("attn_implementation"), "attn_implementation", r.source),
+            r.file("attn_implementation"),
         )
-    else:
-        r.set("micro_batch", batch_default, r.default(batch_cite))
-    if r.has("gradient_accumulation_steps"):
-        r.set(
-            "grad_accum",
-            r.integer("gradient_accumulation_steps", minimum=1),
-            r.file("gradient_accumulation_steps"),
-        )
-    else:
-        r.set("grad_accum", 1, r.default(f"{TA} gradient_accumulation_steps=1"))
+    deepspeed, fsdp, fsdp_config = _distributed(r)
+    return TrainerFlags(
+        bf16=bool(bf16),
+        fp16=bool(fp16),
+        precision_keys=keys,
+        deepspeed=deepspeed,
+        fsdp=fsdp,
+        fsdp_config=fsdp_config,
+    )
 
+
+def _shapes(r: Reader, batch_default: int, batch_cite: str) -> None:
+    r.set(
+        "micro_batch",
+        r.integer("per_device_train_batch_size", batch_default, minimum=1),
+        r.origin("per_device_train_batch_size", batch_cite),
+    )
+    r.set(
+        "grad_accum",
+        r.integer("gradient_accumulation_steps", 1, minimum=1),
+        r.origin("gradient_accumulation_steps", f"{TA} gradient_accumulation_steps=1"),
+    )
+
+
+def _checkpointing(r: Reader, ckpt_default: bool, ckpt_cite: str) -> None:
     # activation_checkpointing is transformers 5's name; gradient_checkpointing its deprecated alias, used only
     # when the new name is unset (TrainingArguments.__post_init__).
     for key in ("activation_checkpointing", "gradient_checkpointing"):
@@ -168,6 +202,9 @@ def read_trainer(
                 if kwargs.get(sub) not in (None, False, 1):
                     r.warn(f"ignored: {key}.{sub}={kwargs[sub]} (partial or offloaded checkpointing not modelled)")
 
+
+def _optimizer(r: Reader, optim_default: str, optim_cite: str) -> None:
+    """optim, and Liger's fused loss."""
     if r.has("optim"):
         r.set("optimizer", optimizer_from_name(r.value("optim"), "optim", r.source), r.file("optim"))
     else:
@@ -178,6 +215,9 @@ def read_trainer(
         r.set("loss", Loss.FUSED, r.file("use_liger_kernel"))
     r.ignore("liger_kernel_config", "per-kernel Liger switches are not modelled")
 
+
+def _precision_flags(r: Reader, bf16_default: bool, bf16_cite: str) -> tuple[bool, bool, tuple[str, ...]]:
+    """bf16/fp16 and the keys that set them; the precision itself is the caller's (``precision_from_flags``)."""
     bf16 = r.flag("bf16")
     fp16 = r.flag("fp16", False)
     keys = tuple(k for k in ("bf16", "fp16") if r.has(k))
@@ -189,25 +229,11 @@ def read_trainer(
         )
     if not keys:
         r.provenance["precision"] = r.default(bf16_cite)
+    return bf16, fp16, keys
 
-    _read_eval(r)
 
-    if r.flag("torch_compile", False):  # accepted; estimated as eager with the assumption stated (analytic/loop.py)
-        r.set("compile", True, r.file("torch_compile"))
-    r.ignore("auto_find_batch_size", "the Trainer halves the batch after an OOM; estimated at the given batch")
-    r.ignore("bf16_full_eval", "evaluation with weights cast to bf16 is not modelled")
-    r.ignore("fp16_full_eval", "evaluation with weights cast to fp16 is not modelled")
-    r.ignore("torch_empty_cache_steps", "periodic torch.cuda.empty_cache() is not modelled")
-    r.ignore("include_for_metrics", "extra tensors kept for metrics are not modelled")
-    r.ignore("neftune_noise_alpha", "NEFTune's noise tensor is not modelled")
-
-    if r.has("attn_implementation"):
-        r.set(
-            "attn",
-            attn_from_name(r.value("attn_implementation"), "attn_implementation", r.source),
-            r.file("attn_implementation"),
-        )
-
+def _distributed(r: Reader) -> tuple[Any, Any, Any]:
+    """deepspeed (a path or an inline mapping), fsdp and fsdp_config, handed on to the DeepSpeed/FSDP readers."""
     deepspeed = r.value("deepspeed")
     if deepspeed is not None and not isinstance(deepspeed, (str, dict)):
         raise VramledgerError(f"{r.source}: deepspeed must be a path or a mapping (got {deepspeed!r})")
@@ -221,14 +247,7 @@ def read_trainer(
         else:
             raise VramledgerError(f"{r.source}: fsdp_config must be a mapping (got {fsdp_config!r})")
         fsdp_config = None
-    return TrainerFlags(
-        bf16=bool(bf16),
-        fp16=bool(fp16),
-        precision_keys=keys,
-        deepspeed=deepspeed,
-        fsdp=fsdp,
-        fsdp_config=fsdp_config,
-    )
+    return deepspeed, fsdp, fsdp_config
 
 
 def _read_eval(r: Reader) -> None:

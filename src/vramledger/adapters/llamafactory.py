@@ -97,9 +97,65 @@ HARMLESS = hf.HARMLESS_HF | frozenset(
 # use_reentrant_gc: reentrant or not, both checkpoint per decoder layer. upcast_layernorm: 1-D norm weights only.
 
 
+UNMODELLED: tuple[tuple[str, str], ...] = (
+    ("use_galore", "GaLore's projected optimizer states are not modelled"),
+    ("use_apollo", "APOLLO's optimizer states are not modelled"),
+    ("use_badam", "BAdam's block-wise optimizer is not modelled"),
+    ("use_adam_mini", "Adam-mini's reduced second moments are not modelled"),
+    ("use_muon", "Muon's optimizer states are not modelled"),
+    ("use_llama_pro", "LLaMA Pro's expanded blocks are not modelled"),
+    ("use_unsloth", "Unsloth's kernels are not modelled"),
+    ("use_unsloth_gc", "Unsloth's offloaded checkpointing is not modelled"),
+    ("upcast_lmhead_output", "fp32 logits from lm_head are not modelled"),
+    ("shift_attn", "LongLoRA shift attention is not modelled"),
+    ("mixture_of_depths", "mixture-of-depths is not modelled"),
+    ("rope_scaling", "RoPE scaling leaves memory unchanged but may imply a longer cutoff_len"),
+    ("train_from_scratch", "random init is not modelled (memory is the same)"),
+    ("fp8", "fp8 training is not modelled"),
+    ("use_kt", "KTransformers CPU experts are not modelled"),
+    ("use_mca", "Megatron-Core training is not modelled"),
+    ("use_megatron_bridge", "Megatron Bridge training is not modelled"),
+    ("use_hyper_parallel", "hyper-parallel training is not modelled"),
+    ("resize_vocab", "a resized vocabulary is not modelled"),
+    ("add_tokens", "added tokens are not modelled"),
+    ("add_special_tokens", "added tokens are not modelled"),
+    ("ref_model", "the reference model is not modelled"),
+    ("reward_model", "the reward model is not modelled"),
+    ("adapter_name_or_path", "loading existing adapters is modelled as fresh ones of the given rank"),
+    ("enable_torch_profiler", "the profiler's buffers are not modelled"),
+)
+"""Memory-relevant keys vramledger does not model, each with the reason its warning gives."""
+LORA_KEYS = ("lora_rank", "lora_alpha", "lora_target", "lora_dropout", "use_dora", "pure_bf16", "additional_target")
+"""The keys that make the LoraSpec, in the order its provenance names them."""
+ATTENTION = {
+    "auto": Attention.SDPA,
+    "sdpa": Attention.SDPA,
+    "disabled": Attention.EAGER,
+    "fa2": Attention.FLASH2,
+    "fa3": Attention.FLASH2,
+}
+"""``flash_attn`` values (hparams/model_args.py ``AttentionFunction``); ``auto`` leaves transformers' choice."""
+
+
 def load(r: Reader) -> str | None:
     model = r.text("model_name_or_path")
+    stage = _stage(r)
+    method = _method(r)
+    pure_bf16 = r.flag("pure_bf16", False)
+    _lora(r, method, pure_bf16)
+    _freeze(r, method)
+    for key, reason in UNMODELLED:
+        r.ignore(key, reason)
+    flags = _trainer(r)
+    _precision(r, method, flags, pure_bf16)
+    _shapes(r, stage)
+    _attention(r)
+    _evaluation(r)
+    r.finish(HARMLESS)
+    return model
 
+
+def _stage(r: Reader) -> str:
     stage = (r.text("stage") or "sft").lower()
     if stage not in ("pt", "sft", "rm", "ppo", "dpo", "kto"):
         raise VramledgerError(f"{r.source}: stage must be one of pt, sft, rm, ppo, dpo, kto (got {stage!r})")
@@ -108,13 +164,13 @@ def load(r: Reader) -> str | None:
             f"stage {stage}: reference/reward/value models and paired batches are not modelled; estimated as "
             "supervised fine-tuning of one model"
         )
+    return stage
 
+
+def _method(r: Reader) -> Method:
+    """finetuning_type, and QLoRA when quantization_bit is set."""
     ftype = (r.text("finetuning_type") or "lora").lower()
-    prov_method = (
-        r.file("finetuning_type")
-        if r.has("finetuning_type")
-        else r.default("hparams/finetuning_args.py finetuning_type='lora'")
-    )
+    prov_method = r.origin("finetuning_type", "hparams/finetuning_args.py finetuning_type='lora'")
     if ftype not in ("lora", "freeze", "full"):
         raise VramledgerError(f"{r.source}: finetuning_type {ftype!r} is not modelled; use lora, freeze or full")
 
@@ -146,80 +202,57 @@ def load(r: Reader) -> str | None:
             r.used.add(key)
     r.set("method", method, prov_method + (" + file: quantization_bit" if bits is not None else ""))
     r.ignore("quantization_device_map", "device map of a quantised model is not modelled")
+    return method
 
-    pure_bf16 = r.flag("pure_bf16", False)
-    if method in (Method.LORA, Method.QLORA):
-        rank = r.integer("lora_rank", 8)
-        alpha = r.number("lora_alpha")
-        r.set(
-            "lora",
-            LoraSpec(
-                rank=rank,
-                alpha=alpha if alpha is not None else 2.0 * rank,  # finetuning_args.py: lora_alpha or lora_rank * 2
-                targets=r.names("lora_target") or ("all",),
-                dropout=r.number("lora_dropout", 0.0),
-                dora=r.flag("use_dora", False),
-                # model/adapter.py passes autocast_adapter_dtype=cast_trainable_params_to_fp32, False under pure_bf16
-                adapter_fp32=not pure_bf16,
-                # model/adapter.py _setup_lora_tuning: additional_target becomes PEFT's modules_to_save
-                modules_to_save=r.names("additional_target") or (),
-            ),
-            _present(r, "lora_rank", "lora_alpha", "lora_target", "lora_dropout", "use_dora", "pure_bf16",
-                     "additional_target")
-            + " (defaults: hparams/finetuning_args.py lora_rank=8, lora_alpha=2·rank, lora_target='all', "
-            "lora_dropout=0)",
-        )
-        r.ignore("pissa_init", "PiSSA's SVD at start-up is not modelled")
-    else:
+
+def _lora(r: Reader, method: Method, pure_bf16: bool) -> None:
+    if method not in (Method.LORA, Method.QLORA):
         for key in ("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"):
             r.used.add(key)
-    if method is Method.FREEZE:
-        n = r.integer("freeze_trainable_layers", 2)
-        if n < 0:
-            r.warn(f"freeze_trainable_layers={n}: the first {-n} layers train; modelled as {-n} trainable layers")
-        r.set(
-            "freeze_trainable_layers",
-            abs(n),
-            r.file("freeze_trainable_layers")
-            if r.has("freeze_trainable_layers")
-            else r.default("hparams/finetuning_args.py freeze_trainable_layers=2"),
-        )
-        mods = r.names("freeze_trainable_modules")
-        if mods and mods != ("all",):
-            r.warn(f"ignored: freeze_trainable_modules={','.join(mods)} (modelled as whole layers training)")
-        r.ignore("freeze_extra_modules", "extra trainable modules are not modelled")
-    else:
+        return
+    rank = r.integer("lora_rank", 8)
+    alpha = r.number("lora_alpha")
+    r.set(
+        "lora",
+        LoraSpec(
+            rank=rank,
+            alpha=alpha if alpha is not None else 2.0 * rank,  # finetuning_args.py: lora_alpha or lora_rank * 2
+            targets=r.names("lora_target") or ("all",),
+            dropout=r.number("lora_dropout", 0.0),
+            dora=r.flag("use_dora", False),
+            # model/adapter.py passes autocast_adapter_dtype=cast_trainable_params_to_fp32, False under pure_bf16
+            adapter_fp32=not pure_bf16,
+            # model/adapter.py _setup_lora_tuning: additional_target becomes PEFT's modules_to_save
+            modules_to_save=r.names("additional_target") or (),
+        ),
+        _present(r, *LORA_KEYS)
+        + " (defaults: hparams/finetuning_args.py lora_rank=8, lora_alpha=2·rank, lora_target='all', "
+        "lora_dropout=0)",
+    )
+    r.ignore("pissa_init", "PiSSA's SVD at start-up is not modelled")
+
+
+def _freeze(r: Reader, method: Method) -> None:
+    """finetuning_type: freeze trains the last freeze_trainable_layers layers."""
+    if method is not Method.FREEZE:
         r.used.update(("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules"))
+        return
+    n = r.integer("freeze_trainable_layers", 2)
+    if n < 0:
+        r.warn(f"freeze_trainable_layers={n}: the first {-n} layers train; modelled as {-n} trainable layers")
+    r.set(
+        "freeze_trainable_layers",
+        abs(n),
+        r.origin("freeze_trainable_layers", "hparams/finetuning_args.py freeze_trainable_layers=2"),
+    )
+    mods = r.names("freeze_trainable_modules")
+    if mods and mods != ("all",):
+        r.warn(f"ignored: freeze_trainable_modules={','.join(mods)} (modelled as whole layers training)")
+    r.ignore("freeze_extra_modules", "extra trainable modules are not modelled")
 
-    for key, reason in (
-        ("use_galore", "GaLore's projected optimizer states are not modelled"),
-        ("use_apollo", "APOLLO's optimizer states are not modelled"),
-        ("use_badam", "BAdam's block-wise optimizer is not modelled"),
-        ("use_adam_mini", "Adam-mini's reduced second moments are not modelled"),
-        ("use_muon", "Muon's optimizer states are not modelled"),
-        ("use_llama_pro", "LLaMA Pro's expanded blocks are not modelled"),
-        ("use_unsloth", "Unsloth's kernels are not modelled"),
-        ("use_unsloth_gc", "Unsloth's offloaded checkpointing is not modelled"),
-        ("upcast_lmhead_output", "fp32 logits from lm_head are not modelled"),
-        ("shift_attn", "LongLoRA shift attention is not modelled"),
-        ("mixture_of_depths", "mixture-of-depths is not modelled"),
-        ("rope_scaling", "RoPE scaling leaves memory unchanged but may imply a longer cutoff_len"),
-        ("train_from_scratch", "random init is not modelled (memory is the same)"),
-        ("fp8", "fp8 training is not modelled"),
-        ("use_kt", "KTransformers CPU experts are not modelled"),
-        ("use_mca", "Megatron-Core training is not modelled"),
-        ("use_megatron_bridge", "Megatron Bridge training is not modelled"),
-        ("use_hyper_parallel", "hyper-parallel training is not modelled"),
-        ("resize_vocab", "a resized vocabulary is not modelled"),
-        ("add_tokens", "added tokens are not modelled"),
-        ("add_special_tokens", "added tokens are not modelled"),
-        ("ref_model", "the reference model is not modelled"),
-        ("reward_model", "the reward model is not modelled"),
-        ("adapter_name_or_path", "loading existing adapters is modelled as fresh ones of the given rank"),
-        ("enable_torch_profiler", "the profiler's buffers are not modelled"),
-    ):
-        r.ignore(key, reason)
 
+def _trainer(r: Reader) -> hf.TrainerFlags:
+    """The HF TrainingArguments keys, and LLaMA-Factory's own switch for gradient checkpointing."""
     flags = hf.read_trainer(
         r,
         bf16_cite=f"{hf.TA} bf16=False",
@@ -241,9 +274,12 @@ def load(r: Reader) -> str | None:
             r.default("model/model_utils/checkpointing.py: on unless disable_gradient_checkpointing"),
         )
     r.extras["trainer"] = flags
+    return flags
 
-    # precision: parser.py sets compute_dtype bf16 if bf16 or pure_bf16; model/adapter.py keeps trainable params
-    # fp32 (cast_trainable_params_to_fp32) unless pure_bf16.
+
+def _precision(r: Reader, method: Method, flags: hf.TrainerFlags, pure_bf16: bool) -> None:
+    # parser.py sets compute_dtype bf16 if bf16 or pure_bf16; model/adapter.py keeps trainable params fp32
+    # (cast_trainable_params_to_fp32) unless pure_bf16.
     if pure_bf16:
         r.set("precision", Precision.BF16, r.file("pure_bf16"))
     elif flags.bf16 or flags.fp16:
@@ -272,11 +308,14 @@ def load(r: Reader) -> str | None:
             "(bf16 where supported) without autocast; modelled as bf16-mixed"
         )
 
-    # sequence length and packing: data_args.py cutoff_len=2048; parser.py packing = stage == "pt" when unset
-    if r.has("cutoff_len"):
-        r.set("seq_len", r.integer("cutoff_len", minimum=1), r.file("cutoff_len"))
-    else:
-        r.set("seq_len", 2048, r.default("hparams/data_args.py cutoff_len=2048"))
+
+def _shapes(r: Reader, stage: str) -> None:
+    """Sequence length and packing: data_args.py cutoff_len=2048; parser.py packing = stage == "pt" when unset."""
+    r.set(
+        "seq_len",
+        r.integer("cutoff_len", 2048, minimum=1),
+        r.origin("cutoff_len", "hparams/data_args.py cutoff_len=2048"),
+    )
     if r.has("packing"):
         r.set("packing", r.flag("packing"), r.file("packing"))
     else:
@@ -284,41 +323,32 @@ def load(r: Reader) -> str | None:
     if r.flag("neat_packing", False):
         r.set("packing", True, r.file("neat_packing"))
 
-    # attention: hparams/model_args.py flash_attn='auto' leaves transformers' choice (sdpa)
+
+def _attention(r: Reader) -> None:
+    """flash_attn, and Liger's fused loss."""
     fa = (r.text("flash_attn") or "auto").lower()
-    table = {
-        "auto": Attention.SDPA,
-        "sdpa": Attention.SDPA,
-        "disabled": Attention.EAGER,
-        "fa2": Attention.FLASH2,
-        "fa3": Attention.FLASH2,
-    }
-    if fa not in table:
+    if fa not in ATTENTION:
         raise VramledgerError(f"{r.source}: flash_attn must be auto, disabled, sdpa, fa2 or fa3 (got {fa!r})")
     r.set(
         "attn",
-        table[fa],
-        r.file("flash_attn")
-        if r.has("flash_attn")
-        else r.default("hparams/model_args.py flash_attn='auto' → transformers' default sdpa"),
+        ATTENTION[fa],
+        r.origin("flash_attn", "hparams/model_args.py flash_attn='auto' → transformers' default sdpa"),
     )
-
     if r.flag("enable_liger_kernel", False):
         r.set("loss", Loss.FUSED, r.file("enable_liger_kernel"))
 
+
+def _evaluation(r: Reader) -> None:
+    """Generation during evaluation (the rest of evaluation is HF's, read by ``hf.read_trainer``)."""
     if r.fields.get("predict_with_generate") or r.extras.get("evaluates") and r.flag("predict_with_generate", False):
         n = r.integer("max_new_tokens", 1024, minimum=1)
         r.set(
             "generation_max_new_tokens",
             n,
-            r.file("max_new_tokens")
-            if r.has("max_new_tokens")
-            else r.default("hparams/generating_args.py max_new_tokens=1024"),
+            r.origin("max_new_tokens", "hparams/generating_args.py max_new_tokens=1024"),
         )
     else:
         r.used.update(("max_new_tokens", "max_length"))
-    r.finish(HARMLESS)
-    return model
 
 
 def _present(r: Reader, *keys: str) -> str:

@@ -102,6 +102,28 @@ def _component(node: Any, key: str, r: Reader) -> tuple[str, dict[str, Any]]:
     return node["_component_"], node
 
 
+MODEL_KEYS = (
+    "_component_",
+    "lora_attn_modules",
+    "apply_lora_to_mlp",
+    "apply_lora_to_output",
+    "lora_rank",
+    "lora_alpha",
+    "lora_dropout",
+    "use_dora",
+    "quantize_base",
+)
+"""The builder arguments under ``model:`` that are modelled; any other earns a warning."""
+PRECISIONS = {"bf16": Precision.BF16, "fp32": Precision.FP32, "fp16": Precision.FP16}
+"""``dtype``: every parameter in this dtype, no autocast."""
+TOGGLES = (
+    ("enable_activation_offloading", "offload_activations"),
+    ("compile", "compile"),
+    ("optimizer_in_bwd", "optimizer_in_backward"),
+)
+"""Recipe switches read as given (key, TrainSpec field)."""
+
+
 def load(r: Reader) -> str | None:
     builder, model = _component(r.value("model"), "model", r)
     name = builder.rsplit(".", 1)[-1]
@@ -109,108 +131,113 @@ def load(r: Reader) -> str | None:
     lora = qlora or name.startswith("lora_")
     base = name.split("_", 1)[1] if lora else name
     model_name = _model_name(r, base)
-
     if lora:
-        r.set("method", Method.QLORA if qlora else Method.LORA, r.file(f"model._component_={name}"))
-        attn_mods = model.get("lora_attn_modules") or []
-        if not isinstance(attn_mods, list) or not all(isinstance(m, str) for m in attn_mods):
-            raise VramledgerError(f"{r.source}: model.lora_attn_modules must be a list of names (got {attn_mods!r})")
-        targets: list[str] = [_LORA_NAMES.get(m) or m for m in attn_mods]
-        if model.get("apply_lora_to_mlp"):
-            targets += ["gate_proj", "up_proj", "down_proj"]
-        if model.get("apply_lora_to_output"):
-            targets.append("lm_head")
-        rank = as_int(model.get("lora_rank", 8))
-        alpha = model.get("lora_alpha", 16)
-        dropout = model.get("lora_dropout", 0.0)
-        if (
-            rank is None
-            or isinstance(alpha, bool)
-            or not isinstance(alpha, (int, float))
-            or isinstance(dropout, bool)
-            or not isinstance(dropout, (int, float))
-        ):
-            raise VramledgerError(f"{r.source}: model.lora_rank/lora_alpha/lora_dropout must be numbers")
-        if not targets:
-            raise VramledgerError(f"{r.source}: model.lora_attn_modules is empty and apply_lora_to_mlp is off")
-        r.set(
-            "lora",
-            LoraSpec(
-                rank=rank,
-                alpha=float(alpha),
-                targets=tuple(targets),
-                dropout=float(dropout),
-                dora=bool(model.get("use_dora", False)),
-                adapter_fp32=False,
-            ),
-            r.file("model.lora_rank", "model.lora_attn_modules", "model.apply_lora_to_mlp",
-                   "model.apply_lora_to_output")
-            + " (LoRA weights in the model dtype: torchtune has no fp32 adapter upcast)",
-        )
-        if qlora:
-            # torchao NF4Tensor: block size 64, scalers double-quantised to int8 (torchtune/modules/low_precision)
-            r.set(
-                "quant",
-                QuantSpec(bits=4, quant_type="nf4", double_quant=True),
-                r.file(f"model._component_={name}"),
-            )
-            r.set("load_path", LoadPath.TORCHTUNE, r.file(f"model._component_={name}")
-                  + " (FrozenNF4Linear built in bf16 on the GPU and quantised there by torchao)")
+        _lora(r, name, model, qlora)
     else:
         r.set("method", Method.FULL, r.file(f"model._component_={name}"))
     for key in model:
-        if key not in (
-            "_component_",
-            "lora_attn_modules",
-            "apply_lora_to_mlp",
-            "apply_lora_to_output",
-            "lora_rank",
-            "lora_alpha",
-            "lora_dropout",
-            "use_dora",
-            "quantize_base",
-        ):
+        if key not in MODEL_KEYS:
             r.warn(f"ignored: model.{key} (not modelled)")
+    _precision(r)
+    _batch(r)
+    _distributed(r)
+    r.ignore("tensor_parallel_dim", "tensor parallelism is not modelled")
+    _shapes(r)
+    _optimizer(r)
+    _loss(r)
+    if r.has("dataset_val") or r.has("run_val_every_n_steps"):
+        r.warn("ignored: validation (torchtune's validation loop is not modelled)")
+        r.used.add("dataset_val")
+    r.finish(HARMLESS)
+    return model_name
 
+
+def _lora(r: Reader, name: str, model: dict[str, Any], qlora: bool) -> None:
+    """The ``lora_*`` / ``qlora_*`` builders: method, the LoRA arguments and, for QLoRA, the NF4 base."""
+    r.set("method", Method.QLORA if qlora else Method.LORA, r.file(f"model._component_={name}"))
+    attn_mods = model.get("lora_attn_modules") or []
+    if not isinstance(attn_mods, list) or not all(isinstance(m, str) for m in attn_mods):
+        raise VramledgerError(f"{r.source}: model.lora_attn_modules must be a list of names (got {attn_mods!r})")
+    targets: list[str] = [_LORA_NAMES.get(m) or m for m in attn_mods]
+    if model.get("apply_lora_to_mlp"):
+        targets += ["gate_proj", "up_proj", "down_proj"]
+    if model.get("apply_lora_to_output"):
+        targets.append("lm_head")
+    rank = as_int(model.get("lora_rank", 8))
+    alpha = model.get("lora_alpha", 16)
+    dropout = model.get("lora_dropout", 0.0)
+    if (
+        rank is None
+        or isinstance(alpha, bool)
+        or not isinstance(alpha, (int, float))
+        or isinstance(dropout, bool)
+        or not isinstance(dropout, (int, float))
+    ):
+        raise VramledgerError(f"{r.source}: model.lora_rank/lora_alpha/lora_dropout must be numbers")
+    if not targets:
+        raise VramledgerError(f"{r.source}: model.lora_attn_modules is empty and apply_lora_to_mlp is off")
+    r.set(
+        "lora",
+        LoraSpec(
+            rank=rank,
+            alpha=float(alpha),
+            targets=tuple(targets),
+            dropout=float(dropout),
+            dora=bool(model.get("use_dora", False)),
+            adapter_fp32=False,
+        ),
+        r.file("model.lora_rank", "model.lora_attn_modules", "model.apply_lora_to_mlp", "model.apply_lora_to_output")
+        + " (LoRA weights in the model dtype: torchtune has no fp32 adapter upcast)",
+    )
+    if qlora:
+        # torchao NF4Tensor: block size 64, scalers double-quantised to int8 (torchtune/modules/low_precision)
+        r.set(
+            "quant",
+            QuantSpec(bits=4, quant_type="nf4", double_quant=True),
+            r.file(f"model._component_={name}"),
+        )
+        r.set(
+            "load_path",
+            LoadPath.TORCHTUNE,
+            r.file(f"model._component_={name}")
+            + " (FrozenNF4Linear built in bf16 on the GPU and quantised there by torchao)",
+        )
+
+
+def _precision(r: Reader) -> None:
     dtype = (r.text("dtype") or "fp32").lower()
-    table = {"bf16": Precision.BF16, "fp32": Precision.FP32, "fp16": Precision.FP16}
-    if dtype not in table:
+    if dtype not in PRECISIONS:
         raise VramledgerError(f"{r.source}: dtype must be bf16, fp16 or fp32 (got {dtype!r})")
     r.set(
         "precision",
-        table[dtype],
+        PRECISIONS[dtype],
         r.file("dtype") + " (every parameter in this dtype, no autocast)"
         if r.has("dtype")
         else r.default("recipes: dtype='fp32'"),
     )
 
-    r.set(
-        "micro_batch",
-        r.integer("batch_size", 1, minimum=1),
-        r.file("batch_size") if r.has("batch_size") else r.default("recipes: cfg.batch_size"),
-    )
+
+def _batch(r: Reader) -> None:
+    """Micro-batch, accumulation, activation checkpointing and the recipe switches."""
+    r.set("micro_batch", r.integer("batch_size", 1, minimum=1), r.origin("batch_size", "recipes: cfg.batch_size"))
     r.set(
         "grad_accum",
         r.integer("gradient_accumulation_steps", 1, minimum=1),
-        r.file("gradient_accumulation_steps")
-        if r.has("gradient_accumulation_steps")
-        else r.default("recipes: gradient_accumulation_steps=1"),
+        r.origin("gradient_accumulation_steps", "recipes: gradient_accumulation_steps=1"),
     )
     r.set(
         "grad_ckpt",
         bool(r.flag("enable_activation_checkpointing", False)),
-        r.file("enable_activation_checkpointing")
-        if r.has("enable_activation_checkpointing")
-        else r.default("recipes: enable_activation_checkpointing=False"),
+        r.origin("enable_activation_checkpointing", "recipes: enable_activation_checkpointing=False"),
     )
-    for key, field in (("enable_activation_offloading", "offload_activations"), ("compile", "compile"),
-                       ("optimizer_in_bwd", "optimizer_in_backward")):
+    for key, field in TOGGLES:
         if r.has(key):
             r.used.add(key)
             r.set(field, bool(r.flag(key, False)), r.file(key))
-    _distributed(r)
-    r.ignore("tensor_parallel_dim", "tensor parallelism is not modelled")
 
+
+def _shapes(r: Reader) -> None:
+    """Sequence length (tokenizer.max_seq_len) and packing (dataset.packed)."""
     tok = r.raw.get("tokenizer")
     seq = as_int(tok.get("max_seq_len")) if isinstance(tok, dict) and tok.get("max_seq_len") is not None else None
     if seq is not None and seq < 1:
@@ -236,38 +263,38 @@ def load(r: Reader) -> str | None:
         raise VramledgerError(f"{r.source}: dataset.packed needs tokenizer.max_seq_len (torchtune's rule); set it")
     r.used.add("dataset")
 
+
+def _optimizer(r: Reader) -> None:
     comp, opt = _component(r.value("optimizer"), "optimizer", r) if r.has("optimizer") else ("torch.optim.AdamW", {})
-    r.set("optimizer", _optimizer(comp, opt, r), r.file(f"optimizer._component_={comp}"))
+    r.set("optimizer", _optimizer_of(comp, opt, r), r.file(f"optimizer._component_={comp}"))
     if comp.endswith("SGD"):
         momentum = opt.get("momentum", 0.0)
         if isinstance(momentum, (int, float)) and not isinstance(momentum, bool) and momentum > 0:
             r.set("sgd_momentum", float(momentum), r.file("optimizer.momentum"))
 
-    if r.has("loss"):
-        comp, node = _component(r.value("loss"), "loss", r)
-        short = comp.rsplit(".", 1)[-1]
-        if short in ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss"):
-            chunks = as_int(node.get("num_output_chunks", 8)) or 8
-            r.set("loss", Loss.CHUNKED, r.file(f"loss._component_={short}"))
-            # chunks split the tokens of a micro-batch (modules/loss/cross_entropy_loss.py num_output_chunks=8)
-            tokens = r.fields["micro_batch"] * r.fields.get("seq_len", 2048)
-            r.set(
-                "loss_chunk_tokens",
-                max(1, math.ceil(tokens / chunks)),
-                f"default: {TT} (modules/loss num_output_chunks={chunks}: micro batch tokens / chunks)",
-            )
-        elif short in ("CrossEntropyLoss",):
-            r.set("loss", Loss.STANDARD, r.file(f"loss._component_={short}"))
-        else:
-            r.warn(f"ignored: loss._component_={comp} (not modelled; standard cross-entropy assumed)")
-    if r.has("dataset_val") or r.has("run_val_every_n_steps"):
-        r.warn("ignored: validation (torchtune's validation loop is not modelled)")
-        r.used.add("dataset_val")
-    r.finish(HARMLESS)
-    return model_name
+
+def _loss(r: Reader) -> None:
+    if not r.has("loss"):
+        return
+    comp, node = _component(r.value("loss"), "loss", r)
+    short = comp.rsplit(".", 1)[-1]
+    if short in ("LinearCrossEntropyLoss", "CEWithChunkedOutputLoss"):
+        chunks = as_int(node.get("num_output_chunks", 8)) or 8
+        r.set("loss", Loss.CHUNKED, r.file(f"loss._component_={short}"))
+        # chunks split the tokens of a micro-batch (modules/loss/cross_entropy_loss.py num_output_chunks=8)
+        tokens = r.fields["micro_batch"] * r.fields.get("seq_len", 2048)
+        r.set(
+            "loss_chunk_tokens",
+            max(1, math.ceil(tokens / chunks)),
+            f"default: {TT} (modules/loss num_output_chunks={chunks}: micro batch tokens / chunks)",
+        )
+    elif short in ("CrossEntropyLoss",):
+        r.set("loss", Loss.STANDARD, r.file(f"loss._component_={short}"))
+    else:
+        r.warn(f"ignored: loss._component_={comp} (not modelled; standard cross-entropy assumed)")
 
 
-def _optimizer(comp: str, node: dict[str, Any], r: Reader) -> Optimizer:
+def _optimizer_of(comp: str, node: dict[str, Any], r: Reader) -> Optimizer:
     short = comp.rsplit(".", 1)[-1]
     if short in ("AdamW", "Adam"):
         if "bitsandbytes" in comp or "torchao" in comp:
@@ -326,9 +353,14 @@ def _distributed(r: Reader) -> None:
     if not (r.has("fsdp_cpu_offload") or r.has("fsdp_reshard_after_forward")):
         return
     reshard = r.flag("fsdp_reshard_after_forward", True)
-    r.set("fsdp", Sharding.FULL_SHARD if reshard else Sharding.SHARD_GRAD_OP,
-          r.file("fsdp_reshard_after_forward") if r.has("fsdp_reshard_after_forward")
-          else r.default("training/_distributed.py shard_model: fully_shard, reshard_after_forward=True"))
+    r.set(
+        "fsdp",
+        Sharding.FULL_SHARD if reshard else Sharding.SHARD_GRAD_OP,
+        r.origin(
+            "fsdp_reshard_after_forward",
+            "training/_distributed.py shard_model: fully_shard, reshard_after_forward=True",
+        ),
+    )
     r.set("fsdp_version", 2, r.default("training/_distributed.py shard_model: FSDP2 fully_shard"))
     if r.flag("fsdp_cpu_offload", False):
         r.set("offload_params", True, r.file("fsdp_cpu_offload") + " (CPUOffloadPolicy)")

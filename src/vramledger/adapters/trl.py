@@ -53,14 +53,46 @@ HARMLESS = hf.HARMLESS_HF | frozenset(
 )
 
 
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "use_dora", "lora_modules_to_save")
+"""The keys that make the LoraSpec besides its targets, in the order its provenance names them."""
+UNMODELLED_SHAPES: tuple[tuple[str, str], ...] = (
+    ("padding_free", "padding-free batches are modelled as padded ones of max_length"),
+    ("eval_packing", "eval packing is modelled like train packing"),
+    ("activation_offloading", "offloaded activations are not modelled"),
+    ("pad_to_multiple_of", "padding to a multiple is not modelled"),
+)
+"""SFTConfig keys about batch shapes that vramledger does not model, each with the reason its warning gives."""
+
+
 def load(r: Reader, *, family: str | None) -> str | None:
     model = r.text("model_name_or_path")
+    method = _method(r)
+    _lora(r, method, family)
+    flags = hf.read_trainer(
+        r,
+        bf16_default=True,
+        bf16_cite="trainer/base_config.py: bf16 = not fp16 when unset",
+        ckpt_default=True,
+        ckpt_cite="trainer/base_config.py gradient_checkpointing=True",
+    )
+    r.extras["trainer"] = flags
+    _precision(r, method, flags)
+    _shapes(r)
+    _loss(r)
+    if not r.has("attn_implementation"):  # when set, hf.read_trainer read it
+        r.provenance.setdefault("attn", "default: transformers (attn_implementation=None → sdpa)")
+    r.finish(HARMLESS)
+    return model
+
+
+def _method(r: Reader) -> Method:
+    """use_peft, and QLoRA when the base loads in 4 or 8 bits."""
     use_peft = r.flag("use_peft", False)
     four, eight = r.flag("load_in_4bit", False), r.flag("load_in_8bit", False)
     if four and eight:
         raise VramledgerError(f"{r.source}: load_in_4bit and load_in_8bit are both true; set one")
     method = Method.LORA if use_peft else Method.FULL
-    prov = r.file("use_peft") if r.has("use_peft") else r.default("trainer/model_config.py use_peft=False")
+    prov = r.origin("use_peft", "trainer/model_config.py use_peft=False")
     if four or eight:
         if not use_peft:
             raise VramledgerError(f"{r.source}: a 4/8-bit base trains only with adapters; add use_peft: true")
@@ -81,42 +113,37 @@ def load(r: Reader, *, family: str | None) -> str | None:
         r.used.update(("bnb_4bit_quant_type", "use_bnb_nested_quant"))
     r.ignore("bnb_4bit_quant_storage", "the storage dtype of 4-bit weights is not modelled")
     r.set("method", method, prov)
+    return method
 
-    if method in (Method.LORA, Method.QLORA):
-        rank = r.integer("lora_r", 16)
-        targets = r.names("lora_target_modules")
-        if targets is None:
-            targets = PEFT_DEFAULT_TARGETS.get(family or "", ("q_proj", "v_proj"))
-            tprov = f"peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: {','.join(targets)}"
-        else:
-            tprov = "file: lora_target_modules"
-        r.set(
-            "lora",
-            LoraSpec(
-                rank=rank,
-                alpha=r.number("lora_alpha", 32.0),
-                targets=("all",) if [t.lower() for t in targets] == ["all-linear"] else targets,
-                dropout=r.number("lora_dropout", 0.05),
-                dora=r.flag("use_dora", False),
-                modules_to_save=r.names("lora_modules_to_save") or (),
-            ),
-            "; ".join(p for p in (_present(r, "lora_r", "lora_alpha", "lora_dropout", "use_dora",
-                                           "lora_modules_to_save"), tprov) if p)
-            + " (defaults: trainer/model_config.py lora_r=16, lora_alpha=32, lora_dropout=0.05)",
-        )
-        r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
-    else:
+
+def _lora(r: Reader, method: Method, family: str | None) -> None:
+    if method not in (Method.LORA, Method.QLORA):
         r.used.update(("lora_r", "lora_target_modules", "lora_dropout", "use_dora"))
-
-    flags = hf.read_trainer(
-        r,
-        bf16_default=True,
-        bf16_cite="trainer/base_config.py: bf16 = not fp16 when unset",
-        ckpt_default=True,
-        ckpt_cite="trainer/base_config.py gradient_checkpointing=True",
+        return
+    rank = r.integer("lora_r", 16)
+    targets = r.names("lora_target_modules")
+    if targets is None:
+        targets = PEFT_DEFAULT_TARGETS.get(family or "", ("q_proj", "v_proj"))
+        tprov = f"peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: {','.join(targets)}"
+    else:
+        tprov = "file: lora_target_modules"
+    r.set(
+        "lora",
+        LoraSpec(
+            rank=rank,
+            alpha=r.number("lora_alpha", 32.0),
+            targets=("all",) if [t.lower() for t in targets] == ["all-linear"] else targets,
+            dropout=r.number("lora_dropout", 0.05),
+            dora=r.flag("use_dora", False),
+            modules_to_save=r.names("lora_modules_to_save") or (),
+        ),
+        "; ".join(p for p in (_present(r, *LORA_KEYS), tprov) if p)
+        + " (defaults: trainer/model_config.py lora_r=16, lora_alpha=32, lora_dropout=0.05)",
     )
-    r.extras["trainer"] = flags
+    r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
 
+
+def _precision(r: Reader, method: Method, flags: hf.TrainerFlags) -> None:
     # Model load dtype: ModelConfig.dtype defaults to "float32" (trainer/model_config.py); SFTTrainer also
     # defaults a string model to float32 (sft_trainer.py docstring of `model`).
     init = r.mapping("model_init_kwargs") or {}
@@ -133,6 +160,9 @@ def load(r: Reader, *, family: str | None) -> str | None:
     elif dtype == "auto" and method is not Method.FULL:
         r.warn("precision: dtype 'auto' loads the checkpoint's own dtype; modelled as the compute dtype")
 
+
+def _shapes(r: Reader) -> None:
+    """Sequence length (max_length, or max_seq_length before TRL 0.20) and packing."""
     if r.has("max_length"):
         r.set("seq_len", r.integer("max_length", minimum=1), r.file("max_length"))
     elif r.has("max_seq_length"):  # TRL < 0.20 spelling
@@ -143,13 +173,13 @@ def load(r: Reader, *, family: str | None) -> str | None:
     r.set(
         "packing",
         bool(r.flag("packing", False)),
-        r.file("packing") if r.has("packing") else r.default("trainer/sft_config.py packing=False"),
+        r.origin("packing", "trainer/sft_config.py packing=False"),
     )
-    r.ignore("padding_free", "padding-free batches are modelled as padded ones of max_length")
-    r.ignore("eval_packing", "eval packing is modelled like train packing")
-    r.ignore("activation_offloading", "offloaded activations are not modelled")
-    r.ignore("pad_to_multiple_of", "padding to a multiple is not modelled")
+    for key, reason in UNMODELLED_SHAPES:
+        r.ignore(key, reason)
 
+
+def _loss(r: Reader) -> None:
     loss_type = r.text("loss_type")
     liger = bool(r.flag("use_liger_kernel", False))
     if loss_type is None:
@@ -175,13 +205,6 @@ def load(r: Reader, *, family: str | None) -> str | None:
             r.set("loss", Loss.STANDARD, lprov)
     else:
         raise VramledgerError(f"{r.source}: loss_type must be nll, dft or chunked_nll (got {loss_type!r})")
-
-    if r.has("attn_implementation"):
-        pass  # read by hf.read_trainer
-    else:
-        r.provenance.setdefault("attn", "default: transformers (attn_implementation=None → sdpa)")
-    r.finish(HARMLESS)
-    return model
 
 
 def _present(r: Reader, *keys: str) -> str:
