@@ -19,7 +19,6 @@ import os
 import socket
 import sys
 import time
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -165,63 +164,16 @@ def model_config(model_name: str, smoke: bool) -> dict[str, Any]:
 # -- memory readings -----------------------------------------------------------------------------------------
 
 
-class CpuCounter:
-    """CPU test mode: live tensor-storage bytes counted by a dispatch mode, with an optional fake capacity.
-
-    Stands in for the caching allocator so the scripts' control flow (peaks, counters, induced OOMs) runs
-    without a GPU. Above ``capacity`` it raises ``torch.OutOfMemoryError`` as the CUDA allocator would.
-    """
-
-    def __init__(self) -> None:
-        import torch
-        from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
-        from torch.utils.weak import WeakIdKeyDictionary
-
-        counter = self
-        self.capacity: int | None = None
-        self.live = 0
-        self.peak = 0
-        self.ooms = 0
-        self.on_oom: Any = None  # called with the requested bytes before raising, like the CUDA OOM observer
-        seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
-
-        def free(n: int) -> None:
-            counter.live -= n
-
-        class _Count(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-                out = func(*args, **(kwargs or {}))
-                new = 0
-                for t in tree_flatten(out)[0]:
-                    if isinstance(t, torch.Tensor) and t.device.type == "cpu":
-                        st = t.untyped_storage()
-                        if st not in seen:
-                            n = st.nbytes()
-                            seen[st] = n
-                            weakref.finalize(st, free, n)
-                            counter.live += n
-                            new += n
-                counter.peak = max(counter.peak, counter.live)
-                if counter.capacity is not None and counter.live > counter.capacity:
-                    counter.ooms += 1
-                    if counter.on_oom is not None:
-                        counter.on_oom(new)
-                    raise torch.OutOfMemoryError(
-                        f"simulated CPU OOM in {func}: tried to allocate {new} bytes; {counter.live} bytes "
-                        f"live exceed the fake capacity {counter.capacity}"
-                    )
-                return out
-
-        self.mode = _Count()
-
-
 class Probe:
-    """Per-phase peak memory: the CUDA caching allocator's statistics, or a :class:`CpuCounter` on CPU."""
+    """Per-phase peak memory: the CUDA caching allocator's statistics, or on CPU the measure worker's byte counter
+    (:class:`vramledger.measure.worker.CountingProbe`: an optional fake capacity, ``.capacity``, above which it
+    raises ``torch.OutOfMemoryError``), so the scripts' control flow runs without a GPU."""
 
     def __init__(self, device: Any) -> None:
         self.cuda = device.type == "cuda"
-        self.counter = None if self.cuda else CpuCounter()
+        from vramledger.measure.worker import CountingProbe
+
+        self.counter = None if self.cuda else CountingProbe(None)
 
     def __enter__(self) -> Probe:
         if self.counter is not None:

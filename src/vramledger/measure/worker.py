@@ -115,7 +115,9 @@ class CudaProbe:
 
 
 class CountingProbe:
-    """CPU test mode: bytes of live tensor storages, counted by a dispatch mode; an optional fake capacity."""
+    """CPU test mode: bytes of live tensor storages, counted by a dispatch mode; an optional fake capacity above
+    which it raises ``torch.OutOfMemoryError`` as the CUDA allocator would (``on_oom``, if set, is called first
+    with the bytes the failing op asked for, like the CUDA out-of-memory observer)."""
 
     def __init__(self, capacity: int | None) -> None:
         import torch
@@ -128,6 +130,7 @@ class CountingProbe:
         self.live = 0
         self.peak = 0
         self.ooms = 0
+        self.on_oom: Any = None
         seen: WeakIdKeyDictionary = WeakIdKeyDictionary()
 
         def free(n: int) -> None:
@@ -136,6 +139,7 @@ class CountingProbe:
         class _Count(TorchDispatchMode):
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
+                new = 0
                 for t in tree_flatten(out)[0]:
                     if isinstance(t, torch.Tensor) and t.device.type == "cpu":
                         st = t.untyped_storage()
@@ -144,11 +148,15 @@ class CountingProbe:
                             seen[st] = n
                             weakref.finalize(st, free, n)
                             probe.live += n
-                            probe.peak = max(probe.peak, probe.live)
+                            new += n
+                probe.peak = max(probe.peak, probe.live)
                 if probe.capacity is not None and probe.live > probe.capacity:
                     probe.ooms += 1
+                    if probe.on_oom is not None:
+                        probe.on_oom(new)
                     raise torch.OutOfMemoryError(
-                        f"simulated: {probe.live} bytes live exceed the fake capacity {probe.capacity}"
+                        f"simulated: {func} tried to allocate {new} bytes; {probe.live} bytes live exceed the "
+                        f"fake capacity {probe.capacity}"
                     )
                 return out
 
