@@ -219,10 +219,20 @@ def _preset(args: argparse.Namespace, model_name: str, provenance: dict[str, str
     return t, f"preset: {kind} defaults{how}: {', '.join(parts)}; flags override them"
 
 
-def resolve_inputs(args: argparse.Namespace) -> Inputs:
-    """Build the specs from a config file (if any) and the flags (which win)."""
-    from vramledger.catalog import resolve_gpu, resolve_model, variant_note
+@dataclasses.dataclass(kw_only=True, slots=True)
+class _Base:
+    """Where the setup starts: the config file's (with its provenance and warnings) or a framework preset's."""
 
+    train: TrainSpec
+    model_name: str
+    provenance: dict[str, str]
+    warnings: list[str]
+    config_format: str = ""
+    preset_note: str = ""
+
+
+def _base_setup(args: argparse.Namespace) -> _Base:
+    """The config file read through its adapter, or, for flags alone, the preset; and the model's name."""
     provenance: dict[str, str] = {}
     warnings: list[str] = []
     model_name = args.model
@@ -258,7 +268,30 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         base, preset_note = _preset(args, model_name, provenance)
     if not model_name:
         raise VramledgerError("model: none given; pass a catalog name (e.g. llama-3.1-8b), a config.json, or --config")
+    return _Base(train=base, model_name=model_name, provenance=provenance, warnings=warnings,
+                 config_format=config_format, preset_note=preset_note)
 
+
+# Flags that set a TrainSpec field as given (validated by their argparse types).
+_PLAIN_FLAGS = (
+    ("batch", "micro_batch"),
+    ("seq", "seq_len"),
+    ("accum", "grad_accum"),
+    ("grad_ckpt", "grad_ckpt"),
+    ("freeze_layers", "freeze_trainable_layers"),
+    ("sgd_momentum", "sgd_momentum"),
+    ("packing", "packing"),
+    ("eval_batch", "eval_batch"),
+    ("eval_seq", "eval_seq_len"),
+    ("eval_accum", "eval_accumulation_steps"),
+    ("eval_steps", "eval_steps_total"),
+    ("predict_with_generate", "predict_with_generate"),
+    ("max_new_tokens", "generation_max_new_tokens"),
+)
+
+
+def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
+    """The TrainSpec fields the flags set (flags win over the file and the preset)."""
     changes: dict[str, Any] = {}
     if args.method is not None:
         changes["method"] = _choice({m.value: m for m in Method}, "--method", args.method)
@@ -271,21 +304,7 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     if args.loss is not None:
         loss = {x.value: x for x in Loss} | {"liger": Loss.FUSED}
         changes["loss"] = _choice(loss, "--loss", args.loss)
-    for flag, fld in (
-        ("batch", "micro_batch"),
-        ("seq", "seq_len"),
-        ("accum", "grad_accum"),
-        ("grad_ckpt", "grad_ckpt"),
-        ("freeze_layers", "freeze_trainable_layers"),
-        ("sgd_momentum", "sgd_momentum"),
-        ("packing", "packing"),
-        ("eval_batch", "eval_batch"),
-        ("eval_seq", "eval_seq_len"),
-        ("eval_accum", "eval_accumulation_steps"),
-        ("eval_steps", "eval_steps_total"),
-        ("predict_with_generate", "predict_with_generate"),
-        ("max_new_tokens", "generation_max_new_tokens"),
-    ):
+    for flag, fld in _PLAIN_FLAGS:
         value = getattr(args, flag, None)
         if value is not None:
             changes[fld] = value
@@ -308,16 +327,15 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
     changes.update(distributed_changes(args))
-    for key in changes:
-        provenance[key] = "flag"
-    if changes.get("method", base.method) is not Method.QLORA and "method" in changes:
-        changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
-    train = dataclasses.replace(base, **changes)
+    return changes
 
-    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
-    headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
+
+def _resolve_model(args: argparse.Namespace, model_name: str) -> ModelSpec:
+    """The model by name; a word that was meant as a config override is said to be one."""
+    from vramledger.catalog import resolve_model
+
     try:
-        model = resolve_model(model_name)
+        return resolve_model(model_name)
     except VramledgerError as exc:
         if model_name == args.model and getattr(args, "config", None) is not None:
             # `--config f.yaml lora_rank` meant an override, not a model: say so
@@ -326,20 +344,37 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
                 f"(e.g. {_short(model_name)}=8)"
             ) from None
         raise
+
+
+def resolve_inputs(args: argparse.Namespace) -> Inputs:
+    """Build the specs from a config file (if any) and the flags (which win)."""
+    from vramledger.catalog import resolve_gpu, variant_note
+
+    start = _base_setup(args)
+    changes = _flag_changes(args, start.train)
+    for key in changes:
+        start.provenance[key] = "flag"
+    if changes.get("method", start.train.method) is not Method.QLORA and "method" in changes:
+        changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
+    train = dataclasses.replace(start.train, **changes)
+    gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
+    headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
+    model = _resolve_model(args, start.model_name)
     note = variant_note(model)
     if note is not None:
-        warnings.append(note)
-    args.notes = (preset_note,) if preset_note else ()
+        start.warnings.append(note)
+    notes = (start.preset_note,) if start.preset_note else ()
+    args.notes = notes
     return Inputs(
         model=model,
         train=train,
         gpu=gpu,
         headroom=headroom,
-        provenance=provenance,
-        warnings=tuple(warnings),
-        model_name=model_name,
-        config_format=config_format,
-        notes=(preset_note,) if preset_note else (),
+        provenance=start.provenance,
+        warnings=tuple(start.warnings),
+        model_name=start.model_name,
+        config_format=start.config_format,
+        notes=notes,
     )
 
 
