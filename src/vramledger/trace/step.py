@@ -86,9 +86,8 @@ def run_trace(
     (batch, length) adds one evaluation forward after the steps (phase ``EVAL``, step ``STEPS + 1``)."""
     try:
         import torch
-        import transformers
+        import transformers  # noqa: F401 - a missing one is said here, before any work
         from torch._subclasses.fake_tensor import FakeTensorMode
-        from torch.autograd.graph import _engine_run_backward
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError(exc.name or "torch", "trace") from exc
     from vramledger.catalog.config_of import config_of
@@ -108,8 +107,6 @@ def run_trace(
     cfg = dict(config) if config is not None else config_of(model)
     hf, warnings = build_on_meta(model, train, cfg)
     rec = Recorder()
-    mixed = train.precision.mixed
-    compute = torch.bfloat16 if train.precision.compute.value == "bf16" else torch.float16
     vocab = int(hf.get_output_embeddings().weight.shape[0])
 
     with contextlib.ExitStack() as stack:
@@ -151,59 +148,19 @@ def run_trace(
             for p in trainable
         ]
         opt = make_optimizer(trainable, train.optimizer, sgd_momentum=train.sgd_momentum)
-        fused = bool(opt.defaults.get("fused"))
-        b, L = train.micro_batch, train.seq_len
         backward_start: dict[int, int] = {}
         for step in range(1, STEPS + 1):
             rec.step, rec.phase = step, Phase.FORWARD
-            rec.push(INPUTS)
-            input_ids = torch.zeros((b, L), dtype=torch.long)
-            labels = input_ids.clone()  # DataCollatorForLanguageModeling: labels = input_ids.clone()
-            rec.pop()
-            amp = torch.autocast("cpu", dtype=compute) if mixed else contextlib.nullcontext()
-            with amp:
-                if train.loss is Loss.CHUNKED:
-                    out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b))}
-                else:
-                    out = run(input_ids=input_ids, labels=labels, use_cache=False)
-            if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
-                out = {
-                    k: (
-                        v.float()
-                        if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16)
-                        else v
-                    )
-                    for k, v in out.items()
-                }
-            loss = out["loss"]
-            del out, input_ids, labels
+            loss = _forward_loss(hf, run, rec, train)
             rec.phase = Phase.BACKWARD
             backward_start[step] = len(rec.events)
-            # What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a torch
-            # function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they handle a
-            # call, so the backward (and its checkpoint recomputes) would run without them.
-            _engine_run_backward(
-                (loss,),
-                (torch.ones_like(loss),),
-                False,
-                False,
-                (),
-                allow_unreachable=True,
-                accumulate_grad=True,
-            )
+            _backward(loss)
             del loss
             for p in trainable if train.fsdp is not None else ():  # FSDP sets sharded grads without AccumulateGrad
                 if p.grad is not None:
                     rec.mark(p.grad, Category.GRADIENTS.value)
             rec.phase = Phase.OPTIMIZER
-            opt.step()
-            for state in opt.state.values():
-                for key, t in state.items():
-                    if isinstance(t, torch.Tensor):
-                        # torch/optim/adamw.py _init_group: 'step' is a host tensor unless fused or
-                        # capturable.
-                        cat = "host" if key == "step" and not fused else Category.OPTIMIZER_STATE.value
-                        rec.mark(t, cat)
+            _optimizer_step(opt, rec)
             hf.zero_grad(set_to_none=True)
         if eval_shape is not None:
             _eval_forward(hf, rec, train, eval_shape)
@@ -212,16 +169,11 @@ def run_trace(
         del opt, trainable, params, hf, run
     backends = list(chosen)
     storages = rec.storages
-    classify(storages, vocab=vocab, seq_len=L, backward_start=backward_start)
+    classify(storages, vocab=vocab, seq_len=train.seq_len, backward_start=backward_start)
     events = [
         Event(e.kind, e.storage, e.bytes, e.phase, e.step, e.module, e.op, storages[e.storage].category, e.stream)
         for e in rec.events
     ]
-    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
-    with contextlib.suppress(ImportError):
-        import peft
-
-        versions += f", peft {peft.__version__}"
     return TraceResult(
         events=events,
         storages=storages,
@@ -230,8 +182,74 @@ def run_trace(
         warnings=warnings,
         sdpa_backends=backends,
         quantised=quantised,
-        versions=versions,
+        versions=_versions(),
     )
+
+
+def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:
+    """One micro-batch's forward as the HF Trainer runs it (trainer.py ``training_step`` / ``compute_loss`` with
+    accelerate's ``prepare_model``): the batch, the forward under autocast with ``labels`` (or the chunked loss),
+    accelerate's fp32 conversion of the outputs; only the loss outlives it."""
+    import torch
+
+    b, L = train.micro_batch, train.seq_len
+    rec.push(INPUTS)
+    input_ids = torch.zeros((b, L), dtype=torch.long)
+    labels = input_ids.clone()  # DataCollatorForLanguageModeling: labels = input_ids.clone()
+    rec.pop()
+    mixed = train.precision.mixed
+    compute = torch.bfloat16 if train.precision.compute.value == "bf16" else torch.float16
+    amp = torch.autocast("cpu", dtype=compute) if mixed else contextlib.nullcontext()
+    with amp:
+        if train.loss is Loss.CHUNKED:
+            out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b))}
+        else:
+            out = run(input_ids=input_ids, labels=labels, use_cache=False)
+    if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
+        out = {
+            k: (v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v)
+            for k, v in out.items()
+        }
+    loss = out["loss"]
+    del out, input_ids, labels
+    return loss
+
+
+def _backward(loss: Any) -> None:
+    """What ``loss.backward()`` runs (torch/autograd/__init__.py ``backward``), called directly: as a torch
+    function, ``Tensor.backward`` would be handled by the shims' modes, which are off while they handle a call,
+    so the backward (and its checkpoint recomputes) would run without them."""
+    import torch
+    from torch.autograd.graph import _engine_run_backward
+
+    _engine_run_backward(
+        (loss,), (torch.ones_like(loss),), False, False, (), allow_unreachable=True, accumulate_grad=True
+    )
+
+
+def _optimizer_step(opt: Any, rec: Recorder) -> None:
+    """``optimizer.step()``, its states marked as such (``step`` counters stay on the host unless fused)."""
+    import torch
+
+    opt.step()
+    fused = bool(opt.defaults.get("fused"))
+    for state in opt.state.values():
+        for key, t in state.items():
+            if isinstance(t, torch.Tensor):
+                # torch/optim/adamw.py _init_group: 'step' is a host tensor unless fused or capturable.
+                rec.mark(t, "host" if key == "step" and not fused else Category.OPTIMIZER_STATE.value)
+
+
+def _versions() -> str:
+    import torch
+    import transformers
+
+    versions = f"torch {torch.__version__}, transformers {transformers.__version__}"
+    with contextlib.suppress(ImportError):
+        import peft
+
+        versions += f", peft {peft.__version__}"
+    return versions
 
 
 def _eval_forward(hf: Any, rec: Recorder, train: TrainSpec, shape: tuple[int, int]) -> None:
