@@ -19,6 +19,7 @@ from vramledger.analytic.activations import activation_basis
 from vramledger.analytic.evaluation import eval_advice, eval_warnings
 from vramledger.analytic.loop import COMPILE_NOTE
 from vramledger.analytic.step import ledger_items, step_parts
+from vramledger.analytic.vision import lm_view, vision_items, vision_notes, vision_settings
 from vramledger.ledger import Ledger, make_verdict
 from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Method, ModelSpec, TrainSpec
 
@@ -60,8 +61,10 @@ def estimate(
     headroom: float = DEFAULT_HEADROOM,
 ) -> Ledger:
     """The analytic ledger of one steady-state training step of ``model`` under ``train``."""
-    items, names = ledger_items(model, train, gpu)
-    parts = step_parts(model, train, gpu)
+    lm = lm_view(model, train)  # the language model sees the images' tokens too (analytic/vision.py)
+    items, names = ledger_items(model, lm, gpu)
+    items += vision_items(model, train)
+    parts = step_parts(model, lm, gpu)
     wb = parts.weights
     ledger = Ledger(
         model=model.name,
@@ -70,13 +73,13 @@ def estimate(
         items=items,
         engine="analytic",
         moments=MappingProxyType(dict(names)),
-        warnings=tuple(_warnings(model, train)),
-        settings=MappingProxyType(_settings(model, train)),
+        warnings=tuple(_warnings(model, lm) + vision_notes(model, train)),
+        settings=MappingProxyType({**_settings(model, lm), **vision_settings(model, train)}),
     )
     verdict = None
     if gpu is not None:
         verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
-    advice = eval_advice(ledger, model, train, parts) or advice_sentence(ledger, train)
+    advice = eval_advice(ledger, model, lm, parts) or advice_sentence(ledger, lm)
     return replace(ledger, verdict=verdict, advice=advice)
 
 

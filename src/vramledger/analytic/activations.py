@@ -214,6 +214,8 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         for a in wb.adapted:
             if not a.linear.lora_targetable:
                 continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
+            if m.vision is not None and m.vision.holds(a.linear.name):
+                continue  # in the vision tower: it saves per image patch (analytic/vision.py), not per token
             # An adapter in only some layers (a meta-built model's MoE layers, a vision tower) counts for its share.
             share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
             adapter += a.linear.per_layer * share // m.num_layers

@@ -11,6 +11,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from vramledger.catalog.checkpoint_quant import checkpoint_quant
+from vramledger.catalog.vision_config import vision_spec
 from vramledger.errors import VramledgerError
 from vramledger.specs.model import ModelSpec
 
@@ -204,4 +205,5 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         native_dtype=dtype,
         source=source,
         checkpoint_quant=checkpoint_quant(original, where),
+        vision=vision_spec(original, where),
     )

@@ -18,6 +18,7 @@ from functools import lru_cache
 from typing import Any
 
 from vramledger.catalog.checkpoint_quant import checkpoint_quant
+from vramledger.catalog.vision_config import vision_spec
 from vramledger.errors import MissingDependencyError, VramledgerError
 from vramledger.specs.model import CheckpointQuant, InventoryLinear, ModelSpec, ModuleInventory
 
@@ -312,6 +313,7 @@ def generic_model_spec(cfg: Mapping[str, Any], *, name: str, source: str) -> Mod
         source=source,
         checkpoint_quant=checkpoint_quant(cfg, where),
         inventory=inv,
+        vision=vision_spec(cfg, where),
     )
 
 
@@ -386,7 +388,7 @@ def spec_to_json(spec: ModelSpec) -> dict[str, Any]:
     from dataclasses import asdict
 
     out = asdict(spec)
-    for key in ("name", "source", "config_name"):
+    for key in ("name", "source", "config_name", "vision"):  # vision: re-read from the config (spec_from_json)
         out.pop(key)
     assert out["inventory"] is not None
     out["inventory"].pop("config_json")
@@ -410,4 +412,5 @@ def spec_from_json(stored: Mapping[str, Any], config: Mapping[str, Any], *, name
         quant = CheckpointQuant(
             **{**stored_quant, "skip": tuple(stored_quant["skip"]), "block": tuple(block) if block else None}
         )
-    return ModelSpec(**fields, name=name, source=source, inventory=inventory, checkpoint_quant=quant)
+    return ModelSpec(**fields, name=name, source=source, inventory=inventory, checkpoint_quant=quant,
+                     vision=vision_spec(config, f"config {source}"))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramledger.errors import VramledgerError
+from vramledger.specs.vision import VisionSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -143,6 +144,9 @@ class ModelSpec:
     config_name: str = ""
     """The catalog model whose config is used when the user named a variant (``Qwen/Qwen3-4B-Instruct-2507``
     resolved to ``Qwen/Qwen3-4B``); empty when ``name`` is that model itself."""
+    vision: VisionSpec | None = None
+    """The vision tower of a vision-language config (``vision_config``: Qwen2/2.5/3-VL, Gemma 3, Llama 4), read by
+    ``catalog.vision_config``; None for a text-only model."""
 
     def __post_init__(self) -> None:
         for fld in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads", "head_dim"):

@@ -259,6 +259,19 @@ class TrainSpec:
     """``torch.compile``: accepted and estimated as eager, with a stated assumption (analytic/loop.py)."""
     load_path: LoadPath = LoadPath.TRANSFORMERS
     """How a quantised base is put on the GPU (analytic/load.py)."""
+    # -- images (vision-language models: analytic/vision.py) ---------------------------------------------------
+    images: int = 0
+    """Images per sample (``--images``); 0: text only."""
+    image_size: tuple[int, int] | None = None
+    """(width, height) of each image in pixels as the dataset holds it; None: the model's default resolution."""
+    image_max_pixels: int | None = None
+    """LLaMA-Factory ``image_max_pixels``: a larger image is first scaled down to this many pixels
+    (``data/mm_plugin.py`` ``_preprocess_image``); None: no such step."""
+    image_min_pixels: int | None = None
+    """LLaMA-Factory ``image_min_pixels``: a smaller image is first scaled up to this many pixels."""
+    seq_includes_images: bool = False
+    """The sequence length already counts the image tokens (LLaMA-Factory truncates to ``cutoff_len`` after the
+    image placeholders are expanded); False: the language model sees ``seq_len`` plus the images' tokens."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
@@ -305,6 +318,17 @@ class TrainSpec:
                 "optimizer in backward cannot accumulate gradients (torchtune refuses it too); set "
                 "gradient_accumulation_steps 1 or turn optimizer_in_bwd off"
             )
+        if self.images < 0:
+            raise VramledgerError(f"images per sample must be 0 or more (got {self.images}); e.g. --images 1")
+        if self.image_size is not None and (
+            len(self.image_size) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
+                                             for n in self.image_size)
+        ):
+            raise VramledgerError(f"image size must be two positive integers (got {self.image_size!r}); e.g. "
+                                  "--image-size 1024x768")
+        for name in ("image_max_pixels", "image_min_pixels"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise VramledgerError(f"{name} must be a positive number of pixels (got {getattr(self, name)})")
         if self.freeze_trainable_layers < 0:
             raise VramledgerError("freeze: the number of trainable layers must be 0 or more")
         if self.method is Method.QLORA and self.quant is None:
@@ -356,7 +380,7 @@ ENUM_FIELDS: dict[str, type[enum.Enum]] = {
 """TrainSpec fields that take an Enum: a string naming one of its values is accepted (``method="lora"``)."""
 _INT_FIELDS = ("micro_batch", "seq_len", "grad_accum", "loss_chunk_tokens", "freeze_trainable_layers", "eval_batch",
                "eval_seq_len", "eval_accumulation_steps", "eval_steps_total", "generation_max_new_tokens",
-               "world_size", "zero_stage")
+               "world_size", "zero_stage", "images", "image_max_pixels", "image_min_pixels")
 
 
 def _coerce_enums(spec: Any) -> None:

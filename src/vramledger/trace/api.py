@@ -7,6 +7,7 @@ from types import MappingProxyType
 from typing import Any
 
 from vramledger.advice import advice_sentence
+from vramledger.analytic.vision import lm_view
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
@@ -48,7 +49,8 @@ def _trace(
         # transformers 5 warns that `is_gradient_checkpointing` (read by PEFT while preparing the model) is
         # renamed: nothing a user of the trace can act on
         warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
-        result = run_trace(model, train, config=config, eval_shape=eval_shape)
+        # The language model sees the images' tokens too (analytic/vision.py lm_view).
+        result = run_trace(model, lm_view(model, train), config=config, eval_shape=eval_shape)
     events = result.events
     if train.quant is not None:
         events = _apply_quantisation(result, train.quant)

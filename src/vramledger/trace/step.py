@@ -102,6 +102,7 @@ def run_trace(
         no_packed_sequences,
         sdpa_as_cuda,
     )
+    from vramledger.trace.vision_inputs import vision_trace
 
     _check_supported(train)
     cfg = dict(config) if config is not None else config_of(model)
@@ -118,6 +119,7 @@ def run_trace(
         chosen = stack.enter_context(sdpa_as_cuda())
         stack.enter_context(dropout_as_cuda())
         stack.enter_context(autocast_as_cuda())
+        stack.enter_context(vision_trace(hf, train))  # trace/vision_inputs.py: a no-op without images
 
         rec.phase = Phase.LOAD
         materialise(hf)
@@ -192,9 +194,13 @@ def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:
     accelerate's fp32 conversion of the outputs; only the loss outlives it."""
     import torch
 
+    from vramledger.trace.vision_inputs import image_inputs
+
     b, L = train.micro_batch, train.seq_len
     rec.push(INPUTS)
     input_ids = torch.zeros((b, L), dtype=torch.long)
+    images = image_inputs(hf, train, input_ids)  # trace/vision_inputs.py: {} without images
+    input_ids = images.pop("input_ids", input_ids)
     labels = input_ids.clone()  # DataCollatorForLanguageModeling: labels = input_ids.clone()
     rec.pop()
     mixed = train.precision.mixed
@@ -204,14 +210,14 @@ def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:
         if train.loss is Loss.CHUNKED:
             out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b))}
         else:
-            out = run(input_ids=input_ids, labels=labels, use_cache=False)
+            out = run(input_ids=input_ids, labels=labels, use_cache=False, **images)
     if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
         out = {
             k: (v.float() if isinstance(v, torch.Tensor) and v.dtype in (torch.float16, torch.bfloat16) else v)
             for k, v in out.items()
         }
     loss = out["loss"]
-    del out, input_ids, labels
+    del out, input_ids, labels, images
     return loss
 
 

@@ -1,0 +1,356 @@
+"""Images in a training step of a vision-language model: their tokens in the language model, and the vision tower.
+
+Legend: P patches per sample (all its images), h the tower's width, I its MLP width, nh its heads, r the LoRA
+rank, c bytes of the compute dtype, s bytes of the tower's stream (the dtype its frozen weights are loaded in).
+
+Tokens per image, from the processors' own rules (transformers 5.23):
+- Qwen2-VL / Qwen2.5-VL / Qwen3-VL: ``qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize`` rounds height and
+  width to multiples of patch·merge (28; 32 for Qwen3-VL's 16-pixel patches) within [min_pixels, max_pixels]
+  (class defaults 56² and 28²·1280); ``patchify`` gives (h/patch)·(w/patch) patches, and
+  ``processing_qwen2_5_vl.py`` one ``<|image_pad|>`` per merge² patches: tokens = (h/28)·(w/28).
+- Gemma 3: ``Gemma3ImageProcessor`` resizes every image to image_size² (896), pan-and-scan off by default
+  (``processing_gemma3.py`` ``images_kwargs``); ``Gemma3Processor`` expands each image to ``image_seq_length``
+  (``mm_tokens_per_image``, 256) tokens; the tower sees (896/14)² = 4096 patches.
+- Llama 4: ``image_processing_llama4.py`` picks a canvas of 336-pixel tiles (``find_supported_resolutions``,
+  ``get_best_fit``, at most ``max_patches`` 16 tiles), and ``processing_llama4.py`` ``_prompt_split_image`` gives
+  (336/14)²/4 = 144 ``<|patch|>`` tokens per tile, plus a global tile's 144 when there is more than one tile.
+LLaMA-Factory first scales an image larger than ``image_max_pixels`` (default 768²) down, or one smaller than
+``image_min_pixels`` up (``data/mm_plugin.py`` ``BasePlugin._preprocess_image``: factor √(limit/(w·h)), sizes
+truncated to integers), then hands it to the processor. Wrapper tokens (``<|vision_start|>``, Gemma's
+``<start_of_image>``, Llama 4's tile separators) are text: count them in ``--seq``.
+
+Memory (the tower runs first, inside the model's forward, and its output is scattered into the input embeddings:
+``modeling_qwen2_5_vl.py`` ``Qwen2_5_VLModel.forward`` ``masked_scatter``):
+- The language model sees seq_len + images·tokens positions (unless the length already counts them, as
+  LLaMA-Factory's ``cutoff_len`` does): every LM term grows with it. ``lm_view`` gives that TrainSpec.
+- The tower keeps activations for backward only when a gradient flows through it: its weights train (full
+  fine-tuning; LLaMA-Factory ``freeze_vision_tower: false``), PEFT put adapters in it (``all-linear`` adapts the
+  tower's linears too: tuners_utils.py ``_maybe_include_all_linear_layers`` excludes only the output layer), or
+  PEFT made its input require grad: under gradient checkpointing ``PeftModel.__init__`` calls
+  ``enable_input_require_grads`` (peft_model.py), which hooks every sub-model's input embedding, the tower's
+  ``patch_embed`` among them (modeling_utils.py ``enable_input_require_grads``; ``_input_embed_layer =
+  "patch_embed"``). A frozen tower off the gradient path keeps nothing: only its output lives on.
+- The batch's ``pixel_values`` (fp32, as the processor returns them; the Trainer moves them without a cast) live
+  through the step.
+
+Per patch per block, a tower on the gradient path saves (Qwen2.5-VL blocks, ``Qwen2_5_VLVisionBlock``): the two
+RMSNorms' fp32 upcast 4h each (their weight's cast s·h more when they train), q, k, v and the SDPA output s·h each
+with an fp32 logsumexp 4·nh (the tower calls SDPA once per window or image: ``Qwen2_5_VLVisionAttention``), the
+gated MLP's gate, act, up and product 4·s·I (3·s·I when down_proj is frozen), and what each adapter or trained
+linear saves of its input, as in the decoder (``analytic/activations.py``). Under checkpointing each block keeps
+its input only. The merger (``Qwen2_5_VLPatchMerger``) saves its norm's upcast and its MLP's inputs.
+
+Simplifications: the tower's transient peak (one block's temporaries while nothing of the LM is alive yet) is
+not a candidate moment: it is far below the loss's; the tower's recompute under checkpointing happens after the
+LM's activations are freed; eager attention in the tower is modelled as SDPA (its scores per window).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+from vramledger.errors import VramledgerError
+from vramledger.ledger import Category, LineItem, Phase
+from vramledger.specs import Method, ModelSpec, TrainSpec
+from vramledger.specs.vision import ImageRule, VisionSpec
+
+# LLaMA-Factory hparams/model_args.py: image_max_pixels = 768 * 768, image_min_pixels = 32 * 32.
+LLAMAFACTORY_MAX_PIXELS = 768 * 768
+LLAMAFACTORY_MIN_PIXELS = 32 * 32
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ImageGrid:
+    """One image as the tower and the language model see it."""
+
+    width: int
+    height: int
+    """Pixels after every resize (the processor's canvas)."""
+    patches: int
+    """Tower positions (Llama 4: over all tiles, each with its class token)."""
+    tokens: int
+    """``<image>`` placeholder tokens in the language model's sequence."""
+    grid: tuple[int, int, int] = (1, 1, 1)
+    """Qwen ``image_grid_thw``: (frames, height, width) in patches; Llama 4: (tiles, rows, columns)."""
+
+
+def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
+    """transformers ``qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize`` (same arithmetic, same rounding).
+
+    >>> smart_resize(768, 1024, 28, 56 * 56, 28 * 28 * 1280)
+    (756, 1036)
+    """
+    if max(height, width) / min(height, width) > 200:
+        raise VramledgerError(f"--image-size: aspect ratio above 200 ({width}x{height}); the Qwen processor refuses it")
+    h_bar = round(height / factor) * factor
+    w_bar = round(width / factor) * factor
+    if h_bar * w_bar > max_pixels:
+        beta = math.sqrt((height * width) / max_pixels)
+        h_bar = max(factor, math.floor(height / beta / factor) * factor)
+        w_bar = max(factor, math.floor(width / beta / factor) * factor)
+    elif h_bar * w_bar < min_pixels:
+        beta = math.sqrt(min_pixels / (height * width))
+        h_bar = math.ceil(height * beta / factor) * factor
+        w_bar = math.ceil(width * beta / factor) * factor
+    return h_bar, w_bar
+
+
+def _llama4_canvas(height: int, width: int, tile: int, max_tiles: int) -> tuple[int, int]:
+    """``image_processing_llama4.py`` ``find_supported_resolutions`` + ``get_best_fit``: the (rows, columns) of
+    tiles: the smallest upscale ≥ 1 of any arrangement of at most ``max_tiles`` tiles, else the mildest
+    downscale; ties go to the smaller canvas."""
+    shapes = {(f, n // f) for n in range(1, max_tiles + 1) for f in range(1, n + 1) if n % f == 0}
+    scales = {s: min(s[0] * tile / height, s[1] * tile / width) for s in shapes}
+    up = [v for v in scales.values() if v >= 1]
+    chosen = min(up) if up else max(scales.values())
+    return min((s for s, v in scales.items() if v == chosen), key=lambda s: s[0] * s[1])
+
+
+def default_image_size(v: VisionSpec) -> tuple[int, int]:
+    """(width, height) when none is given: Gemma 3 / Llama 4 their (tile) resolution; Qwen a square as large as
+    its processor keeps (√max_pixels: 1001² → 980² after ``smart_resize``, 1225 tokens)."""
+    if v.rule is ImageRule.DYNAMIC:
+        side = math.isqrt(v.max_pixels)
+        return side, side
+    return v.image_size, v.image_size
+
+
+def prepared_size(v: VisionSpec, train: TrainSpec) -> tuple[int, int]:
+    """(width, height) handed to the processor: the given or default size after LLaMA-Factory's resize."""
+    w, h = train.image_size or default_image_size(v)
+    hi, lo = train.image_max_pixels, train.image_min_pixels
+    if hi is not None and w * h > hi:
+        f = math.sqrt(hi / (w * h))
+        w, h = int(w * f), int(h * f)
+    if lo is not None and w * h < lo:
+        f = math.sqrt(lo / (w * h))
+        w, h = int(w * f), int(h * f)
+    return max(w, 1), max(h, 1)
+
+
+def image_grid(v: VisionSpec, train: TrainSpec) -> ImageGrid:
+    """Patches and tokens of one image of ``train``'s size under ``v``'s processor."""
+    w, h = prepared_size(v, train)
+    if v.rule is ImageRule.DYNAMIC:
+        factor = v.patch_size * v.merge_size
+        rh, rw = smart_resize(h, w, factor, v.min_pixels, v.max_pixels)
+        gh, gw = rh // v.patch_size, rw // v.patch_size
+        return ImageGrid(width=rw, height=rh, patches=gh * gw, tokens=gh * gw // v.merge_size**2, grid=(1, gh, gw))
+    per_side = v.image_size // v.patch_size
+    if v.rule is ImageRule.FIXED:
+        return ImageGrid(width=v.image_size, height=v.image_size, patches=per_side**2, tokens=v.tokens_per_image)
+    rows, cols = _llama4_canvas(h, w, v.image_size, v.max_tiles)
+    tiles = rows * cols + (1 if rows * cols > 1 else 0)  # the global tile (a resized copy) when tiled
+    per_tile = per_side**2 // v.merge_size**2
+    return ImageGrid(width=cols * v.image_size, height=rows * v.image_size, patches=tiles * (per_side**2 + 1),
+                     tokens=tiles * per_tile, grid=(tiles, rows, cols))  # fmt: skip
+
+
+def image_tokens(m: ModelSpec, train: TrainSpec) -> int:
+    """Tokens the images of one sample add to the language model's sequence (0 without images or a tower)."""
+    if not train.images or m.vision is None:
+        return 0
+    return train.images * image_grid(m.vision, train).tokens
+
+
+def lm_view(m: ModelSpec, train: TrainSpec) -> TrainSpec:
+    """``train`` as the language model sees it: ``seq_len`` counts the image tokens. Idempotent."""
+    if not train.images:
+        return train
+    if m.vision is None:
+        raise VramledgerError(
+            f"--images: {m.name} has no vision tower vramledger models (Qwen2/2.5/3-VL, Gemma 3, Llama 4 configs with "
+            "a vision_config); drop --images or pass the multimodal config"
+        )
+    if train.seq_includes_images:
+        tokens = image_tokens(m, train)
+        if train.seq_len <= tokens:
+            raise VramledgerError(
+                f"sequence length {train.seq_len} leaves no room for the {train.images} image(s) of {tokens} tokens it "
+                "counts; raise cutoff_len / --seq or lower image_max_pixels"
+            )
+        return train
+    return replace(train, seq_len=train.seq_len + image_tokens(m, train), seq_includes_images=True)
+
+
+def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str, ...]) -> bool:
+    """Whether backward runs through the tower (see the module docstring): full fine-tuning, an adapter inside it,
+    or PEFT's ``enable_input_require_grads`` under checkpointing."""
+    v = m.vision
+    if v is None or not train.images:
+        return False
+    if train.method is Method.FULL:
+        return True
+    if not train.adapters:
+        return False
+    inside = any(part in v.prefix for name in adapter_names for part in name.split("."))
+    return inside or train.grad_ckpt
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VisionBytes:
+    """What the images of one micro-batch add beside the language model's longer sequence, in bytes."""
+
+    saved: int
+    """The tower's activations saved for backward (0 when no gradient flows through it)."""
+    lm_extra: int
+    """What the language model saves more because the image embeddings carry a gradient: the first decoder
+    layer's norm input, ``masked_scatter``'s placeholder mask, and (adapters under checkpointing) the text
+    embeddings beside their scattered copy."""
+    pixels: int
+    """``pixel_values`` of the batch (fp32)."""
+    detail: tuple[tuple[str, int], ...]
+    """(part, bytes) of ``saved``."""
+
+
+def _tower_saved(
+    v: VisionSpec,
+    train: TrainSpec,
+    adapted: tuple[tuple[str, int, int], ...],
+    stream_grad: bool,
+    patches: int,
+    tokens: int,
+) -> tuple[tuple[str, int], ...]:
+    """The tower's saved bytes for ``patches`` patches and ``tokens`` merged tokens (see the module docstring).
+
+    ``adapted``: (module path, in, out) of each adapter inside the tower; ``stream_grad``: the patch embedding's
+    output requires grad (the first block's norm then saves its input too)."""
+    from vramledger.analytic.activations import _adapter_bytes  # one home for what a PEFT adapter saves
+
+    c = train.precision.compute.bytes
+    h, i_w, nh, depth = v.hidden_size, v.intermediate_size, v.num_heads, v.depth
+    base = train.method is Method.FULL
+    merge_rows = v.merge_size**2
+    parts: list[tuple[str, int]] = []
+    # Rotary cos and sin (fp32, one head_dim each per patch), shared by the blocks and saved by q·cos, k·sin
+    # (``apply_rotary_pos_emb_vision`` computes in fp32); the merged tokens' reverse index (int64).
+    parts.append(("rotary tables and merge index", 8 * v.head_dim * patches + 8 * tokens))
+    if base:  # the trained patch embedding keeps its input's cast (Conv3d over 3·temporal·patch² values)
+        parts.append(("patch embedding input", c * 3 * v.temporal_patch_size * v.patch_size**2 * patches))
+    elif stream_grad:  # enable_input_require_grads makes the frozen patch embedding's output a leaf that
+        # requires grad, which autograd's AccumulateGrad node holds until backward
+        parts.append(("patch embeddings (made to require grad)", c * h * patches))
+    if train.grad_ckpt:  # GradientCheckpointingLayer: each block keeps its input only
+        parts.append(("block inputs (checkpointed)", depth * c * h * patches))
+    else:
+        norms = (2 * depth - (0 if stream_grad else 1)) * (4 * h + 4) * patches  # fp32 upcast and rsqrt
+        if base:  # a trained norm weight also saves the normalised value it multiplies
+            norms += 2 * depth * c * h * patches
+        parts.append(("norms (fp32 upcast)", norms))
+        # q and k after RoPE, the fused qkv output (v is a view of it) and SDPA's output, with its fp32 logsumexp.
+        parts.append(("q, k, qkv output, attention output", depth * (c * 6 * h + 4 * nh) * patches))
+        mlp = (3 if v.gated_mlp else 1) * c * i_w  # gate, act, up (SwiGLU) or fc1's output (kept by the act)
+        if base:  # trained linears keep their inputs (autocast casts one per linear): qkv, proj, gate and up
+            mlp += c * ((4 if v.gated_mlp else 3) * h + i_w)  # (or fc1), down (or fc2)
+        parts.append(("MLP", depth * mlp * patches))
+    # The merger (Qwen2_5_VLPatchMerger): norm upcast per patch, GELU's input per merged token (merge²·h wide),
+    # and trained linears' inputs.
+    merger = (4 * h + 4) * patches + c * merge_rows * h * tokens
+    if base:  # the norm's weight saves its normalised input; both linears keep their inputs
+        merger += c * h * patches + 2 * c * merge_rows * h * tokens
+    parts.append(("merger", merger))
+    adapters = 0
+    for name, in_f, out_f in adapted:
+        rows = tokens if "merger" in name.split(".") or "multi_modal_projector" in name else patches
+        if train.grad_ckpt and "blocks" in name.split("."):
+            continue  # recomputed inside the checkpointed block
+        adapters += _adapter_bytes(train, in_f, out_f) * rows
+    parts.append(("LoRA inputs in the tower", adapters))
+    return tuple((k, n) for k, n in parts if n)
+
+
+def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
+    """The images' own lines for ``train`` (as the user gave it, images counted separately); None without
+    images."""
+    v = m.vision
+    if v is None or not train.images:
+        return None
+    from vramledger.analytic.activations import first_layer_unsaved_bytes_per_token
+    from vramledger.analytic.weights import weight_budget
+
+    lm = lm_view(m, train)
+    wb = weight_budget(m, lm)
+    adapted = tuple(
+        (a.linear.name, a.linear.in_features, a.linear.out_features)
+        for a in (wb.adapted if train.adapters else ())
+        if v.holds(a.linear.name)
+    )
+    grid = image_grid(v, train)
+    n = train.micro_batch * train.images
+    values = grid.patches - (grid.grid[0] if v.class_token else 0)  # Llama 4's class token is no pixel
+    pixels = 4 * n * values * 3 * v.temporal_patch_size * v.patch_size**2
+    if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
+        return VisionBytes(saved=0, lm_extra=0, pixels=pixels, detail=())
+    stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt)
+    detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
+    # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
+    # gradient of its source; the first layer's norm now upcasts an input that requires grad; under PEFT's
+    # checkpointing the embedding output is a leaf AccumulateGrad holds, and the scattered copy is another tensor.
+    extra = lm.tokens + (first_layer_unsaved_bytes_per_token(m, lm, wb) * lm.tokens if wb.trainable_layers else 0)
+    if train.adapters and train.grad_ckpt:
+        extra += train.precision.compute.bytes * m.hidden_size * lm.tokens
+    return VisionBytes(saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, detail=detail)
+
+
+_SOURCE = "analytic/vision.py: the tower's blocks (Qwen2_5_VLVisionBlock) and merger over every patch"
+_PIXELS_SOURCE = (
+    "Qwen2VLImageProcessor patchify: 3·temporal·patch² fp32 values per patch (Gemma 3 / Llama 4: "
+    "3·side² per image or tile), moved to the GPU without a cast"
+)
+
+
+def vision_items(m: ModelSpec, train: TrainSpec) -> tuple[LineItem, ...]:
+    """The images' lines at the forward and backward peaks: the tower's saved activations (alive from the tower's
+    forward to its backward, which runs last), the first decoder layer's extra saved input, and the pixels."""
+    vb = vision_bytes(m, train)
+    if vb is None:
+        return ()
+    out = []
+    for phase in (Phase.FORWARD, Phase.BACKWARD):
+        lines = (
+            (Category.ACTIVATIONS, "vision tower (saved for backward)", vb.saved, _SOURCE),
+            (Category.ACTIVATIONS, "language model inputs (image embeddings carry a gradient)", vb.lm_extra,
+             "masked_scatter's bool mask; the first layer's norm input (first_layer_unsaved_bytes_per_token); "
+             "the embeddings beside their scattered copy under PEFT checkpointing"),
+            (Category.TEMPORARIES, "pixel values of the batch (fp32)", vb.pixels, _PIXELS_SOURCE),
+        )  # fmt: skip
+        out += [LineItem(category=c, phase=phase, bytes=n, label=label, source=src)
+                for c, label, n, src in lines if n]  # fmt: skip
+    return tuple(out)
+
+
+def vision_settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
+    """What the images were taken to be, for the ledger's settings (empty without images)."""
+    if not train.images or m.vision is None:
+        return {}
+    grid = image_grid(m.vision, train)
+    return {
+        "images": {
+            "per_sample": train.images,
+            "size": list(train.image_size or default_image_size(m.vision)),
+            "processed": [grid.width, grid.height],
+            "patches": grid.patches,
+            "tokens": grid.tokens,
+            "text_seq_len": train.seq_len - (image_tokens(m, train) if train.seq_includes_images else 0),
+        }
+    }
+
+
+def vision_notes(m: ModelSpec, train: TrainSpec) -> list[str]:
+    """One line saying what the images add, for the ledger's warnings."""
+    if not train.images or m.vision is None:
+        return []
+    v, grid = m.vision, image_grid(m.vision, train)
+    size = "x".join(map(str, train.image_size or default_image_size(v))) + ("" if train.image_size else " (default)")
+    counted = "within" if train.seq_includes_images else "on top of"
+    vb = vision_bytes(m, train)
+    tower = (
+        "the tower is on the gradient path: its activations are saved"
+        if vb is not None and vb.saved
+        else "the tower is frozen and off the gradient path: it saves nothing for backward"
+    )
+    return [
+        f"images: {train.images} per sample of {size} → {grid.width}x{grid.height}, {grid.patches:,} patches, "
+        f"{grid.tokens:,} tokens each, {counted} the sequence length; {tower}"
+    ]

@@ -1,0 +1,130 @@
+"""Images in a traced step: fake ``pixel_values`` and ``image_grid_thw`` of the processor's shapes, the image
+placeholders in ``input_ids``, and what lets the real vision code run on fake tensors.
+
+The batch is what ``Qwen2VLImageProcessor`` and the processor give a collator (``patchify``: one row of
+3·temporal·patch² fp32 values per patch; ``image_grid_thw`` (1, h/patch, w/patch) per image; ``<|image_pad|>``
+tokens, one per merge² patches), with the geometry of ``analytic/vision.py`` ``image_grid`` (the one home of the
+processors' rules).
+
+Fake tensors carry shapes, not values, and the vision code asks for values: ``grid_thw.tolist()``
+(``vision_utils.py`` ``get_vision_position_ids``, ``get_vision_window_index``), the window lengths
+(``Qwen2_5_VLVisionAttention.forward`` splits q/k/v per window with ``lengths.tolist()``), the number of image
+tokens (``get_placeholder_mask``) and the 3-D rope positions (``get_rope_index``). PyTorch's fake mode keeps the
+value of a small tensor made from data (a *constant*: ``torch._subclasses.fake_tensor`` ``CONSTANT_NUMEL_LIMIT``,
+1 element by default) and runs ops whose inputs are all constants for real. ``vision_trace`` raises that limit
+while the step runs, so that input_ids, the grid and the window boundaries are constants and every value derived
+from them alone is known; the window index and boundaries, which transformers computes with a boolean mask, are
+computed beforehand from real tensors and handed to the tower as the precomputed inputs its helpers accept
+(``get_vision_window_index(..., kwargs)`` pops ``window_index``/``cu_window_seqlens``). Activations stay fake.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+from vramledger.analytic.vision import ImageGrid, image_grid
+from vramledger.errors import VramledgerError
+from vramledger.specs import TrainSpec
+from vramledger.specs.vision import ImageRule, VisionSpec
+
+# Large enough for input_ids, the 3-D positions (3·B·L) and the window tables of any traced batch.
+_CONSTANT_LIMIT = 1 << 26
+
+
+def _config(hf: Any) -> Any:
+    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+    return base.config
+
+
+def _vision(hf: Any, train: TrainSpec) -> tuple[VisionSpec, ImageGrid] | None:
+    if not train.images:
+        return None
+    from vramledger.catalog.vision_config import vision_spec
+
+    cfg = _config(hf)
+    v = vision_spec(cfg.to_dict(), "trace")
+    if v is None or v.rule is not ImageRule.DYNAMIC:
+        raise VramledgerError(
+            f"trace --images: {cfg.model_type} images are estimated (`vramledger estimate`) but not traced yet; "
+            "trace runs Qwen2-VL, Qwen2.5-VL and Qwen3-VL with images"
+        )
+    return v, image_grid(v, train)
+
+
+def _visual(hf: Any) -> Any:
+    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+    return base.model.visual
+
+
+def image_inputs(hf: Any, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
+    """The image part of the batch, and ``input_ids`` rebuilt with the placeholders (a constant: see the module
+    docstring); empty without images. Call inside ``vision_trace``."""
+    found = _vision(hf, train)
+    if found is None:
+        return {}
+    import torch
+
+    v, grid = found
+    b, length = input_ids.shape
+    n = train.images * grid.tokens
+    token = int(_config(hf).image_token_id)
+    # Each row: the images' placeholders first, then text (their position does not change any tensor's size).
+    row = [token] * n + [0] * (length - n)
+    per_patch = 3 * v.temporal_patch_size * v.patch_size**2
+    return {
+        "input_ids": torch.tensor([row] * b, dtype=torch.long),
+        "pixel_values": torch.zeros((b * train.images * grid.patches, per_patch), dtype=torch.float32),
+        "image_grid_thw": torch.tensor([list(grid.grid)] * (b * train.images), dtype=torch.long),
+    }
+
+
+def _window_tables(hf: Any, v: VisionSpec, grid: ImageGrid, images: int) -> dict[str, Any]:
+    """``window_index`` and ``cu_window_seqlens`` (Qwen2.5-VL) computed by transformers' own helper on real
+    tensors, remade as fake constants."""
+    import torch
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    visual = _visual(hf)
+    if not hasattr(visual, "window_size"):
+        return {}
+    from transformers.vision_utils import get_vision_window_index
+
+    with unset_fake_temporarily():
+        thw = torch.tensor([list(grid.grid)] * images, dtype=torch.long)
+        index, cu = get_vision_window_index(
+            thw, spatial_merge_size=v.merge_size, window_size=visual.window_size, patch_size=v.patch_size
+        )
+        index_list, cu_list = index.tolist(), cu.tolist()
+    return {
+        "window_index": torch.tensor(index_list, dtype=torch.long),
+        "cu_window_seqlens": torch.tensor(cu_list, dtype=torch.int32),
+    }
+
+
+@contextmanager
+def vision_trace(hf: Any, train: TrainSpec) -> Iterator[None]:
+    """While a traced step with images runs: small tensors made from data keep their values (fake mode
+    constants), and the tower gets its window tables precomputed. Restores both on exit; a no-op without images."""
+    found = _vision(hf, train)
+    if found is None:
+        yield
+        return
+    import torch._subclasses.fake_tensor as fake_tensor
+
+    v, grid = found
+    before = fake_tensor.CONSTANT_NUMEL_LIMIT
+    fake_tensor.CONSTANT_NUMEL_LIMIT = _CONSTANT_LIMIT
+    visual = _visual(hf)
+
+    def add_tables(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict]:
+        images = train.micro_batch * train.images
+        return args, {**kwargs, **_window_tables(hf, v, grid, images)}
+
+    handle = visual.register_forward_pre_hook(add_tables, with_kwargs=True)
+    try:
+        yield
+    finally:
+        handle.remove()
+        fake_tensor.CONSTANT_NUMEL_LIMIT = before
