@@ -298,6 +298,9 @@ _SHAPE_FIELDS = frozenset(
         "world_size",
         "zero_stage",
         "loss_chunk_tokens",
+        "images",
+        "image_size",
+        "seq_includes_images",
     }
 )
 

@@ -151,6 +151,7 @@ def load(r: Reader) -> str | None:
     _shapes(r, stage)
     _attention(r)
     _evaluation(r)
+    _images(r)
     r.finish(HARMLESS)
     return model
 
@@ -349,6 +350,50 @@ def _evaluation(r: Reader) -> None:
         )
     else:
         r.used.update(("max_new_tokens", "max_length"))
+
+
+# Templates (data/template.py register_template) whose mm_plugin feeds a vision tower vramledger models.
+_IMAGE_TEMPLATES = ("qwen2_vl", "qwen2_vl_nothink", "qwen3_vl", "qwen3_vl_nothink", "gemma3", "llama4")
+
+
+def _images(r: Reader) -> None:
+    """Images per sample and their size (hparams/model_args.py ``image_max_pixels`` 768², ``image_min_pixels``
+    32², applied by data/mm_plugin.py ``_preprocess_image`` before the processor), the frozen tower
+    (hparams/finetuning_args.py ``freeze_vision_tower``/``freeze_multi_modal_projector`` true), and
+    ``cutoff_len``, which counts the image tokens (data/processor/supervised.py truncates after the mm_plugin
+    expanded the placeholders). How many images a sample holds is the dataset's: not in the config."""
+    r.set(
+        "image_max_pixels",
+        r.integer("image_max_pixels", 768 * 768, minimum=1),
+        r.origin("image_max_pixels", "hparams/model_args.py image_max_pixels=768*768"),
+    )
+    r.set(
+        "image_min_pixels",
+        r.integer("image_min_pixels", 32 * 32, minimum=1),
+        r.origin("image_min_pixels", "hparams/model_args.py image_min_pixels=32*32"),
+    )
+    tower, projector = r.flag("freeze_vision_tower", True), r.flag("freeze_multi_modal_projector", True)
+    r.set(
+        "freeze_vision_tower",
+        bool(tower),
+        r.origin("freeze_vision_tower", "hparams/finetuning_args.py freeze_vision_tower=True"),
+    )
+    if tower and not projector:
+        r.warn(
+            "freeze_multi_modal_projector: false with a frozen vision tower: the projector's adapters are not "
+            "modelled (the tower and projector are modelled frozen together)"
+        )
+    r.set("seq_includes_images", True, r.default("data/processor/supervised.py: cutoff_len counts image tokens"))
+    template = (r.text("template") or "").lower()
+    if template in _IMAGE_TEMPLATES:
+        r.set("images", 1, r.default(f"assumed: template {template} is multimodal; the dataset decides"))
+        r.warn(
+            f"images per sample: template {template} takes images, but how many a sample holds is the dataset's, "
+            "not the config's; assumed 1 image of at least image_max_pixels (pass --images N, 0 for text only)"
+        )
+    r.ignore("video_max_pixels", "videos are not modelled")
+    r.ignore("video_fps", "videos are not modelled")
+    r.ignore("video_maxlen", "videos are not modelled")
 
 
 def _present(r: Reader, *keys: str) -> str:

@@ -181,7 +181,7 @@ def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str,
     if v is None or not train.images:
         return False
     if train.method is Method.FULL:
-        return True
+        return not train.freeze_vision_tower
     if not train.adapters:
         return False
     inside = any(part in v.prefix for name in adapter_names for part in name.split("."))

@@ -85,7 +85,10 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     assert train.lora is not None
     lora = train.lora
     if m.inventory is not None:
-        return _inventory_adapted(m, lora)
+        adapted = _inventory_adapted(m, lora)
+        if train.freeze_vision_tower and m.vision is not None:  # LLaMA-Factory keeps adapters out of the tower
+            adapted = tuple(a for a in adapted if not m.vision.holds(a.linear.name))
+        return adapted
     linears = layer_linears(m)
     targets = lora.layer_targets
     if lora.all_linear:

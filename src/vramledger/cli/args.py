@@ -66,6 +66,22 @@ def real(lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False, 
     return parse
 
 
+MAX_IMAGE_SIDE = 1 << 16
+"""Pixels per side of an image (``--image-size``): PIL's practical limit is far below this."""
+
+
+def image_size(text: str) -> tuple[int, int]:
+    """``WxH`` in pixels (``1024x768``), each side in [1, MAX_IMAGE_SIDE]."""
+    parts = text.lower().replace("×", "x").split("x")
+    try:
+        w, h = (int(p.strip()) for p in parts) if len(parts) == 2 else (0, 0)
+    except ValueError:
+        w = h = 0
+    if not (1 <= w <= MAX_IMAGE_SIDE and 1 <= h <= MAX_IMAGE_SIDE):
+        raise argparse.ArgumentTypeError(f"{text!r} is not WIDTHxHEIGHT in pixels; e.g. 1024x768")
+    return w, h
+
+
 def name(text: str) -> str:
     """A non-empty word (a choice, a GPU, a format): an empty string is never a silent default."""
     if not text.strip():

@@ -13,7 +13,18 @@ from pathlib import Path
 from typing import Any
 
 from vramledger.adapters._base import ATTN_NAMES, OPTIMIZER_NAMES
-from vramledger.cli.args import MAX_BATCH, MAX_EVAL_BATCH, MAX_TOKENS, count, fraction, in_path, name, out_path, real
+from vramledger.cli.args import (
+    MAX_BATCH,
+    MAX_EVAL_BATCH,
+    MAX_TOKENS,
+    count,
+    fraction,
+    image_size,
+    in_path,
+    name,
+    out_path,
+    real,
+)
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
     DEFAULT_HEADROOM,
@@ -106,7 +117,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--freeze-layers", type=count(what="number of layers"),
                    help="method freeze: trainable last layers (default 2)")
     g.add_argument("--batch", type=count(hi=MAX_BATCH, what="batch"), help="micro-batch size per GPU (default 1)")
-    g.add_argument("--seq", type=count(hi=MAX_TOKENS, what="length"), help="sequence length in tokens (default 2048)")
+    g.add_argument("--seq", type=count(hi=MAX_TOKENS, what="length"),
+                   help="sequence length in tokens (default 2048); with --images, text tokens (the images' add to it)")
     g.add_argument("--accum", type=count(hi=MAX_BATCH, what="step count"),
                    help="gradient accumulation steps (default 1)")
     g.add_argument(
@@ -138,6 +150,15 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--predict-with-generate", action="store_true", default=None, help="generate during evaluation")
     g.add_argument("--max-new-tokens", type=count(what="token count"),
                    help="tokens generated per eval sequence (predict_with_generate)")
+    g.add_argument("--images", type=count(lo=0, hi=MAX_BATCH, what="image count"),
+                   help="images per sample (vision-language models: Qwen2/2.5/3-VL, Gemma 3, Llama 4; default 0)")
+    g.add_argument("--image-size", type=image_size, metavar="WxH",
+                   help="pixels of each image before the processor (default: the model's resolution)")
+    fv = g.add_mutually_exclusive_group()
+    fv.add_argument("--freeze-vision-tower", dest="freeze_vision_tower", action="store_true", default=None,
+                    help="keep adapters out of the vision tower and projector (LLaMA-Factory's default)")
+    fv.add_argument("--no-freeze-vision-tower", dest="freeze_vision_tower", action="store_false",
+                    help="adapt the vision tower too (PEFT's all-linear does)")
     add_distributed_options(p)
 
 
@@ -287,6 +308,9 @@ _PLAIN_FLAGS = (
     ("eval_steps", "eval_steps_total"),
     ("predict_with_generate", "predict_with_generate"),
     ("max_new_tokens", "generation_max_new_tokens"),
+    ("images", "images"),
+    ("image_size", "image_size"),
+    ("freeze_vision_tower", "freeze_vision_tower"),
 )
 
 
@@ -308,6 +332,8 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         value = getattr(args, flag, None)
         if value is not None:
             changes[fld] = value
+    if args.seq is not None and (args.images or base.images):
+        changes["seq_includes_images"] = False  # --seq counts text tokens; the images' tokens come on top
     if getattr(args, "eval_logits", None) is not None:
         changes["eval_logits"] = _choice({e.value: e for e in EvalLogits}, "--eval-logits", args.eval_logits)
     method = changes.get("method", base.method)

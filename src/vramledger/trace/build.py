@@ -115,6 +115,8 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError("peft", "trace") from exc
+    from vramledger.trace.vision_inputs import tower_exclusion
+
     lora = train.lora
     assert lora is not None
     targets: str | list[str] = "all-linear" if lora.all_linear else list(lora.targets)
@@ -130,6 +132,7 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
         lora_dropout=lora.dropout,
         target_modules=targets,
         modules_to_save=list(lora.modules_to_save) or None,
+        exclude_modules=tower_exclusion(hf, train),  # trace/vision_inputs.py: None unless --freeze-vision-tower
         use_dora=lora.dora,
         task_type="CAUSAL_LM",
     )

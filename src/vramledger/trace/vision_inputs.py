@@ -53,6 +53,21 @@ def _vision(hf: Any, train: TrainSpec) -> tuple[VisionSpec, ImageGrid] | None:
     return v, image_grid(v, train)
 
 
+def tower_exclusion(hf: Any, train: TrainSpec) -> str | None:
+    """PEFT ``exclude_modules`` (a regex matched against full module paths) keeping adapters out of the vision
+    tower and projector, as LLaMA-Factory does with ``freeze_vision_tower`` (``model/model_utils/visual.py``
+    ``patch_target_modules``); None when the tower is not frozen or the model has none."""
+    if not train.freeze_vision_tower:
+        return None
+    from vramledger.catalog.vision_config import vision_spec
+
+    cfg = _config(hf)
+    v = vision_spec(cfg.to_dict(), "trace")
+    if v is None:
+        return None
+    return r"(.*\.)?(" + "|".join(v.prefix) + r")(\..*)?"
+
+
 def _visual(hf: Any) -> Any:
     base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
     return base.model.visual
