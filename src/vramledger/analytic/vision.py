@@ -200,6 +200,9 @@ class VisionBytes:
     embeddings beside their scattered copy."""
     pixels: int
     """``pixel_values`` of the batch (fp32)."""
+    casts: int
+    """Under AMP with a trained fp32 tower: the bf16 copy autocast makes of each of its matmul weights (the
+    language model's are counted by analytic/step.py, which does not see the tower's)."""
     detail: tuple[tuple[str, int], ...]
     """(part, bytes) of ``saved``."""
 
@@ -281,7 +284,7 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     values = grid.patches - (grid.grid[0] if v.class_token else 0)  # Llama 4's class token is no pixel
     pixels = 4 * n * values * 3 * v.temporal_patch_size * v.patch_size**2
     if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
-        return VisionBytes(saved=0, lm_extra=0, pixels=pixels, detail=())
+        return VisionBytes(saved=0, lm_extra=0, pixels=pixels, casts=0, detail=())
     stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt)
     detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
     # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
@@ -290,7 +293,21 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     extra = lm.tokens + (first_layer_unsaved_bytes_per_token(m, lm, wb) * lm.tokens if wb.trainable_layers else 0)
     if train.adapters and train.grad_ckpt:
         extra += train.precision.compute.bytes * m.hidden_size * lm.tokens
-    return VisionBytes(saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, detail=detail)
+    casts = 0
+    if train.method is Method.FULL and train.precision.mixed and train.precision.trainable.bytes == 4:
+        casts = 2 * tower_matrix_params(v)
+    return VisionBytes(saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, casts=casts, detail=detail)
+
+
+def tower_matrix_params(v: VisionSpec) -> int:
+    """Weights and biases of the tower's matmuls and convolution (what autocast casts: torch autocast_mode.cpp's
+    lower-precision ops linear and conv3d), Qwen2.5-VL's layout: fused qkv and proj with biases, the MLP with
+    biases, the merger's two linears, the patch embedding without bias."""
+    h, i_w, m2 = v.hidden_size, v.intermediate_size, v.merge_size**2 * v.hidden_size
+    mlp = (3 if v.gated_mlp else 2) * h * i_w + (2 if v.gated_mlp else 1) * i_w + h
+    block = 3 * h * h + 3 * h + h * h + h + mlp
+    merger = m2 * m2 + m2 + m2 * v.out_hidden_size + v.out_hidden_size
+    return v.depth * block + merger + 3 * v.temporal_patch_size * v.patch_size**2 * h
 
 
 _SOURCE = "analytic/vision.py: the tower's blocks (Qwen2_5_VLVisionBlock) and merger over every patch"
@@ -314,6 +331,9 @@ def vision_items(m: ModelSpec, train: TrainSpec) -> tuple[LineItem, ...]:
              "masked_scatter's bool mask; the first layer's norm input (first_layer_unsaved_bytes_per_token); "
              "the embeddings beside their scattered copy under PEFT checkpointing"),
             (Category.TEMPORARIES, "pixel values of the batch (fp32)", vb.pixels, _PIXELS_SOURCE),
+            (Category.WEIGHTS, "bf16 copies of the vision tower's weights (autocast)",
+             vb.casts if (phase is Phase.FORWARD or not train.grad_ckpt) else 0,
+             "torch autocast_mode.cpp cached_cast: one per fp32 leaf weight the tower's forward uses"),
         )  # fmt: skip
         out += [LineItem(category=c, phase=phase, bytes=n, label=label, source=src)
                 for c, label, n, src in lines if n]  # fmt: skip

@@ -18,6 +18,7 @@ from vramledger.trace.oom import device_events, device_lines, replay_outcome
 from vramledger.trace.opnames import op_label
 from vramledger.trace.recorder import Event, round_block
 from vramledger.trace.step import TraceResult, run_trace
+from vramledger.trace.vision_inputs import check_traceable
 
 
 def quantised_weight_bytes(numel: int, out_features: int, quant: QuantSpec) -> int:
@@ -50,6 +51,7 @@ def _trace(
         # renamed: nothing a user of the trace can act on
         warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
         # The language model sees the images' tokens too (analytic/vision.py lm_view).
+        check_traceable(model, train)
         result = run_trace(model, lm_view(model, train), config=config, eval_shape=eval_shape)
     events = result.events
     if train.quant is not None:

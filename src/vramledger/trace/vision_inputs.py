@@ -26,11 +26,21 @@ from typing import Any
 
 from vramledger.analytic.vision import ImageGrid, image_grid
 from vramledger.errors import VramledgerError
-from vramledger.specs import TrainSpec
+from vramledger.specs import ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule, VisionSpec
 
 # Large enough for input_ids, the 3-D positions (3·B·L) and the window tables of any traced batch.
 _CONSTANT_LIMIT = 1 << 26
+
+
+def check_traceable(model: ModelSpec, train: TrainSpec) -> None:
+    """Refuse, before any model is built, images the trace cannot feed yet (only the Qwen-VL processor's
+    inputs are built here)."""
+    if train.images and model.vision is not None and model.vision.rule is not ImageRule.DYNAMIC:
+        raise VramledgerError(
+            f"trace --images: {model.family} images are estimated (`vramledger estimate`) but not traced yet; "
+            "trace runs Qwen2-VL, Qwen2.5-VL and Qwen3-VL with images"
+        )
 
 
 def _config(hf: Any) -> Any:

@@ -1,0 +1,164 @@
+"""Image tokens per image against the processors' own code, and hand derivations where a processor cannot be built
+here (Llama 4's needs torchvision). The memory of the tower is checked against a trace in tests/trace."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tests.trace._tiny_vl import tiny_vl
+from vramledger.analytic import estimate
+from vramledger.analytic.vision import image_grid, image_tokens, lm_view, smart_resize, vision_bytes
+from vramledger.catalog import resolve_model
+from vramledger.errors import VramledgerError
+from vramledger.specs import TrainSpec
+
+pytest.importorskip("transformers")
+
+
+def _qwen_processor():  # type: ignore[no-untyped-def]
+    # The PIL backend of Qwen2VLImageProcessor (the torchvision one needs torchvision): the same smart_resize and
+    # patch arithmetic, class defaults (min_pixels 56², max_pixels 28²·1280, patch 14, merge 2).
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    return Qwen2VLImageProcessorPil()
+
+
+@pytest.mark.parametrize(
+    ("width", "height"),
+    [(1024, 768), (100, 50), (4000, 3000), (28, 28), (1001, 1001), (640, 480), (3840, 2160), (300, 7000)],
+)
+def test_qwen_tokens_equal_the_processor(width: int, height: int) -> None:
+    proc = _qwen_processor()
+    v = resolve_model("qwen2.5-vl-7b").vision
+    assert v is not None
+    grid = image_grid(v, TrainSpec(images=1, image_size=(width, height)))
+    patches = proc.get_number_of_image_patches(height, width, {})
+    print(f"{width}x{height}: expected {patches} patches / {patches // 4} tokens, got {grid.patches} / {grid.tokens}")
+    assert grid.patches == patches
+    assert grid.tokens == patches // proc.merge_size**2
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 5000), st.integers(1, 5000))
+def test_smart_resize_is_transformers_own(width: int, height: int) -> None:
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import smart_resize as upstream
+
+    if max(width, height) / min(width, height) > 200:
+        with pytest.raises(VramledgerError, match="aspect ratio"):
+            smart_resize(height, width, 28, 56 * 56, 28 * 28 * 1280)
+        return
+    assert smart_resize(height, width, 28, 56 * 56, 28 * 28 * 1280) == upstream(
+        height, width, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 1280
+    )
+
+
+def test_one_real_image_through_the_processor() -> None:
+    """The processor's own output for one 1024×768 image: pixel_values rows and image_grid_thw."""
+    from PIL import Image
+
+    out = _qwen_processor()(images=[Image.new("RGB", (1024, 768))], return_tensors="pt")
+    v = resolve_model("qwen2.5-vl-7b").vision
+    assert v is not None
+    grid = image_grid(v, TrainSpec(images=1, image_size=(1024, 768)))
+    assert tuple(out["image_grid_thw"][0].tolist()) == grid.grid == (1, 54, 74)
+    assert out["pixel_values"].shape == (grid.patches, 3 * v.temporal_patch_size * v.patch_size**2)
+    assert grid.tokens == 999
+
+
+def test_llamafactory_max_pixels_then_the_processor_by_hand() -> None:
+    """LLaMA-Factory mm_plugin _preprocess_image: 1024·768 > 768² → factor √(589824/786432) = 0.8660, 886×665
+    (int), then smart_resize: round(665/28)·28 = 672, round(886/28)·28 = 896 → 48×64 patches, 768 tokens."""
+    v = resolve_model("qwen2.5-vl-7b").vision
+    assert v is not None
+    grid = image_grid(v, TrainSpec(images=1, image_size=(1024, 768), image_max_pixels=768 * 768))
+    assert (grid.width, grid.height, grid.patches, grid.tokens) == (896, 672, 48 * 64, 768)
+
+
+def test_gemma3_fixed_tokens_match_its_projector() -> None:
+    """Gemma 3: 256 tokens whatever the size (pan-and-scan off); the tower sees (896/14)² patches, which
+    Gemma3MultiModalProjector pools to mm_tokens_per_image."""
+    import inspect
+
+    import torch
+    from transformers import Gemma3Config
+    from transformers.models.gemma3.modeling_gemma3 import Gemma3MultiModalProjector
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+
+    from vramledger.catalog import catalog_entry
+
+    entry = catalog_entry("gemma-3-4b")
+    assert entry is not None
+    with torch.device("meta"):
+        proj = Gemma3MultiModalProjector(
+            Gemma3Config(**{k: v for k, v in entry.config.items() if k != "architectures"})
+        )
+    v = resolve_model("gemma-3-4b").vision
+    assert v is not None
+    for size in ((1024, 768), (224, 224), (4000, 100)):
+        grid = image_grid(v, TrainSpec(images=1, image_size=size))
+        assert grid.patches == proj.patches_per_image**2
+        assert grid.tokens == proj.tokens_per_side**2
+        assert grid.tokens == inspect.signature(Gemma3Processor.__init__).parameters["image_seq_length"].default
+
+
+def test_llama4_tiles_by_hand() -> None:
+    """image_processing_llama4.py get_best_fit for 1024×768 (h 768, w 1024) and tiles of 336, ≤ 16 tiles: upscaling
+    needs 3 rows (1008 ≥ 768) and 4 columns (1344 ≥ 1024); (3,4), (3,5) and (4,4) all scale by 1.3125, the smallest
+    upscale; the smallest canvas (3,4) wins: 12 tiles + the global one, 144 <|patch|> tokens each
+    ((336/14)² / 4, processing_llama4.py)."""
+    v = resolve_model("llama-4-scout").vision
+    assert v is not None
+    grid = image_grid(v, TrainSpec(images=1, image_size=(1024, 768)))
+    assert grid.grid == (13, 3, 4)
+    assert grid.tokens == 13 * 144
+    one = image_grid(v, TrainSpec(images=1, image_size=(300, 200)))  # fits one tile: no global tile
+    assert (one.grid[0], one.tokens) == (1, 144)
+
+
+def test_the_language_model_sees_text_plus_image_tokens() -> None:
+    m = resolve_model("qwen2.5-vl-7b")
+    t = TrainSpec(seq_len=512, images=2, image_size=(1024, 768))
+    assert image_tokens(m, t) == 2 * 999
+    assert lm_view(m, t).seq_len == 512 + 1998
+    assert lm_view(m, lm_view(m, t)) == lm_view(m, t)  # idempotent
+    counted = TrainSpec(seq_len=2048, images=2, image_size=(1024, 768), seq_includes_images=True)
+    assert lm_view(m, counted).seq_len == 2048
+    with pytest.raises(VramledgerError, match="no room"):
+        lm_view(m, TrainSpec(seq_len=1000, images=2, image_size=(1024, 768), seq_includes_images=True))
+
+
+def test_images_on_a_text_model_are_refused() -> None:
+    with pytest.raises(VramledgerError, match="no vision tower"):
+        estimate(resolve_model("llama-3.2-1b"), TrainSpec(images=1))
+
+
+def test_a_frozen_tower_off_the_gradient_path_saves_nothing() -> None:
+    """LLaMA-Factory's default (frozen tower, no adapters in it) without checkpointing: nothing in the tower needs a
+    gradient, so only the pixels and the longer sequence cost memory; adapters in it (PEFT's all-linear) make it
+    save."""
+    m = tiny_vl()
+    t = TrainSpec(seq_len=256, images=1, image_size=(1024, 768), freeze_vision_tower=True)
+    vb = vision_bytes(m, t)
+    assert vb is not None
+    assert vb.saved == 0 and vb.lm_extra == 0
+    assert vb.pixels == 4 * 3996 * 1176  # fp32 pixel_values rows of 3·2·14² values
+    adapted = vision_bytes(m, replace(t, freeze_vision_tower=False))
+    assert adapted is not None and adapted.saved > 0 and adapted.lm_extra > 0
+
+
+def test_images_grow_every_sequence_term() -> None:
+    """Monotone: more images never cost less, and one image costs at least its tokens' logits (fp32, V wide)."""
+    m = tiny_vl()
+    peaks = [
+        estimate(m, TrainSpec(seq_len=256, images=n, image_size=(448, 448), grad_ckpt=True)).peak_allocated
+        for n in (0, 1, 2)
+    ]
+    tokens = image_tokens(m, TrainSpec(images=1, image_size=(448, 448)))
+    assert peaks[0] < peaks[1] < peaks[2]
+    assert peaks[1] - peaks[0] >= 4 * tokens * m.vocab_size
+    assert math.isclose(peaks[2] - peaks[1], peaks[1] - peaks[0], rel_tol=0.2)
