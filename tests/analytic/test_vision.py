@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from tests.trace._tiny_vl import tiny_vl
 from vramledger.analytic import estimate
-from vramledger.analytic.vision import image_grid, image_tokens, lm_view, smart_resize, vision_bytes
+from vramledger.analytic.params import count_params
+from vramledger.analytic.vision import image_grid, image_tokens, lm_view, siglip_params, smart_resize, vision_bytes
 from vramledger.catalog import resolve_model
 from vramledger.errors import VramledgerError
 from vramledger.specs import TrainSpec
@@ -162,3 +163,18 @@ def test_images_grow_every_sequence_term() -> None:
     assert peaks[0] < peaks[1] < peaks[2]
     assert peaks[1] - peaks[0] >= 4 * tokens * m.vocab_size
     assert math.isclose(peaks[2] - peaks[1], peaks[1] - peaks[0], rel_tol=0.2)
+
+
+@pytest.mark.parametrize("key", ["gemma-3-4b", "gemma-3-12b", "gemma-3-27b"])
+def test_gemma3_tower_completes_the_published_count(key: str) -> None:
+    """Gemma 3's formula counts the language model; with the SigLIP tower and projector the total is the published
+    figure of the whole checkpoint (catalog ``published_params``, from the model pages)."""
+    from vramledger.catalog import catalog_entry
+
+    m, entry = resolve_model(key), catalog_entry(key)
+    assert m.vision is not None and entry is not None
+    total = count_params(m) + siglip_params(m.vision)
+    print(f"{key}: expected {entry.published_params:,}, got {total:,}")
+    assert total == entry.published_params
+    ledger = estimate(m, TrainSpec(seq_len=600, images=1))
+    assert ledger.params - ledger.trainable_params == entry.published_params

@@ -200,6 +200,9 @@ class VisionBytes:
     embeddings beside their scattered copy."""
     pixels: int
     """``pixel_values`` of the batch (fp32)."""
+    weights: int
+    """A tower the language model's formula does not count (Gemma 3), frozen in the frozen dtype; 0 when the
+    model's count includes it (built on the meta device)."""
     casts: int
     """Under AMP with a trained fp32 tower: the bf16 copy autocast makes of each of its matmul weights (the
     language model's are counted by analytic/step.py, which does not see the tower's)."""
@@ -237,15 +240,18 @@ def _tower_saved(
     if train.grad_ckpt:  # GradientCheckpointingLayer: each block keeps its input only
         parts.append(("block inputs (checkpointed)", depth * c * h * patches))
     else:
-        norms = (2 * depth - (0 if stream_grad else 1)) * (4 * h + 4) * patches  # fp32 upcast and rsqrt
-        if base:  # a trained norm weight also saves the normalised value it multiplies
-            norms += 2 * depth * c * h * patches
-        parts.append(("norms (fp32 upcast)", norms))
-        # q and k after RoPE, the fused qkv output (v is a view of it) and SDPA's output, with its fp32 logsumexp.
-        parts.append(("q, k, qkv output, attention output", depth * (c * 6 * h + 4 * nh) * patches))
+        # RMSNorm: fp32 upcast and rsqrt (a trained weight also saves the normalised value it multiplies);
+        # LayerNorm, in fp32 under autocast: an fp32 copy of its input, mean and rstd.
+        per_norm = (4 * h + 8) if v.layer_norm else (4 * h + 4 + (c * h if base else 0))
+        parts.append(("norms (fp32 upcast)", (2 * depth - (0 if stream_grad else 1)) * per_norm * patches))
+        # q and k (after RoPE), v and SDPA's output with its fp32 logsumexp; a fused qkv output stays whole (v is a
+        # view of it).
+        qkv = 6 * h if v.fused_qkv else 4 * h
+        parts.append(("q, k, v, attention output", depth * (c * qkv + 4 * nh) * patches))
         mlp = (3 if v.gated_mlp else 1) * c * i_w  # gate, act, up (SwiGLU) or fc1's output (kept by the act)
-        if base:  # trained linears keep their inputs (autocast casts one per linear): qkv, proj, gate and up
-            mlp += c * ((4 if v.gated_mlp else 3) * h + i_w)  # (or fc1), down (or fc2)
+        if base:  # trained linears keep their inputs, autocast casting one per linear: q/k/v (or qkv), proj,
+            # gate and up (or fc1), down (or fc2)
+            mlp += c * (((1 if v.fused_qkv else 3) + 1 + (2 if v.gated_mlp else 1)) * h + i_w)
         parts.append(("MLP", depth * mlp * patches))
     # The merger (Qwen2_5_VLPatchMerger): norm upcast per patch, GELU's input per merged token (merge²·h wide),
     # and trained linears' inputs.
@@ -281,10 +287,11 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     )
     grid = image_grid(v, train)
     n = train.micro_batch * train.images
+    weights = uncounted_tower_params(m, train) * train.frozen_dtype.bytes
     values = grid.patches - (grid.grid[0] if v.class_token else 0)  # Llama 4's class token is no pixel
     pixels = 4 * n * values * 3 * v.temporal_patch_size * v.patch_size**2
     if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
-        return VisionBytes(saved=0, lm_extra=0, pixels=pixels, casts=0, detail=())
+        return VisionBytes(saved=0, lm_extra=0, pixels=pixels, weights=weights, casts=0, detail=())
     stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt)
     detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
     # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
@@ -296,7 +303,29 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     casts = 0
     if train.method is Method.FULL and train.precision.mixed and train.precision.trainable.bytes == 4:
         casts = 2 * tower_matrix_params(v)
-    return VisionBytes(saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, casts=casts, detail=detail)
+    return VisionBytes(
+        saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, weights=weights, casts=casts, detail=detail
+    )
+
+
+def siglip_params(v: VisionSpec) -> int:
+    """Parameters of Gemma 3's SigLIP tower and projector (modeling_siglip.py ``SiglipVisionTransformer`` without
+    its head: patch Conv2d with bias, a learned position per patch, per layer LayerNorm ×2 and q/k/v/out and
+    fc1/fc2 with biases, the post LayerNorm; modeling_gemma3.py ``Gemma3MultiModalProjector``: an RMSNorm and the
+    h × text-hidden projection). Gemma 3 4B: 419,816,304, which with the language model's 3,880,263,168 is the
+    published 4,300,079,472."""
+    h, i_w = v.hidden_size, v.intermediate_size
+    embed = 3 * v.patch_size**2 * h + h + (v.image_size // v.patch_size) ** 2 * h
+    layer = 4 * (h * h + h) + 4 * h + (h * i_w + i_w) + (i_w * h + h)
+    return embed + v.depth * layer + 2 * h + h + h * v.out_hidden_size
+
+
+def uncounted_tower_params(m: ModelSpec, train: TrainSpec) -> int:
+    """Parameters of a tower fed images that the language model's count leaves out (Gemma 3's formula)."""
+    v = m.vision
+    if v is None or not train.images or m.inventory is not None or v.rule is not ImageRule.FIXED:
+        return 0
+    return siglip_params(v)
 
 
 def tower_matrix_params(v: VisionSpec) -> int:
@@ -323,7 +352,12 @@ def vision_items(m: ModelSpec, train: TrainSpec) -> tuple[LineItem, ...]:
     vb = vision_bytes(m, train)
     if vb is None:
         return ()
-    out = []
+    out = [
+        LineItem(category=Category.WEIGHTS, phase=phase, bytes=vb.weights, label="vision tower and projector (frozen)",
+                 source="analytic/vision.py siglip_params: the language model's formula leaves the tower out")
+        for phase in (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
+        if vb.weights
+    ]  # fmt: skip
     for phase in (Phase.FORWARD, Phase.BACKWARD):
         lines = (
             (Category.ACTIVATIONS, "vision tower (saved for backward)", vb.saved, _SOURCE),

@@ -61,7 +61,7 @@ def _qwen(family: str, v: Mapping[str, Any], cfg: Mapping[str, Any], where: str)
             patch_size=_int(v, "patch_size", 14, where), out_hidden_size=_int(v, "hidden_size", out, where),
             merge_size=_int(v, "spatial_merge_size", 2, where), temporal_patch_size=_int(v, "temporal_patch_size", 2,
                                                                                         where),
-            min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS, prefix=_PREFIXES,
+            min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS, fused_qkv=True, prefix=_PREFIXES,
         )  # fmt: skip
     if family == "qwen2_5_vl":
         # Qwen2_5_VLVisionConfig: SwiGLU Qwen2_5_VLMLP(bias=True) and RMSNorms; windowed attention except in
@@ -76,7 +76,7 @@ def _qwen(family: str, v: Mapping[str, Any], cfg: Mapping[str, Any], where: str)
             temporal_patch_size=_int(v, "temporal_patch_size", 2, where), min_pixels=QWEN_MIN_PIXELS,
             max_pixels=QWEN_MAX_PIXELS, window_patches=_int(v, "window_size", 112, where) // _int(v, "patch_size", 14,
                                                                                                   where),
-            full_attention_layers=len(full) if isinstance(full, list) else 0, prefix=_PREFIXES,
+            full_attention_layers=len(full) if isinstance(full, list) else 0, fused_qkv=True, prefix=_PREFIXES,
         )  # fmt: skip
     # Qwen3VLVisionConfig: fc1 → gelu_pytorch_tanh → fc2, LayerNorms, full attention, deepstack mergers.
     deep = v.get("deepstack_visual_indexes", [8, 16, 24])
@@ -86,7 +86,8 @@ def _qwen(family: str, v: Mapping[str, Any], cfg: Mapping[str, Any], where: str)
         num_heads=_int(v, "num_heads", 16, where), patch_size=_int(v, "patch_size", 16, where),
         out_hidden_size=_int(v, "out_hidden_size", out, where), merge_size=_int(v, "spatial_merge_size", 2, where),
         temporal_patch_size=_int(v, "temporal_patch_size", 2, where), min_pixels=QWEN_MIN_PIXELS,
-        max_pixels=QWEN_MAX_PIXELS, deepstack_layers=len(deep) if isinstance(deep, list) else 0, prefix=_PREFIXES,
+        max_pixels=QWEN_MAX_PIXELS, deepstack_layers=len(deep) if isinstance(deep, list) else 0, fused_qkv=True,
+        prefix=_PREFIXES,
     )  # fmt: skip
 
 

@@ -37,6 +37,9 @@ class VisionSpec:
     """Width of the tokens handed to the language model (its hidden size)."""
     gated_mlp: bool = False
     """SwiGLU gate/up/down (Qwen2.5-VL) rather than fc1 → act → fc2 (SigLIP, Qwen2-VL, Qwen3-VL, Llama 4)."""
+    fused_qkv: bool = False
+    """One ``qkv`` projection whose output v is a view of (Qwen's towers): SDPA keeping v keeps all three alive;
+    SigLIP and Llama 4 project q, k and v separately."""
     layer_norm: bool = True
     """LayerNorm with bias (SigLIP, Llama 4, Qwen2-VL, Qwen3-VL) rather than RMSNorm (Qwen2.5-VL)."""
     merge_size: int = 1
