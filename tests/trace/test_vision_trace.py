@@ -11,13 +11,14 @@ import collections
 
 import pytest
 
-from tests.trace._tiny_vl import tiny_vl
+from tests.trace._tiny_vl import TINY_QWEN2_VL, TINY_QWEN3_VL, tiny_vl
 from vramledger.analytic import estimate
 from vramledger.ledger import Category, Ledger, Phase
 from vramledger.specs import ModelSpec, TrainSpec
 from vramledger.trace.api import trace_result, trace_step
 
-# 224×168 → smart_resize 224×168 (multiples of 28): 16×12 patches, 48 tokens; windows of 8×8 patches.
+# 224×168 → smart_resize 224×168 (multiples of 28): 16×12 patches, 48 tokens; windows of 8×8 patches (Qwen3-VL's
+# 16-pixel patches: 224×160, 14×10 patches, 35 tokens).
 IMAGE = (224, 168)
 
 
@@ -47,22 +48,26 @@ def _saved_and_peak(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
 
 
 @pytest.mark.parametrize(
-    "setup",
+    ("config", "setup", "tolerance"),
     [
-        pytest.param({}, id="lora-all-linear-adapts-the-tower"),
-        pytest.param({"grad_ckpt": True, "freeze_vision_tower": True}, id="llamafactory-frozen-tower-ckpt"),
-        pytest.param({"method": "full"}, id="full"),
+        pytest.param(None, {}, 0.02, id="qwen2.5-vl-lora-all-linear-adapts-the-tower"),
+        pytest.param(None, {"grad_ckpt": True, "freeze_vision_tower": True}, 0.02, id="qwen2.5-vl-llamafactory-ckpt"),
+        pytest.param(None, {"method": "full"}, 0.02, id="qwen2.5-vl-full"),
+        pytest.param(TINY_QWEN2_VL, {"grad_ckpt": True, "freeze_vision_tower": True}, 0.02, id="qwen2-vl-frozen-ckpt"),
+        # The generic estimate of Qwen3-VL's language model (q/k norms, interleaved M-RoPE) is 1.2% under the
+        # trace on text alone; the image terms add no more than that.
+        pytest.param(TINY_QWEN3_VL, {}, 0.03, id="qwen3-vl-lora-all-linear-deepstack"),
     ],
 )
-def test_image_activations_and_peak_agree_with_the_trace(setup: dict) -> None:
-    m = tiny_vl()
+def test_image_activations_and_peak_agree_with_the_trace(config: dict | None, setup: dict, tolerance: float) -> None:
+    m = tiny_vl(config)
     train = TrainSpec(seq_len=64, images=1, image_size=IMAGE, **setup)
     est = estimate(m, train)
     t_saved, t_peak = _saved_and_peak(m, train)
-    # Saved for backward (tower, merger, language model over 64 + 48 positions): 2%.
+    # Saved for backward (tower, merger, language model over 64 + 48 positions).
     e_saved = _by_category(est, Phase.FORWARD)[Category.ACTIVATIONS]
     print(f"saved: estimate {e_saved:,}, trace {t_saved:,}, ratio {e_saved / t_saved:.3f}")
-    assert e_saved == pytest.approx(t_saved, rel=0.02)
+    assert e_saved == pytest.approx(t_saved, rel=tolerance)
     # The peak without the 66 MiB of cuBLAS workspaces the estimate adds (they would hide any difference in a model
     # this small): weights, states, logits, the tower's autocast copies, the pixels: 5%.
     e_peak = est.peak_allocated - _by_category(est, Phase.FORWARD)[Category.WORKSPACE]

@@ -185,7 +185,7 @@ def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str,
     if not train.adapters:
         return False
     inside = any(part in v.prefix for name in adapter_names for part in name.split("."))
-    return inside or train.grad_ckpt
+    return inside or (train.grad_ckpt and v.input_hooked)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -234,8 +234,9 @@ def _tower_saved(
     parts.append(("rotary tables and merge index", 8 * v.head_dim * patches + 8 * tokens))
     if base:  # the trained patch embedding keeps its input's cast (Conv3d over 3·temporal·patch² values)
         parts.append(("patch embedding input", c * 3 * v.temporal_patch_size * v.patch_size**2 * patches))
-    elif stream_grad:  # enable_input_require_grads makes the frozen patch embedding's output a leaf that
-        # requires grad, which autograd's AccumulateGrad node holds until backward
+    elif stream_grad and v.window_patches:  # enable_input_require_grads makes the frozen patch embedding's
+        # output a leaf that requires grad, which autograd's AccumulateGrad node holds until backward; Qwen2.5-VL
+        # then reorders it into windows (a copy), so the leaf is one tensor more than the blocks' inputs
         parts.append(("patch embeddings (made to require grad)", c * h * patches))
     if train.grad_ckpt:  # GradientCheckpointingLayer: each block keeps its input only
         parts.append(("block inputs (checkpointed)", depth * c * h * patches))
@@ -248,20 +249,23 @@ def _tower_saved(
         # view of it).
         qkv = 6 * h if v.fused_qkv else 4 * h
         parts.append(("q, k, v, attention output", depth * (c * qkv + 4 * nh) * patches))
-        mlp = (3 if v.gated_mlp else 1) * c * i_w  # gate, act, up (SwiGLU) or fc1's output (kept by the act)
+        # gate, act, up (SwiGLU), or fc1's output kept by the act (quick_gelu's x·σ(1.702x) keeps σ too)
+        mlp = (3 if v.gated_mlp else 2 if v.hidden_act == "quick_gelu" else 1) * c * i_w
         if base:  # trained linears keep their inputs, autocast casting one per linear: q/k/v (or qkv), proj,
             # gate and up (or fc1), down (or fc2)
             mlp += c * (((1 if v.fused_qkv else 3) + 1 + (2 if v.gated_mlp else 1)) * h + i_w)
         parts.append(("MLP", depth * mlp * patches))
     # The merger (Qwen2_5_VLPatchMerger): norm upcast per patch, GELU's input per merged token (merge²·h wide),
     # and trained linears' inputs.
-    merger = (4 * h + 4) * patches + c * merge_rows * h * tokens
+    merger = (4 * h + (8 if v.layer_norm else 4)) * patches + c * merge_rows * h * tokens
     if base:  # the norm's weight saves its normalised input; both linears keep their inputs
-        merger += c * h * patches + 2 * c * merge_rows * h * tokens
-    parts.append(("merger", merger))
+        merger += (0 if v.layer_norm else c * h * patches) + 2 * c * merge_rows * h * tokens
+    # Qwen3-VL: a deepstack merger per listed block (Qwen3VLVisionPatchMerger, its norm after the merge), alike.
+    parts.append(("merger" + (f" and {v.deepstack_layers} deepstack mergers" if v.deepstack_layers else ""),
+                  merger * (1 + v.deepstack_layers)))  # fmt: skip
     adapters = 0
     for name, in_f, out_f in adapted:
-        rows = tokens if "merger" in name.split(".") or "multi_modal_projector" in name else patches
+        rows = tokens if "merger" in name or "multi_modal_projector" in name else patches
         if train.grad_ckpt and "blocks" in name.split("."):
             continue  # recomputed inside the checkpointed block
         adapters += _adapter_bytes(train, in_f, out_f) * rows
@@ -292,7 +296,7 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     pixels = 4 * n * values * 3 * v.temporal_patch_size * v.patch_size**2
     if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
         return VisionBytes(saved=0, lm_extra=0, pixels=pixels, weights=weights, casts=0, detail=())
-    stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt)
+    stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt and v.input_hooked)
     detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
     # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
     # gradient of its source; the first layer's norm now upcasts an input that requires grad; under PEFT's

@@ -62,6 +62,7 @@ def _qwen(family: str, v: Mapping[str, Any], cfg: Mapping[str, Any], where: str)
             merge_size=_int(v, "spatial_merge_size", 2, where), temporal_patch_size=_int(v, "temporal_patch_size", 2,
                                                                                         where),
             min_pixels=QWEN_MIN_PIXELS, max_pixels=QWEN_MAX_PIXELS, fused_qkv=True, prefix=_PREFIXES,
+            hidden_act=str(v.get("hidden_act", "quick_gelu")),
         )  # fmt: skip
     if family == "qwen2_5_vl":
         # Qwen2_5_VLVisionConfig: SwiGLU Qwen2_5_VLMLP(bias=True) and RMSNorms; windowed attention except in
@@ -87,7 +88,7 @@ def _qwen(family: str, v: Mapping[str, Any], cfg: Mapping[str, Any], where: str)
         out_hidden_size=_int(v, "out_hidden_size", out, where), merge_size=_int(v, "spatial_merge_size", 2, where),
         temporal_patch_size=_int(v, "temporal_patch_size", 2, where), min_pixels=QWEN_MIN_PIXELS,
         max_pixels=QWEN_MAX_PIXELS, deepstack_layers=len(deep) if isinstance(deep, list) else 0, fused_qkv=True,
-        prefix=_PREFIXES,
+        prefix=_PREFIXES, input_hooked=False, hidden_act=str(v.get("hidden_act", "gelu_pytorch_tanh")),
     )  # fmt: skip
 
 

@@ -40,6 +40,12 @@ class VisionSpec:
     fused_qkv: bool = False
     """One ``qkv`` projection whose output v is a view of (Qwen's towers): SDPA keeping v keeps all three alive;
     SigLIP and Llama 4 project q, k and v separately."""
+    hidden_act: str = "gelu"
+    """The MLP's activation (``quick_gelu`` x·σ(1.702x) keeps its input and the sigmoid; the GELUs keep the input)."""
+    input_hooked: bool = True
+    """The tower class names an input embedding (``_input_embed_layer`` / ``get_input_embeddings``: Qwen2-VL and
+    Qwen2.5-VL ``patch_embed``, SigLIP and Llama 4 ``patch_embedding``), so ``enable_input_require_grads`` makes
+    its output require grad; Qwen3-VL's tower names none."""
     layer_norm: bool = True
     """LayerNorm with bias (SigLIP, Llama 4, Qwen2-VL, Qwen3-VL) rather than RMSNorm (Qwen2.5-VL)."""
     merge_size: int = 1

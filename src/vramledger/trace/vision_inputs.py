@@ -44,8 +44,7 @@ def check_traceable(model: ModelSpec, train: TrainSpec) -> None:
 
 
 def _config(hf: Any) -> Any:
-    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
-    return base.config
+    return _base(hf).config
 
 
 def _vision(hf: Any, train: TrainSpec) -> tuple[VisionSpec, ImageGrid] | None:
@@ -78,9 +77,12 @@ def tower_exclusion(hf: Any, train: TrainSpec) -> str | None:
     return r"(.*\.)?(" + "|".join(v.prefix) + r")(\..*)?"
 
 
+def _base(hf: Any) -> Any:
+    return hf.get_base_model() if hasattr(hf, "get_base_model") else hf
+
+
 def _visual(hf: Any) -> Any:
-    base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
-    return base.model.visual
+    return _base(hf).model.visual
 
 
 def image_inputs(hf: Any, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
@@ -98,8 +100,12 @@ def image_inputs(hf: Any, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
     # Each row: the images' placeholders first, then text (their position does not change any tensor's size).
     row = [token] * n + [0] * (length - n)
     per_patch = 3 * v.temporal_patch_size * v.patch_size**2
+    # processing_utils.py ProcessorMixin.create_mm_token_type_ids (the Qwen-VL processors return it): 1 marks an
+    # image token; Qwen2-VL and Qwen3-VL need it for their 3-D rope positions.
+    types = [1] * n + [0] * (length - n)
     return {
         "input_ids": torch.tensor([row] * b, dtype=torch.long),
+        "mm_token_type_ids": torch.tensor([types] * b, dtype=torch.long),
         "pixel_values": torch.zeros((b * train.images * grid.patches, per_patch), dtype=torch.float32),
         "image_grid_thw": torch.tensor([list(grid.grid)] * (b * train.images), dtype=torch.long),
     }
@@ -148,8 +154,34 @@ def vision_trace(hf: Any, train: TrainSpec) -> Iterator[None]:
         return args, {**kwargs, **_window_tables(hf, v, grid, images)}
 
     handle = visual.register_forward_pre_hook(add_tables, with_kwargs=True)
+    model = _base(hf).model
+    model.get_rope_index = _on_real_values(model.get_rope_index)  # this instance only; removed below
     try:
         yield
     finally:
         handle.remove()
+        del model.get_rope_index
         fake_tensor.CONSTANT_NUMEL_LIMIT = before
+
+
+def _on_real_values(rope_index: Any) -> Any:
+    """``get_rope_index`` (the 3-D rope positions of text and image tokens) run on the real values of its
+    constant inputs: Qwen2-VL and Qwen3-VL build the positions through ``torch.arange`` and a Python list of
+    0-d tensors, which fake tensors cannot hold values for. The positions (3·B·L int64) come back as a constant."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch.utils._pytree import tree_map
+
+    def real(x: Any) -> Any:
+        if isinstance(x, FakeTensor):
+            assert x.constant is not None, "get_rope_index got a tensor whose values the trace does not know"
+            return x.constant
+        return x
+
+    def run(*args: Any, **kwargs: Any) -> Any:
+        with unset_fake_temporarily():
+            out = rope_index(*tree_map(real, args), **tree_map(real, kwargs))
+            values = [(t.tolist(), t.dtype) for t in out]
+        return tuple(torch.tensor(v, dtype=dt) for v, dt in values)
+
+    return run
