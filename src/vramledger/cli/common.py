@@ -386,6 +386,10 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
     headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
     model = _resolve_model(args, start.model_name)
+    # Image settings (LLaMA-Factory's defaults among them) say nothing about a step without images or a tower.
+    for key in ("image_size", "image_max_pixels", "image_min_pixels", "seq_includes_images", "freeze_vision_tower"):
+        if not (train.images and model.vision) and not (key == "freeze_vision_tower" and model.vision):
+            start.provenance.pop(key, None)
     note = variant_note(model)
     if note is not None:
         start.warnings.append(note)
