@@ -1,13 +1,15 @@
-"""A tiny Qwen2.5-VL (hidden 64, 2 decoder layers, a 4-block tower with two windowed and two full-attention
-blocks, vocabulary 512) for the image tests: same classes as Qwen/Qwen2.5-VL-7B-Instruct, seconds to trace."""
+"""Tiny Qwen2.5-VL, Qwen2-VL and Qwen3-VL configs for the image tests (hidden 64, 2-3 decoder layers, 4-block towers;
+Qwen2.5-VL's with two windowed and two full-attention blocks; vocabulary 512): the classes of the published
+checkpoints, seconds to trace."""
 
 from __future__ import annotations
 
 from typing import Any
 
-TINY_QWEN25_VL: dict[str, Any] = {
-    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
-    "model_type": "qwen2_5_vl",
+_TOKENS = {"image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
+# The language model of the Qwen2-VL and Qwen2.5-VL configs (their text keys sit at the top level).
+_TEXT: dict[str, Any] = {
+    "torch_dtype": "bfloat16",
     "vocab_size": 512,
     "hidden_size": 64,
     "intermediate_size": 128,
@@ -15,16 +17,15 @@ TINY_QWEN25_VL: dict[str, Any] = {
     "num_attention_heads": 4,
     "num_key_value_heads": 2,
     "max_position_embeddings": 4096,
-    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3], "rope_theta": 1000000.0, "rope_type": "default"},
+    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
     "tie_word_embeddings": False,
-    "torch_dtype": "bfloat16",
-    "image_token_id": 500,
-    "video_token_id": 501,
-    "vision_start_token_id": 502,
-    "vision_end_token_id": 503,
-    "vision_token_id": 504,
-    "bos_token_id": 1,
-    "eos_token_id": 2,
+    **_TOKENS,
+}
+
+TINY_QWEN25_VL: dict[str, Any] = {
+    "architectures": ["Qwen2_5_VLForConditionalGeneration"],
+    "model_type": "qwen2_5_vl",
+    **_TEXT,
     "vision_config": {
         "depth": 4,
         "hidden_size": 64,
@@ -41,23 +42,10 @@ TINY_QWEN25_VL: dict[str, Any] = {
     },
 }
 
-
-_TOKENS = {"image_token_id": 500, "video_token_id": 501, "vision_start_token_id": 502, "vision_end_token_id": 503}
-
 TINY_QWEN2_VL: dict[str, Any] = {
     "architectures": ["Qwen2VLForConditionalGeneration"],
     "model_type": "qwen2_vl",
-    "torch_dtype": "bfloat16",
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "max_position_embeddings": 4096,
-    "rope_scaling": {"type": "mrope", "mrope_section": [2, 3, 3]},
-    "tie_word_embeddings": False,
-    **_TOKENS,
+    **_TEXT,
     # Qwen2VLVisionConfig: embed_dim is the tower's width, hidden_size the language model's; quick_gelu MLP.
     "vision_config": {"depth": 4, "embed_dim": 64, "hidden_size": 64, "mlp_ratio": 2, "num_heads": 4,
                       "patch_size": 14, "spatial_merge_size": 2, "temporal_patch_size": 2},
