@@ -361,7 +361,13 @@ def _images(r: Reader) -> None:
     32², applied by data/mm_plugin.py ``_preprocess_image`` before the processor), the frozen tower
     (hparams/finetuning_args.py ``freeze_vision_tower``/``freeze_multi_modal_projector`` true), and
     ``cutoff_len``, which counts the image tokens (data/processor/supervised.py truncates after the mm_plugin
-    expanded the placeholders). How many images a sample holds is the dataset's: not in the config."""
+    expanded the placeholders). How many images a sample holds is the dataset's: not in the config. A text-only
+    config (no multimodal template, no image key) is left as it is; the flag-only preset takes the defaults."""
+    template = (r.text("template") or "").lower()
+    keys = ("image_max_pixels", "image_min_pixels", "freeze_vision_tower", "freeze_multi_modal_projector")
+    if not (template in _IMAGE_TEMPLATES or any(r.has(k) for k in keys) or r.source.startswith("--preset")):
+        r.used.update(keys)
+        return
     r.set(
         "image_max_pixels",
         r.integer("image_max_pixels", 768 * 768, minimum=1),
@@ -384,7 +390,6 @@ def _images(r: Reader) -> None:
             "modelled (the tower and projector are modelled frozen together)"
         )
     r.set("seq_includes_images", True, r.default("data/processor/supervised.py: cutoff_len counts image tokens"))
-    template = (r.text("template") or "").lower()
     if template in _IMAGE_TEMPLATES:
         r.set("images", 1, r.default(f"assumed: template {template} is multimodal; the dataset decides"))
         r.warn(
