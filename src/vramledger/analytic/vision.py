@@ -163,15 +163,12 @@ def lm_view(m: ModelSpec, train: TrainSpec) -> TrainSpec:
             f"--images: {m.name} has no vision tower vramledger models (Qwen2/2.5/3-VL, Gemma 3, Llama 4 configs with "
             "a vision_config); drop --images or pass the multimodal config"
         )
+    tokens = image_tokens(m, train)
     if train.seq_includes_images:
-        tokens = image_tokens(m, train)
-        if train.seq_len <= tokens:
-            raise VramledgerError(
-                f"sequence length {train.seq_len} leaves no room for the {train.images} image(s) of {tokens} tokens it "
-                "counts; raise cutoff_len / --seq or lower image_max_pixels"
-            )
-        return train
-    return replace(train, seq_len=train.seq_len + image_tokens(m, train), seq_includes_images=True)
+        # A length with no room for the images (a planner's small candidate, a short cutoff_len) is modelled as the
+        # images plus one token, and vision_notes says the real run would fail.
+        return train if train.seq_len > tokens else replace(train, seq_len=tokens + 1)
+    return replace(train, seq_len=train.seq_len + tokens, seq_includes_images=True)
 
 
 def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str, ...]) -> bool:
@@ -408,7 +405,20 @@ def vision_notes(m: ModelSpec, train: TrainSpec) -> list[str]:
         if vb is not None and vb.saved
         else "the tower is frozen and off the gradient path: it saves nothing for backward"
     )
-    return [
+    notes = [
         f"images: {train.images} per sample of {size} → {grid.width}x{grid.height}, {grid.patches:,} patches, "
         f"{grid.tokens:,} tokens each, {counted} the sequence length; {tower}"
     ]
+    if uncounted_tower_params(m, train) and train.method is Method.FULL:
+        notes.append(
+            f"{m.family}: the vision tower's weights are counted as loaded (frozen); under full fine-tuning its "
+            "gradients and optimizer states are not (the language-model formula leaves the tower out)"
+        )
+    tokens = image_tokens(m, train)
+    if train.seq_includes_images and train.seq_len <= tokens:
+        notes.append(
+            f"sequence length {train.seq_len} leaves no room for the images' {tokens} tokens: LLaMA-Factory would cut "
+            f"into their placeholders and the model refuses such a batch; modelled as {tokens + 1} tokens (raise "
+            "cutoff_len or lower image_max_pixels)"
+        )
+    return notes
