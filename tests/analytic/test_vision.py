@@ -12,8 +12,9 @@ from hypothesis import strategies as st
 
 from tests.trace._tiny_vl import tiny_vl
 from vramledger.analytic import estimate
+from vramledger.analytic.image_tokens import image_grid, smart_resize
 from vramledger.analytic.params import count_params
-from vramledger.analytic.vision import image_grid, image_tokens, lm_view, siglip_params, smart_resize, vision_bytes
+from vramledger.analytic.vision import image_tokens, lm_view, siglip_params, vision_bytes
 from vramledger.catalog import resolve_model
 from vramledger.errors import VramledgerError
 from vramledger.specs import TrainSpec

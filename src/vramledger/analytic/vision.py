@@ -3,21 +3,7 @@
 Legend: P patches per sample (all its images), h the tower's width, I its MLP width, nh its heads, r the LoRA
 rank, c bytes of the compute dtype, s bytes of the tower's stream (the dtype its frozen weights are loaded in).
 
-Tokens per image, from the processors' own rules (transformers 5.23):
-- Qwen2-VL / Qwen2.5-VL / Qwen3-VL: ``qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize`` rounds height and
-  width to multiples of patch·merge (28; 32 for Qwen3-VL's 16-pixel patches) within [min_pixels, max_pixels]
-  (class defaults 56² and 28²·1280); ``patchify`` gives (h/patch)·(w/patch) patches, and
-  ``processing_qwen2_5_vl.py`` one ``<|image_pad|>`` per merge² patches: tokens = (h/28)·(w/28).
-- Gemma 3: ``Gemma3ImageProcessor`` resizes every image to image_size² (896), pan-and-scan off by default
-  (``processing_gemma3.py`` ``images_kwargs``); ``Gemma3Processor`` expands each image to ``image_seq_length``
-  (``mm_tokens_per_image``, 256) tokens; the tower sees (896/14)² = 4096 patches.
-- Llama 4: ``image_processing_llama4.py`` picks a canvas of 336-pixel tiles (``find_supported_resolutions``,
-  ``get_best_fit``, at most ``max_patches`` 16 tiles), and ``processing_llama4.py`` ``_prompt_split_image`` gives
-  (336/14)²/4 = 144 ``<|patch|>`` tokens per tile, plus a global tile's 144 when there is more than one tile.
-LLaMA-Factory first scales an image larger than ``image_max_pixels`` (default 768²) down, or one smaller than
-``image_min_pixels`` up (``data/mm_plugin.py`` ``BasePlugin._preprocess_image``: factor √(limit/(w·h)), sizes
-truncated to integers), then hands it to the processor. Wrapper tokens (``<|vision_start|>``, Gemma's
-``<start_of_image>``, Llama 4's tile separators) are text: count them in ``--seq``.
+Tokens per image: ``analytic/image_tokens.py`` (the processors' rules).
 
 Memory (the tower runs first, inside the model's forward, and its output is scattered into the input embeddings:
 ``modeling_qwen2_5_vl.py`` ``Qwen2_5_VLModel.forward`` ``masked_scatter``):
@@ -34,11 +20,14 @@ Memory (the tower runs first, inside the model's forward, and its output is scat
   through the step.
 
 Per patch per block, a tower on the gradient path saves (Qwen2.5-VL blocks, ``Qwen2_5_VLVisionBlock``): the two
-RMSNorms' fp32 upcast 4h each (their weight's cast s·h more when they train), q, k, v and the SDPA output s·h each
-with an fp32 logsumexp 4·nh (the tower calls SDPA once per window or image: ``Qwen2_5_VLVisionAttention``), the
-gated MLP's gate, act, up and product 4·s·I (3·s·I when down_proj is frozen), and what each adapter or trained
-linear saves of its input, as in the decoder (``analytic/activations.py``). Under checkpointing each block keeps
-its input only. The merger (``Qwen2_5_VLPatchMerger``) saves its norm's upcast and its MLP's inputs.
+RMSNorms' fp32 upcast and rsqrt, 4h + 4 each (their weight's cast c·h more when they train); q and k after RoPE,
+the fused qkv output that v is a view of, and the SDPA output, 6·c·h, with an fp32 logsumexp 4·nh (the tower
+calls SDPA once per window or image: ``Qwen2_5_VLVisionAttention``); the gated MLP's gate, act and up, 3·c·I; and
+what each adapter or trained linear saves of its input, as in the decoder (``analytic/activations.py``). LayerNorm
+towers (SigLIP, Llama 4, Qwen2-VL, Qwen3-VL) keep an fp32 copy and mean/rstd, separate q/k/v projections 4·c·h,
+quick_gelu two tensors. Under checkpointing each block keeps its input only. The merger (``Qwen2_5_VLPatchMerger``)
+saves its norm's upcast and its MLP's inputs; Qwen3-VL's deepstack mergers alike. Checked against the trace of
+tiny Qwen2-VL, Qwen2.5-VL and Qwen3-VL models (tests/trace/test_vision_trace.py).
 
 Simplifications: the tower's transient peak (one block's temporaries while nothing of the LM is alive yet) is
 not a candidate moment: it is far below the loss's; the tower's recompute under checkpointing happens after the
@@ -47,104 +36,13 @@ LM's activations are freed; eager attention in the tower is modelled as SDPA (it
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
+from vramledger.analytic.image_tokens import default_image_size, image_grid
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, LineItem, Phase
 from vramledger.specs import Method, ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule, VisionSpec
-
-# LLaMA-Factory hparams/model_args.py: image_max_pixels = 768 * 768, image_min_pixels = 32 * 32.
-LLAMAFACTORY_MAX_PIXELS = 768 * 768
-LLAMAFACTORY_MIN_PIXELS = 32 * 32
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class ImageGrid:
-    """One image as the tower and the language model see it."""
-
-    width: int
-    height: int
-    """Pixels after every resize (the processor's canvas)."""
-    patches: int
-    """Tower positions (Llama 4: over all tiles, each with its class token)."""
-    tokens: int
-    """``<image>`` placeholder tokens in the language model's sequence."""
-    grid: tuple[int, int, int] = (1, 1, 1)
-    """Qwen ``image_grid_thw``: (frames, height, width) in patches; Llama 4: (tiles, rows, columns)."""
-
-
-def smart_resize(height: int, width: int, factor: int, min_pixels: int, max_pixels: int) -> tuple[int, int]:
-    """transformers ``qwen2_vl/image_processing_qwen2_vl.py`` ``smart_resize`` (same arithmetic, same rounding).
-
-    >>> smart_resize(768, 1024, 28, 56 * 56, 28 * 28 * 1280)
-    (756, 1036)
-    """
-    if max(height, width) / min(height, width) > 200:
-        raise VramledgerError(f"--image-size: aspect ratio above 200 ({width}x{height}); the Qwen processor refuses it")
-    h_bar = round(height / factor) * factor
-    w_bar = round(width / factor) * factor
-    if h_bar * w_bar > max_pixels:
-        beta = math.sqrt((height * width) / max_pixels)
-        h_bar = max(factor, math.floor(height / beta / factor) * factor)
-        w_bar = max(factor, math.floor(width / beta / factor) * factor)
-    elif h_bar * w_bar < min_pixels:
-        beta = math.sqrt(min_pixels / (height * width))
-        h_bar = math.ceil(height * beta / factor) * factor
-        w_bar = math.ceil(width * beta / factor) * factor
-    return h_bar, w_bar
-
-
-def _llama4_canvas(height: int, width: int, tile: int, max_tiles: int) -> tuple[int, int]:
-    """``image_processing_llama4.py`` ``find_supported_resolutions`` + ``get_best_fit``: the (rows, columns) of
-    tiles: the smallest upscale ≥ 1 of any arrangement of at most ``max_tiles`` tiles, else the mildest
-    downscale; ties go to the smaller canvas."""
-    shapes = {(f, n // f) for n in range(1, max_tiles + 1) for f in range(1, n + 1) if n % f == 0}
-    scales = {s: min(s[0] * tile / height, s[1] * tile / width) for s in shapes}
-    up = [v for v in scales.values() if v >= 1]
-    chosen = min(up) if up else max(scales.values())
-    return min((s for s, v in scales.items() if v == chosen), key=lambda s: s[0] * s[1])
-
-
-def default_image_size(v: VisionSpec) -> tuple[int, int]:
-    """(width, height) when none is given: Gemma 3 / Llama 4 their (tile) resolution; Qwen a square as large as
-    its processor keeps (√max_pixels: 1001² → 980² after ``smart_resize``, 1225 tokens)."""
-    if v.rule is ImageRule.DYNAMIC:
-        side = math.isqrt(v.max_pixels)
-        return side, side
-    return v.image_size, v.image_size
-
-
-def prepared_size(v: VisionSpec, train: TrainSpec) -> tuple[int, int]:
-    """(width, height) handed to the processor: the given or default size after LLaMA-Factory's resize."""
-    w, h = train.image_size or default_image_size(v)
-    hi, lo = train.image_max_pixels, train.image_min_pixels
-    if hi is not None and w * h > hi:
-        f = math.sqrt(hi / (w * h))
-        w, h = int(w * f), int(h * f)
-    if lo is not None and w * h < lo:
-        f = math.sqrt(lo / (w * h))
-        w, h = int(w * f), int(h * f)
-    return max(w, 1), max(h, 1)
-
-
-def image_grid(v: VisionSpec, train: TrainSpec) -> ImageGrid:
-    """Patches and tokens of one image of ``train``'s size under ``v``'s processor."""
-    w, h = prepared_size(v, train)
-    if v.rule is ImageRule.DYNAMIC:
-        factor = v.patch_size * v.merge_size
-        rh, rw = smart_resize(h, w, factor, v.min_pixels, v.max_pixels)
-        gh, gw = rh // v.patch_size, rw // v.patch_size
-        return ImageGrid(width=rw, height=rh, patches=gh * gw, tokens=gh * gw // v.merge_size**2, grid=(1, gh, gw))
-    per_side = v.image_size // v.patch_size
-    if v.rule is ImageRule.FIXED:
-        return ImageGrid(width=v.image_size, height=v.image_size, patches=per_side**2, tokens=v.tokens_per_image)
-    rows, cols = _llama4_canvas(h, w, v.image_size, v.max_tiles)
-    tiles = rows * cols + (1 if rows * cols > 1 else 0)  # the global tile (a resized copy) when tiled
-    per_tile = per_side**2 // v.merge_size**2
-    return ImageGrid(width=cols * v.image_size, height=rows * v.image_size, patches=tiles * (per_side**2 + 1),
-                     tokens=tiles * per_tile, grid=(tiles, rows, cols))  # fmt: skip
 
 
 def image_tokens(m: ModelSpec, train: TrainSpec) -> int:
@@ -181,7 +79,7 @@ def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str,
         return not train.freeze_vision_tower
     if not train.adapters:
         return False
-    inside = any(part in v.prefix for name in adapter_names for part in name.split("."))
+    inside = any(v.holds(name) for name in adapter_names)
     return inside or (train.grad_ckpt and v.input_hooked)
 
 

@@ -7,8 +7,8 @@ from types import MappingProxyType
 from typing import Any
 
 from vramledger.advice import advice_sentence
-from vramledger.analytic.vision import lm_view
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
+from vramledger.analytic.vision import lm_view
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
 from vramledger.specs.gpu import DEFAULT_HEADROOM

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from vramledger.analytic.vision import ImageGrid, image_grid
+from vramledger.analytic.image_tokens import ImageGrid, image_grid
 from vramledger.errors import VramledgerError
 from vramledger.specs import ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule, VisionSpec
