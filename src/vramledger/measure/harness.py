@@ -280,6 +280,10 @@ def measure(
     ``history_context``: what the snapshot's history keeps of each event (``"all"``: its stacks, for
     memory_viz; ``None``: the event alone, enough to replay the allocation stream).
     """
+    if train.images:  # the worker's batch is token ids only (measure/worker.py)
+        raise VramledgerError(
+            "measure --images: the GPU trial feeds text only so far; `vramledger trace` runs the tower with images"
+        )
     spec = trial_spec(
         model,
         train,

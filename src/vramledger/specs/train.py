@@ -270,9 +270,10 @@ class TrainSpec:
     image_min_pixels: int | None = None
     """LLaMA-Factory ``image_min_pixels``: a smaller image is first scaled up to this many pixels."""
     freeze_vision_tower: bool = False
-    """No adapters in the vision tower and projector, and their weights frozen (LLaMA-Factory
-    ``freeze_vision_tower``/``freeze_multi_modal_projector``, both true by default: ``model/model_utils/visual.py``
-    ``get_forbidden_modules``); False: PEFT's ``all-linear`` adapts the tower's linears too."""
+    """No adapters in the vision tower and projector, and no gradient through them under full fine-tuning
+    (LLaMA-Factory ``freeze_vision_tower``/``freeze_multi_modal_projector``, both true by default:
+    ``model/model_utils/visual.py`` ``get_forbidden_modules``); False: PEFT's ``all-linear`` adapts the tower's
+    linears too. Full fine-tuning still counts the tower's weights as trainable (not split yet)."""
     seq_includes_images: bool = False
     """The sequence length already counts the image tokens (LLaMA-Factory truncates to ``cutoff_len`` after the
     image placeholders are expanded); False: the language model sees ``seq_len`` plus the images' tokens."""
