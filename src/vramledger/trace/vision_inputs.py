@@ -167,9 +167,11 @@ def vision_trace(hf: Any, train: TrainSpec) -> Iterator[None]:
 def _on_real_values(rope_index: Any) -> Any:
     """``get_rope_index`` (the 3-D rope positions of text and image tokens) run on the real values of its
     constant inputs: Qwen2-VL and Qwen3-VL build the positions through ``torch.arange`` and a Python list of
-    0-d tensors, which fake tensors cannot hold values for. The positions (3·B·L int64) come back as a constant."""
+    0-d tensors, which fake tensors cannot hold values for. It runs outside every mode (its few small index
+    tensors are not recorded, fake or real); the positions (3·B·L int64) come back as a recorded constant."""
     import torch
-    from torch._subclasses.fake_tensor import FakeTensor, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.utils._python_dispatch import _disable_current_modes
     from torch.utils._pytree import tree_map
 
     def real(x: Any) -> Any:
@@ -179,7 +181,7 @@ def _on_real_values(rope_index: Any) -> Any:
         return x
 
     def run(*args: Any, **kwargs: Any) -> Any:
-        with unset_fake_temporarily():
+        with _disable_current_modes():
             out = rope_index(*tree_map(real, args), **tree_map(real, kwargs))
             values = [(t.tolist(), t.dtype) for t in out]
         return tuple(torch.tensor(v, dtype=dt) for v, dt in values)
