@@ -30,6 +30,10 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     basis = activation_basis(m, train)
     if basis is not None:
         out.append(basis)
+    if train.peft_config is not None:
+        from vramledger.analytic.peft_memory import peft_basis
+
+        out.extend(note for note in (peft_basis(m, train),) if note is not None)
     if m.attn_logit_softcapping and train.attn is Attention.SDPA:
         out.append(
             f"{m.family}: transformers' sdpa does not support attention softcapping (it raises); modelled as eager"
@@ -60,6 +64,11 @@ def estimate(
     headroom: float = DEFAULT_HEADROOM,
 ) -> Ledger:
     """The analytic ledger of one steady-state training step of ``model`` under ``train``."""
+    asked = train
+    if train.peft_config is not None:  # prompt methods run n virtual tokens more: analytic/peft_memory.py
+        from vramledger.analytic.peft_memory import step_train
+
+        train = step_train(train)
     items, names = ledger_items(model, train, gpu)
     parts = step_parts(model, train, gpu)
     wb = parts.weights
@@ -70,8 +79,8 @@ def estimate(
         items=items,
         engine="analytic",
         moments=MappingProxyType(dict(names)),
-        warnings=tuple(_warnings(model, train)),
-        settings=MappingProxyType(_settings(model, train)),
+        warnings=tuple(_warnings(model, asked)),
+        settings=MappingProxyType(_settings(model, asked)),
     )
     verdict = None
     if gpu is not None:
@@ -96,7 +105,11 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
     }
     if m.config_name:
         s["model_config"] = m.config_name
-    if train.lora is not None and train.adapters:
+    if train.peft_config is not None:
+        import json
+
+        s["peft_config"] = json.loads(train.peft_config)
+    if train.lora is not None and train.adapters and train.peft_type in (None, "LORA"):
         s["lora"] = {
             "rank": train.lora.rank,
             "targets": list(train.lora.targets),

@@ -267,6 +267,10 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
 
     if m.resid_dropout > 0:  # GPT-2: a bool mask after attention and after the MLP (``resid_dropout``)
         parts.append(("residual dropout masks", 2 * H))
+    if train.peft_config is not None:  # a PEFT method from adapter_config.json: analytic/peft_memory.py
+        from vramledger.analytic.peft_memory import peft_activation_parts
+
+        parts.extend(peft_activation_parts(m, train, s))
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 

@@ -101,6 +101,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dora", action="store_true", default=None, help="weight-decomposed LoRA")
     g.add_argument("--modules-to-save", type=name,
                    help="modules trained in full beside the adapters (PEFT modules_to_save): embed_tokens,lm_head")
+    g.add_argument("--peft-config", type=in_path, metavar="PATH",
+                   help="a PEFT adapter_config.json (or its folder): any PEFT method (IA3, prefix tuning, …)")
     g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
     g.add_argument("--freeze-layers", type=count(what="number of layers"),
@@ -327,6 +329,10 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
     changes.update(distributed_changes(args))
+    if getattr(args, "peft_config", None) is not None:
+        from vramledger.adapters.peft_config import flag_changes
+
+        changes.update(flag_changes(args.peft_config, base, changes))
     return changes
 
 
@@ -403,7 +409,7 @@ def input_files(args: argparse.Namespace) -> list[Path]:
     from vramledger.userfiles import input_paths
 
     values: list[object] = [getattr(args, k, None) for k in ("model", "config", "deepspeed", "accelerate_config",
-                                                               "script", "evidence")]
+                                                               "script", "evidence", "peft_config")]
     values += [o.partition("=")[2] for o in getattr(args, "overrides", None) or [] if "=" in o]
     return input_paths(values)
 

@@ -209,6 +209,10 @@ class TrainSpec:
     """Adapter settings (method lora/qlora); defaults applied when None."""
     quant: QuantSpec | None = None
     """Quantisation of the base (method qlora); nf4 with double quantisation when None."""
+    peft_config: str | None = None
+    """A PEFT ``adapter_config.json`` as canonical JSON (sorted keys, so the spec stays hashable): its
+    ``peft_type`` (``IA3``, ``PREFIX_TUNING``, …) is the adapter method, trained on the base that ``method``
+    (lora or qlora) sets. None: LoRA as ``lora`` describes it."""
     freeze_trainable_layers: int = 2
     """For method ``freeze``: how many of the last decoder layers train (LLaMA-Factory's default is 2)."""
     sgd_momentum: float = 0.0
@@ -316,6 +320,10 @@ class TrainSpec:
                 f"a quantised base can only be trained with adapters: use --method qlora (got --method "
                 f"{self.method.value} with quantisation)"
             )
+        if self.peft_config is not None and not self.adapters:
+            raise VramledgerError(
+                f"a PEFT config trains adapters: use --method lora or qlora (got --method {self.method.value})"
+            )
         if self.attn is Attention.FLASH2 and self.precision is Precision.FP32:
             raise VramledgerError(
                 "flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa"
@@ -324,6 +332,15 @@ class TrainSpec:
     @property
     def adapters(self) -> bool:
         return self.method in (Method.LORA, Method.QLORA)
+
+    @property
+    def peft_type(self) -> str | None:
+        """The PEFT method of ``peft_config`` (``LORA``, ``IA3``, …), None without one."""
+        if self.peft_config is None:
+            return None
+        import json
+
+        return str(json.loads(self.peft_config).get("peft_type", "LORA")).upper()
 
     @property
     def frozen_dtype(self) -> DType:
