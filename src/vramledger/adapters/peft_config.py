@@ -26,9 +26,22 @@ PEFT_TYPES = (
 )  # fmt: skip
 """PEFT 0.21 ``utils/peft_types.py`` ``PeftType`` values (``trace`` runs any; ``estimate`` models twelve)."""
 
-_INTEGERS = ("r", "num_virtual_tokens", "token_dim", "encoder_hidden_size", "init_r", "target_r", "total_step",
-             "oft_block_size", "boft_block_size", "boft_block_num", "boft_n_butterfly_factor", "decompose_factor",
-             "num_layers", "num_attention_heads")
+_INTEGERS = (
+    "r",
+    "num_virtual_tokens",
+    "token_dim",
+    "encoder_hidden_size",
+    "init_r",
+    "target_r",
+    "total_step",
+    "oft_block_size",
+    "boft_block_size",
+    "boft_block_num",
+    "boft_n_butterfly_factor",
+    "decompose_factor",
+    "num_layers",
+    "num_attention_heads",
+)
 _NUMBERS = ("lora_alpha", "lora_dropout", "alpha", "module_dropout", "rank_dropout")
 _NAME_LISTS = ("target_modules", "feedforward_modules", "modules_to_save", "exclude_modules")
 _FLAGS = ("use_dora", "use_rslora", "decompose_both", "block_share", "prefix_projection", "fan_in_fan_out")
@@ -43,7 +56,9 @@ def config_path(path: Path, what: str = "--peft-config") -> Path:
     if path.is_dir():
         inner = path / "adapter_config.json"
         if not inner.is_file():
-            raise VramledgerError(f"{what}: {path} is a folder without adapter_config.json; pass the file or its folder")
+            raise VramledgerError(
+                f"{what}: {path} is a folder without adapter_config.json; pass the file or its folder"
+            )
         return inner
     return path
 
@@ -82,8 +97,11 @@ def check_peft_config(raw: Any, where: str) -> dict[str, Any]:
             raise _bad(where, key, "a number ≥ 0", value)
     for key in _NAME_LISTS:
         value = cfg.get(key)
-        ok = value is None or isinstance(value, str) or (
-            isinstance(value, list) and all(isinstance(v, str) for v in value))
+        ok = (
+            value is None
+            or isinstance(value, str)
+            or (isinstance(value, list) and all(isinstance(v, str) for v in value))
+        )
         if not ok:
             raise _bad(where, key, "a module name, a list of names or a regular expression", value)
     for key in _FLAGS:
@@ -124,7 +142,7 @@ def peft_changes(cfg: Mapping[str, Any], method: Method, lora: LoraSpec | None) 
     changes: dict[str, Any] = {"peft_config": json.dumps(dict(cfg), sort_keys=True)}
     changes["method"] = Method.QLORA if method is Method.QLORA else Method.LORA
     if cfg["peft_type"] == "LORA":
-        get = {k: (cfg.get(k) if cfg.get(k) is not None else d) for k, d in _LORA_DEFAULTS.items()}
+        get: dict[str, Any] = {k: (cfg.get(k) if cfg.get(k) is not None else d) for k, d in _LORA_DEFAULTS.items()}
         targets = cfg.get("target_modules")
         changes["lora"] = dataclasses.replace(
             lora or LoraSpec(),

@@ -270,7 +270,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if train.peft_config is not None:  # a PEFT method from adapter_config.json: analytic/peft_memory.py
         from vramledger.analytic.peft_memory import peft_activation_parts
 
-        parts.extend(peft_activation_parts(m, train, s))
+        parts.extend(peft_activation_parts(m, train, s, padded_sdpa(train), _INPUT_OF))
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 

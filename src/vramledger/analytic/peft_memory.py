@@ -35,6 +35,7 @@ heads × head_dim, c bytes of the compute dtype, a bytes of the adapter's input 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -53,8 +54,14 @@ _MATMUL_METHODS = ("LOHA", "LOKR", "OFT", "BOFT", "ADALORA")
 """Methods whose trainable tensors feed matmuls (autocast makes a bf16 copy); IA3, VeRA's vectors, norms and
 prompt embeddings are used elementwise or looked up."""
 
-_LORA_UNMODELLED = ("rank_pattern", "layers_to_transform", "target_parameters", "trainable_token_indices",
-                    "exclude_modules", "layer_replication")
+_LORA_UNMODELLED = (
+    "rank_pattern",
+    "layers_to_transform",
+    "target_parameters",
+    "trainable_token_indices",
+    "exclude_modules",
+    "layer_replication",
+)
 """LoRA fields that change what trains but that the LoRA formulas do not take (``trace`` runs them)."""
 
 
@@ -110,14 +117,17 @@ def _buffer_bytes(m: ModelSpec, count: PeftCount, cfg: dict[str, Any], *, boft_f
     copies = [(in_layers(m, lin) * lin.per_layer, lin) for lin in linears]
     if count.peft_type == "BOFT":
         factor = int(cfg.get("boft_n_butterfly_factor") or 1) if boft_fbd_cuda else 1
-        return sum(k * factor * lin.in_features ** 2 * 4 for k, lin in copies)
+        return sum(k * factor * lin.in_features**2 * 4 for k, lin in copies)
     if count.peft_type == "VERA" and linears:
         r = int(cfg.get("r") or 256)
         return 4 * r * (max(lin.in_features for lin in linears) + max(lin.out_features for lin in linears))
     if count.peft_type == "OFT":
         block, r_cfg = int(cfg.get("oft_block_size") or 32), int(cfg.get("r") or 0)
-        return sum(k * 2 * 8 * (b * (b - 1) // 2) for k, lin in copies
-                   for b in [block if r_cfg == 0 else lin.in_features // r_cfg])
+        return sum(
+            k * 2 * 8 * (b * (b - 1) // 2)
+            for k, lin in copies
+            for b in [block if r_cfg == 0 else lin.in_features // r_cfg]
+        )
     return 0
 
 
@@ -170,39 +180,87 @@ def _cast_bytes(train: TrainSpec) -> int:
     return _adapter_dtype(train, "").bytes
 
 
-def peft_activation_parts(m: ModelSpec, train: TrainSpec, residual: int) -> list[tuple[str, int]]:
+def peft_activation_parts(
+    m: ModelSpec, train: TrainSpec, residual: int, padded: bool, input_of: Mapping[str, str]
+) -> list[tuple[str, int]]:
     """(part, bytes per token) that a non-LoRA PEFT method adds to one decoder layer's saved tensors; empty for
-    LoRA and methods without a formula here (``peft_basis`` says so)."""
+    LoRA and the prompt methods (``step_train``). ``residual``: bytes of the residual stream; ``padded``: SDPA
+    already gets a mask (activations.py ``padded_sdpa``); ``input_of``: which linears read the same tensor
+    (activations.py). Tensors saved once per layer (not per token) are spread over the micro-batch's tokens,
+    rounded up."""
     peft_type = train.peft_type
     if peft_type in (None, "LORA") or peft_type in PROMPT_METHODS:
         return []
     cfg = config_of(train)
     count = peft_trainable(m, cfg)
-    c, a = train.precision.compute.bytes, _cast_bytes(train)
-    linears = [(lin, lin.per_layer * in_layers(m, lin), m.num_layers) for lin in _linears_named(m, count.targets)]
+    c, a, T = train.precision.compute.bytes, _cast_bytes(train), train.tokens
+    linears = [(lin, lin.per_layer * in_layers(m, lin)) for lin in _linears_named(m, count.targets)]
 
     def per_layer(width: Any) -> int:
-        return sum(copies * width(lin) // layers for lin, copies, layers in linears)
+        return sum(copies * width(lin) // m.num_layers for lin, copies in linears)
+
+    def once_per_layer(elements: Any) -> int:
+        return -(-per_layer(elements) // T)
 
     if peft_type == "IA3":
         ff = {str(t) for t in (cfg.get("feedforward_modules") or ["down_proj"])}
         a_ia3 = 4 if _adapter_dtype(train, peft_type) is DType.FP32 else c
-        return [("IA3 scaled inputs/outputs", per_layer(
-            lambda lin: a_ia3 * lin.in_features if lin.name.split(".")[-1] in ff else c * lin.out_features))]
+        return [
+            (
+                "IA3 scaled inputs/outputs",
+                per_layer(
+                    lambda lin: a_ia3 * lin.in_features if lin.name.split(".")[-1] in ff else c * lin.out_features
+                ),
+            )
+        ]
     if peft_type in _INPUT_SAVERS:
         r = int(cfg.get("init_r") or 12) if peft_type == "ADALORA" else 0
-        return [(f"{peft_type} adapter inputs", per_layer(lambda lin: a * lin.in_features + a * r))]
+        parts = [(f"{peft_type} adapter inputs", per_layer(lambda lin: a * lin.in_features + a * r))]
+        if peft_type in ("LOHA", "BOFT") and train.precision.mixed:
+            # LoHa's HadaWeight matmuls run under autocast (a bf16 delta), BOFT multiplies x by a rotation cast to
+            # x's dtype: the input needs no cast, and the matmul saves the layer's own input, one tensor for the
+            # adapters that read it (q/k/v; gate/up).
+            widths = {input_of.get(lin.name, lin.name): copies * lin.in_features for lin, copies in linears}
+            parts = [(f"{peft_type} adapter inputs", 2 * sum(widths.values()) // m.num_layers)]
+        if peft_type == "BOFT":
+            # tuners/boft/layer.py Linear.forward: ``result * boft_scale`` saves the base output (c·out); per
+            # forward, in × in matrices saved for R's gradient: boft_P cast to x's dtype (factor of them), the
+            # butterfly product (factor) and the rotation x is multiplied by (one).
+            f = int(cfg.get("boft_n_butterfly_factor") or 1)
+            parts.append(("BOFT scaled outputs", per_layer(lambda lin: c * lin.out_features)))
+            parts.append(("BOFT rotations", once_per_layer(lambda lin: (2 * f + 1) * c * lin.in_features**2)))
+        if peft_type in ("LOHA", "LOKR"):
+            # The delta weight (out × in) each forward builds, saved by F.linear for the input's gradient.
+            delta = once_per_layer(lambda lin: a * lin.in_features * lin.out_features)
+            parts.append((f"{peft_type} delta weights", delta))
+        return parts
     if peft_type == "VERA":
         r = int(cfg.get("r") or 256)
-        return [("VeRA scaled projections", per_layer(lambda lin: a * r + a * lin.out_features))]
+        parts = [("VeRA scaled projections", per_layer(lambda lin: a * r + a * lin.out_features))]
+        if train.precision.mixed:
+            # Under autocast each F.linear casts its slice of vera_A / vera_B (views: autocast caches only leaves)
+            # and saves the cast for the input's gradient.
+            casts = once_per_layer(lambda lin: 2 * r * (lin.in_features + lin.out_features))
+            parts.append(("VeRA projection casts", casts))
+        return parts
     if peft_type == "LN_TUNING":
         norms = [t for t in count.targets if t in ("input_layernorm", "post_attention_layernorm")]
         return [("trained norms' normalised values", len(norms) * residual * m.hidden_size)]
     if peft_type == "PREFIX_TUNING":
-        n = int(cfg.get("num_virtual_tokens") or 0)
-        kv = 2 * c * m.kv_dim * n  # per sequence per layer, spread over its L tokens
-        return [(f"prefix keys/values ({n} virtual tokens)", -(-kv // train.seq_len))]
+        return [_prefix_part(m, train, int(cfg.get("num_virtual_tokens") or 0), padded)]
     return []
+
+
+def _prefix_part(m: ModelSpec, train: TrainSpec, n: int, padded: bool) -> tuple[str, int]:
+    """The prefix's n keys and values in every layer. transformers' SDPA mask (masking_utils ``sdpa_mask``) can
+    skip the mask only when the keys are the queries' own (no past): with a prefix a mask is built, so
+    ``repeat_kv`` copies K and V to every head (as for a padded batch, activations.py); the mask itself, one
+    (L, L + n) tensor for all layers, is not counted."""
+    c, L, Dq, Dkv = train.precision.compute.bytes, train.seq_len, m.q_dim, m.kv_dim
+
+    # With a padded batch K/V are already repeated (activations.py): then only the n more keys and values.
+    per_seq = 2 * c * Dq * n if padded else 2 * c * (Dq * (L + n) - Dkv * L)
+    return f"prefix keys/values ({n} virtual tokens, repeated to every head)", -(-per_seq // L)
 
 
 def step_train(train: TrainSpec) -> TrainSpec:
@@ -231,8 +289,10 @@ def peft_basis(m: ModelSpec, train: TrainSpec) -> str | None:
     if peft_type in (None, "LORA"):
         return None
     count = peft_trainable(m, config_of(train))
-    where = f"on {len(count.targets)} module kinds ({', '.join(count.targets)}) of every layer" if count.targets else (
-        "in its prompt encoder"
+    where = (
+        f"on {len(count.targets)} module kinds ({', '.join(count.targets)}) of every layer"
+        if count.targets
+        else ("in its prompt encoder")
     )
     acts = {
         "PREFIX_TUNING": "activations add the virtual tokens' keys and values in every layer",

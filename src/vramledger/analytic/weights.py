@@ -300,12 +300,20 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         if pw is not None:
             n = pw.count.trainable_params
             return WeightBudget(
-                total_params=total + n, trainable_params=n, frozen_bytes=frozen_bytes + pw.buffer_bytes,
-                trainable_bytes=n * pw.trainable_dtype.bytes, trainable_dtype=pw.trainable_dtype,
-                trainable_layers=m.num_layers, adapted=(), trainable_matrix_params=pw.matrix_params,
-                largest_trainable_numel=pw.largest_numel, largest_frozen_matrix_numel=largest_frozen,
+                total_params=total + n,
+                trainable_params=n,
+                frozen_bytes=frozen_bytes + pw.buffer_bytes,
+                trainable_bytes=n * pw.trainable_dtype.bytes,
+                trainable_dtype=pw.trainable_dtype,
+                trainable_layers=m.num_layers,
+                adapted=(),
+                trainable_matrix_params=pw.matrix_params,
+                largest_trainable_numel=pw.largest_numel,
+                largest_frozen_matrix_numel=largest_frozen,
                 frozen_matrix_params=linears_numel(m, linears, weights_only=True) + lm_head_numel,
-                embedding_trainable=False, head_trainable=False, norms_trainable=pw.count.peft_type == "LN_TUNING",
+                embedding_trainable=False,
+                head_trainable=False,
+                norms_trainable=pw.count.peft_type == "LN_TUNING",
                 lm_head_weight_numel=lm_head_numel,
             )
     largest_adapter = max(

@@ -175,8 +175,10 @@ def _apply_peft_config(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: l
     init = cfg.get("init_lora_weights")
     if isinstance(init, str) and init.lower().split("_")[0] in _DATA_INITS:
         cfg["init_lora_weights"] = True
-        warnings.append(f"init_lora_weights {init!r} reads real weights: traced with the default initialisation "
-                        "(the same shapes and memory)")
+        warnings.append(
+            f"init_lora_weights {init!r} reads real weights: traced with the default initialisation "
+            "(the same shapes and memory)"
+        )
     try:
         config = PeftConfig.from_peft_type(**cfg)
         adapter_fp32 = train.lora is None or train.lora.adapter_fp32
@@ -240,6 +242,22 @@ def shared_parameters(model: Any) -> list[list[tuple[Any, str]]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
+def repeated_modules(model: Any) -> list[tuple[Any, str, Any]]:
+    """(parent, name, module) for every registration of a module after its first: PEFT registers some modules
+    under two parents (peft_model.py ``_setup_prompt_encoder``: ``word_embeddings``; tuners/vera/layer.py: each
+    layer's ``vera_A``/``vera_B``, one shared BufferDict), which ``_apply`` would convert once per parent."""
+    seen: set[int] = set()
+    out = []
+    for parent in model.modules():
+        for name, child in parent._modules.items():
+            if child is None:
+                continue
+            if id(child) in seen:
+                out.append((parent, name, child))
+            seen.add(id(child))
+    return out
+
+
 def materialise(model: Any) -> Any:
     """Replace every meta parameter and buffer by an uninitialised tensor on the CPU. Call inside the fake
     mode:
@@ -251,7 +269,12 @@ def materialise(model: Any) -> Any:
     for group in tied:  # unlink the copies first so that ``_apply`` converts each shared tensor once
         for module, name in group[1:]:
             module._parameters[name] = None
+    repeats = repeated_modules(model)
+    for parent, name, _ in repeats:  # and every module registered twice (PEFT's word_embeddings, VeRA's A/B)
+        parent._modules[name] = None
     model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu"))
+    for parent, name, child in repeats:
+        parent._modules[name] = child
     for module in model.modules():
         # PEFT peft_model.py _setup_prompt_encoder keeps the virtual tokens' ids (torch.arange) as a plain dict
         # attribute, not a buffer: made again here so that they are tensors of this mode too.
