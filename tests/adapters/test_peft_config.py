@@ -140,3 +140,33 @@ def test_qlora_base_keeps_its_quantisation(tmp_path: Path, capsys: pytest.Captur
     nf4 = estimate_json(capsys, "--peft-config", str(path), "--method", "qlora")
     assert nf4["settings"]["method"] == "qlora" and nf4["trainable_params"] == bf16["trainable_params"]
     assert nf4["peak_allocated_bytes"] < bf16["peak_allocated_bytes"]
+
+
+def test_llamafactory_resumed_local_adapter_is_the_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # LLaMA-Factory model/adapter.py _setup_lora_tuning trains on the adapter adapter_name_or_path loads.
+    folder = tmp_path / "ia3_adapter"
+    folder.mkdir()
+    write(folder, {"peft_type": "IA3", "task_type": "CAUSAL_LM", "inference_mode": True})
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        "model_name_or_path: meta-llama/Llama-3.2-1B\nfinetuning_type: lora\ncutoff_len: 512\nbf16: true\n"
+        f"adapter_name_or_path: {folder}\n"
+    )
+    code, out, err = run(capsys, "estimate", "--config", str(config), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert doc["trainable_params"] == 16 * (512 + 512 + 8192)  # IA3 on Llama-3.2-1B, as above
+    assert doc["settings"]["method"] == "lora"
+
+
+def test_llamafactory_hub_adapter_is_said_and_skipped(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "sft.yaml"
+    config.write_text(
+        "model_name_or_path: meta-llama/Llama-3.2-1B\nfinetuning_type: lora\ncutoff_len: 512\nbf16: true\n"
+        "adapter_name_or_path: someone/llama-lora\nlora_rank: 8\n"
+    )
+    code, out, err = run(capsys, "estimate", "--config", str(config), "--json")
+    assert code == 0, err
+    doc = json.loads(out)
+    assert "settings" in doc and "peft_config" not in doc["settings"]
+    assert any("not a local adapter folder (nothing is downloaded)" in w for w in doc["warnings"])

@@ -121,7 +121,6 @@ UNMODELLED: tuple[tuple[str, str], ...] = (
     ("add_special_tokens", "added tokens are not modelled"),
     ("ref_model", "the reference model is not modelled"),
     ("reward_model", "the reward model is not modelled"),
-    ("adapter_name_or_path", "loading existing adapters is modelled as fresh ones of the given rank"),
     ("enable_torch_profiler", "the profiler's buffers are not modelled"),
 )
 """Memory-relevant keys vramledger does not model, each with the reason its warning gives."""
@@ -207,8 +206,8 @@ def _method(r: Reader) -> Method:
 
 def _lora(r: Reader, method: Method, pure_bf16: bool) -> None:
     if method not in (Method.LORA, Method.QLORA):
-        for key in ("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"):
-            r.used.add(key)
+        r.used.update(("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"))
+        r.used.add("adapter_name_or_path")
         return
     rank = r.integer("lora_rank", 8)
     alpha = r.number("lora_alpha")
@@ -230,6 +229,35 @@ def _lora(r: Reader, method: Method, pure_bf16: bool) -> None:
         "lora_dropout=0)",
     )
     r.ignore("pissa_init", "PiSSA's SVD at start-up is not modelled")
+    _resumed_adapter(r, method)
+
+
+def _resumed_adapter(r: Reader, method: Method) -> None:
+    """model/adapter.py _setup_lora_tuning: with ``adapter_name_or_path`` (and no ``create_new_adapter``) the last
+    adapter listed is loaded with ``PeftModel.from_pretrained(..., is_trainable=True)`` and trained on; the others
+    are merged into the base. Its ``adapter_config.json``, when the path is a local folder, is the method."""
+    paths = r.names("adapter_name_or_path")
+    if not paths:
+        return
+    if r.flag("create_new_adapter", False):
+        r.warn("adapter_name_or_path with create_new_adapter: the given adapters are merged and a new LoRA trains")
+        return
+    from vramledger.adapters.peft_config import config_path, peft_changes, read_peft_config
+    from vramledger.userfiles import user_path
+
+    last = user_path(paths[-1])
+    if not config_path(last, "adapter_name_or_path").is_file():
+        r.warn(
+            f"adapter_name_or_path {paths[-1]!r} is not a local adapter folder (nothing is downloaded): modelled as "
+            "fresh LoRA adapters of lora_rank; pass --peft-config FOLDER to model it"
+        )
+        return
+    changes = peft_changes(read_peft_config(last, "adapter_name_or_path"), method, r.fields.get("lora"))
+    for field, value in changes.items():
+        if field != "method":  # finetuning_type (and quantization_bit) already say lora or qlora
+            r.set(field, value, r.file("adapter_name_or_path") + " (its adapter_config.json)")
+    if "lora" not in changes:  # another method: the LoRA keys do not apply
+        r.provenance.pop("lora", None)
 
 
 def _freeze(r: Reader, method: Method) -> None:

@@ -363,6 +363,8 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     if changes.get("method", start.train.method) is not Method.QLORA and "method" in changes:
         changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(start.train, **changes)
+    if train.peft_type not in (None, "LORA"):  # a PEFT method from --peft-config: the LoRA settings do not apply
+        start.provenance.pop("lora", None)
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
     headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
     model = _resolve_model(args, start.model_name)
