@@ -142,16 +142,26 @@ def test_qlora_base_keeps_its_quantisation(tmp_path: Path, capsys: pytest.Captur
     assert nf4["peak_allocated_bytes"] < bf16["peak_allocated_bytes"]
 
 
-def test_llamafactory_resumed_local_adapter_is_the_method(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    # LLaMA-Factory model/adapter.py _setup_lora_tuning trains on the adapter adapter_name_or_path loads.
+@pytest.mark.parametrize(
+    ("head", "key"),
+    [
+        ("model_name_or_path: meta-llama/Llama-3.2-1B\nfinetuning_type: lora\ncutoff_len: 512\n",
+         "adapter_name_or_path"),
+        ("base_model: meta-llama/Llama-3.2-1B\nadapter: lora\nlora_r: 8\nlora_target_linear: true\n"
+         "sequence_len: 512\nmicro_batch_size: 1\n", "lora_model_dir"),
+    ],
+    ids=["llamafactory", "axolotl"],
+)  # fmt: skip
+def test_resumed_local_adapter_is_the_method(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], head: str, key: str
+) -> None:
+    # LLaMA-Factory model/adapter.py _setup_lora_tuning and axolotl loaders/adapter.py load_lora train on the
+    # adapter they load with PeftModel.from_pretrained(..., is_trainable=True).
     folder = tmp_path / "ia3_adapter"
     folder.mkdir()
     write(folder, {"peft_type": "IA3", "task_type": "CAUSAL_LM", "inference_mode": True})
     config = tmp_path / "sft.yaml"
-    config.write_text(
-        "model_name_or_path: meta-llama/Llama-3.2-1B\nfinetuning_type: lora\ncutoff_len: 512\nbf16: true\n"
-        f"adapter_name_or_path: {folder}\n"
-    )
+    config.write_text(f"{head}bf16: true\n{key}: {folder}\n")
     code, out, err = run(capsys, "estimate", "--config", str(config), "--json")
     assert code == 0, err
     doc = json.loads(out)

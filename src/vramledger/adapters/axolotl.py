@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vramledger.adapters._base import Reader, attn_from_name, optimizer_from_name
 from vramledger.adapters.hf import TrainerFlags
+from vramledger.adapters.peft_config import resumed_adapter
 from vramledger.errors import VramledgerError
 from vramledger.specs import Attention, LoraSpec, Loss, Method, Precision, QuantSpec
 
@@ -79,7 +80,6 @@ HARMLESS = frozenset(
         "local_rank",
         "tf32",
         "lora_alpha",
-        "lora_model_dir",
         "lora_fan_in_fan_out",
         "peft_use_rslora",
         "lora_on_cpu",
@@ -249,6 +249,10 @@ def _lora(r: Reader, adapter: str) -> None:
         ),
         r.file(*[k for k in LORA_KEYS if r.has(k)]),
     )
+    lora_dir = r.text("lora_model_dir")
+    if lora_dir:
+        # loaders/adapter.py load_lora: PeftModel.from_pretrained(model, cfg.lora_model_dir, is_trainable=True)
+        resumed_adapter(r, "lora_model_dir", lora_dir, r.fields.get("method", Method.LORA))
     r.ignore("peft_layers_to_transform", "adapters on a subset of layers are not modelled")
     r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
 

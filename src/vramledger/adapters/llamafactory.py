@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vramledger.adapters import hf
 from vramledger.adapters._base import Reader
+from vramledger.adapters.peft_config import resumed_adapter
 from vramledger.errors import VramledgerError
 from vramledger.specs import Attention, LoraSpec, Loss, Method, Precision, QuantSpec
 
@@ -235,29 +236,14 @@ def _lora(r: Reader, method: Method, pure_bf16: bool) -> None:
 def _resumed_adapter(r: Reader, method: Method) -> None:
     """model/adapter.py _setup_lora_tuning: with ``adapter_name_or_path`` (and no ``create_new_adapter``) the last
     adapter listed is loaded with ``PeftModel.from_pretrained(..., is_trainable=True)`` and trained on; the others
-    are merged into the base. Its ``adapter_config.json``, when the path is a local folder, is the method."""
+    are merged into the base."""
     paths = r.names("adapter_name_or_path")
     if not paths:
         return
     if r.flag("create_new_adapter", False):
         r.warn("adapter_name_or_path with create_new_adapter: the given adapters are merged and a new LoRA trains")
         return
-    from vramledger.adapters.peft_config import config_path, peft_changes, read_peft_config
-    from vramledger.userfiles import user_path
-
-    last = user_path(paths[-1])
-    if not config_path(last, "adapter_name_or_path").is_file():
-        r.warn(
-            f"adapter_name_or_path {paths[-1]!r} is not a local adapter folder (nothing is downloaded): modelled as "
-            "fresh LoRA adapters of lora_rank; pass --peft-config FOLDER to model it"
-        )
-        return
-    changes = peft_changes(read_peft_config(last, "adapter_name_or_path"), method, r.fields.get("lora"))
-    for field, value in changes.items():
-        if field != "method":  # finetuning_type (and quantization_bit) already say lora or qlora
-            r.set(field, value, r.file("adapter_name_or_path") + " (its adapter_config.json)")
-    if "lora" not in changes:  # another method: the LoRA keys do not apply
-        r.provenance.pop("lora", None)
+    resumed_adapter(r, "adapter_name_or_path", paths[-1], method)
 
 
 def _freeze(r: Reader, method: Method) -> None:

@@ -12,10 +12,13 @@ import dataclasses
 import json
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vramledger.errors import VramledgerError
 from vramledger.specs import LoraSpec, Method, TrainSpec
+
+if TYPE_CHECKING:
+    from vramledger.adapters._base import Reader
 
 PEFT_TYPES = (
     "PROMPT_TUNING", "MULTITASK_PROMPT_TUNING", "P_TUNING", "PREFIX_TUNING", "LORA", "ADALORA", "ADAMSS", "BOFT",
@@ -154,3 +157,25 @@ def peft_changes(cfg: Mapping[str, Any], method: Method, lora: LoraSpec | None) 
             modules_to_save=tuple(cfg.get("modules_to_save") or ()),
         )
     return changes
+
+
+def resumed_adapter(r: Reader, key: str, path_text: str, method: Method) -> None:
+    """A config key naming an adapter that training loads and continues (LLaMA-Factory ``adapter_name_or_path``,
+    axolotl ``lora_model_dir``: both ``PeftModel.from_pretrained(..., is_trainable=True)``): when it is a local
+    folder, its ``adapter_config.json`` is the method (the LoRA keys of the file do not apply to it); a hub id is
+    said and skipped, since nothing is downloaded."""
+    from vramledger.userfiles import user_path
+
+    path = user_path(path_text)
+    if not config_path(path, key).is_file():
+        r.warn(
+            f"{key} {path_text!r} is not a local adapter folder (nothing is downloaded): modelled as fresh LoRA "
+            "adapters from the file's LoRA keys; pass --peft-config FOLDER to model it"
+        )
+        return
+    changes = peft_changes(read_peft_config(path, key), method, r.fields.get("lora"))
+    for field, value in changes.items():
+        if field != "method":  # the framework's own keys already say lora or qlora
+            r.set(field, value, r.file(key) + " (its adapter_config.json)")
+    if "lora" not in changes:  # another method: the LoRA keys do not apply
+        r.provenance.pop("lora", None)
