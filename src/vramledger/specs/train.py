@@ -212,7 +212,8 @@ class TrainSpec:
     peft_config: str | None = None
     """A PEFT ``adapter_config.json`` as canonical JSON (sorted keys, so the spec stays hashable): its
     ``peft_type`` (``IA3``, ``PREFIX_TUNING``, …) is the adapter method, trained on the base that ``method``
-    (lora or qlora) sets. None: LoRA as ``lora`` describes it."""
+    (lora or qlora) sets; for ``LORA`` the ``lora`` field carries its fields (``adapters.peft_config.peft_changes``
+    builds both). None: LoRA as ``lora`` describes it."""
     freeze_trainable_layers: int = 2
     """For method ``freeze``: how many of the last decoder layers train (LLaMA-Factory's default is 2)."""
     sgd_momentum: float = 0.0
