@@ -7,14 +7,13 @@ estimate's activations must be within 1% of the traced ones (the trace is the tr
 
 from __future__ import annotations
 
-import copy
 import dataclasses
-import functools
-import warnings
 from typing import Any
 
 import pytest
 
+# The tiny Llama and PEFT's own count on it (a real CPU model) that the formulas are checked against.
+from tests.analytic.test_peft_methods import TINY_LLAMA, _peft_own_count
 from vramledger.adapters.peft_config import check_peft_config, peft_changes
 from vramledger.analytic import estimate
 from vramledger.catalog.hfconfig import model_spec_from_config
@@ -22,19 +21,7 @@ from vramledger.ledger import Category, Ledger
 from vramledger.specs import TrainSpec
 from vramledger.trace import trace_step
 
-TINY = dict(
-    model_type="llama",
-    vocab_size=128,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    max_position_embeddings=64,
-    tie_word_embeddings=False,
-)
-SMALL = dict(TINY, vocab_size=1000, hidden_size=256, intermediate_size=704, head_dim=64, max_position_embeddings=256)
+SMALL = dict(TINY_LLAMA, vocab_size=1000, hidden_size=256, intermediate_size=704, head_dim=64)
 
 METHODS: dict[str, dict[str, Any]] = {
     "dora": {"peft_type": "LORA", "r": 4, "lora_alpha": 8, "target_modules": ["q_proj", "down_proj"], "use_dora": True},
@@ -62,29 +49,10 @@ def spec_for(config: dict[str, Any], cfg: dict[str, Any], seq: int) -> tuple[Any
     return model_spec_from_config(config, name="tiny", source="test"), train
 
 
-@functools.cache
-def _cpu_model() -> Any:
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    fields = {k: v for k, v in TINY.items() if k != "model_type"}
-    return AutoModelForCausalLM.from_config(AutoConfig.for_model("llama", **fields))
-
-
-def peft_own_count(cfg: dict[str, Any]) -> int:
-    from peft import get_peft_config, get_peft_model
-
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model = get_peft_model(copy.deepcopy(_cpu_model()), get_peft_config({"task_type": "CAUSAL_LM", **cfg}))
-    return int(model.get_nb_trainable_parameters()[0])
-
-
 @pytest.mark.parametrize("name", list(METHODS), ids=list(METHODS))
 def test_trace_runs_the_method_and_counts_as_peft(name: str) -> None:
-    m, train = spec_for(TINY, METHODS[name], seq=16)
-    truth = peft_own_count(METHODS[name])
+    m, train = spec_for(TINY_LLAMA, METHODS[name], seq=16)
+    truth = _peft_own_count(METHODS[name])
     traced = trace_step(m, train)
     estimated = estimate(m, train)
     print(name, "PEFT", truth, "trace", traced.trainable_params, "estimate", estimated.trainable_params)
