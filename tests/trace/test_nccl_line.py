@@ -6,9 +6,11 @@ import dataclasses
 
 from tests.trace._trace_tiny import TINY
 from vramledger.analytic.nccl import nccl_bill
+from vramledger.analytic.overhead import obtainable_bytes
 from vramledger.catalog import resolve_gpu
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category
+from vramledger.report.trace_text import render_allocator
 from vramledger.specs import Method, Precision, TrainSpec
 from vramledger.trace import trace_step
 
@@ -26,6 +28,10 @@ def test_ddp_trace_adds_the_nccl_line_to_the_device_total() -> None:
     for phase in ddp.phases:
         assert ddp.bytes_of(Category.NCCL, phase) == expected
         assert ddp.device(phase) == ddp.reserved(phase) + ddp.bytes_of(Category.CUDA_CONTEXT, phase) + expected
+    # the allocator replay can obtain the GPU less the CUDA context and less NCCL's communicators
+    replay = ddp.settings["allocator"]
+    assert replay["capacity_bytes"] == obtainable_bytes(gpu) - expected and replay["outside_bytes"] == expected
+    assert "− NCCL communicators" in render_allocator(ddp)
 
 
 def test_single_gpu_trace_has_no_nccl_line() -> None:
