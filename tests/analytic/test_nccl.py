@@ -94,13 +94,17 @@ def test_nccl_buffsize_and_nvls_off() -> None:
 
 
 def test_deepspeed_clones_the_world_group() -> None:
-    # deepspeed/utils/groups.py _clone_world_group: the engine's collectives run on a second communicator; the
+    # deepspeed/utils/groups.py _clone_world_group: ZeRO-1/2's collectives run on a second communicator; the
     # default group only sees barriers, which connect the ring and no NVLS buffers.
-    zero3 = dataclasses.replace(FSDP8, fsdp=None, zero_stage=3)
-    barrier, engine = nccl_bill(zero3, H100).communicators
+    zero2 = dataclasses.replace(FSDP8, fsdp=None, zero_stage=2)
+    barrier, engine = nccl_bill(zero2, H100).communicators
     assert (barrier.group.use, engine.group.use) == ("barrier", "all")
     assert barrier.nvls == 0 and barrier.ring == engine.ring == 24 * 12 * MiB
     assert engine.total == 774 * MiB and barrier.total == 774 * MiB - 256 * MiB
+    # ZeRO-3: transformers' from_pretrained runs deepspeed.zero.Init without a data_parallel_group, so the
+    # parameters are all-gathered on the world group (partition_parameters.py): both communicators are used in full
+    zero3 = dataclasses.replace(zero2, zero_stage=3)
+    assert [c.total for c in nccl_bill(zero3, H100).communicators] == [774 * MiB, 774 * MiB]
 
 
 def test_across_nodes_the_tree_is_connected() -> None:

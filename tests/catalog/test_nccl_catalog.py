@@ -42,5 +42,5 @@ def test_placed_gpus_exist_and_have_channel_counts(key: str) -> None:
 
 
 def test_every_engine_has_the_default_group() -> None:
-    for engine in ("ddp", "fsdp", "fsdp_hybrid", "deepspeed"):
+    for engine in ("ddp", "fsdp", "fsdp_hybrid", "deepspeed", "deepspeed_zero3"):
         assert engine_groups(engine)[0].ranks == "world"

@@ -105,7 +105,7 @@ def pair_bytes(f: NcclFigures, *, simple_bytes: int | None = None, read: bool = 
 
 def _engine(train: TrainSpec) -> str:
     if train.zero_stage:
-        return "deepspeed"
+        return "deepspeed_zero3" if train.zero_stage == 3 else "deepspeed"
     if train.fsdp is Sharding.HYBRID_SHARD:
         return "fsdp_hybrid"
     return "fsdp" if train.fsdp is not None else "ddp"

@@ -154,7 +154,8 @@ def topology(gpu_key: str | None, arch: str | None) -> Topology:
 
 
 def engine_groups(engine: str) -> tuple[GroupUse, ...]:
-    """The process groups ``engine`` (``ddp``, ``fsdp``, ``fsdp_hybrid``, ``deepspeed``) has NCCL run on.
+    """The process groups ``engine`` (``ddp``, ``fsdp``, ``fsdp_hybrid``, ``deepspeed``, ``deepspeed_zero3``) has NCCL
+    run on.
 
     >>> [g.use for g in engine_groups("deepspeed")]
     ['barrier', 'all']
