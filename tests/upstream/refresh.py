@@ -45,9 +45,7 @@ def blob_id(data: bytes) -> str:
 
 def corpus_files(framework: str) -> list[str]:
     root = HERE / framework
-    return sorted(
-        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.name.startswith(".")
-    )
+    return sorted(p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and not p.name.startswith("."))
 
 
 def _git(clone: Path, *args: str) -> bytes:
