@@ -246,6 +246,7 @@ class Expect:
     zero: int | None = None
     """DeepSpeed ZeRO stage of the config the file names (the distributed engine reads ``zero-N``)."""
     world_size: int | None = None
+    dora: bool | None = None
 
 
 EXPECT: dict[str, Expect] = {
@@ -402,6 +403,19 @@ EXPECT: dict[str, Expect] = {
         quant_bits=4,
         lora_rank=8,
     ),
+    # llama3/8B_qdora_single_device.yaml: lora_llama3_8b with use_dora: True and quantize_base: True (QDoRA: the
+    # qlora_* builders are this builder with quantize_base=True), lora_rank 8, batch 2, accumulation 8, bf16
+    "torchtune/recipes/configs/llama3/8B_qdora_single_device.yaml": Expect(
+        method="qlora",
+        precision="bf16-true",
+        micro_batch=2,
+        seq_len=2048,
+        grad_accum=8,
+        grad_ckpt=True,
+        quant_bits=4,
+        lora_rank=8,
+        dora=True,
+    ),
     # qwen3/4B_full_single_device.yaml: qwen3_4b_instruct (full), batch_size 2, accumulation 1, dtype bf16, fused
     # AdamW, activation checkpointing true, max_seq_len null (vramledger's default length, with a warning)
     "torchtune/recipes/configs/qwen3/4B_full_single_device.yaml": Expect(
@@ -503,6 +517,7 @@ def test_estimate_reads_what_the_file_says(run_id: str) -> None:
         lora_rank=s["lora"]["rank"] if "lora" in s else None,
         zero=_zero_stage(s) if want.zero is not None else None,
         world_size=s["distributed"]["world_size"] if want.world_size is not None else None,
+        dora=s["lora"]["dora"] if want.dora is not None else None,
     )
     print(f"expected {want}\ngot      {got}")
     assert got == want

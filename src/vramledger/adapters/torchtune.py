@@ -130,7 +130,9 @@ TOGGLES = (
 def load(r: Reader) -> str | None:
     builder, model = _component(r.value("model"), "model", r)
     name = builder.rsplit(".", 1)[-1]
-    qlora = name.startswith("qlora_")
+    # models/llama3/_model_builders.py: qlora_llama3_8b = partial(lora_llama3_8b, quantize_base=True), so a lora_*
+    # builder given quantize_base: True (the QDoRA recipes, llama3/8B_qdora_single_device.yaml) is QLoRA too
+    qlora = name.startswith("qlora_") or (name.startswith("lora_") and model.get("quantize_base") is True)
     lora = qlora or name.startswith("lora_")
     base = name.split("_", 1)[1] if lora else name
     model_name = _model_name(r, base)
