@@ -77,6 +77,8 @@ def write_sources() -> None:
         "Verbatim copies of example configs of four fine-tuning frameworks, at the upstream path, taken from the",
         "commit below; `refresh.py` rewrites this file. Blob: the git object id of the content (`git hash-object`),",
         "equal to the upstream file's at that commit (`git ls-tree <commit> <path>`); `test_corpus.py` checks it.",
+        "Each folder carries its repository's LICENSE, as both licences ask of copies (Apache-2.0 §4(a), BSD-3-Clause",
+        "clause 1).",
         "",
     ]
     for framework, up in UPSTREAMS.items():

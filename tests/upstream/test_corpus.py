@@ -582,13 +582,21 @@ def test_every_file_is_verbatim_with_its_source() -> None:
         assert blob_id((HERE / name).read_bytes()) == blob, f"{name} differs from its upstream copy"
 
 
+@pytest.mark.parametrize("framework", sorted(UPSTREAMS))
+def test_the_licence_recorded_is_the_licence_copied(framework: str) -> None:
+    first = (HERE / framework / "LICENSE").read_text().strip().splitlines()[0].strip()
+    spdx = {"Apache License": "Apache-2.0", "BSD 3-Clause License": "BSD-3-Clause"}[first]
+    assert UPSTREAMS[framework].licence == spdx
+
+
 def test_every_file_is_run_or_used_by_a_run() -> None:
     """Each file is a config some run estimates, or a support file: named by a config or a run's arguments
-    (DeepSpeed JSON, accelerate YAML), or a launch script that names a config of the corpus."""
+    (DeepSpeed JSON, accelerate YAML), or a launch script that names a config of the corpus; and each repository's
+    LICENSE, which both licences ask to pass on with copies (Apache-2.0 §4(a); BSD-3-Clause, clause 1)."""
     configs = {f"{r.framework}/{r.config}" for r in RUNS}
     support = {f"{fw}/{p}" for fw, paths in SUPPORT.items() for p in paths}
     here = {f"{fw}/{rel}" for fw in UPSTREAMS for rel in corpus_files(fw)}
-    assert here == configs | support
+    assert here == configs | support | {f"{fw}/LICENSE" for fw in UPSTREAMS}
     text = {name: (HERE / name).read_text() for name in here}
     for name in support:
         framework, rel = name.split("/", 1)
