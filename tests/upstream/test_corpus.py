@@ -208,7 +208,7 @@ FAILS: dict[str, tuple[str, str]] = {
         "LLaMA-Factory's OFT path (finetuning_type: oft) is not mapped to a TrainSpec method",
     ),
     "axolotl/examples/qwen2_5-vl/lora-7b.yaml": (
-        "lora_target_modules 'model.language_model.layers.[\\\\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)"
+        "lora_target_modules 'model.language_model.layers.[\\d]+.(mlp|cross_attn|self_attn).(up|down|gate|q|k|v|o)"
         "_proj' is a regular expression",
         "a regex target (PEFT matches it against whole module names, here: the language model only, not the vision "
         "tower) is not evaluated; naming the modules is not equivalent on a VLM, whose vision MLP has the same names",

@@ -239,7 +239,7 @@ def _lora(r: Reader, adapter: str) -> None:
         # loaders/adapter.py _build_peft_lora_config hands a string to PEFT's LoraConfig as it is, and PEFT
         # matches a string in full against every module's name (tuners_utils.py check_target_module_exists)
         raise VramledgerError(
-            f"{r.source}: lora_target_modules {raw_targets!r} is a regular expression (PEFT matches it against whole "
+            f"{r.source}: lora_target_modules '{raw_targets}' is a regular expression (PEFT matches it against whole "
             "module names), which vramledger does not evaluate; name the modules it selects instead, e.g. "
             "lora_target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
         )
