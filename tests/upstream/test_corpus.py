@@ -4,9 +4,11 @@
 torchtune at the upstream paths (SOURCES.md: repository, commit, licence and git blob id of each). Each run below is
 ``vramledger estimate --config FILE [ARGS]`` from the framework's root folder, as its docs launch it (relative
 DeepSpeed/accelerate paths resolve there), in process, with an empty Hugging Face cache: it must estimate without
-error, or fail with the one-line error and the reason written in ``FAILS``. For the files in ``EXPECT`` the
-estimate must also say what the file says (model, method, precision, shapes), values read from the files by hand.
-For every run the model the estimate names must be the model the file names.
+error, or fail with the one-line error and the reason written in ``FAILS``. For every run the model the estimate
+names must be the model the file names. For the files in ``EXPECT`` the estimate must also say what the file says
+(method, precision, shapes, optimizer…), values read from the files by hand; for those in ``WARNS`` it must say
+aloud what it leaves out. Every file must be byte for byte the upstream one (its git blob id, SOURCES.md).
+docs/upstream.md explains the corpus and how to refresh it.
 """
 
 from __future__ import annotations
