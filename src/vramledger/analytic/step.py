@@ -35,6 +35,7 @@ from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
+from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
@@ -240,4 +241,5 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
                                   label="cached, not allocated", source=source, basis=basis))
         items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=cuda_context_bytes(gpu),
                               label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
+    items.extend(nccl_lines(train, gpu, mos))  # several GPUs: NCCL's communicators, outside the allocator
     return tuple(items), names
