@@ -180,3 +180,12 @@ def test_llamafactory_hub_adapter_is_said_and_skipped(tmp_path: Path, capsys: py
     doc = json.loads(out)
     assert "settings" in doc and "peft_config" not in doc["settings"]
     assert any("not a local adapter folder (nothing is downloaded)" in w for w in doc["warnings"])
+
+
+def test_convert_refuses_a_method_the_frameworks_keys_cannot_say(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = write(tmp_path, {"peft_type": "IA3"})
+    code, out, err = run(capsys, "convert", "llama-3.2-1b", "--peft-config", str(path), "--to", "llamafactory")
+    assert code == 2 and out == ""
+    assert "the PEFT method IA3 (--peft-config) cannot be written as a llamafactory config" in err
