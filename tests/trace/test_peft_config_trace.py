@@ -71,3 +71,48 @@ def test_estimated_activations_match_the_trace(name: str) -> None:
     traced, estimated = _activations(trace_step(m, train)), _activations(estimate(m, train))
     print(name, "trace", traced, "estimate", estimated, "ratio", estimated / traced)
     assert estimated == pytest.approx(traced, rel=0.01)
+
+
+NAMED_TARGETS = {  # PEFT has per-model default targets for some methods only (utils/constants.py): name them
+    "ia3": {
+        "peft_type": "IA3",
+        "target_modules": ["k_proj", "v_proj", "down_proj"],
+        "feedforward_modules": ["down_proj"],
+    },
+    "loha": METHODS["loha"],
+    "prefix-tuning": METHODS["prefix-tuning"],
+    "adalora": METHODS["adalora"],
+}
+
+
+@pytest.mark.parametrize("name", list(NAMED_TARGETS))
+def test_model_without_formulas_counts_with_peft_on_the_meta_device(name: str) -> None:
+    # A model spec built on the meta device (catalog/inventory.py), as for a family without formulas: the estimate
+    # takes PEFT's own count there, which must equal PEFT's count on a real CPU model, and the trace's.
+    import copy
+    import warnings
+
+    import torch
+    from peft import get_peft_config, get_peft_model
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from tests.catalog.test_meta_inventory import TINY
+    from vramledger.catalog.inventory import generic_model_spec
+
+    config = TINY["glm4"]
+    _, train = spec_for(config, NAMED_TARGETS[name], seq=16)
+    m = generic_model_spec(config, name="tiny-glm4", source="test")  # built on the meta device, no formula
+    assert m.inventory is not None
+    torch.manual_seed(0)
+    fields = {k: v for k, v in config.items() if k != "model_type"}
+    real = AutoModelForCausalLM.from_config(AutoConfig.for_model("glm4", **fields))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        peft_model = get_peft_model(
+            copy.deepcopy(real), get_peft_config({"task_type": "CAUSAL_LM", **NAMED_TARGETS[name]})
+        )
+    truth = int(peft_model.get_nb_trainable_parameters()[0])
+    estimated = estimate(m, train)
+    assert estimated.trainable_params == truth
+    assert trace_step(m, train).trainable_params == truth
+    assert any("PEFT's own count, on the meta device" in w for w in estimated.warnings)

@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 from vramledger.analytic.params import Linear, in_layers, layer_linears
@@ -131,6 +132,37 @@ def _buffer_bytes(m: ModelSpec, count: PeftCount, cfg: dict[str, Any], *, boft_f
     return 0
 
 
+def method_count(m: ModelSpec, train: TrainSpec) -> PeftCount:
+    """The method's trainable parameters: from its shapes (peft_methods.py) on a model with formulas, else from
+    PEFT itself on the meta device (targets then unnamed)."""
+    if m.inventory is None:
+        return peft_trainable(m, config_of(train))
+    assert train.peft_config is not None and train.peft_type is not None
+    n = _meta_count(m.inventory.config_json, train.peft_config)
+    return PeftCount(peft_type=train.peft_type, trainable_params=n, targets=())
+
+
+@lru_cache(maxsize=64)
+def _meta_count(config_json: str, peft_config: str) -> int:
+    """PEFT 0.21's own count (``get_nb_trainable_parameters``) of the method on the model built on the meta
+    device (catalog/inventory.py) and wrapped by ``get_peft_model`` (trace/build.py ``apply_peft_config``).
+    AdaLoRA's ``ranknum`` is left out: only on the meta device does PEFT make it require grad (trace/build.py)."""
+    import warnings
+
+    import torch
+
+    from vramledger.catalog.inventory import build_meta_model, hf_config_object
+    from vramledger.trace.build import apply_peft_config
+
+    hf_cfg = hf_config_object(json.loads(config_json), "model")
+    with warnings.catch_warnings(), torch.device("meta"):
+        warnings.simplefilter("ignore")
+        peft_model = apply_peft_config(
+            build_meta_model(hf_cfg, where="model"), json.loads(peft_config), adapter_fp32=True
+        )
+    return sum(p.numel() for n, p in peft_model.named_parameters() if p.requires_grad and ".ranknum." not in n)
+
+
 def check_lora_fields(cfg: dict[str, Any]) -> None:
     """A LoRA config goes through the LoRA formulas (``LoraSpec``); refuse fields they cannot take."""
     for key in _LORA_UNMODELLED:
@@ -162,7 +194,7 @@ def peft_weights(m: ModelSpec, train: TrainSpec, *, boft_fbd_cuda: bool = True) 
             f"peft config: modules_to_save with {peft_type} is not modelled by `estimate`; "
             "`vramledger trace --peft-config` runs it"
         )
-    count = peft_trainable(m, cfg, boft_fbd_cuda=boft_fbd_cuda)
+    count = peft_trainable(m, cfg, boft_fbd_cuda=boft_fbd_cuda) if m.inventory is None else method_count(m, train)
     return PeftWeights(
         count=count,
         trainable_dtype=_adapter_dtype(train, peft_type),
@@ -189,7 +221,7 @@ def peft_activation_parts(
     (activations.py). Tensors saved once per layer (not per token) are spread over the micro-batch's tokens,
     rounded up."""
     peft_type = train.peft_type
-    if peft_type in (None, "LORA") or peft_type in PROMPT_METHODS:
+    if peft_type in (None, "LORA") or peft_type in PROMPT_METHODS or m.inventory is not None:
         return []
     cfg = config_of(train)
     count = peft_trainable(m, cfg)
@@ -288,19 +320,20 @@ def peft_basis(m: ModelSpec, train: TrainSpec) -> str | None:
     peft_type = train.peft_type
     if peft_type in (None, "LORA"):
         return None
-    count = peft_trainable(m, config_of(train))
+    count = method_count(m, train)
     where = (
-        f"on {len(count.targets)} module kinds ({', '.join(count.targets)}) of every layer"
+        f"on {len(count.targets)} module kinds ({', '.join(count.targets)}) of every layer, from its parameter shapes"
         if count.targets
-        else ("in its prompt encoder")
+        else "in its prompt encoder"
     )
     acts = {
         "PREFIX_TUNING": "activations add the virtual tokens' keys and values in every layer",
         "PROMPT_TUNING": "activations, logits and loss run the virtual tokens too",
         "P_TUNING": "activations, logits and loss run the virtual tokens too",
     }.get(peft_type, "activations add each adapter's saved tensors where PEFT's forward is simple")
-    built = " (not the delta weight each forward builds)" if peft_type in ("LOHA", "LOKR", "BOFT") else ""
+    if m.inventory is not None:
+        where, acts = "(PEFT's own count, on the meta device)", "activations are the base model's without the adapters'"
     return (
-        f"{peft_type} (PEFT 0.21): {count.trainable_params:,} trainable parameters {where}, from the method's "
-        f"parameter shapes; {acts}{built}; `vramledger trace --peft-config` gives the exact activations"
+        f"{peft_type} (PEFT 0.21): {count.trainable_params:,} trainable parameters {where}; {acts}; "
+        "`vramledger trace --peft-config` gives the exact activations"
     )
