@@ -72,6 +72,15 @@ def test_full_fine_tuning_under_no_sync_keeps_the_whole_model_gradient() -> None
     assert _grads(ledger, Phase.FORWARD) == 2 * P8B  # every parameter's bf16 gradient, unsharded
     assert _grads(ledger, Phase.BACKWARD) == 2 * P8B  # the root's own unsharded-gradient line is inside it
     assert _grads(ledger, Phase.OPTIMIZER) == -(-2 * P8B // 4)
+    # the end of backward: the root unit's new gradient, its pieces (embedding and untied head, V·H each) and their
+    # concatenation (2·V·H + H), 2·u·E_root, less the embedding's piece that the single-GPU step already counts
+    V, H = 128256, 4096
+    root = 2 * V * H + H
+    assert ledger.moments[Phase.BACKWARD].startswith("end of backward")
+    new_grad = sum(
+        i.bytes for i in ledger.items if i.phase is Phase.BACKWARD and i.label.startswith("root unit's new gradient")
+    )
+    assert new_grad == 2 * 2 * root - 2 * V * H
     # bf16 shard of weights (2·P/4) + AdamW states (4·P/4) + unsharded gradients (2·P): over a 24 GB A10G before
     # any activation, as LitGPT's table reports (OOM on 4 x A10G)
     assert 2 * P8B // 4 + 4 * P8B // 4 + 2 * P8B > 24e9
@@ -143,5 +152,109 @@ def test_real_fsdp1_keeps_unsharded_flat_gradients_inside_no_sync() -> None:
         model(x).sum().backward()  # the synchronising micro-step: reduce-scatter to the shard
         print("after the sync:", grad_numels())
         assert sorted(grad_numels()) == [0, unit // world, unit // world, unit // world]
+    finally:
+        dist.destroy_process_group()
+
+
+def test_real_fsdp1_root_gradient_is_concatenated_beside_the_kept_one() -> None:
+    """The root transient of analytic/fsdp_no_sync.py on PyTorch's FSDP1 (rank 0 of 4, fake process group, CPU,
+    bf16): a LitGPT-shaped model (embedding, Block units, final norm, untied head), fully trained, a second
+    ``no_sync`` micro-step profiled with PyTorch's memory profiler. At its peak the autograd temporaries are the
+    root's gradient pieces (embedding and head, V·H each) and their concatenation (the unit, 2·V·H + 2·H): 2·u·E_root,
+    beside the kept unsharded gradients of the whole model."""
+    torch = pytest.importorskip("torch")
+    import warnings
+
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import ShardingStrategy
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+    from torch.profiler import ProfilerActivity, profile
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    V, H, T, world = 8192, 256, 64, 4
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.lin = nn.ModuleList(nn.Linear(H, H, bias=False) for _ in range(4))
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            for lin in self.lin:
+                x = x + lin(x)
+            return x
+
+    class GPT(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.wte = nn.Embedding(V, H)
+            self.h = nn.ModuleList([Block(), Block()])
+            self.ln_f = nn.LayerNorm(H)
+            self.lm_head = nn.Linear(H, V, bias=False)
+
+        def forward(self, idx):  # type: ignore[no-untyped-def]
+            x = self.wte(idx)
+            for block in self.h:
+                x = block(x)
+            return self.lm_head(self.ln_f(x))
+
+    if dist.is_initialized():
+        pytest.skip("a process group already exists in this process")
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model = FSDP(
+                GPT().to(torch.bfloat16),
+                auto_wrap_policy=ModuleWrapPolicy({Block}),
+                sharding_strategy=ShardingStrategy.FULL_SHARD,
+                device_id=torch.device("cpu"),
+                use_orig_params=True,
+            )
+        idx = torch.randint(0, V, (1, T))
+
+        def micro_step() -> None:
+            with model.no_sync():
+                logits = model(idx)
+                torch.nn.functional.cross_entropy(logits.float().view(-1, V), idx.view(-1)).backward()
+
+        micro_step()  # the first creates the unsharded gradients
+        with profile(activities=[ProfilerActivity.CPU], profile_memory=True, record_shapes=True, with_stack=True) as p:
+            micro_step()
+        try:
+            from torch.profiler._memory_profiler import Action
+            from torch.profiler._memory_profiler import Category as MemCategory
+
+            memory = p._memory_profile()
+            timeline, categories = memory.timeline, memory._categories
+        except (ImportError, AttributeError):  # pragma: no cover - a private API
+            pytest.skip("this torch has no memory profiler timeline")
+        live: dict = {}  # type: ignore[type-arg]
+        cur = peak = 0
+        at_peak: dict = {}  # type: ignore[type-arg]
+        for _t, action, (key, version), size in timeline:
+            if action in (Action.PREEXISTING, Action.CREATE):
+                live[key] = (version, size)
+                cur += size
+            elif action is Action.DESTROY:
+                cur -= live.pop(key, (version, size))[1]
+            elif action is Action.INCREMENT_VERSION and key in live:
+                live[key] = (version, live[key][1])
+            if cur > peak:
+                peak, at_peak = cur, dict(live)
+        temps = sum(
+            size
+            for key, (version, size) in at_peak.items()
+            if categories.get(key, version) is MemCategory.AUTOGRAD_DETAIL
+        )
+        grads = sum(
+            size for key, (version, size) in at_peak.items() if categories.get(key, version) is MemCategory.GRADIENT
+        )
+        root = 2 * V * H + 2 * H  # embedding, head, final norm's weight and bias
+        whole = root + 2 * 4 * H * H
+        print("autograd temporaries at the peak", temps, "expected", 2 * 2 * root, "; kept gradients", grads, 2 * whole)
+        assert grads == 2 * whole
+        assert abs(temps - 2 * 2 * root) <= 0.01 * 2 * 2 * root
     finally:
         dist.destroy_process_group()

@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_no_sync import keeps_unsharded_grads, no_sync_buffer
+from vramledger.analytic.fsdp_no_sync import keeps_unsharded_grads, no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_params
 from vramledger.analytic.rank import (
     ALL_PHASES,
@@ -231,11 +231,11 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
             )
         )
         frozen_r = trainable_r = grads_r = states_r = temp_r = 0
-    kept = no_sync_buffer(  # FSDP1 + accumulation (analytic/fsdp_no_sync.py); offload leaves these on the GPU too
+    kept = no_sync_buffers(  # FSDP1 + accumulation (analytic/fsdp_no_sync.py); offload leaves these on the GPU too
         train, wb, u=u, sharded_grad_bytes=grads_r, layer_elements=layer, root_elements=root, whole_units=whole_units
     )
-    if kept is not None:
-        buffers.append(kept)
+    if kept:
+        buffers.extend(kept)
         notes.append(NO_SYNC_NOTE)
     return RankParts(
         engine=engine_name(train),

@@ -34,21 +34,37 @@ runs on a fake process group):
   same ``module.no_sync()`` in 2.3.0.dev20240328 (l. 785); LitGPT 8641822 finetune/lora.py l. 215 and 43c44323
   litgpt/finetune/full.py l. 228 (``with fabric.no_backward_sync(model, enabled=is_accumulating)``).
 
+The root unit's new gradient at the end of backward. With ``use_orig_params=True`` the module's parameters are
+views of the unsharded flat parameter (flat_param.py ``_use_unsharded_views``: ``torch.split`` then ``view``), so
+autograd holds each view's gradient until the last one, the embedding's, is computed, then concatenates them
+(``SplitWithSizesBackward0`` → ``cat``, a new tensor of the unit's size) and adds that into the kept ``.grad``:
+2·u·E_root live at once beside the kept gradients (the output layer's and the embedding's pieces, and the
+concatenation). analytic/step.py already counts the embedding's piece on an accumulating step ("embedding gradient
+before accumulation"), so the buffer here is the rest. Seen on PyTorch's FSDP1 with a root of 2·V·H elements:
+the memory profiler's autograd temporaries at the peak of a ``no_sync`` micro-step are 2·u·E_root
+(tests/analytic/test_fsdp_no_sync.py).
+
 Not modelled: FSDP2's ``set_requires_gradient_sync(False)`` (accelerate's FSDP2 path), which keeps unsharded
-gradients of the trainable parameters alone; one unit's transient gradient pieces before they are accumulated.
+gradients of the trainable parameters alone; the same split-and-concatenate transient of a decoder layer's unit
+(2·u·E_layer inside that layer's backward, below the activations it frees).
 """
 
 from __future__ import annotations
 
 from vramledger.analytic.rank import FWD_BWD, Buffer
 from vramledger.analytic.weights import WeightBudget
-from vramledger.ledger import Category
+from vramledger.ledger import Category, Phase
 from vramledger.specs import TrainSpec
 
 SOURCE = (
     "torch fsdp FullyShardedDataParallel.no_sync (Fabric no_backward_sync, accelerate accumulate) and "
     "_runtime_utils.py _post_backward_hook: no reduce-scatter, flat_param.grad stays the unit's unsharded gradient "
     "until the synchronising micro-step"
+)
+ROOT_SOURCE = (
+    "torch fsdp flat_param.py _use_unsharded_views (parameters as split views of the flat parameter): "
+    "SplitWithSizesBackward0 holds every view's gradient until the embedding's, then cat into one unit-sized "
+    "gradient that AccumulateGrad adds into the kept one"
 )
 NOTE = (
     "FSDP1 with gradient accumulation: the micro-steps run inside no_sync (Fabric's no_backward_sync, accelerate's "
@@ -81,12 +97,17 @@ def kept_gradient_elements(
         return wb.trainable_params
     per_layer_trainable = sum(a.params for a in wb.adapted) if train.adapters else layer_elements
     in_layers = wb.trainable_layers * per_layer_trainable
-    root_trains = wb.embedding_trainable or wb.head_trainable or (train.lora is not None and train.lora.head)
-    root = root_elements + (wb.trainable_params - in_layers) if root_trains else 0
+    root = root_elements + (wb.trainable_params - in_layers) if root_trains(train, wb) else 0
     return wb.trainable_layers * layer_elements + root
 
 
-def no_sync_buffer(
+def root_trains(train: TrainSpec, wb: WeightBudget) -> bool:
+    """Whether the root unit's flat parameter requires grad: a trainable embedding or output layer, or an adapter
+    on the output layer flattened with it."""
+    return wb.embedding_trainable or wb.head_trainable or (train.lora is not None and train.lora.head)
+
+
+def no_sync_buffers(
     train: TrainSpec,
     wb: WeightBudget,
     *,
@@ -95,9 +116,10 @@ def no_sync_buffer(
     layer_elements: int,
     root_elements: int,
     whole_units: bool,
-) -> Buffer | None:
-    """The unsharded gradients beyond the rank's sharded gradient, live in forward and backward; None when the run
-    does not accumulate under FSDP1.
+) -> tuple[Buffer, ...]:
+    """The unsharded gradients beyond the rank's sharded gradient, live in forward and backward, and the root
+    unit's new gradient at the end of backward (module docstring); none when the run does not accumulate under
+    FSDP1.
 
     >>> from vramledger.specs import Method, Precision, Sharding, TrainSpec
     >>> keeps_unsharded_grads(TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=2,
@@ -105,16 +127,32 @@ def no_sync_buffer(
     False
     """
     if not keeps_unsharded_grads(train):
-        return None
+        return ()
     kept = u * kept_gradient_elements(
         train, wb, layer_elements=layer_elements, root_elements=root_elements, whole_units=whole_units
     )
-    if kept <= sharded_grad_bytes:
-        return None
-    return Buffer(
-        label="unsharded gradients kept across accumulation micro-steps (FSDP1 no_sync), beyond the shard",
-        category=Category.GRADIENTS,
-        bytes=kept - sharded_grad_bytes,
-        phases=FWD_BWD,
-        source=SOURCE,
-    )
+    out = []
+    if kept > sharded_grad_bytes:
+        out.append(
+            Buffer(
+                label="unsharded gradients kept across accumulation micro-steps (FSDP1 no_sync), beyond the shard",
+                category=Category.GRADIENTS,
+                bytes=kept - sharded_grad_bytes,
+                phases=FWD_BWD,
+                source=SOURCE,
+            )
+        )
+    if root_trains(train, wb):
+        # step.py's "embedding gradient before accumulation" is the embedding's piece (accumulating, trainable)
+        counted = wb.lm_head_weight_numel * wb.trainable_dtype.bytes if wb.embedding_trainable else 0
+        out.append(
+            Buffer(
+                label="root unit's new gradient: the output layer's piece and the concatenation (FSDP1 flat views)",
+                category=Category.TEMPORARIES,
+                bytes=max(0, 2 * u * root_elements - counted),
+                phases=frozenset((Phase.BACKWARD,)),
+                source=ROOT_SOURCE,
+                at_end_of_backward=True,
+            )
+        )
+    return tuple(out)

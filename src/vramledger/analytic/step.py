@@ -212,6 +212,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
                   "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
                   "(tied lm_head, or an earlier micro-step)")
     cands.append(b_end)
+    for mo in cands:  # the engine's buffers before the choice: some live only at the end of backward
+        add_buffers(mo, Phase.BACKWARD, p.buffers)
     out[Phase.BACKWARD] = max(cands, key=lambda mo: mo.total)
 
     opt = Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""),
@@ -220,7 +222,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
     for phase, mo in out.items():
-        add_buffers(mo, phase, p.buffers)
+        if phase is not Phase.BACKWARD:
+            add_buffers(mo, phase, p.buffers)
     out.update(eval_moments(m, train, p))
     return out
 
