@@ -31,6 +31,7 @@ from vramledger.analytic.activations import (
 )
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
+from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
@@ -58,7 +59,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     n_tl = wb.trainable_layers
     n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
     la = layer_activations(m, train, wb)
-    layer_bytes = la.per_token * T
+    layer_bytes = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
     layer_scores = la.scores_per_seq * B
     if train.grad_ckpt:
         saved_layers = n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T
