@@ -33,16 +33,26 @@ def map_old_state_dict_weights(state_dict, mapping, prefix):
 """
 
 
-def _extract(checkout: Path, commit: str, into: Path) -> None:
-    pkg = into / "litgpt"
+def _extract(checkout: Path, commit: str, into: Path) -> str:
+    """Write the package at ``commit`` into ``into``; returns its name (``litgpt``, or ``lit_gpt`` before 2024-03)."""
+    names = subprocess.run(
+        ["git", "-C", str(checkout), "ls-tree", "--name-only", commit], check=True, capture_output=True, text=True
+    ).stdout.split()
+    package = "litgpt" if "litgpt" in names else "lit_gpt"
+    pkg = into / package
     pkg.mkdir()
-    for name in ("model.py", "config.py", "lora.py"):
-        text = subprocess.run(
-            ["git", "-C", str(checkout), "show", f"{commit}:litgpt/{name}"], check=True, capture_output=True, text=True
-        ).stdout
-        (pkg / name).write_text(text)
-    (pkg / "__init__.py").write_text("from litgpt.model import GPT\nfrom litgpt.config import Config\n")
-    (pkg / "utils.py").write_text(_UTILS)
+    for name in ("model.py", "config.py", "lora.py", "rmsnorm.py"):
+        show = subprocess.run(
+            ["git", "-C", str(checkout), "show", f"{commit}:{package}/{name}"], capture_output=True, text=True
+        )
+        if show.returncode == 0:
+            text = show.stdout.replace("from lightning_utilities.core.imports import RequirementCache", "")
+            text = text.replace('bool(RequirementCache("flash-attn>=2.0.0.post1"))', "False")  # no flash-attn
+            (pkg / name).write_text(text)
+    init = f"from {package}.model import GPT\nfrom {package}.config import Config\n"
+    (pkg / "__init__.py").write_text(init)
+    (pkg / "utils.py").write_text("from typing import Dict, Mapping\n" + _UTILS)
+    return package
 
 
 def saved_bytes(out: Any, exclude: set[int]) -> int:
@@ -70,31 +80,73 @@ def saved_bytes(out: Any, exclude: set[int]) -> int:
     return sum(seen.values())
 
 
-def measure(*, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> tuple[int, int]:
+def measure(package: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> tuple[int, int]:
     """(LitGPT bytes, transformers + PEFT bytes) saved by one layer, B=2, T=64, H=256, head 32, bf16."""
-    import litgpt.lora as lit
+    import importlib
+
     import torch
-    from litgpt.model import build_rope_cache
     from peft import LoraConfig, inject_adapter_in_model
     from transformers import LlamaConfig
     from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
 
     b, t, h, hd, inter, r, dt = 2, 64, 256, 32, 512, 4, torch.bfloat16
     torch.manual_seed(0)
-    cfg = lit.Config(
-        n_embd=h, n_head=heads, n_query_groups=kv_heads, head_size=hd, intermediate_size=inter, n_layer=1,
-        block_size=t, padded_vocab_size=64, vocab_size=64, bias=False, mlp_class_name="LLaMAMLP",
-        norm_class_name="RMSNorm", parallel_residual=False, rotary_percentage=1.0, lora_r=r, lora_alpha=16,
-        lora_dropout=dropout, lora_query=True, lora_key=all_targets, lora_value=True, lora_projection=all_targets,
-        lora_mlp=all_targets,
-    )  # fmt: skip
+    lit = importlib.import_module(f"{package}.lora")
+    build_rope_cache = importlib.import_module(f"{package}.model").build_rope_cache
+    shape = dict(
+        n_embd=h,
+        n_head=heads,
+        n_query_groups=kv_heads,
+        intermediate_size=inter,
+        n_layer=1,
+        block_size=t,
+        padded_vocab_size=64,
+        vocab_size=64,
+        bias=False,
+        parallel_residual=False,
+        rotary_percentage=1.0,
+    )
+    if package == "litgpt":
+        cfg = lit.Config(
+            **shape,
+            head_size=hd,
+            mlp_class_name="LLaMAMLP",
+            norm_class_name="RMSNorm",
+            lora_r=r,
+            lora_alpha=16,
+            lora_dropout=dropout,
+            lora_query=True,
+            lora_key=all_targets,
+            lora_value=True,
+            lora_projection=all_targets,
+            lora_mlp=all_targets,
+        )
+    else:  # lit-gpt 2023: head_size = n_embd // n_head, private class names, short LoRA names
+        cfg = lit.Config(
+            **shape,
+            _mlp_class="LLaMAMLP",
+            _norm_class="RMSNorm",
+            r=r,
+            alpha=16,
+            dropout=dropout,
+            to_query=True,
+            to_key=all_targets,
+            to_value=True,
+            to_projection=all_targets,
+            to_mlp=all_targets,
+        )
+    # fmt: skip
     try:
         block = lit.Block(cfg, 0)
     except TypeError:  # before Gemma 2 (litgpt 916a84ca) Block took no index
         block = lit.Block(cfg)
     block = block.to(dt)
     lit.mark_only_lora_as_trainable(block)
-    cos, sin = (c.to(dt) for c in build_rope_cache(t, cfg.rope_n_elem))
+    try:
+        cos, sin = build_rope_cache(t, cfg.rope_n_elem)
+    except TypeError:  # lit-gpt 2023 takes the dtype
+        cos, sin = build_rope_cache(t, cfg.rope_n_elem, dtype=dt)
+    cos, sin = cos.to(dt), sin.to(dt)
     x = torch.randn(b, t, h, dtype=dt, requires_grad=True)
     exclude = {p.untyped_storage().data_ptr() for p in block.parameters()}
     exclude |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
@@ -119,7 +171,7 @@ def measure(*, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> 
     return n_lit, n_hf
 
 
-def analytic(*, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> int:
+def analytic(code: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> int:
     """analytic/litgpt.py's bytes per token for the probe's shapes, with CPU's dropout mask (c bytes, not 1)."""
     from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
     from vramledger.analytic.weights import weight_budget
@@ -132,7 +184,7 @@ def analytic(*, heads: int, kv_heads: int, all_targets: bool, dropout: float) ->
     )  # fmt: skip
     targets = ("all",) if all_targets else ("q_proj", "v_proj")
     train = TrainSpec(
-        method=Method.LORA, precision=Precision.BF16, model_code=ModelCode.LITGPT,
+        method=Method.LORA, precision=Precision.BF16, model_code=ModelCode(code),
         lora=LoraSpec(rank=4, alpha=16, targets=targets, dropout=dropout, adapter_fp32=False),
     )  # fmt: skip
     per_token = litgpt_layer_extra_bytes_per_token(m, train, weight_budget(m, train))
@@ -146,13 +198,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default="43c44323", help="the LitGPT commit to read (default: 43c44323)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        _extract(args.checkout, args.commit, Path(tmp))
+        package = _extract(args.checkout, args.commit, Path(tmp))
+        code = "litgpt" if package == "litgpt" else "lit-gpt-2023"
         sys.path.insert(0, tmp)
-        print(f"litgpt {args.commit}: bytes per token saved beyond transformers + PEFT, one layer (B·T = 128)")
+        print(
+            f"{package} {args.commit} ({code}): bytes per token saved beyond transformers + PEFT, one layer (B·T = 128)"
+        )
         for heads, kv, all_targets, dropout in ((8, 8, False, 0.05), (8, 2, False, 0.05), (8, 2, False, 0.0),
                                                 (8, 8, True, 0.05), (8, 2, True, 0.05)):  # fmt: skip
-            n_lit, n_hf = measure(heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
-            got = analytic(heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
+            n_lit, n_hf = measure(package, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
+            got = analytic(code, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
             print(
                 f"  heads {heads}/{kv} {'all' if all_targets else 'q,v'} dropout {dropout}: measured "
                 f"{(n_lit - n_hf) / 128:+.1f}, analytic/litgpt.py {got:+d}"

@@ -52,6 +52,13 @@ def test_litgpt_layer_extra_by_hand(model, targets, dropout, expected) -> None: 
     assert got == expected
 
 
+def test_lit_gpt_2023_rmsnorm_saves_its_bf16_input() -> None:
+    # lit-gpt 8641822: the same attention and LoRA terms as above for Llama-2-7B (q, v, dropout), and two RMSNorms per
+    # layer that keep their bf16 input where transformers keeps an fp32 copy: − 2·4096·(4 − 2)
+    t = dataclasses.replace(_lora(("q_proj", "v_proj")), model_code=ModelCode.LIT_GPT_2023)
+    assert _extra(L2_7B, t) == (4096 + 4096) * 2 + (4096 + 4096) * 2 - 4096 * 3 - 2 * 4096 * 2
+
+
 def test_transformers_layers_add_nothing_and_full_fine_tuning_keeps_the_attention_terms() -> None:
     assert _extra(L3_8B, _lora(("q_proj", "v_proj"), code=ModelCode.TRANSFORMERS)) == 0
     full = TrainSpec(method=Method.FULL, precision=Precision.BF16, model_code=ModelCode.LITGPT)

@@ -29,8 +29,12 @@ dropout keeps a c-byte mask where CUDA keeps a bool; the formula uses CUDA's. No
 in the first trained layer, whose input needs no grad, the shared dropout keeps no mask (H bytes per
 token once).
 
-Lit-GPT 8641822 (2023-10, the resource tables) ran the same attention but an RMSNorm in the input dtype (the fp32
-upcast came with 6178c7cc, 2023-10-24): it is not this profile; docs/published.md gives its measured difference.
+Lit-GPT 8641822 (2023-10-16, the resource tables; ``ModelCode.LIT_GPT_2023``) ran the same attention and LoRA code
+(``lit_gpt/model.py`` l. 173-232, ``lit_gpt/lora.py``) but ``lit_gpt/rmsnorm.py``'s RMSNorm in the input dtype
+(``x * torch.rsqrt(norm_x + self.eps)`` on x itself; the fp32 upcast came with 6178c7cc, 2023-10-24): each of a
+layer's two norms saves its c-byte input where transformers saves an fp32 copy, 2·H·(4 − c) less. Measured the same
+way (probe ``--commit 8641822``). Not modelled there: the final norm's (H·(4 − c) once) and the first layer's input
+norm, which saves nothing in either when its input needs no grad (H·(4 − c) per token once too many).
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
     >>> litgpt_layer_extra_bytes_per_token(m, t, weight_budget(m, t)) == (4096 + 4096) * 2  # Dq + Dk, bf16
     True
     """
-    if train.model_code is not ModelCode.LITGPT or m.is_moe or m.attn_logit_softcapping:
+    if train.model_code is ModelCode.TRANSFORMERS or m.is_moe or m.attn_logit_softcapping:
         return 0  # softcapped attention (Gemma 2) runs LitGPT's own non-SDPA path: not measured
     c = train.precision.compute.bytes
     nh, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
@@ -70,4 +74,6 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
             extra += sum(width[name] for name in adapted) * c
         if train.lora.dropout > 0 and len(adapted) > 1:
             extra -= (len(adapted) - 1) * m.hidden_size * (c + 1)
+    if train.model_code is ModelCode.LIT_GPT_2023 and not m.norm_bias and c < 4:
+        extra -= 2 * m.hidden_size * (4 - c)  # two RMSNorms saving their c-byte input, not an fp32 copy
     return extra
