@@ -23,6 +23,7 @@ from vramledger.specs import (
     LoraSpec,
     Loss,
     Method,
+    ModelCode,
     ModelSpec,
     Optimizer,
     Precision,
@@ -125,6 +126,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked (default standard)")
     g.add_argument("--packing", action="store_true", default=None,
                    help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
+    g.add_argument("--model-code", type=name,
+                   help="whose decoder layers run: transformers (with PEFT) | litgpt | lit-gpt-2023 "
+                   "(default transformers)")
     g.add_argument("--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"),
                    help="evaluation batch size (adds an eval phase)")
     g.add_argument("--eval-seq", type=count(hi=MAX_TOKENS, what="length"),
@@ -308,6 +312,8 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         value = getattr(args, flag, None)
         if value is not None:
             changes[fld] = value
+    if getattr(args, "model_code", None) is not None:
+        changes["model_code"] = _choice({c.value: c for c in ModelCode}, "--model-code", args.model_code)
     if getattr(args, "eval_logits", None) is not None:
         changes["eval_logits"] = _choice({e.value: e for e in EvalLogits}, "--eval-logits", args.eval_logits)
     method = changes.get("method", base.method)
