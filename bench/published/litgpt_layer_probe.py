@@ -106,36 +106,15 @@ def measure(package: str, *, heads: int, kv_heads: int, all_targets: bool, dropo
         parallel_residual=False,
         rotary_percentage=1.0,
     )
+    lora = {"r": r, "alpha": 16, "dropout": dropout, "query": True, "key": all_targets, "value": True,
+            "projection": all_targets, "mlp": all_targets}  # fmt: skip
     if package == "litgpt":
-        cfg = lit.Config(
-            **shape,
-            head_size=hd,
-            mlp_class_name="LLaMAMLP",
-            norm_class_name="RMSNorm",
-            lora_r=r,
-            lora_alpha=16,
-            lora_dropout=dropout,
-            lora_query=True,
-            lora_key=all_targets,
-            lora_value=True,
-            lora_projection=all_targets,
-            lora_mlp=all_targets,
-        )
+        names = {k: f"lora_{k}" for k in lora}
+        classes = {"head_size": hd, "mlp_class_name": "LLaMAMLP", "norm_class_name": "RMSNorm"}
     else:  # lit-gpt 2023: head_size = n_embd // n_head, private class names, short LoRA names
-        cfg = lit.Config(
-            **shape,
-            _mlp_class="LLaMAMLP",
-            _norm_class="RMSNorm",
-            r=r,
-            alpha=16,
-            dropout=dropout,
-            to_query=True,
-            to_key=all_targets,
-            to_value=True,
-            to_projection=all_targets,
-            to_mlp=all_targets,
-        )
-    # fmt: skip
+        names = {k: k if k in ("r", "alpha", "dropout") else f"to_{k}" for k in lora}
+        classes = {"_mlp_class": "LLaMAMLP", "_norm_class": "RMSNorm"}
+    cfg = lit.Config(**shape, **classes, **{names[k]: v for k, v in lora.items()})
     try:
         block = lit.Block(cfg, 0)
     except TypeError:  # before Gemma 2 (litgpt 916a84ca) Block took no index
