@@ -321,6 +321,11 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         lora = _lora_from_flags(args, base.lora)
         if lora is not None and lora is not base.lora:
             changes["lora"] = lora
+    litgpt = changes.get("model_code", base.model_code) is not ModelCode.TRANSFORMERS
+    if litgpt and method in (Method.LORA, Method.QLORA):
+        lora = changes.get("lora", base.lora) or LoraSpec()  # LitGPT keeps adapters in the model dtype (no upcast)
+        if lora.adapter_fp32:
+            changes["lora"] = dataclasses.replace(lora, adapter_fp32=False)
     if args.quant is not None or args.no_double_quant is not None:
         q = args.quant.strip().lower() if args.quant is not None else "nf4"
         if q not in ("nf4", "fp4", "int8"):
