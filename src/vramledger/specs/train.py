@@ -10,6 +10,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs.cache import CacheKind
 from vramledger.specs.distributed import Sharding, ZeroBuffers
+from vramledger.specs.framework import ModelCode
 from vramledger.specs.load import LoadPath
 
 
@@ -259,6 +260,8 @@ class TrainSpec:
     """``torch.compile``: accepted and estimated as eager, with a stated assumption (analytic/loop.py)."""
     load_path: LoadPath = LoadPath.TRANSFORMERS
     """How a quantised base is put on the GPU (analytic/load.py)."""
+    model_code: ModelCode = ModelCode.TRANSFORMERS
+    """Whose decoder layers run: transformers + PEFT, or LitGPT's own (analytic/litgpt.py)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
