@@ -33,7 +33,7 @@ from dataclasses import replace
 from typing import Any
 
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_no_sync import keeps_unsharded_grads, no_sync_buffers
+from vramledger.analytic.fsdp_no_sync import no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_params
 from vramledger.analytic.rank import (
     ALL_PHASES,
@@ -258,7 +258,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
-    if not root_trained or keeps_unsharded_grads(train):  # under no_sync: inside the kept gradients
+    if not root_trained or train.keeps_unsharded_grads:  # under no_sync: inside the kept gradients
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).

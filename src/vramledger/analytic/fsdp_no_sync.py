@@ -74,17 +74,6 @@ NOTE = (
 )
 
 
-def keeps_unsharded_grads(train: TrainSpec) -> bool:
-    """FSDP1 sharding under gradient accumulation: the accumulating micro-steps run inside ``no_sync``."""
-    return (
-        train.fsdp is not None
-        and train.fsdp.shards_params
-        and train.fsdp_version == 1
-        and train.grad_accum > 1
-        and train.world_size > 1
-    )
-
-
 def kept_gradient_elements(
     train: TrainSpec, wb: WeightBudget, *, layer_elements: int, root_elements: int, whole_units: bool
 ) -> int:
@@ -122,11 +111,11 @@ def no_sync_buffers(
     FSDP1.
 
     >>> from vramledger.specs import Method, Precision, Sharding, TrainSpec
-    >>> keeps_unsharded_grads(TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=2,
-    ...                                 fsdp=Sharding.FULL_SHARD, fsdp_version=1, grad_accum=1))
+    >>> TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=2,
+    ...           fsdp=Sharding.FULL_SHARD, fsdp_version=1, grad_accum=1).keeps_unsharded_grads
     False
     """
-    if not keeps_unsharded_grads(train):
+    if not train.keeps_unsharded_grads:
         return ()
     kept = u * kept_gradient_elements(
         train, wb, layer_elements=layer_elements, root_elements=root_elements, whole_units=whole_units

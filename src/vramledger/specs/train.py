@@ -334,6 +334,19 @@ class TrainSpec:
         return self.base_dtype or self.precision.frozen
 
     @property
+    def keeps_unsharded_grads(self) -> bool:
+        """FSDP1 sharding under gradient accumulation: the accumulating micro-steps run inside ``no_sync`` (Fabric's
+        ``no_backward_sync``, accelerate's ``accumulate``), so every rank keeps unsharded gradients between optimizer
+        steps (analytic/fsdp_no_sync.py)."""
+        return (
+            self.fsdp is not None
+            and self.fsdp.shards_params
+            and self.fsdp_version == 1
+            and self.grad_accum > 1
+            and self.world_size > 1
+        )
+
+    @property
     def distributed(self) -> bool:
         """Several GPUs, or one of the multi-GPU engines (ZeRO, FSDP, offload) even on one."""
         return (self.world_size > 1 or bool(self.zero_stage) or self.fsdp is not None or self.offload_optimizer
