@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
+from vramledger.analytic.fsdp_no_sync import no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_params
 from vramledger.analytic.rank import (
     ALL_PHASES,
@@ -140,7 +142,10 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     host = 0
     frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
     grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
-    if train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype:
+    whole_units = (
+        train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype
+    )
+    if whole_units:
         # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
         # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1). Only
         # when adapters and base share a dtype and so a unit (use_orig_params=True, e.g. LitGPT, torchtune); fp32
@@ -157,6 +162,12 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         host = frozen_r + trainable_r + grads_r + states_r
         buffers.append(_fsdp_offload_buffer(layer, u, ranks))
         frozen_r = trainable_r = grads_r = states_r = temp_r = 0
+    kept = no_sync_buffers(  # FSDP1 + accumulation (analytic/fsdp_no_sync.py); offload leaves these on the GPU too
+        train, wb, u=u, sharded_grad_bytes=grads_r, layer_elements=layer, root_elements=root, whole_units=whole_units
+    )
+    if kept:
+        buffers.extend(kept)
+        notes.append(NO_SYNC_NOTE)
     return RankParts(
         engine=engine_name(train),
         ranks=ranks,
@@ -247,7 +258,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
-    if not root_trained:
+    if not root_trained or train.keeps_unsharded_grads:  # under no_sync: inside the kept gradients
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
