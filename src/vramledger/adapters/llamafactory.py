@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from vramledger.adapters import hf
 from vramledger.adapters._base import Reader
+from vramledger.adapters.peft_config import resumed_adapter
 from vramledger.errors import VramledgerError
 from vramledger.specs import Attention, LoraSpec, Loss, Method, Precision, QuantSpec
 
@@ -121,7 +122,6 @@ UNMODELLED: tuple[tuple[str, str], ...] = (
     ("add_special_tokens", "added tokens are not modelled"),
     ("ref_model", "the reference model is not modelled"),
     ("reward_model", "the reward model is not modelled"),
-    ("adapter_name_or_path", "loading existing adapters is modelled as fresh ones of the given rank"),
     ("enable_torch_profiler", "the profiler's buffers are not modelled"),
 )
 """Memory-relevant keys vramledger does not model, each with the reason its warning gives."""
@@ -208,8 +208,8 @@ def _method(r: Reader) -> Method:
 
 def _lora(r: Reader, method: Method, pure_bf16: bool) -> None:
     if method not in (Method.LORA, Method.QLORA):
-        for key in ("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"):
-            r.used.add(key)
+        r.used.update(("lora_rank", "lora_target", "lora_dropout", "use_dora", "additional_target"))
+        r.used.add("adapter_name_or_path")
         return
     rank = r.integer("lora_rank", 8)
     alpha = r.number("lora_alpha")
@@ -231,6 +231,20 @@ def _lora(r: Reader, method: Method, pure_bf16: bool) -> None:
         "lora_dropout=0)",
     )
     r.ignore("pissa_init", "PiSSA's SVD at start-up is not modelled")
+    _resumed_adapter(r, method)
+
+
+def _resumed_adapter(r: Reader, method: Method) -> None:
+    """model/adapter.py _setup_lora_tuning: with ``adapter_name_or_path`` (and no ``create_new_adapter``) the last
+    adapter listed is loaded with ``PeftModel.from_pretrained(..., is_trainable=True)`` and trained on; the others
+    are merged into the base."""
+    paths = r.names("adapter_name_or_path")
+    if not paths:
+        return
+    if r.flag("create_new_adapter", False):
+        r.warn("adapter_name_or_path with create_new_adapter: the given adapters are merged and a new LoRA trains")
+        return
+    resumed_adapter(r, "adapter_name_or_path", paths[-1], method)
 
 
 def _freeze(r: Reader, method: Method) -> None:

@@ -42,6 +42,13 @@ def _no(what: str, fmt: str, fix: str) -> VramledgerError:
 
 
 def _common_checks(t: TrainSpec, fmt: str) -> None:
+    if t.peft_type not in (None, "LORA"):  # the frameworks' LoRA keys cannot say another PEFT method
+        raise _no(
+            f"the PEFT method {t.peft_type} (--peft-config)",
+            fmt,
+            "name a saved adapter folder in the config instead (LLaMA-Factory adapter_name_or_path, axolotl "
+            "lora_model_dir)",
+        )
     if t.sgd_momentum:
         raise _no("SGD momentum", fmt, "drop --sgd-momentum")
     if t.eval_seq_len is not None and t.eval_seq_len != t.seq_len and fmt != "axolotl":

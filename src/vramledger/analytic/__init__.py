@@ -31,6 +31,10 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
     basis = activation_basis(m, train)
     if basis is not None:
         out.append(basis)
+    if train.peft_config is not None:
+        from vramledger.analytic.peft_memory import peft_basis
+
+        out.extend(note for note in (peft_basis(m, train),) if note is not None)
     if m.attn_logit_softcapping and train.attn is Attention.SDPA:
         out.append(
             f"{m.family}: transformers' sdpa does not support attention softcapping (it raises); modelled as eager"
@@ -61,6 +65,11 @@ def estimate(
     headroom: float = DEFAULT_HEADROOM,
 ) -> Ledger:
     """The analytic ledger of one steady-state training step of ``model`` under ``train``."""
+    asked = train
+    if train.peft_config is not None:  # prompt methods run n virtual tokens more: analytic/peft_memory.py
+        from vramledger.analytic.peft_memory import step_train
+
+        train = step_train(train)
     lm = lm_view(model, train)  # the language model sees the images' tokens too (analytic/vision.py)
     items, names = ledger_items(model, lm, gpu)
     items += vision_items(model, train)
@@ -73,8 +82,8 @@ def estimate(
         items=items,
         engine="analytic",
         moments=MappingProxyType(dict(names)),
-        warnings=tuple(_warnings(model, lm) + vision_notes(model, train)),
-        settings=MappingProxyType({**_settings(model, lm), **vision_settings(model, train)}),
+        warnings=tuple(_warnings(model, asked) + vision_notes(model, asked)),
+        settings=MappingProxyType({**_settings(model, asked), **vision_settings(model, asked)}),
     )
     verdict = None
     if gpu is not None:
@@ -99,7 +108,11 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
     }
     if m.config_name:
         s["model_config"] = m.config_name
-    if train.lora is not None and train.adapters:
+    if train.peft_config is not None:
+        import json
+
+        s["peft_config"] = json.loads(train.peft_config)
+    if train.lora is not None and train.adapters and train.peft_type in (None, "LORA"):
         s["lora"] = {
             "rank": train.lora.rank,
             "targets": list(train.lora.targets),
@@ -122,5 +135,7 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         s["load_path"] = train.load_path.value
     if train.lora is not None and train.adapters and train.lora.modules_to_save:
         s["modules_to_save"] = list(train.lora.modules_to_save)
+    if train.model_code.value != "transformers":  # analytic/litgpt.py
+        s["model_code"] = train.model_code.value
     return s
 

@@ -112,7 +112,12 @@ def add_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int, au
         mo.add(Category.WEIGHTS, label, p.frozen_bytes, SOURCES["weights"])
     if p.trainable_bytes:
         label = "adapters" if train.adapters else "trainable"
-        mo.add(Category.WEIGHTS, f"{label} ({p.weights.trainable_dtype.value})", p.trainable_bytes, SOURCES["weights"])
+        source = SOURCES["weights"]
+        if train.peft_config is not None:  # named after the PEFT method and its targets
+            from vramledger.analytic.peft_memory import peft_source
+
+            source = peft_source(train) or source
+        mo.add(Category.WEIGHTS, f"{label} ({p.weights.trainable_dtype.value})", p.trainable_bytes, source)
     if p.master_bytes:
         mo.add(
             Category.MASTER_WEIGHTS,

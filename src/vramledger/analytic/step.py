@@ -31,10 +31,12 @@ from vramledger.analytic.activations import (
 )
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
+from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
+from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
@@ -58,7 +60,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     n_tl = wb.trainable_layers
     n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
     la = layer_activations(m, train, wb)
-    layer_bytes = la.per_token * T
+    layer_bytes = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
     layer_scores = la.scores_per_seq * B
     if train.grad_ckpt:
         saved_layers = n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T
@@ -212,6 +214,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
                   "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
                   "(tied lm_head, or an earlier micro-step)")
     cands.append(b_end)
+    for mo in cands:  # the engine's buffers before the choice: some live only at the end of backward
+        add_buffers(mo, Phase.BACKWARD, p.buffers)
     out[Phase.BACKWARD] = max(cands, key=lambda mo: mo.total)
 
     opt = Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""),
@@ -220,7 +224,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
     out[Phase.OPTIMIZER] = opt
     for phase, mo in out.items():
-        add_buffers(mo, phase, p.buffers)
+        if phase is not Phase.BACKWARD:
+            add_buffers(mo, phase, p.buffers)
     out.update(eval_moments(m, train, p))
     return out
 
@@ -240,4 +245,5 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
                                   label="cached, not allocated", source=source, basis=basis))
         items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=cuda_context_bytes(gpu),
                               label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
+    items.extend(nccl_lines(train, gpu, mos))  # several GPUs: NCCL's communicators, outside the allocator
     return tuple(items), names

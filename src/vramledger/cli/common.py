@@ -34,6 +34,7 @@ from vramledger.specs import (
     LoraSpec,
     Loss,
     Method,
+    ModelCode,
     ModelSpec,
     Optimizer,
     Precision,
@@ -112,6 +113,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--dora", action="store_true", default=None, help="weight-decomposed LoRA")
     g.add_argument("--modules-to-save", type=name,
                    help="modules trained in full beside the adapters (PEFT modules_to_save): embed_tokens,lm_head")
+    g.add_argument("--peft-config", type=in_path, metavar="PATH",
+                   help="a PEFT adapter_config.json (or its folder): any PEFT method (IA3, prefix tuning, …)")
     g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
     g.add_argument("--freeze-layers", type=count(what="number of layers"),
@@ -137,6 +140,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked (default standard)")
     g.add_argument("--packing", action="store_true", default=None,
                    help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
+    g.add_argument("--model-code", type=name,
+                   help="whose decoder layers run: transformers (with PEFT) | litgpt | lit-gpt-2023 "
+                   "(default transformers)")
     g.add_argument("--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"),
                    help="evaluation batch size (adds an eval phase)")
     g.add_argument("--eval-seq", type=count(hi=MAX_TOKENS, what="length"),
@@ -334,6 +340,8 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
             changes[fld] = value
     if args.seq is not None and (args.images or base.images):
         changes["seq_includes_images"] = False  # --seq counts text tokens; the images' tokens come on top
+    if getattr(args, "model_code", None) is not None:
+        changes["model_code"] = _choice({c.value: c for c in ModelCode}, "--model-code", args.model_code)
     if getattr(args, "eval_logits", None) is not None:
         changes["eval_logits"] = _choice({e.value: e for e in EvalLogits}, "--eval-logits", args.eval_logits)
     method = changes.get("method", base.method)
@@ -341,6 +349,11 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         lora = _lora_from_flags(args, base.lora)
         if lora is not None and lora is not base.lora:
             changes["lora"] = lora
+    litgpt = changes.get("model_code", base.model_code) is not ModelCode.TRANSFORMERS
+    if litgpt and method in (Method.LORA, Method.QLORA):
+        lora = changes.get("lora", base.lora) or LoraSpec()  # LitGPT keeps adapters in the model dtype (no upcast)
+        if lora.adapter_fp32:
+            changes["lora"] = dataclasses.replace(lora, adapter_fp32=False)
     if args.quant is not None or args.no_double_quant is not None:
         q = args.quant.strip().lower() if args.quant is not None else "nf4"
         if q not in ("nf4", "fp4", "int8"):
@@ -353,6 +366,10 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
     changes.update(distributed_changes(args))
+    if getattr(args, "peft_config", None) is not None:
+        from vramledger.adapters.peft_config import flag_changes
+
+        changes.update(flag_changes(args.peft_config, base, changes))
     return changes
 
 
@@ -383,6 +400,8 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     if changes.get("method", start.train.method) is not Method.QLORA and "method" in changes:
         changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(start.train, **changes)
+    if train.peft_type not in (None, "LORA"):  # a PEFT method from --peft-config: the LoRA settings do not apply
+        start.provenance.pop("lora", None)
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
     headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
     model = _resolve_model(args, start.model_name)
@@ -433,7 +452,7 @@ def input_files(args: argparse.Namespace) -> list[Path]:
     from vramledger.userfiles import input_paths
 
     values: list[object] = [getattr(args, k, None) for k in ("model", "config", "deepspeed", "accelerate_config",
-                                                               "script", "evidence")]
+                                                               "script", "evidence", "peft_config")]
     values += [o.partition("=")[2] for o in getattr(args, "overrides", None) or [] if "=" in o]
     return input_paths(values)
 

@@ -10,6 +10,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs.cache import CacheKind
 from vramledger.specs.distributed import Sharding, ZeroBuffers
+from vramledger.specs.framework import ModelCode
 from vramledger.specs.load import LoadPath
 
 
@@ -209,6 +210,11 @@ class TrainSpec:
     """Adapter settings (method lora/qlora); defaults applied when None."""
     quant: QuantSpec | None = None
     """Quantisation of the base (method qlora); nf4 with double quantisation when None."""
+    peft_config: str | None = None
+    """A PEFT ``adapter_config.json`` as canonical JSON (sorted keys, so the spec stays hashable): its
+    ``peft_type`` (``IA3``, ``PREFIX_TUNING``, …) is the adapter method, trained on the base that ``method``
+    (lora or qlora) sets; for ``LORA`` the ``lora`` field carries its fields (``adapters.peft_config.peft_changes``
+    builds both). None: LoRA as ``lora`` describes it."""
     freeze_trainable_layers: int = 2
     """For method ``freeze``: how many of the last decoder layers train (LLaMA-Factory's default is 2)."""
     sgd_momentum: float = 0.0
@@ -259,6 +265,8 @@ class TrainSpec:
     """``torch.compile``: accepted and estimated as eager, with a stated assumption (analytic/loop.py)."""
     load_path: LoadPath = LoadPath.TRANSFORMERS
     """How a quantised base is put on the GPU (analytic/load.py)."""
+    model_code: ModelCode = ModelCode.TRANSFORMERS
+    """Whose decoder layers run: transformers + PEFT, or LitGPT's own (analytic/litgpt.py)."""
     # -- images (vision-language models: analytic/vision.py) ---------------------------------------------------
     images: int = 0
     """Images per sample (``--images``); 0: text only."""
@@ -345,6 +353,10 @@ class TrainSpec:
                 f"a quantised base can only be trained with adapters: use --method qlora (got --method "
                 f"{self.method.value} with quantisation)"
             )
+        if self.peft_config is not None and not self.adapters:
+            raise VramledgerError(
+                f"a PEFT config trains adapters: use --method lora or qlora (got --method {self.method.value})"
+            )
         if self.attn is Attention.FLASH2 and self.precision is Precision.FP32:
             raise VramledgerError(
                 "flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa"
@@ -355,9 +367,31 @@ class TrainSpec:
         return self.method in (Method.LORA, Method.QLORA)
 
     @property
+    def peft_type(self) -> str | None:
+        """The PEFT method of ``peft_config`` (``LORA``, ``IA3``, …), None without one."""
+        if self.peft_config is None:
+            return None
+        import json
+
+        return str(json.loads(self.peft_config).get("peft_type", "LORA")).upper()
+
+    @property
     def frozen_dtype(self) -> DType:
         """dtype of frozen (non-quantised) weights: as loaded, else the compute dtype."""
         return self.base_dtype or self.precision.frozen
+
+    @property
+    def keeps_unsharded_grads(self) -> bool:
+        """FSDP1 sharding under gradient accumulation: the accumulating micro-steps run inside ``no_sync`` (Fabric's
+        ``no_backward_sync``, accelerate's ``accumulate``), so every rank keeps unsharded gradients between optimizer
+        steps (analytic/fsdp_no_sync.py)."""
+        return (
+            self.fsdp is not None
+            and self.fsdp.shards_params
+            and self.fsdp_version == 1
+            and self.grad_accum > 1
+            and self.world_size > 1
+        )
 
     @property
     def distributed(self) -> bool:

@@ -88,7 +88,9 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
         # input embeddings' output made to require grad (enable_input_require_grads).
         hf.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
 
-    if train.adapters:
+    if train.peft_config is not None:
+        hf = _apply_peft_config(hf, train, trainable_dt, warnings)
+    elif train.adapters:
         hf = _apply_lora(hf, train, trainable_dt, warnings)
     if train.method is Method.QLORA:
         warnings.append(
@@ -140,14 +142,82 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
         peft_model = get_peft_model(hf, cfg, autocast_adapter_dtype=lora.adapter_fp32)
     except ValueError as exc:
         raise VramledgerError(f"--lora-targets: PEFT rejected the targets ({exc})") from exc
+    _ = torch
+    return _upcast_trainable(peft_model, train, trainable_dt)
+
+
+def _upcast_trainable(peft_model: Any, train: TrainSpec, trainable_dt: Any) -> Any:
     # LLaMA-Factory model/adapter.py: trainable adapter weights are cast to fp32 unless pure_bf16; PEFT's
     # autocast_adapter_dtype (tuners_utils.py cast_adapter_dtype) already upcasts bf16/fp16 adapters.
     if train.precision.mixed or train.precision is Precision.FP32:
         for p in peft_model.parameters():
             if p.requires_grad and p.dtype != trainable_dt:
                 p.data = p.data.to(trainable_dt)
-    _ = torch
     return peft_model
+
+
+_DATA_INITS = ("pissa", "olora", "loftq", "eva", "corda", "orthogonal")
+"""``init_lora_weights`` values that read the base weights (an SVD, a QR, calibration data): impossible on the
+meta device, and the same shapes as the default initialisation."""
+
+
+def _apply_peft_config(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str]) -> Any:
+    """Any PEFT method from its ``adapter_config.json``, as ``PeftConfig.from_pretrained`` rebuilds it
+    (PEFT 0.21 config.py ``from_peft_type``: the method's config class, unknown newer keys dropped with a
+    warning), applied with ``get_peft_model`` so that the method's own layers and forward run."""
+    import json
+
+    try:
+        import peft  # noqa: F401 - a missing one is said here
+    except ImportError as exc:  # pragma: no cover
+        raise MissingDependencyError("peft", "trace") from exc
+    assert train.peft_config is not None
+    cfg = json.loads(train.peft_config)
+    init = cfg.get("init_lora_weights")
+    if isinstance(init, str) and init.lower().split("_")[0] in _DATA_INITS:
+        cfg["init_lora_weights"] = True
+        warnings.append(
+            f"init_lora_weights {init!r} reads real weights: traced with the default initialisation "
+            "(the same shapes and memory)"
+        )
+    peft_model = apply_peft_config(hf, cfg, adapter_fp32=train.lora is None or train.lora.adapter_fp32)
+    _as_on_the_gpu(peft_model, warnings)
+    return _upcast_trainable(peft_model, train, trainable_dt)
+
+
+def apply_peft_config(hf: Any, cfg: dict[str, Any], *, adapter_fp32: bool) -> Any:
+    """``get_peft_model`` with the config an ``adapter_config.json`` mapping describes, for causal-LM training
+    (the trace, and the GPU measure's worker)."""
+    from peft import PeftConfig, get_peft_model
+
+    # peft_model.py get_peft_model picks PeftModelForCausalLM from task_type; training: not inference_mode.
+    cfg = {**cfg, "task_type": "CAUSAL_LM", "inference_mode": False}
+    try:
+        config = PeftConfig.from_peft_type(**cfg)
+        return get_peft_model(hf, config, autocast_adapter_dtype=adapter_fp32)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise VramledgerError(f"--peft-config: PEFT rejected the config ({exc})") from exc
+
+
+def _as_on_the_gpu(peft_model: Any, warnings: list[str]) -> None:
+    """Undo what differs when PEFT runs on the meta device, and what fake tensors cannot decide."""
+    dropped = False
+    for name, module in peft_model.named_modules():
+        # AdaLoRA's ``ranknum`` (tuners/adalora/layer.py update_layer) is made on the CPU with requires_grad=False;
+        # tuners_utils.py _move_adapter_to_device_of_base_layer then re-registers ``ranknum.to("meta")`` as a new
+        # Parameter, which requires grad. On a real device ``.to`` returns the same one.
+        if name.endswith(".ranknum"):
+            module.requires_grad_(False)
+        # LoHa/LoKr (tuners/loha/layer.py, tuners/lokr/layer.py forward): ``torch.rand(1) > module_dropout`` decides
+        # on a random number, which a fake tensor does not hold. Out of training mode the wrapper always applies
+        # its adapter (the case a run takes when module_dropout is 0, the default); only the wrapper's own flag
+        # changes, the base layer keeps training mode.
+        module_dropout = getattr(module, "module_dropout", None)
+        if isinstance(module_dropout, dict) and hasattr(module, "rank_dropout"):
+            module.training = False
+            dropped |= any(module_dropout.values()) or any(module.rank_dropout.values())
+    if dropped:
+        warnings.append("LoHa/LoKr module and rank dropout traced as off: the adapter applied in every step")
 
 
 def _refuse_linear_subclasses(hf: Any) -> None:
@@ -182,6 +252,22 @@ def shared_parameters(model: Any) -> list[list[tuple[Any, str]]]:
     return [g for g in groups.values() if len(g) > 1]
 
 
+def repeated_modules(model: Any) -> list[tuple[Any, str, Any]]:
+    """(parent, name, module) for every registration of a module after its first: PEFT registers some modules
+    under two parents (peft_model.py ``_setup_prompt_encoder``: ``word_embeddings``; tuners/vera/layer.py: each
+    layer's ``vera_A``/``vera_B``, one shared BufferDict), which ``_apply`` would convert once per parent."""
+    seen: set[int] = set()
+    out = []
+    for parent in model.modules():
+        for name, child in parent._modules.items():
+            if child is None:
+                continue
+            if id(child) in seen:
+                out.append((parent, name, child))
+            seen.add(id(child))
+    return out
+
+
 def materialise(model: Any) -> Any:
     """Replace every meta parameter and buffer by an uninitialised tensor on the CPU. Call inside the fake
     mode:
@@ -193,7 +279,19 @@ def materialise(model: Any) -> Any:
     for group in tied:  # unlink the copies first so that ``_apply`` converts each shared tensor once
         for module, name in group[1:]:
             module._parameters[name] = None
+    repeats = repeated_modules(model)
+    for parent, name, _ in repeats:  # and every module registered twice (PEFT's word_embeddings, VeRA's A/B)
+        parent._modules[name] = None
     model._apply(lambda t: torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu"))
+    for parent, name, child in repeats:
+        parent._modules[name] = child
+    for module in model.modules():
+        # PEFT peft_model.py _setup_prompt_encoder keeps the virtual tokens' ids (torch.arange) as a plain dict
+        # attribute, not a buffer: made again here so that they are tensors of this mode too.
+        tokens = getattr(module, "prompt_tokens", None)
+        if isinstance(tokens, dict):
+            for key, t in tokens.items():
+                tokens[key] = torch.empty(t.shape, dtype=t.dtype, device="cpu")
     for group in tied:
         first_module, first_name = group[0]
         for module, name in group[1:]:
