@@ -19,6 +19,7 @@ from functools import lru_cache
 
 from vramledger.analytic.activations import (
     checkpoint_input_bytes_per_token,
+    checkpoint_reused_bytes_per_token,
     dora_transient_bytes,
     final_hidden_live_bytes_per_token,
     final_norm_bytes_per_token,
@@ -60,8 +61,10 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     la = layer_activations(m, train, wb)
     layer_bytes = la.per_token * T
     layer_scores = la.scores_per_seq * B
+    recompute = 0
     if train.grad_ckpt:
         saved_layers = n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T
+        recompute = layer_bytes - checkpoint_reused_bytes_per_token(m, train, wb) * T if n_tl else 0
         scores = 0
         eager = runs_eager(m, train)
         if eager and n_tl:
@@ -116,6 +119,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         step_temp_bytes=step_temp,
         saved_layers_bytes=saved_layers,
         layer_bytes=layer_bytes,
+        recompute_bytes=recompute,
         scores_bytes=scores,
         layer_scores_bytes=layer_scores,
         extra_saved_bytes=extra,
@@ -192,7 +196,8 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
                   SOURCES["autocast"])
     add_activations(b_top, p, train)
     if train.grad_ckpt and p.weights.trainable_layers:
-        b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, SOURCES["acts"])
+        # The recompute reads the checkpointed input (counted above), so its saved set is recompute_bytes.
+        b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.recompute_bytes, SOURCES["acts"])
         b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
                   "analytic/activations.py")
     if train.grad_ckpt:
