@@ -41,7 +41,7 @@ SETUP_KEYS = {
     "model", "mode", "method", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "adapter_fp32",
     "modules_to_save", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "loss",
     "loss_chunk", "packing", "world_size", "zero_stage", "fsdp", "fsdp_version", "offload_optimizer",
-    "offload_params", "quant", "untie_embeddings", "prompt", "new_tokens",
+    "offload_params", "model_code", "quant", "untie_embeddings", "prompt", "new_tokens",
     "cache", "base_dtype", "metric", "gpu",
 }  # fmt: skip
 ROW_KEYS = SETUP_KEYS | {"row", "profile", "csv_model", "csv_value", "judgement"}
@@ -166,7 +166,18 @@ def _quant(text: str | None) -> Any:
 
 def train_spec(setup: Mapping[str, Any]) -> Any:
     """The TrainSpec of a training row (vramledger's own names; see mapping.yaml's header)."""
-    from vramledger.specs import Attention, DType, LoraSpec, Loss, Method, Optimizer, Precision, Sharding, TrainSpec
+    from vramledger.specs import (
+        Attention,
+        DType,
+        LoraSpec,
+        Loss,
+        Method,
+        ModelCode,
+        Optimizer,
+        Precision,
+        Sharding,
+        TrainSpec,
+    )
 
     method = Method(setup.get("method", "lora"))
     lora = None
@@ -203,6 +214,7 @@ def train_spec(setup: Mapping[str, Any]) -> Any:
         lora=lora,
         quant=_quant(setup.get("quant")) if method is Method.QLORA else None,
         base_dtype=DType(base) if base else None,
+        model_code=ModelCode(setup.get("model_code", "transformers")),
     )
 
 
@@ -248,15 +260,17 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
 
         ledger = estimate(m, train_spec(s), gpu=gpu)
     else:
-        from vramledger.specs import Optimizer
+        from vramledger.specs import ModelCode, Optimizer
         from vramledger.trace.api import trace_step
 
-        train = train_spec(s)
+        # the trace runs transformers' layers: LitGPT's own (model_code litgpt) are estimated only
+        train = dataclasses.replace(train_spec(s), model_code=ModelCode.TRANSFORMERS)
         if train.base_dtype is not None:
             from vramledger.errors import VramledgerError
 
             raise VramledgerError("trace: a frozen base loaded in another dtype (base_dtype) is not traced")
-        if train.optimizer.value.startswith("paged"):
+        paged = train.optimizer.value.startswith("paged")
+        if paged:
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
             # trace with an optimizer that allocates nothing through torch, then add the managed bytes back.
             train = dataclasses.replace(train, optimizer=Optimizer.SGD, sgd_momentum=0.0)
@@ -266,7 +280,7 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
         if s.get("untie_embeddings"):
             config = {**config, "tie_word_embeddings": False}
         ledger = trace_step(m, train, gpu=gpu, config=config)
-        if train is not train_spec(s):
+        if paged:
             from vramledger.analytic import estimate
 
             managed = estimate(m, train_spec(s), gpu=gpu).bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER)

@@ -29,6 +29,13 @@ def remedy(category: Category, train: TrainSpec) -> str:
         if train.method is Method.FULL:
             return "LoRA over a bf16 base, or QLoRA (4-bit base)"
         return "a smaller model" if train.method is Method.QLORA else "QLoRA (4-bit base) or a smaller model"
+    if category is Category.GRADIENTS:
+        if train.keeps_unsharded_grads:
+            return (
+                "a gradient sync on every micro-step (accelerate's GradientAccumulationPlugin(sync_each_batch=True);"
+                " LitGPT: no no_backward_sync) or less accumulation with a larger micro-batch"
+            )
+        return "a lower LoRA rank or fewer targets" if train.adapters else "LoRA, or freezing layers"
     if category is Category.TEMPORARIES:
         return (
             "the fused AdamW (--optimizer adamw_torch_fused)"
@@ -41,7 +48,6 @@ def remedy(category: Category, train: TrainSpec) -> str:
 _REMEDIES = {
     Category.ATTENTION_SCORES: "sdpa or flash_attention_2 instead of eager, or packing instead of padding",
     Category.OPTIMIZER_STATE: "an 8-bit optimizer (--optimizer adamw_8bit) or LoRA",
-    Category.GRADIENTS: "LoRA, or freezing layers",
     Category.MASTER_WEIGHTS: "ZeRO stage 1+ across more GPUs, or optimizer offload",
     Category.KV_CACHE: "a smaller eval/generation batch or length",
 }

@@ -4,6 +4,7 @@ Semantics. A line item says: *at the moment this phase reaches its highest alloc
 this category are live.* The lines of one phase therefore add up to that phase's peak allocated bytes, and
 the step's peak is the largest phase. Reserve and CUDA context are lines too, but outside "allocated":
 reserved = allocated + allocator reserve; device total = reserved + CUDA context (what nvidia-smi shows)
++ NCCL's communicators (with several GPUs: cuMemCreate outside PyTorch's allocator, ``analytic/nccl.py``)
 + CUDA managed memory (paged optimizer states, allocated by bitsandbytes outside PyTorch's allocator: in neither
 ``max_memory_allocated`` nor ``max_memory_reserved``, resident on the device until the driver pages it out).
 
@@ -37,11 +38,14 @@ class Category(str, enum.Enum):
     MANAGED_MEMORY = "managed_memory"
     """CUDA unified memory outside PyTorch's allocator: bitsandbytes paged optimizer states
     (``optim/optimizer.py`` ``get_state_buffer`` → ``F.get_paged``, ``cudaMallocManaged``)."""
+    NCCL = "nccl"
+    """NCCL's own device memory with several GPUs: channel structures and protocol buffers of each communicator,
+    allocated with ``cuMemCreate`` outside PyTorch's allocator (``analytic/nccl.py``)."""
 
     @property
     def allocated(self) -> bool:
         """Counted by ``torch.cuda.memory_allocated`` (live tensors handed out by the caching allocator)."""
-        return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT, Category.MANAGED_MEMORY)
+        return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT, Category.MANAGED_MEMORY, Category.NCCL)
 
     @property
     def display(self) -> str:
@@ -62,6 +66,7 @@ _TITLES = {
     Category.ALLOCATOR_RESERVE: "allocator reserve",
     Category.CUDA_CONTEXT: "CUDA context",
     Category.MANAGED_MEMORY: "paged (CUDA managed)",
+    Category.NCCL: "NCCL communicators",
 }
 
 
@@ -172,7 +177,7 @@ class Ledger:
 
     def device(self, phase: Phase) -> int:
         return (self.reserved(phase) + self.bytes_of(Category.CUDA_CONTEXT, phase)
-                + self.bytes_of(Category.MANAGED_MEMORY, phase))
+                + self.bytes_of(Category.MANAGED_MEMORY, phase) + self.bytes_of(Category.NCCL, phase))
 
     @property
     def peak_phase(self) -> Phase:

@@ -214,7 +214,9 @@ def test_axolotl_deepspeed_offload_all() -> None:
 def test_torchtune_lora() -> None:
     rc = load_config(F / "torchtune_llama3_8B_lora_single_device.yaml")
     t = rc.train
-    assert rc.format == "torchtune" and rc.model == "meta-llama/Meta-Llama-3-8B"
+    # the checkpoint the recipe trains: `tune download meta-llama/Meta-Llama-3-8B-Instruct` into its checkpoint_dir
+    # /tmp/Meta-Llama-3-8B-Instruct/ (the llama3_8b builder is the architecture)
+    assert rc.format == "torchtune" and rc.model == "meta-llama/Meta-Llama-3-8B-Instruct"
     assert t.method is Method.LORA
     # lora_attn_modules q/v/output_proj + apply_lora_to_mlp (w1/w2/w3 = gate/down/up); rank 8, alpha 16
     assert t.lora == LoraSpec(

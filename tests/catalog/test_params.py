@@ -103,6 +103,7 @@ PUBLISHED_META = {
     "llama-4-scout": 108_641_793_536,  # vision encoder included: built as Llama4ForConditionalGeneration
     "olmo-2-7b": 7_298_617_344,
     "qwen2.5-vl-7b": 8_292_166_656,  # vision encoder included
+    "qwen3-vl-4b": 4_437_815_808,  # vision encoder included
 }
 PUBLISHED_ROUNDED = {"gpt-oss-20b": "20.91B", "glm-4-9b": "9.4B"}
 

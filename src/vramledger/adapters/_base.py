@@ -86,7 +86,32 @@ OPTIMIZER_NAMES: dict[str, Optimizer] = {o.value: o for o in Optimizer} | {
     "adamw_torch_foreach": Optimizer.ADAMW,
     "adamw_bnb_8bit": Optimizer.ADAMW_8BIT,  # OptimizerNames.ADAMW_8BIT is "just an alias for adamw_bnb_8bit"
     "paged_adamw": Optimizer.PAGED_ADAMW_32BIT,
+    # torchao AdamW8bit (trainer_optimizer.py: adamw_torch_8bit → torchao.optim.AdamW8bit): int8 states with one
+    # fp32 scale per 256 values (torchao optim/README.md), the layout analytic/optimizer.py models for 8-bit AdamW
+    "adamw_torch_8bit": Optimizer.ADAMW_8BIT,
 }
+
+
+# torchao's low-bit AdamW, which transformers builds for ``adamw_torch_4bit`` (trainer_optimizer.py →
+# ``torchao.optim.AdamW4bit``): 4-bit states with one fp32 scale per 128 values (torchao optim/README.md).
+# Estimated as the 8-bit AdamW, with what that changes said in a warning.
+APPROXIMATED_OPTIMIZERS: dict[str, tuple[Optimizer, str]] = {
+    "adamw_torch_4bit": (
+        Optimizer.ADAMW_8BIT,
+        "torchao AdamW4bit (two 4-bit states, one fp32 scale per 128 values: about 1.06 bytes per trainable "
+        "parameter) is estimated as the 8-bit AdamW (about 2.03 bytes): the optimizer state shown is an upper bound",
+    ),
+}
+
+
+def set_optimizer(r: Reader, key: str, name: Any, provenance: str) -> None:
+    """``optimizer`` from an HF ``optim`` name, with a warning where the optimizer is approximated."""
+    approx = APPROXIMATED_OPTIMIZERS.get(name.strip().lower()) if isinstance(name, str) else None
+    if approx is None:
+        r.set("optimizer", optimizer_from_name(name, key, r.source), provenance)
+        return
+    r.set("optimizer", approx[0], provenance + f" (approximated as {approx[0].value})")
+    r.warn(f"{key}: {name}: {approx[1]}")
 
 
 def optimizer_from_name(name: Any, key: str, source: str) -> Optimizer:
@@ -109,8 +134,12 @@ ATTN_NAMES: dict[str, Attention] = {
     "kernels-community/flash-attn": Attention.FLASH2,
     "kernels-community/flash-attn2": Attention.FLASH2,
     "kernels-community/vllm-flash-attn3": Attention.FLASH2,
+    # torch/nn/attention/flex_attention.py: one fused kernel (forward and backward) over score blocks, with the
+    # logsumexp saved, as FlashAttention does; the block mask is O(L²/128²)
+    "flex_attention": Attention.FLASH2,
 }
-"""FlashAttention 3 and hub kernels keep no attention matrix either: modelled as ``flash_attention_2``."""
+"""FlashAttention 3, FlexAttention and hub kernels keep no attention matrix either: modelled as
+``flash_attention_2``."""
 
 
 def attn_from_name(name: Any, key: str, source: str) -> Attention:

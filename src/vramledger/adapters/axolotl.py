@@ -8,7 +8,9 @@ Defaults read from axolotl@067b021 (axolotl-ai-cloud/axolotl): ``src/axolotl/uti
 
 from __future__ import annotations
 
-from vramledger.adapters._base import Reader, attn_from_name, optimizer_from_name
+import re
+
+from vramledger.adapters._base import Reader, attn_from_name, optimizer_from_name, set_optimizer
 from vramledger.adapters.hf import TrainerFlags
 from vramledger.errors import VramledgerError
 from vramledger.specs import Attention, LoraSpec, Loss, Method, Precision, QuantSpec
@@ -232,6 +234,15 @@ def _lora(r: Reader, adapter: str) -> None:
     rank = r.integer("lora_r")
     if rank is None:
         raise VramledgerError(f"{r.source}: lora_r is required with adapter: {adapter}; add e.g. lora_r: 16")
+    raw_targets = r.value("lora_target_modules")
+    if isinstance(raw_targets, str) and re.search(r"[\\\[\](){}|*+?^$]", raw_targets):
+        # loaders/adapter.py _build_peft_lora_config hands a string to PEFT's LoraConfig as it is, and PEFT
+        # matches a string in full against every module's name (tuners_utils.py check_target_module_exists)
+        raise VramledgerError(
+            f"{r.source}: lora_target_modules '{raw_targets}' is a regular expression (PEFT matches it against whole "
+            "module names), which vramledger does not evaluate; name the modules it selects instead, e.g. "
+            "lora_target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
+        )
     targets = ("all",) if r.flag("lora_target_linear", False) else r.names("lora_target_modules")
     if targets is None:
         raise VramledgerError(f"{r.source}: set lora_target_linear: true or lora_target_modules (axolotl needs one)")
@@ -343,7 +354,7 @@ def _checkpointing(r: Reader) -> None:
 
 def _optimizer(r: Reader) -> None:
     if r.has("optimizer"):
-        r.set("optimizer", optimizer_from_name(r.value("optimizer"), "optimizer", r.source), r.file("optimizer"))
+        set_optimizer(r, "optimizer", r.value("optimizer"), r.file("optimizer"))
     else:
         r.set(
             "optimizer",

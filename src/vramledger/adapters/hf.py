@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from vramledger.adapters._base import Reader, attn_from_name, optimizer_from_name
+from vramledger.adapters._base import Reader, attn_from_name, optimizer_from_name, set_optimizer
 from vramledger.errors import VramledgerError
 from vramledger.specs import Loss, Method, Precision
 
@@ -206,7 +206,7 @@ def _checkpointing(r: Reader, ckpt_default: bool, ckpt_cite: str) -> None:
 def _optimizer(r: Reader, optim_default: str, optim_cite: str) -> None:
     """optim, and Liger's fused loss."""
     if r.has("optim"):
-        r.set("optimizer", optimizer_from_name(r.value("optim"), "optim", r.source), r.file("optim"))
+        set_optimizer(r, "optim", r.value("optim"), r.file("optim"))
     else:
         r.set("optimizer", optimizer_from_name(optim_default, "optim", r.source), r.default(optim_cite))
     r.ignore("optim_args", "optimizer arguments are not modelled")

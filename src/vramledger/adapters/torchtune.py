@@ -65,6 +65,9 @@ BUILDERS: dict[str, str] = {
     "qwen3_14b_base": "Qwen/Qwen3-14B-Base",
     "qwen3_14b_instruct": "Qwen/Qwen3-14B",
     "phi3_mini": "microsoft/Phi-3-mini-4k-instruct",
+    # recipes/configs/phi4/14B_full.yaml, llama4/scout_17B_16E_full.yaml: their ``tune download`` lines
+    "phi4_14b": "microsoft/phi-4",
+    "llama4_scout_17b_16e": "meta-llama/Llama-4-Scout-17B-16E-Instruct",
 }
 # torchtune module names → transformers' (torchtune/models/convert_weights.py _FROM_HF)
 _LORA_NAMES = {"q_proj": "q_proj", "k_proj": "k_proj", "v_proj": "v_proj", "output_proj": "o_proj"}
@@ -127,7 +130,9 @@ TOGGLES = (
 def load(r: Reader) -> str | None:
     builder, model = _component(r.value("model"), "model", r)
     name = builder.rsplit(".", 1)[-1]
-    qlora = name.startswith("qlora_")
+    # models/llama3/_model_builders.py: qlora_llama3_8b = partial(lora_llama3_8b, quantize_base=True), so a lora_*
+    # builder given quantize_base: True (the QDoRA recipes, llama3/8B_qdora_single_device.yaml) is QLoRA too
+    qlora = name.startswith("qlora_") or (name.startswith("lora_") and model.get("quantize_base") is True)
     lora = qlora or name.startswith("lora_")
     base = name.split("_", 1)[1] if lora else name
     model_name = _model_name(r, base)
@@ -333,6 +338,8 @@ def _model_name(r: Reader, base: str) -> str | None:
         if path_exists(str(folder / "config.json")) and (folder / "config.json").is_file():
             return str(folder / "config.json")
     hub = BUILDERS.get(base)
+    if hub is not None and isinstance(ck, dict) and isinstance(ck.get("checkpoint_dir"), str):
+        hub = _checkpoint_named(hub, str(ck["checkpoint_dir"]))
     if hub is None:
         r.extras["unknown_builder"] = base
         r.warn(
@@ -340,6 +347,23 @@ def _model_name(r: Reader, base: str) -> str | None:
             "as the model argument"
         )
     return hub
+
+
+def _checkpoint_named(hub: str, checkpoint_dir: str) -> str:
+    """The checkpoint a config trains, when its folder names a variant of the builder's model: the recipes build
+    ``llama3_2_1b`` and load ``tune download meta-llama/Llama-3.2-1B-Instruct`` from ``/tmp/Llama-3.2-1B-Instruct``.
+    The folder's name under the builder's organisation is the model's name if the catalog resolves it to the same
+    architecture (the estimate then names the model the file trains), else the builder's hub id stays."""
+    from pathlib import PurePosixPath
+
+    from vramledger.catalog import catalog_entry
+
+    folder = PurePosixPath(checkpoint_dir.rstrip("/")).name
+    if not folder or folder.startswith("<"):
+        return hub
+    named = f"{hub.split('/')[0]}/{folder}"
+    same, base = catalog_entry(named), catalog_entry(hub)
+    return named if same is not None and base is not None and same.key == base.key else hub
 
 
 def _distributed(r: Reader) -> None:

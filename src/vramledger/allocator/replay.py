@@ -134,40 +134,19 @@ def replay(
         raise VramledgerError("replay: capacity_bytes must be positive; pass None for an unlimited device")
     model = CachingAllocatorModel(conf, capacity_bytes=capacity_bytes, device_total_bytes=device_total_bytes)
     live: dict[int, Block | None] = {}  # None: a zero-byte storage (torch allocates nothing)
-    peak_reserved = -1
-    peak_index: int | None = None
-    reserve_at_peak = largest_at_peak = segments_at_peak = 0
+    peak = _Peak()
     oom: OomReport | None = None
     n = 0
     for n, ev in enumerate(events, start=1):
         i = n - 1
         if ev.kind is EventKind.ALLOC:
-            if ev.id in live:
-                raise VramledgerError(f"replay: event {i} allocates id {ev.id} which is still live; free it first")
-            if ev.size < 0:
-                raise VramledgerError(f"replay: event {i} has negative size {ev.size}")
+            _check_alloc(ev, i, live)
             if ev.size == 0:
                 live[ev.id] = None
                 continue
             block = model.malloc(ev.size)
             if block is None:
-                st = model.last_oom
-                assert st is not None
-                # Without a capacity only the memory-fraction cap (allowed_memory_maximum) can fail.
-                cap = capacity_bytes if capacity_bytes is not None else (model.allowed or st.reserved_bytes)
-                oom = OomReport(
-                    event_index=i,
-                    event=ev,
-                    requested_bytes=ev.size,
-                    rounded_bytes=st.rounded_bytes,
-                    alloc_bytes=st.alloc_bytes,
-                    allocated_bytes=st.allocated_bytes,
-                    reserved_bytes=st.reserved_bytes,
-                    capacity_bytes=cap,
-                    free_cached_bytes=st.reserved_bytes - st.allocated_bytes,
-                    free_device_bytes=max(cap - st.reserved_bytes, 0),
-                    largest_free_block_bytes=st.largest_free_block_bytes,
-                )
+                oom = _oom_report(i, ev, model, capacity_bytes)
                 break
             live[ev.id] = block
         elif ev.kind is EventKind.FREE:
@@ -178,28 +157,71 @@ def replay(
                 model.free(blk)
         else:
             model.empty_cache()
-        if model.peak_reserved > peak_reserved:
-            peak_reserved = model.peak_reserved
-            peak_index = i
-            reserve_at_peak = model.reserved - model.allocated
-            largest_at_peak = model.largest_free_block()
-            segments_at_peak = model.num_segments()
+        peak.update(model, i)
     return AllocatorResult(
         conf=conf,
         capacity_bytes=capacity_bytes,
         num_events=n,
         peak_allocated_bytes=model.peak_allocated,
         peak_reserved_bytes=model.peak_reserved,
-        peak_event_index=peak_index,
-        reserve_at_peak_bytes=reserve_at_peak,
-        largest_free_block_at_peak_bytes=largest_at_peak,
-        segments_at_peak=segments_at_peak,
+        peak_event_index=peak.index,
+        reserve_at_peak_bytes=peak.reserve,
+        largest_free_block_at_peak_bytes=peak.largest_free_block,
+        segments_at_peak=peak.segments,
         num_device_alloc=model.num_device_alloc,
         num_device_free=model.num_device_free,
         num_alloc_retries=model.num_alloc_retries,
         final_allocated_bytes=model.allocated,
         final_reserved_bytes=model.reserved,
         oom=oom,
+    )
+
+
+def _check_alloc(ev: AllocEvent, i: int, live: dict[int, Block | None]) -> None:
+    if ev.id in live:
+        raise VramledgerError(f"replay: event {i} allocates id {ev.id} which is still live; free it first")
+    if ev.size < 0:
+        raise VramledgerError(f"replay: event {i} has negative size {ev.size}")
+
+
+@dataclass(slots=True)
+class _Peak:
+    """The event after which reserved memory first reached its peak, and the allocator's state right then."""
+
+    reserved: int = -1
+    index: int | None = None
+    reserve: int = 0
+    """Reserved − allocated."""
+    largest_free_block: int = 0
+    segments: int = 0
+
+    def update(self, model: CachingAllocatorModel, i: int) -> None:
+        if model.peak_reserved > self.reserved:
+            self.reserved = model.peak_reserved
+            self.index = i
+            self.reserve = model.reserved - model.allocated
+            self.largest_free_block = model.largest_free_block()
+            self.segments = model.num_segments()
+
+
+def _oom_report(i: int, ev: AllocEvent, model: CachingAllocatorModel, capacity_bytes: int | None) -> OomReport:
+    """The failed allocation ``ev`` (event ``i``), with the allocator's state after its failed retry."""
+    st = model.last_oom
+    assert st is not None
+    # Without a capacity only the memory-fraction cap (allowed_memory_maximum) can fail.
+    cap = capacity_bytes if capacity_bytes is not None else (model.allowed or st.reserved_bytes)
+    return OomReport(
+        event_index=i,
+        event=ev,
+        requested_bytes=ev.size,
+        rounded_bytes=st.rounded_bytes,
+        alloc_bytes=st.alloc_bytes,
+        allocated_bytes=st.allocated_bytes,
+        reserved_bytes=st.reserved_bytes,
+        capacity_bytes=cap,
+        free_cached_bytes=st.reserved_bytes - st.allocated_bytes,
+        free_device_bytes=max(cap - st.reserved_bytes, 0),
+        largest_free_block_bytes=st.largest_free_block_bytes,
     )
 
 

@@ -119,5 +119,7 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         s["load_path"] = train.load_path.value
     if train.lora is not None and train.adapters and train.lora.modules_to_save:
         s["modules_to_save"] = list(train.lora.modules_to_save)
+    if train.model_code.value != "transformers":  # analytic/litgpt.py
+        s["model_code"] = train.model_code.value
     return s
 

@@ -188,40 +188,57 @@ def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
 
 def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> LayerActivations:
     """Saved activations of one decoder layer whose weights (or adapters) train."""
-    H, I, Dq, Dkv, nh = m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim, m.num_heads
-    c = train.precision.compute.bytes
+    H = m.hidden_size
     s = residual_bytes(train, wb)
     amp = train.precision.mixed
     base_trains = train.method in (Method.FULL, Method.FREEZE)
-    L = train.seq_len
     parts: list[tuple[str, int]] = []
 
     # Norms around attention and MLP (Gemma's post-norms act on sublayer outputs of the same width).
     parts.append(("norms (fp32 upcast)", m.norms_per_layer * _norm_bytes(m, s, base_trains, H, amp)))
-
-    # Inputs saved by trained linears. Pure precision: one shared tensor. AMP: one bf16 cast per consumer.
     if base_trains:
-        qkv_consumers = 1 if m.fused_qkv else 3
-        mlp_consumers = 1 if (m.fused_gate_up or not m.gated_mlp or m.is_moe) else 2
-        if amp:
-            parts.append(("linear inputs (autocast copies)", 2 * H * (qkv_consumers + mlp_consumers)))
-        else:
-            parts.append(("linear inputs", c * H * 2))
-
-    # Adapters.
+        parts.append(_linear_inputs(m, train))
     if train.adapters:
-        adapter = 0
-        for a in wb.adapted:
-            if not a.linear.lora_targetable:
-                continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
-            # An adapter in only some layers (a meta-built model's MoE layers, a vision tower) counts for its share.
-            share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
-            adapter += a.linear.per_layer * share // m.num_layers
-        parts.append(("LoRA inputs and dropout masks", adapter))
+        parts.append(("LoRA inputs and dropout masks", _adapter_inputs_bytes(m, train, wb)))
     if train.quant is not None and train.quant.bits == 4:
         parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
+    attention, scores = _attention_parts(m, train, base_trains)
+    parts += attention
+    parts += _mlp_parts(m, train, base_trains)
+    if m.resid_dropout > 0:  # GPT-2: a bool mask after attention and after the MLP (``resid_dropout``)
+        parts.append(("residual dropout masks", 2 * H))
+    return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
-    # Attention.
+
+def _linear_inputs(m: ModelSpec, train: TrainSpec) -> tuple[str, int]:
+    """Inputs saved by trained linears. Pure precision: one shared tensor. AMP: one bf16 cast per consumer."""
+    H = m.hidden_size
+    c = train.precision.compute.bytes
+    qkv_consumers = 1 if m.fused_qkv else 3
+    mlp_consumers = 1 if (m.fused_gate_up or not m.gated_mlp or m.is_moe) else 2
+    if train.precision.mixed:
+        return ("linear inputs (autocast copies)", 2 * H * (qkv_consumers + mlp_consumers))
+    return ("linear inputs", c * H * 2)
+
+
+def _adapter_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """What the LoRA adapters of one layer save, per token."""
+    adapter = 0
+    for a in wb.adapted:
+        if not a.linear.lora_targetable:
+            continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
+        # An adapter in only some layers (a meta-built model's MoE layers, a vision tower) counts for its share.
+        share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
+        adapter += a.linear.per_layer * share // m.num_layers
+    return adapter
+
+
+def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple[list[tuple[str, int]], int]:
+    """Attention's saved parts per token, and its length² bytes per sequence (eager scores, padded SDPA's mask)."""
+    Dq, Dkv, nh = m.q_dim, m.kv_dim, m.num_heads
+    c = train.precision.compute.bytes
+    L = train.seq_len
+    parts: list[tuple[str, int]] = []
     if m.qk_norm:
         parts.append(("q/k norms", _norm_bytes(m, c, base_trains, Dq + Dkv)))
     scores = 0
@@ -246,14 +263,18 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         parts.append(("attention logsumexp (fp32)", 4 * nh))
         if padded_sdpa(train):
             scores = c * L * (-(-L // 16) * 16)
+    return parts, scores
 
-    # MLP.
+
+def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> list[tuple[str, int]]:
+    """The MLP's saved parts per token: routed experts and the router, GPT-2's NewGELU, or a gated MLP."""
+    H, I = m.hidden_size, m.intermediate_size
+    c = train.precision.compute.bytes
     if m.is_moe:
         k, Im, E = m.experts_per_token, m.moe_intermediate_size, m.num_experts
         per_route = (4 if base_trains else 3) * c * Im + c * H + (c * H if base_trains else 0)
-        parts.append(("experts (routed tokens)", k * per_route))
-        parts.append(("router logits and softmax", (c + 4) * E))
-    elif not m.gated_mlp:
+        return [("experts (routed tokens)", k * per_route), ("router logits and softmax", (c + 4) * E)]
+    if not m.gated_mlp:
         # GPT-2: c_fc → NewGELU, Python arithmetic saving x (for pow), tanh(·), 0.5·x and 1 + tanh(·) → c_proj.
         # Under autocast ``pow`` runs in fp32 (autocast's fp32 op list), so x is saved as an fp32 copy and
         # everything after it promotes to fp32 except 0.5·x; c_proj then saves a bf16 cast of the product.
@@ -261,13 +282,8 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
             gelu, proj_in = 4 * I + 4 * I + 2 * I + 4 * I, 2 * I
         else:
             gelu, proj_in = 4 * c * I, c * I
-        parts.append(("MLP activation (NewGELU)", gelu + (proj_in if base_trains else 0)))
-    else:
-        parts.append(("MLP gate/act/up/product", c * I * (4 if base_trains else 3)))
-
-    if m.resid_dropout > 0:  # GPT-2: a bool mask after attention and after the MLP (``resid_dropout``)
-        parts.append(("residual dropout masks", 2 * H))
-    return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
+        return [("MLP activation (NewGELU)", gelu + (proj_in if base_trains else 0))]
+    return [("MLP gate/act/up/product", c * I * (4 if base_trains else 3))]
 
 
 def checkpoint_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:

@@ -32,6 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
+from vramledger.analytic.fsdp_no_sync import no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_params
 from vramledger.analytic.rank import (
     ALL_PHASES,
@@ -118,6 +120,8 @@ def _replicated(
 
 
 def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) -> RankParts:
+    """Rank 0 under FSDP: a 1/N share of every persistent line, plus the units unsharded at once (the root, one or
+    every decoder layer, the root's gradients); under CPU offload the shares live on the host instead."""
     strategy = train.fsdp
     assert strategy is not None
     ranks = {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: min(train.gpus_per_node, train.world_size)}.get(
@@ -126,25 +130,90 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if strategy is Sharding.NO_SHARD:  # all-reduces each unit's gradients in place: DDP without the buckets
         return _replicated(train, one)
     mixed = train.precision.mixed
+    u = _fsdp_gathered_bytes(train, wb)
+    layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
+    root = embedding_params(m) + head_params(m)
+    buffers = [
+        _fsdp_root_buffer(train, wb, root, u),
+        *_fsdp_layer_buffers(m, train, strategy, layer, u),
+        *_fsdp_root_grad_buffers(train, wb, root, u),
+    ]
+    notes: list[str] = []
+    host = 0
+    frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
+    grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
+    whole_units = (
+        train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype
+    )
+    if whole_units:
+        # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
+        # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1). Only
+        # when adapters and base share a dtype and so a unit (use_orig_params=True, e.g. LitGPT, torchtune); fp32
+        # adapters over a bf16 base cannot share one, and PEFT's fsdp_auto_wrap_policy wraps them on their own.
+        grads_r = share(wb.trainable_layers * layer * wb.trainable_dtype.bytes, ranks)
+    if train.offload_optimizer and not train.offload_params:
+        notes.append(
+            "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="
+            "True)): modelled as --offload param"
+        )
+    if train.offload_optimizer or train.offload_params:
+        # CPUOffload / CPUOffloadPolicy: sharded parameters, their gradients and the optimizer step on the host; each
+        # unit's shard is copied to the GPU for its all-gather.
+        host = frozen_r + trainable_r + grads_r + states_r
+        buffers.append(_fsdp_offload_buffer(layer, u, ranks))
+        frozen_r = trainable_r = grads_r = states_r = temp_r = 0
+    kept = no_sync_buffers(  # FSDP1 + accumulation (analytic/fsdp_no_sync.py); offload leaves these on the GPU too
+        train, wb, u=u, sharded_grad_bytes=grads_r, layer_elements=layer, root_elements=root, whole_units=whole_units
+    )
+    if kept:
+        buffers.extend(kept)
+        notes.append(NO_SYNC_NOTE)
+    return RankParts(
+        engine=engine_name(train),
+        ranks=ranks,
+        frozen=frozen_r,
+        trainable=trainable_r,
+        master=0,
+        grads=grads_r,
+        states=states_r,
+        step_temp=temp_r,
+        autocast=0 if mixed else one.autocast,
+        buffers=tuple(buffers),
+        host_bytes=host,
+        sharded=("weights", "gradients", "optimizer state"),
+        replicated=("activations", "logits", "one or two unsharded layers at a time"),
+        notes=tuple(notes),
+    )
+
+
+def _fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+    """u of the legend: bytes per element of the all-gathered parameters."""
+    mixed = train.precision.mixed
     u = train.precision.compute.bytes if mixed else wb.trainable_dtype.bytes
     if train.method is not Method.FULL and not mixed:
         u = train.frozen_dtype.bytes
     if train.quant is not None:
         u = train.precision.compute.bytes  # bnb's FSDP path all-gathers the packed storage; bounded by bf16
-    layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
-    root = embedding_params(m) + head_params(m)
+    return u
+
+
+def _fsdp_root_buffer(train: TrainSpec, wb: WeightBudget, root: int, u: int) -> Buffer:
+    """The root unit, unsharded from forward to backward (and on through the step when FSDP1 cannot reshard it)."""
     # FSDP1 reshards the root in its post-backward hook, which runs only for a unit with trainable parameters: with
     # a frozen root (LoRA, freeze) the root stays unsharded through the optimizer step (the traces).
     stuck = train.fsdp_version == 1 and not (wb.embedding_trainable or wb.head_trainable)
-    buffers = [
-        Buffer(
-            label="root unit unsharded (embeddings, final norm, output layer)",
-            category=Category.WEIGHTS,
-            bytes=root * u,
-            phases=ALL_PHASES if stuck else FWD_BWD,
-            source=FSDP_ROOT_SOURCE,
-        )
-    ]
+    return Buffer(
+        label="root unit unsharded (embeddings, final norm, output layer)",
+        category=Category.WEIGHTS,
+        bytes=root * u,
+        phases=ALL_PHASES if stuck else FWD_BWD,
+        source=FSDP_ROOT_SOURCE,
+    )
+
+
+def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, layer: int, u: int) -> list[Buffer]:
+    """The decoder layers unsharded besides the root: every one under SHARD_GRAD_OP, else one."""
+    buffers = []
     if strategy is Sharding.SHARD_GRAD_OP:
         buffers.append(
             Buffer(
@@ -182,65 +251,37 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
                 at_end_of_backward=False,
             )
         )
+    return buffers
+
+
+def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: int) -> list[Buffer]:
+    """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
-    if root_trained:
-        # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
-        # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
-        buffers.append(
-            Buffer(
-                label="root unit's unsharded gradients (until its reduce-scatter)",
-                category=Category.GRADIENTS,
-                bytes=root_trained * u,
-                phases=frozenset((Phase.BACKWARD,)),
-                source=FSDP_RS_SOURCE,
-                at_end_of_backward=True,
-            )
+    if not root_trained or train.keeps_unsharded_grads:  # under no_sync: inside the kept gradients
+        return []
+    # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
+    # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
+    return [
+        Buffer(
+            label="root unit's unsharded gradients (until its reduce-scatter)",
+            category=Category.GRADIENTS,
+            bytes=root_trained * u,
+            phases=frozenset((Phase.BACKWARD,)),
+            source=FSDP_RS_SOURCE,
+            at_end_of_backward=True,
         )
-    notes: list[str] = []
-    host = 0
-    frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
-    grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
-    if train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype:
-        # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
-        # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1). Only
-        # when adapters and base share a dtype and so a unit (use_orig_params=True, e.g. LitGPT, torchtune); fp32
-        # adapters over a bf16 base cannot share one, and PEFT's fsdp_auto_wrap_policy wraps them on their own.
-        grads_r = share(wb.trainable_layers * layer * wb.trainable_dtype.bytes, ranks)
-    if train.offload_optimizer and not train.offload_params:
-        notes.append(
-            "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="
-            "True)): modelled as --offload param"
-        )
-    if train.offload_optimizer or train.offload_params:
-        # CPUOffload / CPUOffloadPolicy: sharded parameters, their gradients and the optimizer step on the host; each
-        # unit's shard is copied to the GPU for its all-gather.
-        host = frozen_r + trainable_r + grads_r + states_r
-        buffers.append(
-            Buffer(
-                label="host-to-device copy of one unit's shard",
-                category=Category.TEMPORARIES,
-                bytes=share(layer * u, ranks),
-                phases=FWD_BWD,
-                source="torch fsdp _fsdp_param.py: offloaded shards copied to the device before all-gather",
-            )
-        )
-        frozen_r = trainable_r = grads_r = states_r = temp_r = 0
-    return RankParts(
-        engine=engine_name(train),
-        ranks=ranks,
-        frozen=frozen_r,
-        trainable=trainable_r,
-        master=0,
-        grads=grads_r,
-        states=states_r,
-        step_temp=temp_r,
-        autocast=0 if mixed else one.autocast,
-        buffers=tuple(buffers),
-        host_bytes=host,
-        sharded=("weights", "gradients", "optimizer state"),
-        replicated=("activations", "logits", "one or two unsharded layers at a time"),
-        notes=tuple(notes),
+    ]
+
+
+def _fsdp_offload_buffer(layer: int, u: int, ranks: int) -> Buffer:
+    """Under CPU offload, one unit's shard copied to the GPU for its all-gather."""
+    return Buffer(
+        label="host-to-device copy of one unit's shard",
+        category=Category.TEMPORARIES,
+        bytes=share(layer * u, ranks),
+        phases=FWD_BWD,
+        source="torch fsdp _fsdp_param.py: offloaded shards copied to the device before all-gather",
     )
 
 

@@ -254,22 +254,30 @@ def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Mo
     if train.eval_batch is None and not train.predict_with_generate:
         return {}
     sh = eval_shape(m, train)
+    s = residual_bytes(train, p.weights)  # RoPE'd keys take the residual dtype (cos/sin are cast to it)
+    out: dict[Phase, Moment] = {Phase.EVAL: _eval_moment(m, train, p, sh, s)}
+    if train.predict_with_generate:
+        out[Phase.GENERATE] = _generate_moment(m, train, p, sh, s)
+    return out
+
+
+def _eval_base(p: StepParts, train: TrainSpec, sh: EvalShape, name: str, phase: Phase = Phase.EVAL) -> Moment:
+    """What every eval or generate moment holds: the training run's persistent lines and the kept predictions."""
+    kept_prev = (sh.steps_kept - 1) * sh.kept_per_step
+    mo = Moment(name=name, phase=phase)
+    # Weights and optimizer states stay; gradients are None (zero_grad(set_to_none=True)); autocast's cast
+    # cache fills during the forward as in training (cached_cast keys on requires_grad, not on grad mode).
+    add_persistent(mo, p, train, grads=0, autocast=True, states=True)
+    if kept_prev:
+        mo.add(Category.LOGITS_LOSS, f"predictions kept from {sh.steps_kept - 1} earlier eval batches", kept_prev,
+               SRC_KEPT)
+    return mo
+
+
+def _eval_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s: int) -> Moment:
+    """The eval forward's peak: at the loss, in the top decoder layer, or in the concatenation of kept predictions."""
     B, L = sh.batch, sh.length
     c = train.precision.compute.bytes
-    s = residual_bytes(train, p.weights)  # RoPE'd keys take the residual dtype (cos/sin are cast to it)
-    kept_prev = (sh.steps_kept - 1) * sh.kept_per_step
-    out: dict[Phase, Moment] = {}
-
-    def base(name: str, phase: Phase = Phase.EVAL) -> Moment:
-        mo = Moment(name=name, phase=phase)
-        # Weights and optimizer states stay; gradients are None (zero_grad(set_to_none=True)); autocast's cast
-        # cache fills during the forward as in training (cached_cast keys on requires_grad, not on grad mode).
-        add_persistent(mo, p, train, grads=0, autocast=True, states=True)
-        if kept_prev:
-            mo.add(Category.LOGITS_LOSS, f"predictions kept from {sh.steps_kept - 1} earlier eval batches", kept_prev,
-                   SRC_KEPT)
-        return mo
-
     # Eval forward (the loss needs labels: the standard loss, or Liger's fused one when no logits are kept).
     cache = 0
     if sh.use_cache:
@@ -286,7 +294,7 @@ def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Mo
         mo.add(Category.ATTENTION_SCORES, "4-D attention mask of the padded eval batch", mask,
                "masking_utils create_causal_mask: B·L² (bool for sdpa, compute dtype for eager)")
 
-    a = base(f"eval loss (batch {B} × {L} tokens, no autograd)")
+    a = _eval_base(p, train, sh, f"eval loss (batch {B} × {L} tokens, no autograd)")
     forward_common(a)
     a.add(Category.ACTIVATIONS, "last hidden state", s * m.hidden_size * B * L, "LlamaForCausalLM.forward")
     a.add(Category.LOGITS_LOSS, "eval logits, fp32 copy, log-softmax", lg.forward_peak,
@@ -294,7 +302,7 @@ def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Mo
     cands.append(a)
 
     tok, sq = layer_working_set(m, train, batch=B, length=L, resid=s)
-    b = base("top decoder layer of the eval forward (no autograd)")
+    b = _eval_base(p, train, sh, "top decoder layer of the eval forward (no autograd)")
     forward_common(b)
     b.add(Category.TEMPORARIES, "one layer's working set", tok,
           "no_grad forward of one layer: (s+c)·H + max(3·c·I MLP, c·(3·Dq+3·Dkv) attention) per token")
@@ -304,34 +312,38 @@ def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Mo
     cands.append(b)
 
     if sh.kept_per_step and sh.steps_kept > 1:
-        cc = base(f"torch.cat of the kept predictions (eval batch {sh.steps_kept})")
+        cc = _eval_base(p, train, sh, f"torch.cat of the kept predictions (eval batch {sh.steps_kept})")
         cc.add(Category.LOGITS_LOSS, "this batch's predictions and the concatenation",
                sh.kept_per_step * (1 + sh.steps_kept), SRC_CONCAT)
         cands.append(cc)
-    out[Phase.EVAL] = max(cands, key=lambda mo: mo.total)
+    return max(cands, key=lambda mo: mo.total)
 
-    if train.predict_with_generate:
-        N = max(train.generation_max_new_tokens, 1)  # unknown: the prefill only (eval_warnings says so)
-        kv = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=N, dtype_bytes=c, key_bytes=s)
-        pre = base(f"generate: prefill of {B}×{L} prompt tokens (top layer)", Phase.GENERATE)
-        kind = train.generation_cache  # analytic/kv_cache.py: what each cache kind holds during a decode step
-        pre.add(Category.KV_CACHE, f"KV cache after the prefill ({kind.display})", kv.after_prefill, SRC_CACHE)
-        pre.add(Category.ATTENTION_SCORES, "4-D mask of the left-padded prompts", mask_bytes(train, batch=B, length=L),
-                "masking_utils create_causal_mask")
-        pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
-        pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
-        end = base(f"generate: last of {N} decode steps", Phase.GENERATE)
-        end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens ({kind.display})", kv.at_end, SRC_CACHE)
-        end.add(Category.TEMPORARIES, "the previous step's cache tuple" if kind is CacheKind.LEGACY
-                else "one layer's K/V being re-concatenated",
-                decode_step_extra(kind, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
-                                  cached=L + N - 1),
-                SRC_LEGACY if kind is CacheKind.LEGACY
-                else "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor")
-        end.add(Category.LOGITS_LOSS, "last-token logits (compute dtype and fp32 copy)", (c + 4) * B * m.vocab_size,
-                "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)")
-        out[Phase.GENERATE] = max((pre, end), key=lambda mo: mo.total)
-    return out
+
+def _generate_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s: int) -> Moment:
+    """``predict_with_generate``'s peak: the prefill's top layer, or the last decode step."""
+    B, L = sh.batch, sh.length
+    c = train.precision.compute.bytes
+    tok, sq = layer_working_set(m, train, batch=B, length=L, resid=s)
+    N = max(train.generation_max_new_tokens, 1)  # unknown: the prefill only (eval_warnings says so)
+    kv = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=N, dtype_bytes=c, key_bytes=s)
+    pre = _eval_base(p, train, sh, f"generate: prefill of {B}×{L} prompt tokens (top layer)", Phase.GENERATE)
+    kind = train.generation_cache  # analytic/kv_cache.py: what each cache kind holds during a decode step
+    pre.add(Category.KV_CACHE, f"KV cache after the prefill ({kind.display})", kv.after_prefill, SRC_CACHE)
+    pre.add(Category.ATTENTION_SCORES, "4-D mask of the left-padded prompts", mask_bytes(train, batch=B, length=L),
+            "masking_utils create_causal_mask")
+    pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
+    pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
+    end = _eval_base(p, train, sh, f"generate: last of {N} decode steps", Phase.GENERATE)
+    end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens ({kind.display})", kv.at_end, SRC_CACHE)
+    end.add(Category.TEMPORARIES, "the previous step's cache tuple" if kind is CacheKind.LEGACY
+            else "one layer's K/V being re-concatenated",
+            decode_step_extra(kind, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
+                              cached=L + N - 1),
+            SRC_LEGACY if kind is CacheKind.LEGACY
+            else "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor")
+    end.add(Category.LOGITS_LOSS, "last-token logits (compute dtype and fp32 copy)", (c + 4) * B * m.vocab_size,
+            "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)")
+    return max((pre, end), key=lambda mo: mo.total)
 
 
 # -- the verdict's sentence when evaluation is the peak --------------------------------------------------------

@@ -39,7 +39,7 @@ from functools import lru_cache
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
-from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.logits import LogitsBytes, logits_bytes
 from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
 from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import layer_linears
@@ -89,45 +89,100 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: StepParts) -> Seq:
     of the layers below the top one; the weights), and one block per tensor where the order decides what can
     reuse what (the logits chain; one layer's backward).
     """
-    wb = p.weights
-    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    T, H = train.tokens, m.hidden_size
     c = train.precision.compute.bytes
-    s = residual_bytes(train, wb)
-    H, V = m.hidden_size, m.vocab_size
-    I = _decoder_mlp_width(m)  # noqa: E741
-    n_tl = wb.trainable_layers
+    n_tl = p.weights.trainable_layers
     ckpt = train.grad_ckpt
+    seq = _Events()
+    # Persistent: weights (frozen, trainable, fp32 master) and the cuBLAS workspaces.
+    seq.alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)
+    top_saved, rest_saved = _saved_blocks(p)
+    fwd_temp, bwd_temp = _layer_transients(m, train, p)
+    grad_blocks, n_states, temp_blocks = _parameter_blocks(m, p)
+    lg = logits_bytes(m, train, T)
+    layers = 2 if n_tl > 1 else 1  # the cache of one layer's transients is made by the first layer
+    for step in (1, 2):
+        rest = seq.alloc(rest_saved)
+        seq.transients(fwd_temp, layers)
+        top = seq.alloc(top_saved)
+        hidden = seq.alloc(p.final_hidden_bytes + p.head_cast_bytes)
+        g3 = _loss_chain(seq, m, train, lg, hidden)
+        gh = seq.alloc(c * H * T)  # lm_head's input gradient
+        seq.free(g3)
+        recompute = seq.alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None
+        seq.transients(bwd_temp, layers)
+        if recompute is not None:
+            seq.free(recompute)
+        seq.free(top)
+        seq.free(gh)
+        seq.free(rest)
+        grads = [seq.alloc(g) for g in grad_blocks]
+        if step == 1:
+            for g in grad_blocks:
+                for _ in range(n_states):
+                    seq.alloc(g)
+        seq.transients(temp_blocks, 1)
+        for g in grads:  # zero_grad(set_to_none=True)
+            seq.free(g)
+    return tuple(seq.events)
 
-    ev: list[tuple[int, int]] = []
-    nid = iter(range(1, 1 << 30))
 
-    def alloc(size: int) -> int:
-        i = next(nid)
+class _Events:
+    """The sequence ``step_sequence`` builds: ``alloc`` numbers a block (a size of 0 is numbered, not recorded)."""
+
+    def __init__(self) -> None:
+        self.events: list[tuple[int, int]] = []
+        self._ids = iter(range(1, 1 << 30))
+
+    def alloc(self, size: int) -> int:
+        i = next(self._ids)
         if size > 0:
-            ev.append((i, int(size)))
+            self.events.append((i, int(size)))
         return i
 
-    def free(i: int) -> None:
-        ev.append((i, 0))
+    def free(self, i: int) -> None:
+        self.events.append((i, 0))
 
-    # Persistent: weights (frozen, trainable, fp32 master) and the cuBLAS workspaces.
-    alloc(p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes)
+    def transients(self, sizes: list[int], times: int) -> None:
+        """``times`` rounds of the blocks ``sizes``, all allocated, then all freed."""
+        for _ in range(times):
+            for t in [self.alloc(x) for x in sizes]:
+                self.free(t)
 
-    # Saved activations: the top trained layer's separately (backward frees it first), the rest as one block.
+
+def _saved_blocks(p: StepParts) -> tuple[int, int]:
+    """Saved activations: the top trained layer's separately (backward frees it first), the rest as one block."""
+    n_tl = p.weights.trainable_layers
     saved_all = p.saved_layers_bytes + p.scores_bytes
     top_saved = saved_all // n_tl if n_tl else 0
     rest_saved = saved_all - top_saved + p.extra_saved_bytes
+    return top_saved, rest_saved
+
+
+def _layer_transients(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[list[int], list[int]]:
+    """The blocks of one layer's forward and of one layer's backward that are freed as soon as it is done."""
+    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    c = train.precision.compute.bytes
+    s = residual_bytes(train, p.weights)
+    H = m.hidden_size
+    I = _decoder_mlp_width(m)  # noqa: E741
+    n_tl = p.weights.trainable_layers
     # One layer's forward transients: under checkpointing its whole forward runs without saving (the MLP
     # intermediates c·I·T and the residual s·H·T are freed as it goes); eager's scores (step.py forward_layer_temp).
     fwd_temp = [p.forward_layer_temp] if p.forward_layer_temp else []
-    if ckpt and n_tl:
+    if train.grad_ckpt and n_tl:
         fwd_temp += [c * I * T, c * I * T, s * H * T]
     # One layer's backward: grads of its input and output hidden states (s·H·T each) and of the MLP intermediates
     # (c·I·T each), eager's (c+4)·nh·L² per sequence (step.py layer_backward_temp).
     bwd_temp = [s * H * T, s * H * T, c * I * T, c * I * T, c * I * T] if n_tl else []
     if train.attn is Attention.EAGER and n_tl:
         bwd_temp.append((c + 4) * m.num_heads * L * L * B)
+    return fwd_temp, bwd_temp
 
+
+def _parameter_blocks(m: ModelSpec, p: StepParts) -> tuple[list[int], int, list[int]]:
+    """The gradients' blocks, how many optimizer states each has, and the foreach temporaries' blocks."""
+    wb = p.weights
     # Per-parameter tensors: gradients, optimizer states, the foreach temporaries. LoRA's are each ≤ 1 MiB and
     # live in the small pool (kSmallSize), which large requests never use: small_pool_excess handles them, and
     # they are left out here. Full fine-tuning's are one tensor per weight matrix; they are modelled as blocks
@@ -144,66 +199,46 @@ def step_sequence(m: ModelSpec, train: TrainSpec, p: StepParts) -> Seq:
     grad_blocks = ([head] if head else []) + [chunk] * (body // chunk) + ([body % chunk] if body % chunk else [])
     n_states = round(p.state_bytes / max(p.grad_bytes, 1)) if not small else 0
     temp_blocks = grad_blocks if (p.step_temp_bytes and not small) else []
-    lg = logits_bytes(m, train, T)
-    for step in (1, 2):
-        rest = alloc(rest_saved)
-        for _ in range(2 if n_tl > 1 else 1):  # the cache of one layer's transients is made by the first layer
-            for t in [alloc(x) for x in fwd_temp]:
-                free(t)
-        top = alloc(top_saved)
-        hidden = alloc(p.final_hidden_bytes + p.head_cast_bytes)
-        if train.loss is Loss.STANDARD:
-            # transformers ForCausalLMLoss: logits (c·V·T) → .float() (4·V·T) → log_softmax (4·V·T, saved);
-            # the upcast and the logits die before backward (the Trainer keeps only the loss).
-            up = 4 * V * T if c != 4 else 0
-            soft = lg.saved - 4 * V * T
-            logits = alloc(c * V * T)
-            softcap = alloc(soft)
-            upcast = alloc(up)
-            lsm = alloc(4 * V * T)
-            free(upcast)
-            free(logits)
-            free(hidden)
-            # backward: nll_loss_backward's 4·V·T gradient, then _log_softmax_backward_data's 4·V·T while the
-            # saved log-softmax is live; then the cast back to c·V·T for lm_head's backward.
-            g1 = alloc(4 * V * T)
-            g2 = alloc(4 * V * T)
-            free(g1)
-            free(lsm)
-            free(softcap)
-            g3 = alloc(c * V * T if c != 4 else 0)
-            free(g2)
-        else:
-            # Chunked or fused loss: what forward keeps, and the transients of one chunk in each direction.
-            kept = alloc(lg.saved)
-            tf = alloc(max(lg.forward_peak - lg.saved, 0))
-            free(tf)
-            free(hidden)
-            tb = alloc(max(lg.backward_peak - lg.saved, 0))
-            free(kept)
-            g3 = alloc(max(lg.head_grad_moment - (lg.backward_peak - lg.saved), 0))
-            free(tb)
-        gh = alloc(c * H * T)  # lm_head's input gradient
-        free(g3)
-        recompute = alloc(p.layer_bytes + p.layer_scores_bytes) if ckpt and n_tl else None
-        for _ in range(2 if n_tl > 1 else 1):
-            for t in [alloc(x) for x in bwd_temp]:
-                free(t)
-        if recompute is not None:
-            free(recompute)
-        free(top)
-        free(gh)
-        free(rest)
-        grads = [alloc(g) for g in grad_blocks]
-        if step == 1:
-            for g in grad_blocks:
-                for _ in range(n_states):
-                    alloc(g)
-        for t in [alloc(g) for g in temp_blocks]:
-            free(t)
-        for g in grads:  # zero_grad(set_to_none=True)
-            free(g)
-    return tuple(ev)
+    return grad_blocks, n_states, temp_blocks
+
+
+def _loss_chain(seq: _Events, m: ModelSpec, train: TrainSpec, lg: LogitsBytes, hidden: int) -> int:
+    """The loss's forward and backward, from the final hidden states (``hidden``, freed here); returns the block of
+    the logits' gradient that lm_head's backward reads."""
+    T, V = train.tokens, m.vocab_size
+    c = train.precision.compute.bytes
+    if train.loss is Loss.STANDARD:
+        # transformers ForCausalLMLoss: logits (c·V·T) → .float() (4·V·T) → log_softmax (4·V·T, saved);
+        # the upcast and the logits die before backward (the Trainer keeps only the loss).
+        up = 4 * V * T if c != 4 else 0
+        soft = lg.saved - 4 * V * T
+        logits = seq.alloc(c * V * T)
+        softcap = seq.alloc(soft)
+        upcast = seq.alloc(up)
+        lsm = seq.alloc(4 * V * T)
+        seq.free(upcast)
+        seq.free(logits)
+        seq.free(hidden)
+        # backward: nll_loss_backward's 4·V·T gradient, then _log_softmax_backward_data's 4·V·T while the
+        # saved log-softmax is live; then the cast back to c·V·T for lm_head's backward.
+        g1 = seq.alloc(4 * V * T)
+        g2 = seq.alloc(4 * V * T)
+        seq.free(g1)
+        seq.free(lsm)
+        seq.free(softcap)
+        g3 = seq.alloc(c * V * T if c != 4 else 0)
+        seq.free(g2)
+    else:
+        # Chunked or fused loss: what forward keeps, and the transients of one chunk in each direction.
+        kept = seq.alloc(lg.saved)
+        tf = seq.alloc(max(lg.forward_peak - lg.saved, 0))
+        seq.free(tf)
+        seq.free(hidden)
+        tb = seq.alloc(max(lg.backward_peak - lg.saved, 0))
+        seq.free(kept)
+        g3 = seq.alloc(max(lg.head_grad_moment - (lg.backward_peak - lg.saved), 0))
+        seq.free(tb)
+    return g3
 
 
 def reserve_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:

@@ -33,10 +33,12 @@ from vramledger.analytic.activations import (
 )
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
+from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
+from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
@@ -116,7 +118,8 @@ def _saved_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Sav
     n_tl = wb.trainable_layers
     n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
     la = layer_activations(m, train, wb)
-    layer, layer_scores = la.per_token * T, la.scores_per_seq * B
+    layer = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
+    layer_scores = la.scores_per_seq * B
     extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
     if not train.grad_ckpt:
         unsaved = first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0
@@ -190,17 +193,18 @@ def _layer_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> in
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
     p = step_parts(m, train, gpu)
+    backward = (_loss_backward(train, p), _top_layer_backward(train, p), _end_of_backward(m, train, p))
+    for mo in backward:  # the engine's buffers before the choice: some live only at the end of backward
+        add_buffers(mo, Phase.BACKWARD, p.buffers)
     out = {
         Phase.LOAD: _load_moment(m, train, p),
         Phase.FORWARD: _forward_moment(train, p),
-        Phase.BACKWARD: max(
-            (_loss_backward(train, p), _top_layer_backward(train, p), _end_of_backward(m, train, p)),
-            key=lambda mo: mo.total,
-        ),
+        Phase.BACKWARD: max(backward, key=lambda mo: mo.total),
         Phase.OPTIMIZER: _optimizer_moment(train, p),
     }
     for phase, mo in out.items():
-        add_buffers(mo, phase, p.buffers)
+        if phase is not Phase.BACKWARD:
+            add_buffers(mo, phase, p.buffers)
     out.update(eval_moments(m, train, p))
     return out
 
@@ -366,4 +370,5 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
                 basis=Basis.ASSUMPTION,
             )
         )
+    items.extend(nccl_lines(train, gpu, mos))  # several GPUs: NCCL's communicators, outside the allocator
     return tuple(items), names

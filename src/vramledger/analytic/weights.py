@@ -214,60 +214,80 @@ def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
 
 @lru_cache(maxsize=4096)
 def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
+    """The parameters of ``train``'s method and their bytes: every one trained (full), the top layers (freeze), or
+    adapters over a frozen, possibly quantised base (LoRA, QLoRA)."""
+    if train.method is Method.FULL:
+        return _full_budget(m, train)
+    if train.method is Method.FREEZE:
+        return _freeze_budget(m, train)
+    return _adapter_budget(m, train)
+
+
+def _full_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     total = count_params(m)
-    prec = train.precision
-    frozen_dt, train_dt = train.frozen_dtype, prec.trainable
+    train_dt = train.precision.trainable
+    linears = layer_linears(m)
+    lm_head_numel = m.vocab_size * m.hidden_size
+    largest = max(embedding_params(m), max(lin.in_features * lin.out_features for lin in linears))
+    # Autocast casts what matmul-type ops use (torch autocast_mode.cpp lower_precision_fp list: linear, matmul):
+    # every linear's weight and bias, and the lm_head weight (the embedding itself when tied). aten::embedding
+    # and the norms' elementwise weights are not cast.
+    matrix = linears_numel(m, linears) + lm_head_numel
+    return WeightBudget(
+        total_params=total,
+        trainable_params=total,
+        frozen_bytes=0,
+        trainable_bytes=total * train_dt.bytes,
+        trainable_dtype=train_dt,
+        trainable_layers=m.num_layers,
+        adapted=(),
+        trainable_matrix_params=matrix,
+        largest_trainable_numel=largest,
+        largest_frozen_matrix_numel=0,
+        frozen_matrix_params=0,
+        embedding_trainable=True,
+        head_trainable=True,
+        norms_trainable=True,
+        lm_head_weight_numel=lm_head_numel,
+    )
+
+
+def _freeze_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
+    total = count_params(m)
+    frozen_dt, train_dt = train.frozen_dtype, train.precision.trainable
     linears = layer_linears(m)
     lm_head_numel = m.vocab_size * m.hidden_size
     largest_frozen = max(lin.in_features * lin.out_features for lin in linears)
+    k = min(train.freeze_trainable_layers, m.num_layers)
+    trainable = k * layer_params(m)
+    matrix = k * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
+    return WeightBudget(
+        total_params=total,
+        trainable_params=trainable,
+        frozen_bytes=(total - trainable) * frozen_dt.bytes,
+        trainable_bytes=trainable * train_dt.bytes,
+        trainable_dtype=train_dt,
+        trainable_layers=k,
+        adapted=(),
+        trainable_matrix_params=matrix,
+        largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
+        largest_frozen_matrix_numel=largest_frozen,
+        frozen_matrix_params=linears_numel(m, linears, weights_only=True) - matrix + lm_head_numel,
+        embedding_trainable=False,
+        head_trainable=False,
+        norms_trainable=k > 0,
+        lm_head_weight_numel=lm_head_numel,
+    )
 
-    if train.method is Method.FULL:
-        largest = max(embedding_params(m), max(lin.in_features * lin.out_features for lin in linears))
-        # Autocast casts what matmul-type ops use (torch autocast_mode.cpp lower_precision_fp list: linear, matmul):
-        # every linear's weight and bias, and the lm_head weight (the embedding itself when tied). aten::embedding
-        # and the norms' elementwise weights are not cast.
-        matrix = linears_numel(m, linears) + lm_head_numel
-        return WeightBudget(
-            total_params=total,
-            trainable_params=total,
-            frozen_bytes=0,
-            trainable_bytes=total * train_dt.bytes,
-            trainable_dtype=train_dt,
-            trainable_layers=m.num_layers,
-            adapted=(),
-            trainable_matrix_params=matrix,
-            largest_trainable_numel=largest,
-            largest_frozen_matrix_numel=0,
-            frozen_matrix_params=0,
-            embedding_trainable=True,
-            head_trainable=True,
-            norms_trainable=True,
-            lm_head_weight_numel=lm_head_numel,
-        )
 
-    if train.method is Method.FREEZE:
-        k = min(train.freeze_trainable_layers, m.num_layers)
-        trainable = k * layer_params(m)
-        matrix = k * sum(lin.in_features * lin.out_features * lin.per_layer for lin in linears)
-        return WeightBudget(
-            total_params=total,
-            trainable_params=trainable,
-            frozen_bytes=(total - trainable) * frozen_dt.bytes,
-            trainable_bytes=trainable * train_dt.bytes,
-            trainable_dtype=train_dt,
-            trainable_layers=k,
-            adapted=(),
-            trainable_matrix_params=matrix,
-            largest_trainable_numel=max(lin.in_features * lin.out_features for lin in linears) if k else 0,
-            largest_frozen_matrix_numel=largest_frozen,
-            frozen_matrix_params=linears_numel(m, linears, weights_only=True) - matrix + lm_head_numel,
-            embedding_trainable=False,
-            head_trainable=False,
-            norms_trainable=k > 0,
-            lm_head_weight_numel=lm_head_numel,
-        )
-
-    # LoRA / QLoRA: adapters train; the base is frozen (quantised for QLoRA).
+def _adapter_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
+    """LoRA / QLoRA: adapters train; the base is frozen (quantised for QLoRA)."""
+    total = count_params(m)
+    prec = train.precision
+    frozen_dt = train.frozen_dtype
+    linears = layer_linears(m)
+    lm_head_numel = m.vocab_size * m.hidden_size
+    largest_frozen = max(lin.in_features * lin.out_features for lin in linears)
     assert train.lora is not None
     adapted = adapted_linears(m, train)
     head_adapter = head_adapter_params(m, train)
@@ -277,6 +297,38 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     # The trained copies of modules_to_save keep the module's dtype (PEFT's cast_adapter_dtype casts only LoRA
     # layers), upcast to fp32 under AMP as LLaMA-Factory upcasts every trainable parameter.
     saved_dt = DType.FP32 if (prec.mixed or prec.compute is DType.FP32) else frozen_dt
+    largest_adapter = max(
+        [train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted]
+        + [train.lora.rank * m.vocab_size if head_adapter else 0]
+        + [m.vocab_size * m.hidden_size if (saved_embed or saved_head) else 0]
+    )
+    return WeightBudget(
+        total_params=total + adapter_params,
+        trainable_params=adapter_params,
+        frozen_bytes=_frozen_base_bytes(m, train),
+        trainable_bytes=(adapter_params - saved_embed - saved_head) * adapter_dt.bytes
+        + (saved_embed + saved_head) * saved_dt.bytes,
+        trainable_dtype=adapter_dt,
+        trainable_layers=m.num_layers if (adapted or saved_embed) else 0,
+        adapted=adapted,
+        # The embedding copy is looked up, not multiplied: autocast casts no copy of it.
+        trainable_matrix_params=adapter_params - saved_embed,
+        largest_trainable_numel=largest_adapter,
+        largest_frozen_matrix_numel=largest_frozen,
+        frozen_matrix_params=linears_numel(m, linears, weights_only=True) + lm_head_numel,
+        embedding_trainable=bool(saved_embed),
+        head_trainable=bool(saved_head),
+        norms_trainable=False,
+        lm_head_weight_numel=lm_head_numel,
+    )
+
+
+def _frozen_base_bytes(m: ModelSpec, train: TrainSpec) -> int:
+    """The frozen base under the adapters: bitsandbytes-quantised (QLoRA), a pre-quantised checkpoint's storage, or
+    plain in the frozen dtype."""
+    total = count_params(m)
+    frozen_dt = train.frozen_dtype
+    linears = layer_linears(m)
     if train.quant is not None:
         q = train.quant
         quantised = sum(
@@ -293,30 +345,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
         frozen_bytes = checkpoint_storage_bytes(m, frozen_dt.bytes)
     else:
         frozen_bytes = total * frozen_dt.bytes
-    largest_adapter = max(
-        [train.lora.rank * max(a.linear.in_features, a.linear.out_features) for a in adapted]
-        + [train.lora.rank * m.vocab_size if head_adapter else 0]
-        + [m.vocab_size * m.hidden_size if (saved_embed or saved_head) else 0]
-    )
-    return WeightBudget(
-        total_params=total + adapter_params,
-        trainable_params=adapter_params,
-        frozen_bytes=frozen_bytes,
-        trainable_bytes=(adapter_params - saved_embed - saved_head) * adapter_dt.bytes
-        + (saved_embed + saved_head) * saved_dt.bytes,
-        trainable_dtype=adapter_dt,
-        trainable_layers=m.num_layers if (adapted or saved_embed) else 0,
-        adapted=adapted,
-        # The embedding copy is looked up, not multiplied: autocast casts no copy of it.
-        trainable_matrix_params=adapter_params - saved_embed,
-        largest_trainable_numel=largest_adapter,
-        largest_frozen_matrix_numel=largest_frozen,
-        frozen_matrix_params=linears_numel(m, linears, weights_only=True) + lm_head_numel,
-        embedding_trainable=bool(saved_embed),
-        head_trainable=bool(saved_head),
-        norms_trainable=False,
-        lm_head_weight_numel=lm_head_numel,
-    )
+    return frozen_bytes
 
 
 # -- storage of pre-quantised checkpoints (GPTQ, AWQ, FP8, MXFP4), per linear layer -----------------------------

@@ -49,7 +49,17 @@ def _persistent_numel(m: ModelSpec, threshold: int) -> int:
     return m.num_layers * small + final
 
 
+# What ZeRO's stage partitions across the ranks.
+_SHARDED = {
+    1: ("optimizer state", "fp32 master"),
+    2: ("optimizer state", "fp32 master", "gradients"),
+    3: ("optimizer state", "fp32 master", "gradients", "weights"),
+}
+
+
 def zero_rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: int, states: int) -> RankParts:
+    """Rank 0 under DeepSpeed ZeRO: the model copy, fp32 master, gradients and states as the stage partitions them,
+    the engine's buffers, and what CPU offload moves to the host."""
     stage, N = train.zero_stage, train.world_size
     zb = zero_buffers(m, train)
     c = train.precision.compute.bytes
@@ -63,39 +73,10 @@ def zero_rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: in
     # grads_in_partition; stage 3: grad_partitions_flat_buffer
     grads_r = Pt * s if stage == 1 else share(Pt * s, N)
     frozen_r = frozen
-    buffers: list[Buffer] = []
-    n_buckets = 2 if (stage < 3 and zb.overlap(stage)) else 1
-    if zb.contiguous_gradients or stage == 3:
-        buffers.append(
-            Buffer(
-                label=f"reduce bucket{'s' if n_buckets > 1 else ''} ({n_buckets} × reduce_bucket_size "
-                f"{zb.reduce_bucket_size:,})",
-                category=Category.GRADIENTS,
-                bytes=n_buckets * zb.reduce_bucket_size * s,
-                phases=ALL_PHASES,
-                source=f"{src}: ipg_buckets buffer of reduce_bucket_size elements"
-                + (" (buf_0, buf_1 with overlap_comm)" if stage < 3 else ""),
-            )
-        )
+    buffers = _reduce_buckets(stage, zb, s, src)
     if stage == 3:
-        persistent = _persistent_numel(m, zb.param_persistence_threshold)
-        frozen_numel = wb.total_params - Pt
-        frozen_r = share(max(frozen_numel - persistent, 0) * s, N) + persistent * s
-        if train.quant is not None:
-            # QLoRA under ZeRO-3 (bnb_4bit_quant_storage in the engine's dtype): the packed 4-bit storage is what
-            # is partitioned
-            frozen_r = share(frozen, N) + persistent * s
-        gathered = min(zb.max_live_parameters, layer_params(m) + zb.prefetch_bucket_size)
-        buffers.append(
-            Buffer(
-                label="gathered parameters (one layer + prefetch bucket, ≤ max_live_parameters)",
-                category=Category.WEIGHTS,
-                bytes=gathered * s,
-                phases=FWD_BWD,
-                source=f"{src}: partitioned_param_coordinator.py fetch_sub_module, stage3_prefetch_bucket_size "
-                f"{zb.prefetch_bucket_size:,}, stage3_max_live_parameters {zb.max_live_parameters:,}",
-            )
-        )
+        frozen_r = _zero3_frozen_share(m, train, wb, zb, frozen, s)
+        buffers.append(_gathered_parameters(m, zb, s, src))
     elif train.quant is None:
         frozen_r = (wb.total_params - Pt) * s  # in the engine's dtype, whole on every rank
     host = 0
@@ -118,11 +99,6 @@ def zero_rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: in
         host += frozen_r + trainable
         persistent_b = _persistent_numel(m, zb.param_persistence_threshold) * s
         frozen_r, trainable = persistent_b, 0
-    sharded = {
-        1: ("optimizer state", "fp32 master"),
-        2: ("optimizer state", "fp32 master", "gradients"),
-        3: ("optimizer state", "fp32 master", "gradients", "weights"),
-    }[stage]
     replicated = ("weights", "activations") if stage < 3 else ("activations", "small parameters (persistent)")
     return RankParts(
         engine=engine_name(train),
@@ -136,9 +112,52 @@ def zero_rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: in
         autocast=0,
         buffers=tuple(buffers),
         host_bytes=host,
-        sharded=sharded,
+        sharded=_SHARDED[stage],
         replicated=replicated,
         master_label="fp32 master copy (ZeRO partition)",
+    )
+
+
+def _reduce_buckets(stage: int, zb: ZeroBuffers, s: int, src: str) -> list[Buffer]:
+    """The ipg reduce bucket(s), allocated whole when gradients are contiguous (always under ZeRO-3)."""
+    n_buckets = 2 if (stage < 3 and zb.overlap(stage)) else 1
+    if not (zb.contiguous_gradients or stage == 3):
+        return []
+    return [
+        Buffer(
+            label=f"reduce bucket{'s' if n_buckets > 1 else ''} ({n_buckets} × reduce_bucket_size "
+            f"{zb.reduce_bucket_size:,})",
+            category=Category.GRADIENTS,
+            bytes=n_buckets * zb.reduce_bucket_size * s,
+            phases=ALL_PHASES,
+            source=f"{src}: ipg_buckets buffer of reduce_bucket_size elements"
+            + (" (buf_0, buf_1 with overlap_comm)" if stage < 3 else ""),
+        )
+    ]
+
+
+def _zero3_frozen_share(m: ModelSpec, train: TrainSpec, wb: WeightBudget, zb: ZeroBuffers, frozen: int, s: int) -> int:
+    """ZeRO-3 partitions the frozen parameters too, except the small persistent ones, kept whole."""
+    persistent = _persistent_numel(m, zb.param_persistence_threshold)
+    frozen_numel = wb.total_params - wb.trainable_params
+    frozen_r = share(max(frozen_numel - persistent, 0) * s, train.world_size) + persistent * s
+    if train.quant is not None:
+        # QLoRA under ZeRO-3 (bnb_4bit_quant_storage in the engine's dtype): the packed 4-bit storage is what
+        # is partitioned
+        frozen_r = share(frozen, train.world_size) + persistent * s
+    return frozen_r
+
+
+def _gathered_parameters(m: ModelSpec, zb: ZeroBuffers, s: int, src: str) -> Buffer:
+    """ZeRO-3's parameters gathered at once during forward and backward."""
+    gathered = min(zb.max_live_parameters, layer_params(m) + zb.prefetch_bucket_size)
+    return Buffer(
+        label="gathered parameters (one layer + prefetch bucket, ≤ max_live_parameters)",
+        category=Category.WEIGHTS,
+        bytes=gathered * s,
+        phases=FWD_BWD,
+        source=f"{src}: partitioned_param_coordinator.py fetch_sub_module, stage3_prefetch_bucket_size "
+        f"{zb.prefetch_bucket_size:,}, stage3_max_live_parameters {zb.max_live_parameters:,}",
     )
 
 

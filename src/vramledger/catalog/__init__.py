@@ -92,6 +92,12 @@ def _name_index() -> dict[str, str]:
     for key, entry in model_entries().items():
         for name in (key, entry.hub_id, entry.hub_id.split("/")[-1], *entry.aliases):
             index[_norm(name)] = key
+    # A former hub id kept as an alias (meta-llama/Meta-Llama-3.1-8B, renamed Llama-3.1-8B) is also known by its
+    # last part, so that mirrors of it (NousResearch/Meta-Llama-3.1-8B) resolve by pattern as well.
+    for key, entry in model_entries().items():
+        for name in entry.aliases:
+            if "/" in name:
+                index.setdefault(_norm(name.split("/")[-1]), key)
     return index
 
 
@@ -193,9 +199,12 @@ def _named(name: str, key: str) -> ModelSpec:
 
 # Suffixes that name a variant with the base model's shapes: chat/instruct tunes, dated re-releases
 # (Qwen3-4B-Instruct-2507), transformers-format uploads (-hf), and quantised mirrors (unsloth's -bnb-4bit,
-# -AWQ, -GPTQ-Int4, -FP8), whose storage differs but whose architecture does not.
+# -AWQ, -GPTQ-Int4, -FP8, -bnb-nf4, and half-precision re-uploads such as casperhansen/llama-3-70b-fp16), whose
+# storage differs but whose architecture does not; axolotl's "-Linearized" MoE uploads (axolotl-quants/
+# Llama-4-Scout-17B-16E-Linearized-bnb-nf4-bf16) store each expert as its own Linear, the same parameters.
 _VARIANT = re.compile(
-    r"[-.](instruct|chat|it|base|hf|pt|sft|dpo|\d{4}|unsloth|bnb-4bit|bnb-8bit|4bit|8bit|awq|gptq|int4|int8|fp8)$"
+    r"[-.](instruct|chat|it|base|hf|pt|sft|dpo|\d{4}|unsloth|bnb-4bit|bnb-8bit|4bit|8bit|awq|gptq|int4|int8|fp8|fp16"
+    r"|bf16|bnb-nf4|linearized)$"
 )
 
 

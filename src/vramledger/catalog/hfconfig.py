@@ -8,6 +8,7 @@ config may omit) are read from transformers 5.x ``models/<family>/modeling_<fami
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 from vramledger.catalog.checkpoint_quant import checkpoint_quant
@@ -84,25 +85,108 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     where = f"config {source}"
     if not isinstance(cfg, Mapping):
         raise VramledgerError(f"{where}: expected a JSON object")
-    original = cfg
-    if "text_config" in cfg and isinstance(cfg["text_config"], Mapping):
-        text = dict(cfg["text_config"])
-        text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
-        for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
-            if key in cfg and key not in text:
-                text[key] = cfg[key]
-        cfg = text
-    family = str(_get(cfg, "model_type", default="")).lower()
-    if family == "gemma3":
-        family = "gemma3_text"
+    text = _language_model(cfg)
+    family = _family(text)
     if family not in _TIE_DEFAULT:
         # No formula for this family: transformers builds it on the meta device for exact parameters.
-        from vramledger.catalog.inventory import generic_model_spec
-
-        return generic_model_spec(original, name=name, source=source)
+        return _generic(cfg, name=name, source=source)
     if family in _FAMILY_DEFAULTS:
-        cfg = {**_FAMILY_DEFAULTS[family], **cfg}
+        text = {**_FAMILY_DEFAULTS[family], **text}
     gpt2 = family == "gpt2"
+    shape = _shape(text, gpt2=gpt2, where=where)
+    # Experts: Mixtral calls them num_local_experts, Qwen3-MoE num_experts (configuration_*.py).
+    experts = _int(text, "num_local_experts", "num_experts", default=0, where=where)
+    moe_inter = _int(text, "moe_intermediate_size", default=shape.inter if experts else 0, where=where)
+    if family == "qwen3_moe" and _mixes_dense_layers(text):
+        # Dense and MoE layers mixed: no formula; the meta-device inventory counts each layer as built.
+        return _generic(cfg, name=name, source=source)
+    qkv_bias, o_bias, mlp_bias = _biases(text, family)
+    window, sliding = _sliding_layers(text, family, shape.layers, where=where)
+    dtype = str(_get(text, "torch_dtype", "dtype", default="float32"))
+    return ModelSpec(
+        name=name,
+        family=family,
+        vocab_size=shape.vocab,
+        hidden_size=shape.hidden,
+        intermediate_size=shape.inter,
+        num_layers=shape.layers,
+        num_heads=shape.heads,
+        num_kv_heads=shape.kv_heads,
+        head_dim=shape.head_dim,
+        tie_word_embeddings=bool(_get(text, "tie_word_embeddings", default=_TIE_DEFAULT[family])),
+        max_position_embeddings=_context(text, where),
+        qkv_bias=qkv_bias,
+        o_bias=o_bias,
+        mlp_bias=mlp_bias,
+        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"),
+        # Olmo2Attention: q_norm RMSNorm(heads·head_dim), k_norm RMSNorm(kv_heads·head_dim) over whole projections;
+        # Olmo2DecoderLayer has post_attention_layernorm and post_feedforward_layernorm only (modeling_olmo2.py).
+        qk_norm_width=(shape.heads + shape.kv_heads) * shape.head_dim if family == "olmo2" else 0,
+        # Glm4DecoderLayer: input, post_self_attn, post_attention and post_mlp RMSNorms (modeling_glm4.py).
+        norms_per_layer=4 if family in ("gemma2", "gemma3_text", "glm4") else 2,
+        norm_bias=gpt2,
+        gated_mlp=not gpt2,
+        fused_qkv=family in ("phi3", "gpt2"),
+        fused_gate_up=family in ("phi3", "glm4"),  # Glm4MLP.gate_up_proj, like Phi3MLP
+        learned_positions=_int(text, "n_positions", default=1024, where=where) if gpt2 else 0,
+        num_experts=experts,
+        experts_per_token=_int(text, "num_experts_per_tok", default=2, where=where) if experts else 0,
+        moe_intermediate_size=moe_inter,
+        sliding_window=window,
+        sliding_layers=sliding,
+        final_logit_softcapping=float(_get(text, "final_logit_softcapping", default=0.0) or 0.0),
+        attn_logit_softcapping=float(_get(text, "attn_logit_softcapping", default=0.0) or 0.0),
+        resid_dropout=float(_get(text, "resid_pdrop", default=0.1) or 0.0) if gpt2 else 0.0,
+        attn_dropout=float(_get(text, "attn_pdrop", "attention_dropout", default=0.1 if gpt2 else 0.0) or 0.0),
+        hidden_act=str(_get(text, "hidden_act", "hidden_activation", "activation_function", default="silu")),
+        native_dtype=dtype,
+        source=source,
+        checkpoint_quant=checkpoint_quant(cfg, where),
+    )
+
+
+def _language_model(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+    """The decoder's settings: a multimodal config's ``text_config``, with the top-level dtype and tying it
+    inherits (and ``model_type`` ``<outer>_text``), else the config itself."""
+    if not ("text_config" in cfg and isinstance(cfg["text_config"], Mapping)):
+        return cfg
+    text = dict(cfg["text_config"])
+    text.setdefault("model_type", f"{cfg.get('model_type', '')}_text")
+    for key in ("torch_dtype", "dtype", "tie_word_embeddings"):
+        if key in cfg and key not in text:
+            text[key] = cfg[key]
+    return text
+
+
+def _family(cfg: Mapping[str, Any]) -> str:
+    """``model_type`` in lower case; Gemma 3's outer ``gemma3`` is read as its decoder, ``gemma3_text``."""
+    family = str(_get(cfg, "model_type", default="")).lower()
+    return "gemma3_text" if family == "gemma3" else family
+
+
+def _generic(cfg: Mapping[str, Any], *, name: str, source: str) -> ModelSpec:
+    """The spec of a model without a formula, from the meta-device inventory of what transformers builds."""
+    from vramledger.catalog.inventory import generic_model_spec
+
+    return generic_model_spec(cfg, name=name, source=source)
+
+
+@dataclass(frozen=True, slots=True)
+class _Shape:
+    """The decoder's sizes, as the config gives them (or its family's defaults)."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    layers: int
+    vocab: int
+    inter: int
+
+
+def _shape(cfg: Mapping[str, Any], *, gpt2: bool, where: str) -> _Shape:
+    """The sizes, under their Llama names or GPT-2's (``n_embd``, ``n_head``, ``n_layer``, ``n_inner``, whose
+    ``None`` means 4 × hidden: GPT2MLP in modeling_gpt2.py)."""
     hidden = _int(cfg, "hidden_size", "n_embd", where=where)
     heads = _int(cfg, "num_attention_heads", "n_head", where=where)
     kv_heads = _int(cfg, "num_key_value_heads", default=heads, where=where)
@@ -111,26 +195,30 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
             f"{where}: hidden_size ({hidden}) and num_attention_heads ({heads}) must be positive integers; fix the "
             "config"
         )
-    head_dim = _int(cfg, "head_dim", default=hidden // heads, where=where)
-    layers = _int(cfg, "num_hidden_layers", "n_layer", where=where)
-    vocab = _int(cfg, "vocab_size", where=where)
-    inter = _int(cfg, "intermediate_size", "n_inner", default=4 * hidden if gpt2 else None, where=where)
+    return _Shape(
+        hidden=hidden,
+        heads=heads,
+        kv_heads=kv_heads,
+        head_dim=_int(cfg, "head_dim", default=hidden // heads, where=where),
+        layers=_int(cfg, "num_hidden_layers", "n_layer", where=where),
+        vocab=_int(cfg, "vocab_size", where=where),
+        inter=_int(cfg, "intermediate_size", "n_inner", default=4 * hidden if gpt2 else None, where=where),
+    )
 
-    # Experts: Mixtral calls them num_local_experts, Qwen3-MoE num_experts (configuration_*.py).
-    experts = _int(cfg, "num_local_experts", "num_experts", default=0, where=where)
-    moe_inter = _int(cfg, "moe_intermediate_size", default=inter if experts else 0, where=where)
+
+def _mixes_dense_layers(cfg: Mapping[str, Any]) -> bool:
+    """Whether some layers of a Qwen3-MoE have a dense MLP (``mlp_only_layers``, or ``decoder_sparse_step`` ≠ 1:
+    Qwen3MoeDecoderLayer in modeling_qwen3_moe.py)."""
     sparse_step = _get(cfg, "decoder_sparse_step", default=1)
-    dense_layers = _get(cfg, "mlp_only_layers", default=[]) or sparse_step != 1
-    if family == "qwen3_moe" and dense_layers:
-        # Dense and MoE layers mixed: no formula; the meta-device inventory counts each layer as built.
-        from vramledger.catalog.inventory import generic_model_spec
+    return bool(_get(cfg, "mlp_only_layers", default=[]) or sparse_step != 1)
 
-        return generic_model_spec(original, name=name, source=source)
 
-    # Biases. LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses bias=config.attention_bias on all
-    # of q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o; GPT-2's Conv1D layers all have
-    # bias.
+def _biases(cfg: Mapping[str, Any], family: str) -> tuple[bool, bool, bool]:
+    """(q/k/v bias, o_proj bias, MLP bias). LlamaAttention (and Mistral/Qwen3/Gemma2 which copy it) uses
+    bias=config.attention_bias on all of q/k/v/o; Qwen2Attention hard-codes bias=True on q/k/v and False on o;
+    GPT-2's Conv1D layers all have bias."""
     attention_bias = bool(_get(cfg, "attention_bias", default=False))
+    gpt2 = family == "gpt2"
     if family == "qwen2":
         qkv_bias, o_bias = True, False
     elif gpt2:
@@ -142,8 +230,12 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     else:
         qkv_bias = o_bias = attention_bias
     mlp_bias = True if gpt2 else bool(_get(cfg, "mlp_bias", default=False)) if family == "llama" else False
+    return qkv_bias, o_bias, mlp_bias
 
-    # Sliding-window layers: transformers 5 writes `layer_types`; older configs give a pattern.
+
+def _sliding_layers(cfg: Mapping[str, Any], family: str, layers: int, *, where: str) -> tuple[int, int]:
+    """(sliding window, number of layers that slide). transformers 5 writes ``layer_types``; older configs give
+    a pattern."""
     window = _int(cfg, "sliding_window", default=0, where=where) or 0
     layer_types = _get(cfg, "layer_types", default=None)
     qwen = family in ("qwen2", "qwen3", "qwen3_moe")
@@ -163,45 +255,4 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         sliding = layers - layers // pattern
     else:
         sliding = layers
-
-    dtype = str(_get(cfg, "torch_dtype", "dtype", default="float32"))
-    return ModelSpec(
-        name=name,
-        family=family,
-        vocab_size=vocab,
-        hidden_size=hidden,
-        intermediate_size=inter,
-        num_layers=layers,
-        num_heads=heads,
-        num_kv_heads=kv_heads,
-        head_dim=head_dim,
-        tie_word_embeddings=bool(_get(cfg, "tie_word_embeddings", default=_TIE_DEFAULT[family])),
-        max_position_embeddings=_context(cfg, where),
-        qkv_bias=qkv_bias,
-        o_bias=o_bias,
-        mlp_bias=mlp_bias,
-        qk_norm=family in ("qwen3", "qwen3_moe", "gemma3_text", "olmo2"),
-        # Olmo2Attention: q_norm RMSNorm(heads·head_dim), k_norm RMSNorm(kv_heads·head_dim) over whole projections;
-        # Olmo2DecoderLayer has post_attention_layernorm and post_feedforward_layernorm only (modeling_olmo2.py).
-        qk_norm_width=(heads + kv_heads) * head_dim if family == "olmo2" else 0,
-        # Glm4DecoderLayer: input, post_self_attn, post_attention and post_mlp RMSNorms (modeling_glm4.py).
-        norms_per_layer=4 if family in ("gemma2", "gemma3_text", "glm4") else 2,
-        norm_bias=gpt2,
-        gated_mlp=not gpt2,
-        fused_qkv=family in ("phi3", "gpt2"),
-        fused_gate_up=family in ("phi3", "glm4"),  # Glm4MLP.gate_up_proj, like Phi3MLP
-        learned_positions=_int(cfg, "n_positions", default=1024, where=where) if gpt2 else 0,
-        num_experts=experts,
-        experts_per_token=_int(cfg, "num_experts_per_tok", default=2, where=where) if experts else 0,
-        moe_intermediate_size=moe_inter,
-        sliding_window=window,
-        sliding_layers=sliding,
-        final_logit_softcapping=float(_get(cfg, "final_logit_softcapping", default=0.0) or 0.0),
-        attn_logit_softcapping=float(_get(cfg, "attn_logit_softcapping", default=0.0) or 0.0),
-        resid_dropout=float(_get(cfg, "resid_pdrop", default=0.1) or 0.0) if gpt2 else 0.0,
-        attn_dropout=float(_get(cfg, "attn_pdrop", "attention_dropout", default=0.1 if gpt2 else 0.0) or 0.0),
-        hidden_act=str(_get(cfg, "hidden_act", "hidden_activation", "activation_function", default="silu")),
-        native_dtype=dtype,
-        source=source,
-        checkpoint_quant=checkpoint_quant(original, where),
-    )
+    return window, sliding

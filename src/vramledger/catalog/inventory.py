@@ -341,7 +341,12 @@ def peft_adapters(
     )
     import warnings
 
-    with _quiet_transformers(), warnings.catch_warnings():
+    import torch
+
+    # torch.device("meta"): PEFT builds each adapter's Linear on the default device before moving it next to its
+    # base layer (tuners/lora/layer.py update_layer), so the adapters are allocated and initialised on the CPU
+    # otherwise, seconds for a 7B model; on the meta device the shapes are the same and nothing is allocated.
+    with _quiet_transformers(), warnings.catch_warnings(), torch.device("meta"):
         warnings.simplefilter("ignore")
         try:
             peft_model = get_peft_model(model, cfg)

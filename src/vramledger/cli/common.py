@@ -23,6 +23,7 @@ from vramledger.specs import (
     LoraSpec,
     Loss,
     Method,
+    ModelCode,
     ModelSpec,
     Optimizer,
     Precision,
@@ -125,6 +126,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked (default standard)")
     g.add_argument("--packing", action="store_true", default=None,
                    help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
+    g.add_argument("--model-code", type=name,
+                   help="whose decoder layers run: transformers (with PEFT) | litgpt | lit-gpt-2023 "
+                   "(default transformers)")
     g.add_argument("--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"),
                    help="evaluation batch size (adds an eval phase)")
     g.add_argument("--eval-seq", type=count(hi=MAX_TOKENS, what="length"),
@@ -308,6 +312,8 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         value = getattr(args, flag, None)
         if value is not None:
             changes[fld] = value
+    if getattr(args, "model_code", None) is not None:
+        changes["model_code"] = _choice({c.value: c for c in ModelCode}, "--model-code", args.model_code)
     if getattr(args, "eval_logits", None) is not None:
         changes["eval_logits"] = _choice({e.value: e for e in EvalLogits}, "--eval-logits", args.eval_logits)
     method = changes.get("method", base.method)
@@ -315,6 +321,11 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         lora = _lora_from_flags(args, base.lora)
         if lora is not None and lora is not base.lora:
             changes["lora"] = lora
+    litgpt = changes.get("model_code", base.model_code) is not ModelCode.TRANSFORMERS
+    if litgpt and method in (Method.LORA, Method.QLORA):
+        lora = changes.get("lora", base.lora) or LoraSpec()  # LitGPT keeps adapters in the model dtype (no upcast)
+        if lora.adapter_fp32:
+            changes["lora"] = dataclasses.replace(lora, adapter_fp32=False)
     if args.quant is not None or args.no_double_quant is not None:
         q = args.quant.strip().lower() if args.quant is not None else "nf4"
         if q not in ("nf4", "fp4", "int8"):

@@ -6,8 +6,16 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options
+
+if TYPE_CHECKING:
+    from vramledger.allocator.conf import AllocatorConf
+    from vramledger.simulate.api import Simulation
+    from vramledger.simulate.remedies import RemedyOutcome
+    from vramledger.simulate.schedule import RunSpec
+    from vramledger.specs import TrainSpec
 
 HF_EVAL_BATCH = 8
 """transformers ``TrainingArguments.per_device_eval_batch_size`` default."""
@@ -83,63 +91,24 @@ def register(sub: argparse._SubParsersAction) -> None:
 def _run(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from vramledger.allocator.conf import parse_alloc_conf
     from vramledger.cli.common import resolve_inputs
     from vramledger.errors import VramledgerError
-    from vramledger.report.simulate_view import (
-        render_simulation,
-        simulation_to_dict,
-        write_simulation_html,
-        write_simulation_png,
-    )
     from vramledger.simulate.api import make_templates, simulate
-    from vramledger.simulate.batching import Order
     from vramledger.simulate.lengths import read_lengths
     from vramledger.simulate.remedies import try_remedies
-    from vramledger.simulate.schedule import RunSpec
 
     inputs = resolve_inputs(args)
     train = inputs.train
-    conf_text = args.alloc_conf
-    if conf_text is None and os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
-        conf_text = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
-    conf = parse_alloc_conf(conf_text or "")
+    conf = _alloc_conf(args.alloc_conf)
     micro = (args.steps or 1000) * train.micro_batch * train.grad_accum
     lengths = read_lengths(args.lengths, n=micro, seed=args.seed, tokenizer_name=inputs.model.name)
-    order = Order(args.order) if args.order else (Order.GIVEN if lengths.ordered else Order.SHUFFLE)
     eval_batch = train.eval_batch or (HF_EVAL_BATCH if args.eval_every else None)
-    spec = RunSpec(
-        cutoff=args.cutoff or train.seq_len,
-        steps=args.steps,
-        epochs=args.epochs,
-        accum=train.grad_accum,
-        order=order,
-        pad_multiple=args.pad_to_multiple_of,
-        packing=train.packing,
-        eval_every=args.eval_every,
-        eval_batches=args.eval_batches if args.eval_every else 0,
-        empty_cache_steps=args.empty_cache_steps,
-        empty_cache_after_eval=args.empty_cache_after_eval,
-        bucket=args.bucket,
-    )
+    spec = _run_spec(args, train, ordered=lengths.ordered)
     if args.shuffles < 1:
         raise VramledgerError("--shuffles must be at least 1")
     templates = make_templates(inputs.model, train, spec, eval_batch=eval_batch)
     sim = simulate(templates, lengths, spec, gpu=inputs.gpu, conf=conf, seed=args.seed, shuffles=args.shuffles)
-    ignored = [
-        flag
-        for flag, on in (
-            ("--predict-with-generate", train.predict_with_generate),
-            ("--eval-logits", train.eval_logits.value != "none"),
-            ("--eval-seq", train.eval_seq_len is not None),
-        )
-        if on
-    ]
-    extra = list(inputs.warnings)
-    if ignored:
-        extra.append(
-            f"{', '.join(ignored)}: not simulated (evaluation keeps the loss only; eval lengths come from --lengths)"
-        )
+    extra = [*inputs.warnings, *_not_simulated(train)]
     if extra:
         sim = dataclasses.replace(sim, warnings=(*extra, *sim.warnings))
     remedies = (
@@ -153,6 +122,69 @@ def _run(args: argparse.Namespace) -> int:
         f"{inputs.model.name}  (simulate: {train.method.value}, batch {train.micro_batch}, "
         f"accum {train.grad_accum}, cutoff {spec.cutoff})"
     )
+    _show(args, sim, remedies, title=title, headroom=inputs.headroom)
+    return 3 if sim.run.oom is not None else 0
+
+
+def _alloc_conf(text: str | None) -> AllocatorConf:
+    """``--alloc-conf``, else the environment's ``PYTORCH_CUDA_ALLOC_CONF``, else torch's defaults."""
+    from vramledger.allocator.conf import parse_alloc_conf
+
+    if text is None and os.environ.get("PYTORCH_CUDA_ALLOC_CONF"):
+        text = os.environ["PYTORCH_CUDA_ALLOC_CONF"]
+    return parse_alloc_conf(text or "")
+
+
+def _run_spec(args: argparse.Namespace, train: TrainSpec, *, ordered: bool) -> RunSpec:
+    """The run around the step, from the flags: the order defaults to the file's when it has one
+    (a ground-truth lengths.json), else the Trainer's shuffle."""
+    from vramledger.simulate.batching import Order
+    from vramledger.simulate.schedule import RunSpec
+
+    order = Order(args.order) if args.order else (Order.GIVEN if ordered else Order.SHUFFLE)
+    return RunSpec(
+        cutoff=args.cutoff or train.seq_len,
+        steps=args.steps,
+        epochs=args.epochs,
+        accum=train.grad_accum,
+        order=order,
+        pad_multiple=args.pad_to_multiple_of,
+        packing=train.packing,
+        eval_every=args.eval_every,
+        eval_batches=args.eval_batches if args.eval_every else 0,
+        empty_cache_steps=args.empty_cache_steps,
+        empty_cache_after_eval=args.empty_cache_after_eval,
+        bucket=args.bucket,
+    )
+
+
+def _not_simulated(train: TrainSpec) -> list[str]:
+    """A warning naming the evaluation settings the simulation ignores, if any is set."""
+    ignored = [
+        flag
+        for flag, on in (
+            ("--predict-with-generate", train.predict_with_generate),
+            ("--eval-logits", train.eval_logits.value != "none"),
+            ("--eval-seq", train.eval_seq_len is not None),
+        )
+        if on
+    ]
+    if not ignored:
+        return []
+    return [f"{', '.join(ignored)}: not simulated (evaluation keeps the loss only; eval lengths come from --lengths)"]
+
+
+def _show(
+    args: argparse.Namespace, sim: Simulation, remedies: list[RemedyOutcome], *, title: str, headroom: float
+) -> None:
+    """The summary (or its JSON) on stdout, and the HTML page and PNG figure asked for."""
+    from vramledger.report.simulate_view import (
+        render_simulation,
+        simulation_to_dict,
+        write_simulation_html,
+        write_simulation_png,
+    )
+
     if args.json:
         import json
 
@@ -160,9 +192,8 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(render_simulation(sim, remedies, title=title))
     if args.html is not None:
-        path = write_simulation_html(args.html, sim, remedies, title=title, headroom=inputs.headroom)
+        path = write_simulation_html(args.html, sim, remedies, title=title, headroom=headroom)
         print(f"wrote {path}", file=sys.stderr)
     if args.png is not None:
-        path = write_simulation_png(args.png / "simulate.png", sim, headroom=inputs.headroom)
+        path = write_simulation_png(args.png / "simulate.png", sim, headroom=headroom)
         print(f"wrote {path}", file=sys.stderr)
-    return 3 if sim.run.oom is not None else 0

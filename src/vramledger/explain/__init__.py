@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from vramledger.errors import VramledgerError
-from vramledger.explain.attribute import attribute, traced_allocs
+from vramledger.explain.attribute import attribute, recorded_categories, traced_allocs
 from vramledger.explain.oom_message import parse_message
 from vramledger.explain.postmortem import Evidence, PostMortem, compare, diagnose, shortfall
 from vramledger.explain.snapshot import decode, facts, failed_device, is_snapshot
@@ -51,7 +51,12 @@ def evidence_from_snapshot(
     """Evidence from a snapshot dictionary (``known``: data pointer → bucket, for exact attribution)."""
     device = failed_device(snapshot) if device is None else device
     snap = facts(snapshot, device)
-    shares = attribute(snap, traced_addresses=traced_allocs(snapshot, device), known=known)
+    shares = attribute(
+        snap,
+        traced_addresses=traced_allocs(snapshot, device),
+        known=known,
+        recorded=recorded_categories(snapshot, device),
+    )
     return Evidence(source=source, snapshot=snap, shares=shares, **extra)
 
 

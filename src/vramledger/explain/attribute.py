@@ -24,7 +24,10 @@ weights, loaded before ``_record_memory_history``) or was allocated by the autog
 has no Python stack (an ``alloc`` in the trace: gradients and backward temporaries).
 
 When the caller knows the live tensors (the callback: parameters, their ``.grad``, the optimizer's state), their
-addresses decide first, exactly.
+addresses decide first, exactly. Next, a ``category`` written on the block's latest ``alloc`` trace entry decides:
+torch's own ``_memory_viz._profile_to_snapshot`` writes the memory profiler's categories there
+(``torch/profiler/_memory_profiler.py`` ``Category``, lowercased), and ``vramledger trace --snapshot`` writes the
+ledger's (``ledger.Category`` values); both vocabularies are read (``_RECORDED``).
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class Bucket(str, enum.Enum):
     KV_CACHE = "kv_cache"
     BACKWARD = "backward"
     TEMPORARIES = "temporaries"
+    WORKSPACE = "workspace"
     UNRECORDED = "unrecorded"
     OTHER = "other"
 
@@ -71,6 +75,7 @@ _CATEGORY = {
     Bucket.LOGITS_LOSS: Category.LOGITS_LOSS,
     Bucket.KV_CACHE: Category.KV_CACHE,
     Bucket.TEMPORARIES: Category.TEMPORARIES,
+    Bucket.WORKSPACE: Category.WORKSPACE,
 }
 _TITLES = {
     Bucket.WEIGHTS: "weights",
@@ -81,8 +86,31 @@ _TITLES = {
     Bucket.KV_CACHE: "KV cache",
     Bucket.BACKWARD: "backward (gradients, temporaries)",
     Bucket.TEMPORARIES: "optimizer-step temporaries",
+    Bucket.WORKSPACE: "cuBLAS/cuDNN workspaces",
     Bucket.UNRECORDED: "older than the recording",
     Bucket.OTHER: "other",
+}
+
+# A recorded category → bucket: the memory profiler's names (torch/profiler/_memory_profiler.py ``Category``:
+# INPUT, TEMPORARY, ACTIVATION, GRADIENT, AUTOGRAD_DETAIL, PARAMETER, OPTIMIZER_STATE) and the ledger's own.
+# Not listed ("unknown", "input"): the frames decide.
+_RECORDED = {
+    "parameter": Bucket.WEIGHTS,
+    "gradient": Bucket.GRADIENTS,
+    "optimizer_state": Bucket.OPTIMIZER_STATE,
+    "activation": Bucket.ACTIVATIONS,
+    "temporary": Bucket.TEMPORARIES,
+    "autograd_detail": Bucket.BACKWARD,
+    Category.WEIGHTS.value: Bucket.WEIGHTS,
+    Category.MASTER_WEIGHTS.value: Bucket.WEIGHTS,
+    Category.GRADIENTS.value: Bucket.GRADIENTS,
+    Category.OPTIMIZER_STATE.value: Bucket.OPTIMIZER_STATE,
+    Category.ACTIVATIONS.value: Bucket.ACTIVATIONS,
+    Category.ATTENTION_SCORES.value: Bucket.ACTIVATIONS,
+    Category.LOGITS_LOSS.value: Bucket.LOGITS_LOSS,
+    Category.KV_CACHE.value: Bucket.KV_CACHE,
+    Category.TEMPORARIES.value: Bucket.TEMPORARIES,
+    Category.WORKSPACE.value: Bucket.WORKSPACE,
 }
 
 _LOSS_NAMES = frozenset(
@@ -188,18 +216,20 @@ def attribute(
     *,
     traced_addresses: frozenset[int] = frozenset(),
     known: Mapping[int, Bucket] | None = None,
+    recorded: Mapping[int, Bucket] | None = None,
 ) -> tuple[Share, ...]:
     """Live bytes by bucket, largest first.
 
     ``traced_addresses``: addresses with an ``alloc`` in the trace (tells the autograd thread's stackless blocks from
     blocks older than the recording). ``known``: tensor data pointers → bucket (exact, checked first).
+    ``recorded``: block address → bucket from the trace's ``category`` entries (``recorded_categories``), next.
     """
     ptrs = sorted(known or {})
     totals: dict[Bucket, list[Any]] = {}
     for block in snap.blocks:
         if not block.live:
             continue
-        bucket, example = _classify(block, ptrs, known or {}, traced_addresses)
+        bucket, example = _classify(block, ptrs, known or {}, recorded or {}, traced_addresses)
         entry = totals.setdefault(bucket, [0, 0, 0, ""])
         entry[0] += block.size
         entry[1] += 1
@@ -209,10 +239,18 @@ def attribute(
     return tuple(sorted(shares, key=lambda s: -s.bytes))
 
 
-def _classify(block: Block, ptrs: list[int], known: Mapping[int, Bucket], traced: frozenset[int]) -> tuple[Bucket, str]:
+def _classify(
+    block: Block,
+    ptrs: list[int],
+    known: Mapping[int, Bucket],
+    recorded: Mapping[int, Bucket],
+    traced: frozenset[int],
+) -> tuple[Bucket, str]:
     i = bisect.bisect_left(ptrs, block.address)
     if i < len(ptrs) and ptrs[i] < block.address + block.size:
         return known[ptrs[i]], "a live tensor at this address"
+    if block.address in recorded:
+        return recorded[block.address], where(block.frames) or "the category recorded with its allocation"
     if block.frames:
         return bucket_of(block.frames), where(block.frames)
     if block.address in traced:
@@ -228,3 +266,20 @@ def traced_allocs(snapshot: Mapping[str, Any], device: int = 0) -> frozenset[int
         for e in trace
         if isinstance(e, Mapping) and e.get("action") == "alloc" and isinstance(e.get("addr"), int)
     )
+
+
+def recorded_categories(snapshot: Mapping[str, Any], device: int = 0) -> dict[int, Bucket]:
+    """Block address → bucket, from the ``category`` of the latest ``alloc`` at each address (see ``_RECORDED``).
+
+    >>> recorded_categories({"device_traces": [[{"action": "alloc", "addr": 512, "category": "gradient"}]]})
+    {512: <Bucket.GRADIENTS: 'gradients'>}
+    """
+    out: dict[int, Bucket] = {}
+    for e in device_trace(snapshot, device):
+        if isinstance(e, Mapping) and e.get("action") == "alloc" and isinstance(e.get("addr"), int):
+            bucket = _RECORDED.get(str(e.get("category", "")))
+            if bucket is None:
+                out.pop(int(e["addr"]), None)
+            else:
+                out[int(e["addr"])] = bucket
+    return out

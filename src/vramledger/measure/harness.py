@@ -160,58 +160,11 @@ def ledger_from_result(result: TrialResult, model: ModelSpec, train: TrainSpec) 
     env = raw.get("environment", {})
     gpu = str(env.get("gpu", "cpu (test mode)"))
     steps = len(raw.get("steps", ()))
-    weights = int(raw.get("weights_bytes", 0))
-    opt_state = int(raw.get("optimizer_state_bytes", 0))
-    grads = int(raw.get("gradients_bytes", 0))
-    m = Basis.MEASUREMENT
-    src_alloc = _SOURCE.format(gpu=gpu, what="allocated", steps=steps)
     items: list[LineItem] = []
     for name, fig in phases.items():
         phase = Phase(name)
-        alloc = int(fig["allocated"])
-        known: list[tuple[Category, int, str]] = [
-            (Category.WEIGHTS, weights, "weights resident after loading")
-        ]
-        if phase is not Phase.LOAD and steps > 1 and opt_state:
-            known.append((Category.OPTIMIZER_STATE, opt_state, "optimizer state tensors (measured sizes)"))
-        if phase is Phase.OPTIMIZER and grads:
-            known.append((Category.GRADIENTS, grads, "gradients at the optimizer step (measured sizes)"))
-        budget = alloc
-        for cat, n, label in known:
-            n = min(n, budget)
-            budget -= n
-            items.append(LineItem(category=cat, phase=phase, bytes=n, label=label, source=src_alloc, basis=m))
-        if phase is not Phase.LOAD:
-            rest_cat = Category.TEMPORARIES if phase is Phase.OPTIMIZER else Category.ACTIVATIONS
-            label = {
-                Phase.OPTIMIZER: "rest of the peak: optimizer temporaries",
-                Phase.GENERATE: "rest of the peak: KV cache, logits and activations",
-            }.get(phase, "rest of the peak: activations, temporaries, gradients so far")
-            items.append(
-                LineItem(category=rest_cat, phase=phase, bytes=budget, label=label, source=src_alloc, basis=m)
-            )
-        reserve = max(0, int(fig["reserved"]) - alloc)
-        items.append(
-            LineItem(
-                category=Category.ALLOCATOR_RESERVE,
-                phase=phase,
-                bytes=reserve,
-                label="max reserved − max allocated",
-                source=_SOURCE.format(gpu=gpu, what="reserved", steps=steps),
-                basis=m,
-            )
-        )
-        if fig.get("context") is not None:
-            items.append(
-                LineItem(
-                    category=Category.CUDA_CONTEXT,
-                    phase=phase,
-                    bytes=int(fig["context"]),
-                    label="device memory in use (NVML) − reserved",
-                    source=f"{env.get('nvml_source', 'nvml')} memory used less the baseline",
-                    basis=m,
-                )
-            )
+        items += _allocated_items(phase, int(fig["allocated"]), raw, gpu=gpu, steps=steps)
+        items += _outside_allocated_items(phase, fig, env, gpu=gpu, steps=steps)
     counters = raw.get("counters", {})
     warnings: list[str] = []
     if counters.get("num_alloc_retries"):
@@ -236,6 +189,66 @@ def ledger_from_result(result: TrialResult, model: ModelSpec, train: TrainSpec) 
         warnings=tuple(warnings) + tuple(train.warnings),
         settings=MappingProxyType(settings),
     )
+
+
+def _allocated_items(phase: Phase, alloc: int, raw: Mapping[str, Any], *, gpu: str, steps: int) -> list[LineItem]:
+    """A phase's peak allocated bytes split into the tensors the worker sized (each capped by what is left of the
+    peak) and one line for the rest."""
+    m = Basis.MEASUREMENT
+    source = _SOURCE.format(gpu=gpu, what="allocated", steps=steps)
+    opt_state = int(raw.get("optimizer_state_bytes", 0))
+    grads = int(raw.get("gradients_bytes", 0))
+    known: list[tuple[Category, int, str]] = [
+        (Category.WEIGHTS, int(raw.get("weights_bytes", 0)), "weights resident after loading")
+    ]
+    if phase is not Phase.LOAD and steps > 1 and opt_state:
+        known.append((Category.OPTIMIZER_STATE, opt_state, "optimizer state tensors (measured sizes)"))
+    if phase is Phase.OPTIMIZER and grads:
+        known.append((Category.GRADIENTS, grads, "gradients at the optimizer step (measured sizes)"))
+    items: list[LineItem] = []
+    budget = alloc
+    for cat, n, label in known:
+        n = min(n, budget)
+        budget -= n
+        items.append(LineItem(category=cat, phase=phase, bytes=n, label=label, source=source, basis=m))
+    if phase is not Phase.LOAD:
+        rest_cat = Category.TEMPORARIES if phase is Phase.OPTIMIZER else Category.ACTIVATIONS
+        label = {
+            Phase.OPTIMIZER: "rest of the peak: optimizer temporaries",
+            Phase.GENERATE: "rest of the peak: KV cache, logits and activations",
+        }.get(phase, "rest of the peak: activations, temporaries, gradients so far")
+        items.append(LineItem(category=rest_cat, phase=phase, bytes=budget, label=label, source=source, basis=m))
+    return items
+
+
+def _outside_allocated_items(
+    phase: Phase, fig: Mapping[str, Any], env: Mapping[str, Any], *, gpu: str, steps: int
+) -> list[LineItem]:
+    """A phase's device memory beyond the allocated peak: the allocator's reserve and, where NVML was read, the
+    CUDA context."""
+    m = Basis.MEASUREMENT
+    items = [
+        LineItem(
+            category=Category.ALLOCATOR_RESERVE,
+            phase=phase,
+            bytes=max(0, int(fig["reserved"]) - int(fig["allocated"])),
+            label="max reserved − max allocated",
+            source=_SOURCE.format(gpu=gpu, what="reserved", steps=steps),
+            basis=m,
+        )
+    ]
+    if fig.get("context") is not None:
+        items.append(
+            LineItem(
+                category=Category.CUDA_CONTEXT,
+                phase=phase,
+                bytes=int(fig["context"]),
+                label="device memory in use (NVML) − reserved",
+                source=f"{env.get('nvml_source', 'nvml')} memory used less the baseline",
+                basis=m,
+            )
+        )
+    return items
 
 
 def cuda_available() -> bool:

@@ -121,6 +121,9 @@ def ledger_table(ledger: Ledger) -> str:
     row("= peak reserved", [ledger.reserved(p) for p in phases])
     row("+ " + Category.CUDA_CONTEXT.display, [ledger.bytes_of(Category.CUDA_CONTEXT, p) for p in phases],
         ' class="overhead"', Category.CUDA_CONTEXT)
+    if Category.NCCL in ledger.categories():
+        row("+ " + Category.NCCL.display, [ledger.bytes_of(Category.NCCL, p) for p in phases],
+            ' class="overhead"', Category.NCCL)
     if Category.MANAGED_MEMORY in ledger.categories():
         row("+ " + Category.MANAGED_MEMORY.display, [ledger.bytes_of(Category.MANAGED_MEMORY, p) for p in phases],
             ' class="overhead"', Category.MANAGED_MEMORY)

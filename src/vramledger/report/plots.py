@@ -39,9 +39,10 @@ COLORS: dict[Category, str] = {
     Category.ALLOCATOR_RESERVE: "#DDDDDD",
     Category.CUDA_CONTEXT: "#888888",
     Category.MANAGED_MEMORY: "#BBBBBB",
+    Category.NCCL: "#666666",
 }
 HATCH: dict[Category, str] = {Category.ALLOCATOR_RESERVE: "///", Category.CUDA_CONTEXT: "xx",
-                              Category.MANAGED_MEMORY: ".."}
+                              Category.MANAGED_MEMORY: "..", Category.NCCL: "\\\\"}
 INK = "#222222"
 CAPACITY = "#000000"
 USABLE = "#BB5566"  # Tol high-contrast red: the line you must stay under

@@ -51,6 +51,11 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
         f"{'+ ' + Category.CUDA_CONTEXT.display:<{_W}}"
         + "".join(f"{_cell(ledger.bytes_of(Category.CUDA_CONTEXT, p)):>{_C}}" for p in phases)
     )
+    if Category.NCCL in ledger.categories():
+        lines.append(
+            f"{'+ ' + Category.NCCL.display:<{_W}}"
+            + "".join(f"{_cell(ledger.bytes_of(Category.NCCL, p)):>{_C}}" for p in phases)
+        )
     if Category.MANAGED_MEMORY in ledger.categories():
         lines.append(
             f"{'+ ' + Category.MANAGED_MEMORY.display:<{_W}}"

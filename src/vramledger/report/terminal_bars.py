@@ -26,6 +26,7 @@ GLYPHS: dict[Category, str] = {
     Category.ALLOCATOR_RESERVE: ":",
     Category.CUDA_CONTEXT: ".",
     Category.MANAGED_MEMORY: "p",
+    Category.NCCL: "n",
 }
 ASCII_GLYPHS: dict[Category, str] = GLYPHS | {
     Category.WEIGHTS: "W",

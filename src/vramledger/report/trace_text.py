@@ -58,6 +58,8 @@ def render_allocator(ledger: Ledger) -> str:
     default = ledger.settings.get("allocator_default")
     cap = given.get("capacity_bytes")
     where = f"capacity {fmt_bytes(cap)} = GPU memory − CUDA context" if cap is not None else "unlimited"
+    if cap is not None and given.get("outside_bytes"):
+        where += f" − NCCL communicators ({fmt_bytes(given['outside_bytes'])})"
     out = [f"caching-allocator replay ({where}):"]
     if not isinstance(default, Mapping):
         out += [f"  {line}" for line in _summary(given) + _oom_lines(given)]

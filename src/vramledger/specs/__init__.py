@@ -2,6 +2,7 @@
 
 from vramledger.specs.cache import CacheKind
 from vramledger.specs.distributed import Sharding, ZeroBuffers
+from vramledger.specs.framework import ModelCode
 from vramledger.specs.gpu import DEFAULT_HEADROOM, GPUSpec, check_headroom
 from vramledger.specs.load import LoadPath
 from vramledger.specs.model import ModelSpec
@@ -26,6 +27,7 @@ __all__ = [
     "EvalLogits",
     "GPUSpec",
     "LoadPath",
+    "ModelCode",
     "LoraSpec",
     "Loss",
     "Method",

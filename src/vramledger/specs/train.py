@@ -10,6 +10,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.specs.cache import CacheKind
 from vramledger.specs.distributed import Sharding, ZeroBuffers
+from vramledger.specs.framework import ModelCode
 from vramledger.specs.load import LoadPath
 
 
@@ -259,6 +260,8 @@ class TrainSpec:
     """``torch.compile``: accepted and estimated as eager, with a stated assumption (analytic/loop.py)."""
     load_path: LoadPath = LoadPath.TRANSFORMERS
     """How a quantised base is put on the GPU (analytic/load.py)."""
+    model_code: ModelCode = ModelCode.TRANSFORMERS
+    """Whose decoder layers run: transformers + PEFT, or LitGPT's own (analytic/litgpt.py)."""
     warnings: tuple[str, ...] = field(default=(), compare=False)
     """Notes gathered while building this spec (e.g. from a config file), shown with the result."""
 
@@ -329,6 +332,19 @@ class TrainSpec:
     def frozen_dtype(self) -> DType:
         """dtype of frozen (non-quantised) weights: as loaded, else the compute dtype."""
         return self.base_dtype or self.precision.frozen
+
+    @property
+    def keeps_unsharded_grads(self) -> bool:
+        """FSDP1 sharding under gradient accumulation: the accumulating micro-steps run inside ``no_sync`` (Fabric's
+        ``no_backward_sync``, accelerate's ``accumulate``), so every rank keeps unsharded gradients between optimizer
+        steps (analytic/fsdp_no_sync.py)."""
+        return (
+            self.fsdp is not None
+            and self.fsdp.shards_params
+            and self.fsdp_version == 1
+            and self.grad_accum > 1
+            and self.world_size > 1
+        )
 
     @property
     def distributed(self) -> bool:

@@ -8,6 +8,7 @@ from typing import Any
 
 from vramledger.advice import advice_sentence
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
+from vramledger.analytic.nccl import nccl_bill, nccl_lines
 from vramledger.ledger import Category, Ledger, Phase, make_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
 from vramledger.specs.gpu import DEFAULT_HEADROOM
@@ -136,9 +137,13 @@ def _trace_ledger(
     dev = device_events(events, gpu)
     allocated = {p: sum(i.bytes for i in items if i.phase is p) for p in peaks}
     items += device_lines(peaks, allocated, dev, gpu, alloc_conf)
-    allocator = {"allocator": replay_outcome(dev, events, conf=alloc_conf, gpu=gpu).to_dict()}
+    items += nccl_lines(train, gpu, peaks)  # several GPUs: NCCL's communicators, outside the allocator
+    nccl = nccl_bill(train, gpu).total  # NCCL's communicators take device memory torch cannot obtain
+    allocator = {"allocator": replay_outcome(dev, events, conf=alloc_conf, gpu=gpu, outside_bytes=nccl).to_dict()}
     if alloc_conf != DEFAULT_CONF:
-        allocator["allocator_default"] = replay_outcome(dev, events, conf=DEFAULT_CONF, gpu=gpu).to_dict()
+        allocator["allocator_default"] = replay_outcome(
+            dev, events, conf=DEFAULT_CONF, gpu=gpu, outside_bytes=nccl
+        ).to_dict()
     warnings = tuple(result.warnings) + tuple(train.warnings)
     if alloc_conf.ignored_keys:
         warnings += (f"alloc conf: {', '.join(alloc_conf.ignored_keys)} do not change device memory; ignored",)

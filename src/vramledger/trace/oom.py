@@ -84,6 +84,8 @@ class ReplayOutcome:
     """The ``PYTORCH_CUDA_ALLOC_CONF`` text replayed (empty: torch's defaults)."""
     capacity_bytes: int | None
     """What torch could obtain from the driver (``None``: unlimited)."""
+    outside_bytes: int
+    """Device memory other libraries hold besides the CUDA context, taken off the capacity (NCCL's communicators)."""
     peak_allocated_bytes: int
     peak_reserved_bytes: int
     reserve_at_peak_bytes: int
@@ -201,9 +203,13 @@ def replay_outcome(
     *,
     conf: AllocatorConf = DEFAULT_CONF,
     gpu: GPUSpec | None = None,
+    outside_bytes: int = 0,
 ) -> ReplayOutcome:
-    """Replay on ``gpu`` (capacity = its memory − the CUDA context) or on an unlimited device."""
+    """Replay on ``gpu`` (capacity = its memory − the CUDA context − ``outside_bytes``, what other libraries such as
+    NCCL hold outside torch's allocator) or on an unlimited device."""
     capacity = obtainable_bytes(gpu)
+    if capacity is not None:
+        capacity = max(capacity - outside_bytes, 0)
     r = replay(dev.events, capacity_bytes=capacity, conf=conf,
                device_total_bytes=None if gpu is None else gpu.memory_bytes)
     oom = None
@@ -222,6 +228,7 @@ def replay_outcome(
     return ReplayOutcome(
         conf=conf.text,
         capacity_bytes=capacity,
+        outside_bytes=outside_bytes if capacity is not None else 0,
         peak_allocated_bytes=r.peak_allocated_bytes,
         peak_reserved_bytes=r.peak_reserved_bytes,
         reserve_at_peak_bytes=r.reserve_at_peak_bytes,

@@ -22,6 +22,7 @@ by their mapped blocks, without ``segment_map`` / ``segment_unmap`` entries.
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from typing import Any
 
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
@@ -82,61 +83,87 @@ def build_snapshot(
         return CachingAllocatorModel(conf, capacity_bytes=capacity_bytes, device_total_bytes=device_total_bytes)
 
     stop = _stop_index(dev, new_model())
-    model = new_model()
-    live: dict[int, Block] = {}
-    frames: dict[int, list[dict[str, Any]]] = {}
-    trace: list[dict[str, Any]] = []
-    known: dict[int, tuple[int, int]] = {}  # segment id -> (address, size)
-
-    def sync_segments() -> None:
-        now = {s: (bs[0].addr, sum(b.size for b in bs)) for s, bs in _segments(model, live).items()}
-        for s in [s for s in known if s not in now]:
-            addr, size = known.pop(s)
-            trace.append({"action": "segment_free", "addr": addr, "size": size, "stream": 0, "frames": []})
-        for s, (addr, size) in now.items():
-            if s not in known:
-                known[s] = (addr, size)
-                trace.append({"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "frames": []})
-
+    writer = _TraceWriter(new_model())
     for i, ev in enumerate(dev.events[: stop + 1]):
-        segments_before = (model.segments, model.num_device_free)
         if ev.kind is EventKind.ALLOC and ev.size:
-            f = _frames(ev, steps[i])
-            blk = model.malloc(ev.size)
-            if blk is None:
-                trace.append(
-                    {
-                        "action": "oom",
-                        "addr": 0,
-                        "size": model.last_oom.rounded_bytes if model.last_oom else ev.size,
-                        "stream": 0,
-                        "device_free": max(model.capacity - model.reserved, 0),
-                        "frames": f,
-                    }
-                )
-                sync_segments()
+            if not writer.alloc(ev, _frames(ev, steps[i])):
                 break
-            live[ev.id], frames[ev.id] = blk, f
-            if (model.segments, model.num_device_free) != segments_before or blk.seg not in known:
-                sync_segments()
-            # "category": as torch's own _memory_viz._profile_to_snapshot writes on its alloc entries
-            category = ev.category.value if ev.category is not None else "unknown"
-            trace.append(
-                {"action": "alloc", "addr": blk.addr, "size": ev.size, "stream": 0, "frames": f, "category": category}
-            )
-        elif ev.kind is EventKind.FREE and ev.id in live:
-            blk = live.pop(ev.id)
-            f = frames.pop(ev.id)
-            for action in ("free_requested", "free_completed"):
-                trace.append({"action": action, "addr": blk.addr, "size": blk.requested, "stream": 0, "frames": f})
-            model.free(blk)
+        elif ev.kind is EventKind.FREE and ev.id in writer.live:
+            writer.free(ev.id)
         elif ev.kind is EventKind.EMPTY_CACHE:
-            model.empty_cache()
-            sync_segments()
+            writer.empty_cache()
+    return {"segments": _segment_entries(writer), "device_traces": [writer.trace]}
 
-    by_block = {id(b): frames[sid] for sid, b in live.items()}
+
+@dataclass(slots=True)
+class _TraceWriter:
+    """The replay up to the snapshot, writing ``device_traces[0]`` as it goes: the model, its live blocks with
+    their frames, and the segments the trace has announced."""
+
+    model: CachingAllocatorModel
+    live: dict[int, Block] = field(default_factory=dict)
+    frames: dict[int, list[dict[str, Any]]] = field(default_factory=dict)
+    trace: list[dict[str, Any]] = field(default_factory=list)
+    known: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Segment id -> (address, size) of each ``segment_alloc`` not yet freed."""
+
+    def alloc(self, ev: AllocEvent, f: list[dict[str, Any]]) -> bool:
+        """An ``alloc`` entry, after the segments it maps; on failure an ``oom`` entry, and False."""
+        model = self.model
+        segments_before = (model.segments, model.num_device_free)
+        blk = model.malloc(ev.size)
+        if blk is None:
+            self.trace.append(
+                {
+                    "action": "oom",
+                    "addr": 0,
+                    "size": model.last_oom.rounded_bytes if model.last_oom else ev.size,
+                    "stream": 0,
+                    "device_free": max(model.capacity - model.reserved, 0),
+                    "frames": f,
+                }
+            )
+            self.sync_segments()
+            return False
+        self.live[ev.id], self.frames[ev.id] = blk, f
+        if (model.segments, model.num_device_free) != segments_before or blk.seg not in self.known:
+            self.sync_segments()
+        # "category": as torch's own _memory_viz._profile_to_snapshot writes on its alloc entries
+        category = ev.category.value if ev.category is not None else "unknown"
+        self.trace.append(
+            {"action": "alloc", "addr": blk.addr, "size": ev.size, "stream": 0, "frames": f, "category": category}
+        )
+        return True
+
+    def free(self, sid: int) -> None:
+        """``free_requested`` and ``free_completed`` (one stream: nothing waits on an event)."""
+        blk = self.live.pop(sid)
+        f = self.frames.pop(sid)
+        for action in ("free_requested", "free_completed"):
+            self.trace.append({"action": action, "addr": blk.addr, "size": blk.requested, "stream": 0, "frames": f})
+        self.model.free(blk)
+
+    def empty_cache(self) -> None:
+        self.model.empty_cache()
+        self.sync_segments()
+
+    def sync_segments(self) -> None:
+        """``segment_free`` for each announced segment now gone, ``segment_alloc`` for each new one."""
+        now = {s: (bs[0].addr, sum(b.size for b in bs)) for s, bs in _segments(self.model, self.live).items()}
+        for s in [s for s in self.known if s not in now]:
+            addr, size = self.known.pop(s)
+            self.trace.append({"action": "segment_free", "addr": addr, "size": size, "stream": 0, "frames": []})
+        for s, (addr, size) in now.items():
+            if s not in self.known:
+                self.known[s] = (addr, size)
+                self.trace.append({"action": "segment_alloc", "addr": addr, "size": size, "stream": 0, "frames": []})
+
+
+def _segment_entries(writer: _TraceWriter) -> list[dict[str, Any]]:
+    """``segments``: every segment mapped when the snapshot is taken, by address, with its blocks."""
+    by_block = {id(b): writer.frames[sid] for sid, b in writer.live.items()}
     segments = []
-    for bs in sorted(_segments(model, live).values(), key=lambda bs: bs[0].addr):
+    for bs in sorted(_segments(writer.model, writer.live).values(), key=lambda bs: bs[0].addr):
         blocks = [
             {
                 "address": b.addr,
@@ -164,4 +191,4 @@ def build_snapshot(
                 "blocks": blocks,
             }
         )
-    return {"segments": segments, "device_traces": [trace]}
+    return segments

@@ -85,23 +85,14 @@ def run_trace(
     real (uninitialised) CPU tensors, for tests that compare the fake trace with a real run. ``eval_shape``
     (batch, length) adds one evaluation forward after the steps (phase ``EVAL``, step ``STEPS + 1``)."""
     try:
-        import torch
-        import transformers  # noqa: F401 - a missing one is said here, before any work
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        import torch  # noqa: F401 - a missing one is said here, before any work
+        import transformers  # noqa: F401
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError(exc.name or "torch", "trace") from exc
     from vramledger.catalog.config_of import config_of
-    from vramledger.trace.build import build_on_meta, materialise
-    from vramledger.trace.classify import classify
-    from vramledger.trace.recorder import dispatch_mode, module_hooks
-    from vramledger.trace.shims import (
-        autocast_as_cuda,
-        dropout_as_cuda,
-        make_optimizer,
-        matmul4bit_saves_input,
-        no_packed_sequences,
-        sdpa_as_cuda,
-    )
+    from vramledger.trace.build import build_on_meta
+    from vramledger.trace.recorder import module_hooks
+    from vramledger.trace.shims import make_optimizer
 
     _check_supported(train)
     cfg = dict(config) if config is not None else config_of(model)
@@ -110,80 +101,121 @@ def run_trace(
     vocab = int(hf.get_output_embeddings().weight.shape[0])
 
     with contextlib.ExitStack() as stack:
-        # Order matters: modes entered later see an op first. Autocast casts, then SDPA and dropout route.
-        stack.enter_context(no_packed_sequences())
-        if fake:
-            stack.enter_context(FakeTensorMode())
-        stack.enter_context(dispatch_mode(rec))
-        chosen = stack.enter_context(sdpa_as_cuda())
-        stack.enter_context(dropout_as_cuda())
-        stack.enter_context(autocast_as_cuda())
-
-        rec.phase = Phase.LOAD
-        materialise(hf)
-        run = hf
-        if train.distributed:  # the real FSDP/DDP wrapper on a fake process group: trace/distributed.py
-            from vramledger.trace.distributed import data_parallel
-
-            run = stack.enter_context(data_parallel(hf, model, train, rec))
+        chosen = _enter_modes(stack, rec, fake=fake)
+        run = _load(stack, hf, model, train, rec)
         params = {id(p): p for p in hf.parameters()}
         n_params = sum(p.numel() for p in params.values())
         trainable = [p for p in params.values() if p.requires_grad]
         n_trainable = sum(p.numel() for p in trainable)
-        quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
-        if quantised and train.quant is not None and train.quant.bits == 4:
-            quantised_ids = {sid for sid, _, _ in quantised}
-            stack.enter_context(
-                matmul4bit_saves_input(
-                    [
-                        m
-                        for m in hf.modules()
-                        if isinstance(m, torch.nn.Linear) and rec.sid_of(m.weight) in quantised_ids
-                    ]
-                )
-            )
+        quantised = _quantise(stack, hf, rec, train)
         stack.enter_context(module_hooks(rec, hf))
-        hooks = [
-            p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value))
-            for p in trainable
-        ]
+        hooks = _mark_gradients(rec, trainable)
         opt = make_optimizer(trainable, train.optimizer, sgd_momentum=train.sgd_momentum)
-        backward_start: dict[int, int] = {}
-        for step in range(1, STEPS + 1):
-            rec.step, rec.phase = step, Phase.FORWARD
-            loss = _forward_loss(hf, run, rec, train)
-            rec.phase = Phase.BACKWARD
-            backward_start[step] = len(rec.events)
-            _backward(loss)
-            del loss
-            for p in trainable if train.fsdp is not None else ():  # FSDP sets sharded grads without AccumulateGrad
-                if p.grad is not None:
-                    rec.mark(p.grad, Category.GRADIENTS.value)
-            rec.phase = Phase.OPTIMIZER
-            _optimizer_step(opt, rec)
-            hf.zero_grad(set_to_none=True)
+        backward_start = _train_steps(hf, run, rec, train, trainable, opt)
         if eval_shape is not None:
             _eval_forward(hf, rec, train, eval_shape)
         for h in hooks:
             h.remove()
         del opt, trainable, params, hf, run
-    backends = list(chosen)
-    storages = rec.storages
-    classify(storages, vocab=vocab, seq_len=train.seq_len, backward_start=backward_start)
-    events = [
-        Event(e.kind, e.storage, e.bytes, e.phase, e.step, e.module, e.op, storages[e.storage].category, e.stream)
-        for e in rec.events
-    ]
     return TraceResult(
-        events=events,
-        storages=storages,
+        events=_categorised(rec, vocab=vocab, seq_len=train.seq_len, backward_start=backward_start),
+        storages=rec.storages,
         params=n_params,
         trainable_params=n_trainable,
         warnings=warnings,
-        sdpa_backends=backends,
+        sdpa_backends=list(chosen),
         quantised=quantised,
         versions=_versions(),
     )
+
+
+def _enter_modes(stack: contextlib.ExitStack, rec: Recorder, *, fake: bool) -> list[str]:
+    """Enter the modes the step runs under; returns the list the SDPA shim fills with the backends it chose.
+    Order matters: modes entered later see an op first. Autocast casts, then SDPA and dropout route."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vramledger.trace.recorder import dispatch_mode
+    from vramledger.trace.shims import autocast_as_cuda, dropout_as_cuda, no_packed_sequences, sdpa_as_cuda
+
+    stack.enter_context(no_packed_sequences())
+    if fake:
+        stack.enter_context(FakeTensorMode())
+    stack.enter_context(dispatch_mode(rec))
+    chosen: list[str] = stack.enter_context(sdpa_as_cuda())
+    stack.enter_context(dropout_as_cuda())
+    stack.enter_context(autocast_as_cuda())
+    return chosen
+
+
+def _load(stack: contextlib.ExitStack, hf: Any, model: ModelSpec, train: TrainSpec, rec: Recorder) -> Any:
+    """Phase ``LOAD``: the weights put on the device, then for many GPUs the real FSDP/DDP wrapper on a fake
+    process group (trace/distributed.py). Returns the module the steps call."""
+    from vramledger.trace.build import materialise
+
+    rec.phase = Phase.LOAD
+    materialise(hf)
+    if not train.distributed:
+        return hf
+    from vramledger.trace.distributed import data_parallel
+
+    return stack.enter_context(data_parallel(hf, model, train, rec))
+
+
+def _quantise(stack: contextlib.ExitStack, hf: Any, rec: Recorder, train: TrainSpec) -> list[tuple[int, int, int]]:
+    """The linears a QLoRA base would quantise (their bytes are replaced later: trace/api.py); in 4 bits, their
+    inputs saved for backward as bitsandbytes' ``MatMul4Bit`` saves them."""
+    import torch
+
+    from vramledger.trace.shims import matmul4bit_saves_input
+
+    quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
+    if quantised and train.quant is not None and train.quant.bits == 4:
+        quantised_ids = {sid for sid, _, _ in quantised}
+        stack.enter_context(
+            matmul4bit_saves_input(
+                [m for m in hf.modules() if isinstance(m, torch.nn.Linear) and rec.sid_of(m.weight) in quantised_ids]
+            )
+        )
+    return quantised
+
+
+def _mark_gradients(rec: Recorder, trainable: list[Any]) -> list[Any]:
+    """Hooks that mark each gradient as such once accumulated; returns their handles."""
+    return [
+        p.register_post_accumulate_grad_hook(lambda p: rec.mark(p.grad, Category.GRADIENTS.value)) for p in trainable
+    ]
+
+
+def _train_steps(hf: Any, run: Any, rec: Recorder, train: TrainSpec, trainable: list[Any], opt: Any) -> dict[int, int]:
+    """The ``STEPS`` training steps: forward, backward, optimizer step, ``zero_grad(set_to_none=True)``. Returns
+    the index of each step's first backward event."""
+    backward_start: dict[int, int] = {}
+    for step in range(1, STEPS + 1):
+        rec.step, rec.phase = step, Phase.FORWARD
+        loss = _forward_loss(hf, run, rec, train)
+        rec.phase = Phase.BACKWARD
+        backward_start[step] = len(rec.events)
+        _backward(loss)
+        del loss
+        for p in trainable if train.fsdp is not None else ():  # FSDP sets sharded grads without AccumulateGrad
+            if p.grad is not None:
+                rec.mark(p.grad, Category.GRADIENTS.value)
+        rec.phase = Phase.OPTIMIZER
+        _optimizer_step(opt, rec)
+        hf.zero_grad(set_to_none=True)
+    return backward_start
+
+
+def _categorised(rec: Recorder, *, vocab: int, seq_len: int, backward_start: dict[int, int]) -> list[Event]:
+    """The recorded events, each with the category its storage was classified into (trace/classify.py)."""
+    from vramledger.trace.classify import classify
+
+    storages = rec.storages
+    classify(storages, vocab=vocab, seq_len=seq_len, backward_start=backward_start)
+    return [
+        Event(e.kind, e.storage, e.bytes, e.phase, e.step, e.module, e.op, storages[e.storage].category, e.stream)
+        for e in rec.events
+    ]
 
 
 def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:

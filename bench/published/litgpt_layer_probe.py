@@ -1,0 +1,198 @@
+"""What LitGPT's decoder layer saves for backward beyond transformers + PEFT, measured on the real code (CPU, bf16).
+
+    python bench/published/litgpt_layer_probe.py /path/to/litgpt/checkout [--commit 43c44323]
+
+Reads ``litgpt/{model,config,lora}.py`` at ``--commit`` from a git checkout of Lightning-AI/litgpt into a temporary
+directory (nothing of LitGPT is kept here), builds one ``lora.Block`` and one transformers ``LlamaDecoderLayer`` with
+PEFT LoRA of the same shapes, runs each forward, walks the autograd graph from the output (every node's ``_saved_*``
+tensors, each storage counted once, parameters and RoPE tables excluded) and prints the difference per token beside
+``analytic/litgpt.py``'s figure. CPU dropout keeps a mask in the compute dtype where CUDA keeps a bool, so the
+analytic figure is shown with the CPU mask. Not part of the test suite: it needs a LitGPT checkout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+_UTILS = """
+def find_multiple(n, k):
+    return n if n % k == 0 else n + k - (n % k)
+
+
+def map_old_state_dict_weights(state_dict, mapping, prefix):
+    for old, new in mapping.items():
+        if prefix + old in state_dict:
+            state_dict[prefix + new] = state_dict.pop(prefix + old)
+    return state_dict
+"""
+
+
+def _extract(checkout: Path, commit: str, into: Path) -> str:
+    """Write the package at ``commit`` into ``into``; returns its name (``litgpt``, or ``lit_gpt`` before 2024-03)."""
+    names = subprocess.run(
+        ["git", "-C", str(checkout), "ls-tree", "--name-only", commit], check=True, capture_output=True, text=True
+    ).stdout.split()
+    package = "litgpt" if "litgpt" in names else "lit_gpt"
+    pkg = into / package
+    pkg.mkdir()
+    for name in ("model.py", "config.py", "lora.py", "rmsnorm.py"):
+        show = subprocess.run(
+            ["git", "-C", str(checkout), "show", f"{commit}:{package}/{name}"], capture_output=True, text=True
+        )
+        if show.returncode == 0:
+            text = show.stdout.replace("from lightning_utilities.core.imports import RequirementCache", "")
+            text = text.replace('bool(RequirementCache("flash-attn>=2.0.0.post1"))', "False")  # no flash-attn
+            (pkg / name).write_text(text)
+    init = f"from {package}.model import GPT\nfrom {package}.config import Config\n"
+    (pkg / "__init__.py").write_text(init)
+    (pkg / "utils.py").write_text("from typing import Dict, Mapping\n" + _UTILS)
+    return package
+
+
+def saved_bytes(out: Any, exclude: set[int]) -> int:
+    """Bytes of the distinct storages the autograd graph behind ``out`` keeps for backward."""
+    import torch
+
+    seen: dict[int, int] = {}
+    nodes, stack = set(), [out.grad_fn]
+    while stack:
+        node = stack.pop()
+        if node is None or node in nodes:
+            continue
+        nodes.add(node)
+        for attr in dir(node):
+            if not attr.startswith("_saved_"):
+                continue
+            try:
+                value = getattr(node, attr)
+            except Exception:  # noqa: S112 - some saved attributes raise once freed
+                continue
+            for t in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in exclude:
+                    seen[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        stack.extend(n for n, _ in node.next_functions)
+    return sum(seen.values())
+
+
+def measure(package: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> tuple[int, int]:
+    """(LitGPT bytes, transformers + PEFT bytes) saved by one layer, B=2, T=64, H=256, head 32, bf16."""
+    import importlib
+
+    import torch
+    from peft import LoraConfig, inject_adapter_in_model
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    b, t, h, hd, inter, r, dt = 2, 64, 256, 32, 512, 4, torch.bfloat16
+    torch.manual_seed(0)
+    lit = importlib.import_module(f"{package}.lora")
+    build_rope_cache = importlib.import_module(f"{package}.model").build_rope_cache
+    shape = dict(
+        n_embd=h,
+        n_head=heads,
+        n_query_groups=kv_heads,
+        intermediate_size=inter,
+        n_layer=1,
+        block_size=t,
+        padded_vocab_size=64,
+        vocab_size=64,
+        bias=False,
+        parallel_residual=False,
+        rotary_percentage=1.0,
+    )
+    lora = {"r": r, "alpha": 16, "dropout": dropout, "query": True, "key": all_targets, "value": True,
+            "projection": all_targets, "mlp": all_targets}  # fmt: skip
+    if package == "litgpt":
+        names = {k: f"lora_{k}" for k in lora}
+        classes = {"head_size": hd, "mlp_class_name": "LLaMAMLP", "norm_class_name": "RMSNorm"}
+    else:  # lit-gpt 2023: head_size = n_embd // n_head, private class names, short LoRA names
+        names = {k: k if k in ("r", "alpha", "dropout") else f"to_{k}" for k in lora}
+        classes = {"_mlp_class": "LLaMAMLP", "_norm_class": "RMSNorm"}
+    cfg = lit.Config(**shape, **classes, **{names[k]: v for k, v in lora.items()})
+    try:
+        block = lit.Block(cfg, 0)
+    except TypeError:  # before Gemma 2 (litgpt 916a84ca) Block took no index
+        block = lit.Block(cfg)
+    block = block.to(dt)
+    lit.mark_only_lora_as_trainable(block)
+    try:
+        cos, sin = build_rope_cache(t, cfg.rope_n_elem)
+    except TypeError:  # lit-gpt 2023 takes the dtype
+        cos, sin = build_rope_cache(t, cfg.rope_n_elem, dtype=dt)
+    cos, sin = cos.to(dt), sin.to(dt)
+    x = torch.randn(b, t, h, dtype=dt, requires_grad=True)
+    exclude = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    exclude |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
+    n_lit = saved_bytes(block(x, cos, sin), exclude)
+
+    hc = LlamaConfig(
+        hidden_size=h, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd, intermediate_size=inter,
+        num_hidden_layers=1, vocab_size=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    layer = LlamaDecoderLayer(hc, 0).to(dt).requires_grad_(False)
+    targets = ["q_proj", "v_proj"] + (["k_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] if all_targets else [])
+    layer = inject_adapter_in_model(LoraConfig(r=r, lora_alpha=16, target_modules=targets, lora_dropout=dropout), layer)
+    for name, p in layer.named_parameters():
+        p.requires_grad_("lora_" in name)
+    layer = layer.to(dt)
+    x2 = torch.randn(b, t, h, dtype=dt, requires_grad=True)
+    ce, se = LlamaRotaryEmbedding(hc)(x2, torch.arange(t)[None].expand(b, t))
+    exclude = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    exclude |= {ce.untyped_storage().data_ptr(), se.untyped_storage().data_ptr()}
+    out = layer(x2, position_embeddings=(ce, se), attention_mask=None)
+    n_hf = saved_bytes(out[0] if isinstance(out, tuple) else out, exclude)
+    return n_lit, n_hf
+
+
+def analytic(code: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> int:
+    """analytic/litgpt.py's bytes per token for the probe's shapes, with CPU's dropout mask (c bytes, not 1)."""
+    from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.catalog import resolve_model
+    from vramledger.specs import LoraSpec, Method, ModelCode, Precision, TrainSpec
+
+    m = dataclasses.replace(
+        resolve_model("llama-3-8b"), hidden_size=256, num_heads=heads, num_kv_heads=kv_heads, head_dim=32,
+        intermediate_size=512, num_layers=1, vocab_size=64,
+    )  # fmt: skip
+    targets = ("all",) if all_targets else ("q_proj", "v_proj")
+    train = TrainSpec(
+        method=Method.LORA, precision=Precision.BF16, model_code=ModelCode(code),
+        lora=LoraSpec(rank=4, alpha=16, targets=targets, dropout=dropout, adapter_fp32=False),
+    )  # fmt: skip
+    per_token = litgpt_layer_extra_bytes_per_token(m, train, weight_budget(m, train))
+    shared = (3 if all_targets else 2) - 1 if dropout > 0 else 0
+    return per_token - shared * 256 * (2 - 1)  # CPU's mask is bf16: one byte more per shared element
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("checkout", type=Path, help="a git checkout of Lightning-AI/litgpt")
+    ap.add_argument("--commit", default="43c44323", help="the LitGPT commit to read (default: 43c44323)")
+    args = ap.parse_args(argv)
+    with tempfile.TemporaryDirectory() as tmp:
+        package = _extract(args.checkout, args.commit, Path(tmp))
+        code = "litgpt" if package == "litgpt" else "lit-gpt-2023"
+        sys.path.insert(0, tmp)
+        print(
+            f"{package} {args.commit} ({code}): bytes per token saved beyond transformers + PEFT, one layer (B·T = 128)"
+        )
+        for heads, kv, all_targets, dropout in ((8, 8, False, 0.05), (8, 2, False, 0.05), (8, 2, False, 0.0),
+                                                (8, 8, True, 0.05), (8, 2, True, 0.05)):  # fmt: skip
+            n_lit, n_hf = measure(package, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
+            got = analytic(code, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
+            print(
+                f"  heads {heads}/{kv} {'all' if all_targets else 'q,v'} dropout {dropout}: measured "
+                f"{(n_lit - n_hf) / 128:+.1f}, analytic/litgpt.py {got:+d}"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""What LitGPT's own decoder layer saves for backward beyond the transformers + PEFT layer of analytic/activations.py.
+
+Legend, per token of one decoder layer: c bytes of the compute dtype; H hidden size; nh query heads, nkv key/value
+heads, hd head size; Dq = nh·hd, Dk = Dv = nkv·hd the widths of the fused ``attn`` linear's q, k and v parts.
+
+LitGPT (litgpt 43c44323, 2024-04-24, and unchanged in these lines to 00af8b0d, 2024-09-27: the code of the
+config_hub benchmark table) computes q, k and v with one fused linear and LoRA with ``LoRAQKVLinear``:
+
+- ``litgpt/model.py`` ``CausalSelfAttention.forward`` (43c44323 l. 215-247): ``qkv.view(...).permute(...)``,
+  ``q, k, v = qkv.split(...)``; for grouped-query attention ``k.expand(...)``/``v.expand(...)`` to every query head,
+  then ``reshape`` (a copy) before SDPA. So:
+  - without GQA (nkv = nh) ``v.reshape`` stays a view of the fused output, and SDPA saves that view for backward:
+    the whole fused tensor outlives the forward, (Dq + Dk)·c more than transformers' separate V;
+  - with GQA, SDPA saves K and V expanded to every head: 2·(nh − nkv)·hd·c more than transformers 5, whose SDPA
+    path passes ``enable_gqa`` and saves nkv heads.
+- ``litgpt/lora.py`` ``LoRAQKVLinear.forward`` (43c44323 l. 396-431) and ``zero_pad`` (l. 279-340; ``index_copy_``
+  from f84b6109, 2024-05-06): when LoRA adapts some but not all of q, k and v, the adapters' output is scattered
+  into a zero tensor of the fused width with ``index_copy``, whose backward keeps its ``source``: Σ D of the adapted
+  parts ·c more. The adapters share one ``lora_dropout(x)``, where PEFT drops out each adapted linear's input
+  separately (analytic/activations.py ``_adapter_bytes``: the dropped copy c·H and CUDA ``native_dropout``'s bool
+  mask H): (n − 1)·H·(c + 1) less for n adapted parts of q, k, v when ``lora_dropout > 0``.
+
+Measured, not fitted: the saved-for-backward bytes of one LitGPT ``lora.Block`` (43c44323 and 00af8b0d) and of
+transformers' ``LlamaDecoderLayer`` with PEFT LoRA on q and v, same shapes, bf16, walked from the autograd graph
+(``_saved_*`` of every node, each storage once; bench/published/litgpt_layer_probe.py): their difference is the sum
+above per token, for q,v and for every-linear LoRA, with and without GQA and dropout, up to a per-layer constant of
+2-6 KB (``index_copy``'s int64 index; tests/analytic/test_litgpt_layer.py derives the cases by hand). On CPU
+dropout keeps a c-byte mask where CUDA keeps a bool; the formula uses CUDA's. Not modelled: that per-layer constant;
+in the first trained layer, whose input needs no grad, the shared dropout keeps no mask (H bytes per
+token once).
+
+Lit-GPT 8641822 (2023-10-16, the resource tables; ``ModelCode.LIT_GPT_2023``) ran the same attention and LoRA code
+(``lit_gpt/model.py`` l. 173-232, ``lit_gpt/lora.py``) but ``lit_gpt/rmsnorm.py``'s RMSNorm in the input dtype
+(``x * torch.rsqrt(norm_x + self.eps)`` on x itself; the fp32 upcast came with 6178c7cc, 2023-10-24): each of a
+layer's two norms saves its c-byte input where transformers saves an fp32 copy, 2·H·(4 − c) less. Measured the same
+way (probe ``--commit 8641822``). Not modelled there: the final norm's (H·(4 − c) once) and the first layer's input
+norm, which saves nothing in either when its input needs no grad (H·(4 − c) per token once too many).
+"""
+
+from __future__ import annotations
+
+from vramledger.analytic.weights import WeightBudget
+from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.specs.framework import ModelCode
+
+SOURCE = (
+    "LitGPT model.py CausalSelfAttention (fused qkv: SDPA keeps a view of it, or K/V expanded to every head) and "
+    "lora.py LoRAQKVLinear (zero_pad's index_copy keeps the adapters' output; one dropout for q, k and v)"
+)
+_QKV = ("q_proj", "k_proj", "v_proj")
+
+
+def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Bytes per token that one of LitGPT's decoder layers saves beyond the transformers + PEFT layer (0 unless
+    ``train.model_code`` is LitGPT). Negative when LitGPT saves less (its shared LoRA dropout).
+
+    >>> from vramledger.catalog import resolve_model
+    >>> from vramledger.analytic.weights import weight_budget
+    >>> from vramledger.specs import Method, Precision
+    >>> m = resolve_model("llama-2-7b")
+    >>> t = TrainSpec(method=Method.FULL, precision=Precision.BF16, model_code=ModelCode.LITGPT)
+    >>> litgpt_layer_extra_bytes_per_token(m, t, weight_budget(m, t)) == (4096 + 4096) * 2  # Dq + Dk, bf16
+    True
+    """
+    if train.model_code is ModelCode.TRANSFORMERS or m.is_moe or m.attn_logit_softcapping:
+        return 0  # softcapped attention (Gemma 2) runs LitGPT's own non-SDPA path: not measured
+    c = train.precision.compute.bytes
+    nh, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
+    width = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
+    extra = (width["q_proj"] + width["k_proj"]) * c if nkv == nh else 2 * (nh - nkv) * hd * c
+    if train.adapters and train.lora is not None:
+        adapted = {a.linear.name for a in wb.adapted} & set(_QKV)
+        if adapted and len(adapted) < len(_QKV):
+            extra += sum(width[name] for name in adapted) * c
+        if train.lora.dropout > 0 and len(adapted) > 1:
+            extra -= (len(adapted) - 1) * m.hidden_size * (c + 1)
+    if train.model_code is ModelCode.LIT_GPT_2023 and not m.norm_bias and c < 4:
+        extra -= 2 * m.hidden_size * (4 - c)  # two RMSNorms saving their c-byte input, not an fp32 copy
+    return extra
