@@ -298,6 +298,26 @@ def checkpoint_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightB
     return residual_bytes(train, wb) * m.hidden_size
 
 
+def checkpoint_reused_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Per token, the part of one layer's saved tensors (``layer_activations``) that is the layer's input itself,
+    which under checkpointing is the checkpoint's saved input, not a second tensor.
+
+    The non-reentrant recompute runs the layer on the very tensors the checkpoint saved (torch 2.13
+    ``torch/utils/checkpoint.py``: ``_CheckpointFrame.save_inputs`` keeps them, the unpack hook calls
+    ``frame.recompute_fn(*frame.get_inputs())``). The layer's first norm saves its input unchanged when it needs no
+    cast: ``LlamaRMSNorm``'s ``x.to(float32)`` (Gemma's ``x.float()``) of an fp32 residual stream is ``x`` itself,
+    and ``nn.LayerNorm`` saves its input (under autocast an fp32 cast of it, which is ``x`` again for an fp32
+    stream). Traced (tiny Llama in fp32 and bf16-true, tiny GPT-2 in bf16-true): the recomputed input norm
+    allocates its fp32 copy only when the stream is not fp32, and GPT-2's ``ln_1`` no copy at all.
+    Simplification: OLMo-2 normalises sublayer outputs (no norm reads the layer input), counted as 0.
+    """
+    if m.family == "olmo2":
+        return 0
+    s = residual_bytes(train, wb)
+    saved = (4 if train.precision.mixed else s) if m.norm_bias else 4  # as _norm_bytes: the input's saved copy
+    return s * m.hidden_size if saved == s else 0
+
+
 def final_norm_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
     """The final norm's saved tensors."""
     s = residual_bytes(train, wb)

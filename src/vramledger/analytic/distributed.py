@@ -293,6 +293,7 @@ def single_gpu_spec(train: TrainSpec) -> TrainSpec:
 _ACTIVATION_FIELDS = (
     "saved_layers_bytes",
     "layer_bytes",
+    "recompute_bytes",
     "scores_bytes",
     "layer_scores_bytes",
     "extra_saved_bytes",

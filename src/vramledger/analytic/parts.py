@@ -35,6 +35,9 @@ class StepParts:
     """Saved activations of all trained layers (or their checkpointed inputs)."""
     layer_bytes: int
     """Saved activations of one trained layer (recomputed in backward under checkpointing)."""
+    recompute_bytes: int
+    """Under checkpointing, what recomputing one trained layer allocates: ``layer_bytes`` less the checkpointed
+    input that the recompute reads again (analytic/activations.py ``checkpoint_reused_bytes_per_token``); 0 without."""
     scores_bytes: int
     """Length² bytes of all trained layers (0 under checkpointing, where one layer's is recomputed)."""
     layer_scores_bytes: int

@@ -16,9 +16,11 @@ Gradients are absent in forward unless gradient accumulation keeps them across m
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import NamedTuple
 
 from vramledger.analytic.activations import (
     checkpoint_input_bytes_per_token,
+    checkpoint_reused_bytes_per_token,
     dora_transient_bytes,
     final_hidden_live_bytes_per_token,
     final_norm_bytes_per_token,
@@ -45,93 +47,52 @@ from vramledger.analytic.overhead import (
 )
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves
-from vramledger.analytic.weights import weight_budget
+from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
 
 
 @lru_cache(maxsize=4096)
 def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
+    """The sizes every moment of the step is assembled from: the persistent lines (weights, gradients, optimizer
+    states, autocast copies), the saved activations, the loss's tensors and each phase's transients."""
     if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed.py
         return rank_step_parts(m, train, gpu, single=step_parts)
     wb = weight_budget(m, train)
-    T, B = train.tokens, train.micro_batch
     c = train.precision.compute.bytes
-    n_tl = wb.trainable_layers
-    n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
-    la = layer_activations(m, train, wb)
-    layer_bytes = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
-    layer_scores = la.scores_per_seq * B
-    if train.grad_ckpt:
-        saved_layers = n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T
-        scores = 0
-        eager = runs_eager(m, train)
-        if eager and n_tl:
-            # The checkpoint keeps its inputs, among them the additive causal mask(s) eager attention gets
-            # (transformers masking_utils eager_mask, in the dtype of the input embeddings: s·B·L² each; a second one
-            # for sliding-window layers).
-            s_emb = residual_bytes(train, wb)
-            scores = s_emb * B * train.seq_len * train.seq_len * (2 if m.sliding_layers else 1)
-    else:
-        saved_layers = n_kept * layer_bytes - (first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0)
-        scores = n_tl * layer_scores
-    extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
-    lg = logits_bytes(m, train, T)
-    # Under AMP lm_head saves its own bf16 cast (the trace files it with the logits); in pure precision it saves
-    # the final norm's output itself, an activation.
-    head_input = head_input_bytes_per_token(m, train, wb) * T
-    if not train.precision.mixed:
-        extra += head_input
-        head_input = 0
-    final_hidden = final_hidden_live_bytes_per_token(m, train, wb) * T
-
-    # Under AMP, trainable fp32 matrices get a bf16 copy in the autocast cache (and saved by autograd).
-    autocast_copies = wb.trainable_matrix_params * 2 if (train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0
-    if train.precision.mixed and train.quant is None and train.frozen_dtype is DType.FP32:
-        # Frozen fp32 weights are cast to bf16 at every use (autocast caches only leaves that require grad) and
-        # each cast is saved by autograd for the input's gradient: a bf16 copy of every frozen matrix.
-        autocast_copies += wb.frozen_matrix_params * 2
-
-    frozen, trainable = wb.frozen_bytes, wb.trainable_bytes
-    grads = wb.trainable_bytes  # each gradient in its parameter's dtype
+    saved = _saved_activations(m, train, wb)
+    lg = logits_bytes(m, train, train.tokens)
+    head_logits, head_saved = _head_input(m, train, wb)
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
     paged_states, states = (states, 0) if opt.paged else (0, states)
-    grads, step_temp = optimizer_in_backward(train, wb, grads, step_temp)  # analytic/loop.py
-    master = 0
-
-    # Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates.
-    H, I = m.hidden_size, (m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size)
-    s = residual_bytes(train, wb)
-    layer_temp = (2 * s * H + 3 * c * I) * T if n_tl else 0
-    if train.attn is Attention.EAGER and n_tl:
-        layer_temp += (c + 4) * m.num_heads * train.seq_len * train.seq_len * B
+    # Each gradient in its parameter's dtype; one at a time under optimizer-in-backward (analytic/loop.py).
+    grads, step_temp = optimizer_in_backward(train, wb, wb.trainable_bytes, step_temp)
     return StepParts(
         weights=wb,
-        frozen_bytes=frozen,
-        trainable_bytes=trainable,
-        master_bytes=master,
+        frozen_bytes=wb.frozen_bytes,
+        trainable_bytes=wb.trainable_bytes,
+        master_bytes=0,
         grad_bytes=grads,
-        autocast_copy_bytes=autocast_copies,
+        autocast_copy_bytes=_autocast_copy_bytes(train, wb),
         state_bytes=states,
         paged_state_bytes=paged_states,
         step_temp_bytes=step_temp,
-        saved_layers_bytes=saved_layers,
-        layer_bytes=layer_bytes,
-        scores_bytes=scores,
-        layer_scores_bytes=layer_scores,
-        extra_saved_bytes=extra,
-        logits_forward=lg.forward_peak + head_input,
-        logits_saved=lg.saved + head_input,
-        logits_backward=lg.backward_peak + head_input,
-        logits_head=lg.head_grad_moment + head_input,
-        final_hidden_bytes=final_hidden,
-        head_cast_bytes=m.vocab_size * m.hidden_size * 2
-        if (wb.head_trainable and train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0,
-        layer_backward_temp=layer_temp,
+        saved_layers_bytes=saved.layers,
+        layer_bytes=saved.layer,
+        recompute_bytes=saved.recompute,
+        scores_bytes=saved.scores,
+        layer_scores_bytes=saved.layer_scores,
+        extra_saved_bytes=saved.extra + head_saved,
+        logits_forward=lg.forward_peak + head_logits,
+        logits_saved=lg.saved + head_logits,
+        logits_backward=lg.backward_peak + head_logits,
+        logits_head=lg.head_grad_moment + head_logits,
+        final_hidden_bytes=final_hidden_live_bytes_per_token(m, train, wb) * train.tokens,
+        head_cast_bytes=_head_cast_bytes(m, train, wb),
+        layer_backward_temp=_layer_backward_temp(m, train, wb),
         dora_temp=dora_transient_bytes(train, wb),
-        forward_layer_temp=dora_transient_bytes(train, wb)
-        + (c * m.num_heads * train.seq_len * train.seq_len * B if train.attn is Attention.EAGER and n_tl else 0),
+        forward_layer_temp=dora_transient_bytes(train, wb) + _eager_scores_bytes(m, train, wb, c),
         dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
         workspace_bytes=cublas_workspace_bytes(gpu),
         optimizer_source=opt.source,
@@ -139,95 +100,243 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     )
 
 
+class _Saved(NamedTuple):
+    """What the trained layers save for backward, in bytes (the ``StepParts`` fields of the same names)."""
+
+    layers: int
+    layer: int
+    recompute: int
+    scores: int
+    layer_scores: int
+    extra: int
+
+
+def _saved_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Saved:
+    """Every trained layer's saved activations, or under checkpointing their inputs (and eager's masks), with one
+    layer's figures for the recompute; the final norm and RoPE tables once per model."""
+    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    n_tl = wb.trainable_layers
+    n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
+    la = layer_activations(m, train, wb)
+    layer = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
+    layer_scores = la.scores_per_seq * B
+    extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
+    if not train.grad_ckpt:
+        unsaved = first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0
+        return _Saved(
+            layers=n_kept * layer - unsaved,
+            layer=layer,
+            recompute=0,
+            scores=n_tl * layer_scores,
+            layer_scores=layer_scores,
+            extra=extra,
+        )
+    masks = 0
+    if runs_eager(m, train) and n_tl:
+        # The checkpoint keeps its inputs, among them the additive causal mask(s) eager attention gets
+        # (transformers masking_utils eager_mask, in the dtype of the input embeddings: s·B·L² each; a second one
+        # for sliding-window layers).
+        masks = residual_bytes(train, wb) * B * L * L * (2 if m.sliding_layers else 1)
+    return _Saved(
+        layers=n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T,
+        layer=layer,
+        recompute=layer - checkpoint_reused_bytes_per_token(m, train, wb) * T if n_tl else 0,
+        scores=masks,
+        layer_scores=layer_scores,
+        extra=extra,
+    )
+
+
+def _head_input(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[int, int]:
+    """lm_head's saved input as (bytes filed with the logits, bytes filed with the activations): under AMP
+    lm_head saves its own bf16 cast (the trace files it with the logits); in pure precision it saves the final
+    norm's output itself, an activation."""
+    head_input = head_input_bytes_per_token(m, train, wb) * train.tokens
+    return (head_input, 0) if train.precision.mixed else (0, head_input)
+
+
+def _autocast_copy_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+    """Under AMP, trainable fp32 matrices get a bf16 copy in the autocast cache (and saved by autograd)."""
+    copies = wb.trainable_matrix_params * 2 if (train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0
+    if train.precision.mixed and train.quant is None and train.frozen_dtype is DType.FP32:
+        # Frozen fp32 weights are cast to bf16 at every use (autocast caches only leaves that require grad) and
+        # each cast is saved by autograd for the input's gradient: a bf16 copy of every frozen matrix.
+        copies += wb.frozen_matrix_params * 2
+    return copies
+
+
+def _head_cast_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """lm_head's bf16 weight cast under AMP when it trains in fp32 (see ``StepParts.head_cast_bytes``)."""
+    if wb.head_trainable and train.precision.mixed and wb.trainable_dtype.bytes == 4:
+        return m.vocab_size * m.hidden_size * 2
+    return 0
+
+
+def _eager_scores_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, per_element: int) -> int:
+    """One trained layer's eager attention scores, ``per_element`` bytes each: nh·L² per sequence."""
+    if train.attn is not Attention.EAGER or not wb.trainable_layers:
+        return 0
+    return per_element * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+
+
+def _layer_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates
+    (2·s·H·T + 3·c·I·T), and eager's (c+4)·nh·L² per sequence."""
+    if not wb.trainable_layers:
+        return 0
+    c = train.precision.compute.bytes
+    H, I = m.hidden_size, (m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size)  # noqa: E741
+    s = residual_bytes(train, wb)
+    return (2 * s * H + 3 * c * I) * train.tokens + _eager_scores_bytes(m, train, wb, c + 4)
+
+
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
     p = step_parts(m, train, gpu)
-    accum = train.grad_accum > 1
-    grads_prev = p.grad_bytes if accum else 0
-    out: dict[Phase, Moment] = {}
-
-    load = Moment(name="weights loaded, before the first step", phase=Phase.LOAD)
-    if p.frozen_bytes:
-        load.add(Category.WEIGHTS, "frozen base", p.frozen_bytes, SOURCES["weights"])
-    if p.trainable_bytes:
-        load.add(Category.WEIGHTS, "trainable", p.trainable_bytes, SOURCES["weights"])
-    load.add(Category.TEMPORARIES, "quantising the largest weight on the GPU",  # analytic/load.py: per framework
-             load_transient_bytes(m, train, p.weights), LOAD_SOURCES[train.load_path])
-    out[Phase.LOAD] = load
-
-    # Forward: the loss with everything saved so far.
-    fwd = Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)", phase=Phase.FORWARD)
-    add_persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
-    add_activations(fwd, p, train)
-    fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
-    fwd.add(Category.TEMPORARIES, "final hidden state (model output, alive during the loss)", p.final_hidden_bytes,
-            "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives")
-    fwd_layer = Moment(name="inside the last decoder layer's forward", phase=Phase.FORWARD)
-    add_persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
-    add_activations(fwd_layer, p, train)
-    fwd_layer.add(Category.TEMPORARIES, "transients of one layer", p.forward_layer_temp + p.dequant_temp,
-                  "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
-                  "QLoRA dequantised weight")
-    out[Phase.FORWARD] = max((fwd, fwd_layer), key=lambda mo: mo.total)
-
-    # Backward candidates.
-    cands: list[Moment] = []
-    b_loss = Moment(name="log-softmax backward (_log_softmax_backward_data)", phase=Phase.BACKWARD)
-    # Non-reentrant checkpointing saves no casted weights: the autocast cache dies when forward's autocast exits.
-    keep_casts = not train.grad_ckpt
-    add_persistent(b_loss, p, train, grads=grads_prev, autocast=keep_casts, states=True)
-    if not keep_casts:
-        b_loss.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
-                   SOURCES["autocast"])
-    add_activations(b_loss, p, train)
-    b_loss.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
-    cands.append(b_loss)
-
-    b_top = Moment(name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""),
-                   phase=Phase.BACKWARD)
-    head_grad = 0
-    if p.weights.head_trainable and not accum:
-        head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    add_persistent(b_top, p, train, grads=grads_prev + head_grad, autocast=keep_casts, states=True)
-    if not keep_casts:
-        b_top.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes,
-                  SOURCES["autocast"])
-    add_activations(b_top, p, train)
-    if train.grad_ckpt and p.weights.trainable_layers:
-        b_top.add(Category.ACTIVATIONS, "one layer recomputed", p.layer_bytes, SOURCES["acts"])
-        b_top.add(Category.ATTENTION_SCORES, "one layer's length² tensors (recomputed)", p.layer_scores_bytes,
-                  "analytic/activations.py")
-    if train.grad_ckpt:
-        b_top.add(Category.TEMPORARIES, "DoRA weight norm in the recomputed forward", p.dora_temp,
-                  "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)")
-    b_top.add(Category.TEMPORARIES, "4-bit weight dequantised for one matmul", p.dequant_temp,
-              "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time")
-    b_top.add(Category.TEMPORARIES, "gradients of hidden states and MLP intermediates", p.layer_backward_temp,
-              "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)")
-    cands.append(b_top)
-
-    b_end = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
-    add_persistent(b_end, p, train, grads=p.grad_bytes, autocast=False, states=True)
-    if p.weights.embedding_trainable and (m.tie_word_embeddings or accum):
-        b_end.add(Category.TEMPORARIES, "embedding gradient before accumulation",
-                  p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
-                  "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
-                  "(tied lm_head, or an earlier micro-step)")
-    cands.append(b_end)
-    for mo in cands:  # the engine's buffers before the choice: some live only at the end of backward
+    backward = (_loss_backward(train, p), _top_layer_backward(train, p), _end_of_backward(m, train, p))
+    for mo in backward:  # the engine's buffers before the choice: some live only at the end of backward
         add_buffers(mo, Phase.BACKWARD, p.buffers)
-    out[Phase.BACKWARD] = max(cands, key=lambda mo: mo.total)
-
-    opt = Moment(name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""),
-                 phase=Phase.OPTIMIZER)
-    add_persistent(opt, p, train, grads=p.grad_bytes, autocast=False, states=True)
-    opt.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
-    out[Phase.OPTIMIZER] = opt
+    out = {
+        Phase.LOAD: _load_moment(m, train, p),
+        Phase.FORWARD: _forward_moment(train, p),
+        Phase.BACKWARD: max(backward, key=lambda mo: mo.total),
+        Phase.OPTIMIZER: _optimizer_moment(train, p),
+    }
     for phase, mo in out.items():
         if phase is not Phase.BACKWARD:
             add_buffers(mo, phase, p.buffers)
     out.update(eval_moments(m, train, p))
     return out
+
+
+def _previous_grads(train: TrainSpec, p: StepParts) -> int:
+    """Gradients alive before backward: those gradient accumulation keeps across micro-steps."""
+    return p.grad_bytes if train.grad_accum > 1 else 0
+
+
+def _load_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
+    """The weights on the GPU before the first step, with the transient of quantising one of them."""
+    load = Moment(name="weights loaded, before the first step", phase=Phase.LOAD)
+    if p.frozen_bytes:
+        load.add(Category.WEIGHTS, "frozen base", p.frozen_bytes, SOURCES["weights"])
+    if p.trainable_bytes:
+        load.add(Category.WEIGHTS, "trainable", p.trainable_bytes, SOURCES["weights"])
+    load.add(
+        Category.TEMPORARIES,
+        "quantising the largest weight on the GPU",  # analytic/load.py: per framework
+        load_transient_bytes(m, train, p.weights),
+        LOAD_SOURCES[train.load_path],
+    )
+    return load
+
+
+def _forward_moment(train: TrainSpec, p: StepParts) -> Moment:
+    """The larger of the loss (with everything saved so far) and the inside of the last decoder layer."""
+    grads_prev = _previous_grads(train, p)
+    fwd = Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)", phase=Phase.FORWARD)
+    add_persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
+    add_activations(fwd, p, train)
+    fwd.add(Category.LOGITS_LOSS, "logits, fp32 copy, log-softmax", p.logits_forward, p.logits_source)
+    fwd.add(
+        Category.TEMPORARIES,
+        "final hidden state (model output, alive during the loss)",
+        p.final_hidden_bytes,
+        "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives",
+    )
+    fwd_layer = Moment(name="inside the last decoder layer's forward", phase=Phase.FORWARD)
+    add_persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
+    add_activations(fwd_layer, p, train)
+    fwd_layer.add(
+        Category.TEMPORARIES,
+        "transients of one layer",
+        p.forward_layer_temp + p.dequant_temp,
+        "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
+        "QLoRA dequantised weight",
+    )
+    return max((fwd, fwd_layer), key=lambda mo: mo.total)
+
+
+def _add_backward_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int) -> None:
+    """What lives through backward. Non-reentrant checkpointing saves no casted weights: the autocast cache dies
+    when forward's autocast exits, and only lm_head's cast (outside the checkpoints) stays saved."""
+    add_persistent(mo, p, train, grads=grads, autocast=not train.grad_ckpt, states=True)
+    if train.grad_ckpt:
+        mo.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes, SOURCES["autocast"])
+
+
+def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
+    """The log-softmax backward: every saved activation and the loss's fp32 gradients."""
+    mo = Moment(name="log-softmax backward (_log_softmax_backward_data)", phase=Phase.BACKWARD)
+    _add_backward_persistent(mo, p, train, grads=_previous_grads(train, p))
+    add_activations(mo, p, train)
+    mo.add(Category.LOGITS_LOSS, "log-softmax output and two fp32 gradients", p.logits_backward, p.logits_source)
+    return mo
+
+
+def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
+    """The top decoder layer's backward (after its recompute under checkpointing), lm_head's gradient made."""
+    mo = Moment(
+        name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""), phase=Phase.BACKWARD
+    )
+    head_grad = 0
+    if p.weights.head_trainable and train.grad_accum <= 1:
+        head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    _add_backward_persistent(mo, p, train, grads=_previous_grads(train, p) + head_grad)
+    add_activations(mo, p, train)
+    if train.grad_ckpt and p.weights.trainable_layers:
+        # The recompute reads the checkpointed input (counted above), so its saved set is recompute_bytes.
+        mo.add(Category.ACTIVATIONS, "one layer recomputed", p.recompute_bytes, SOURCES["acts"])
+        mo.add(
+            Category.ATTENTION_SCORES,
+            "one layer's length² tensors (recomputed)",
+            p.layer_scores_bytes,
+            "analytic/activations.py",
+        )
+    if train.grad_ckpt:
+        mo.add(
+            Category.TEMPORARIES,
+            "DoRA weight norm in the recomputed forward",
+            p.dora_temp,
+            "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)",
+        )
+    mo.add(
+        Category.TEMPORARIES,
+        "4-bit weight dequantised for one matmul",
+        p.dequant_temp,
+        "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time",
+    )
+    mo.add(
+        Category.TEMPORARIES,
+        "gradients of hidden states and MLP intermediates",
+        p.layer_backward_temp,
+        "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)",
+    )
+    return mo
+
+
+def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
+    """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in."""
+    mo = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
+    add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    if p.weights.embedding_trainable and (m.tie_word_embeddings or train.grad_accum > 1):
+        mo.add(
+            Category.TEMPORARIES,
+            "embedding gradient before accumulation",
+            p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
+            "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
+            "(tied lm_head, or an earlier micro-step)",
+        )
+    return mo
+
+
+def _optimizer_moment(train: TrainSpec, p: StepParts) -> Moment:
+    """optimizer.step(): weights, gradients, states and the step's temporaries."""
+    mo = Moment(
+        name="optimizer.step()" + (" (foreach temporaries)" if p.step_temp_bytes else ""), phase=Phase.OPTIMIZER
+    )
+    add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    mo.add(Category.TEMPORARIES, "optimizer step temporaries", p.step_temp_bytes, p.optimizer_source)
+    return mo
 
 
 def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[tuple[LineItem, ...], dict[Phase, str]]:
@@ -241,9 +350,25 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
         items.extend(mo.items)
         if phase in reserves:
             n, source, basis = reserves[phase]
-            items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase, bytes=n,
-                                  label="cached, not allocated", source=source, basis=basis))
-        items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=cuda_context_bytes(gpu),
-                              label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
+            items.append(
+                LineItem(
+                    category=Category.ALLOCATOR_RESERVE,
+                    phase=phase,
+                    bytes=n,
+                    label="cached, not allocated",
+                    source=source,
+                    basis=basis,
+                )
+            )
+        items.append(
+            LineItem(
+                category=Category.CUDA_CONTEXT,
+                phase=phase,
+                bytes=cuda_context_bytes(gpu),
+                label="CUDA context",
+                source=CONTEXT_SOURCE,
+                basis=Basis.ASSUMPTION,
+            )
+        )
     items.extend(nccl_lines(train, gpu, mos))  # several GPUs: NCCL's communicators, outside the allocator
     return tuple(items), names

@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from vramledger.catalog.hfconfig import language_model
 from vramledger.specs import ModelSpec
 
 
@@ -23,15 +24,10 @@ def config_of(model: ModelSpec) -> dict[str, Any]:
         return dict(json.loads(model.inventory.config_json))
     entry = catalog_entry(model.config_name or model.name)
     if entry is not None and entry.hub_id in (model.name, model.config_name):
-        return dict(entry.config)
+        return dict(language_model(entry.config))
     src = Path(model.source) if model.source else None
     if src is not None and src.suffix == ".json" and src.is_file():
-        raw = json.loads(src.read_text())
-        if isinstance(raw.get("text_config"), dict):
-            text = dict(raw["text_config"])
-            text.setdefault("model_type", f"{raw.get('model_type', '')}_text")
-            return text
-        return dict(raw)
+        return dict(language_model(json.loads(src.read_text())))
     return config_from_spec(model)
 
 

@@ -86,7 +86,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     where = f"config {source}"
     if not isinstance(cfg, Mapping):
         raise VramledgerError(f"{where}: expected a JSON object")
-    text = _language_model(cfg)
+    text = language_model(cfg)
     family = _family(text)
     if family not in _TIE_DEFAULT:
         # No formula for this family: transformers builds it on the meta device for exact parameters.
@@ -147,7 +147,7 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     )
 
 
-def _language_model(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
+def language_model(cfg: Mapping[str, Any]) -> Mapping[str, Any]:
     """The decoder's settings: a multimodal config's ``text_config``, with the top-level dtype and tying it
     inherits (and ``model_type`` ``<outer>_text``), else the config itself."""
     if not ("text_config" in cfg and isinstance(cfg["text_config"], Mapping)):
