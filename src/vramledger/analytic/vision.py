@@ -285,7 +285,7 @@ def vision_settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
             "processed": [grid.width, grid.height],
             "patches": grid.patches,
             "tokens": grid.tokens,
-            "text_seq_len": train.seq_len - (image_tokens(m, train) if train.seq_includes_images else 0),
+            "text_seq_len": max(0, train.seq_len - (image_tokens(m, train) if train.seq_includes_images else 0)),
         }
     }
 
