@@ -26,7 +26,7 @@ from typing import Any
 
 from vramledger.analytic.image_tokens import ImageGrid, image_grid
 from vramledger.errors import VramledgerError
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.specs import Loss, ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule, VisionSpec
 
 # Large enough for input_ids, the 3-D positions (3·B·L) and the window tables of any traced batch.
@@ -36,6 +36,11 @@ _CONSTANT_LIMIT = 1 << 26
 def check_traceable(model: ModelSpec, train: TrainSpec) -> None:
     """Refuse, before any model is built, images the trace cannot feed yet (only the Qwen-VL processor's
     inputs are built here)."""
+    if train.images and train.loss is Loss.CHUNKED:
+        raise VramledgerError(
+            "trace --images with --loss chunked: the chunked loss runs the decoder alone (trace/step.py "
+            "chunked_loss), without the vision tower; use --loss standard, or `vramledger estimate`"
+        )
     if train.images and model.vision is not None and model.vision.rule is not ImageRule.DYNAMIC:
         raise VramledgerError(
             f"trace --images: {model.family} images are estimated (`vramledger estimate`) but not traced yet; "
