@@ -3,8 +3,8 @@ placeholders in ``input_ids``, and what lets the real vision code run on fake te
 
 The batch is what ``Qwen2VLImageProcessor`` and the processor give a collator (``patchify``: one row of
 3·temporal·patch² fp32 values per patch; ``image_grid_thw`` (1, h/patch, w/patch) per image; ``<|image_pad|>``
-tokens, one per merge² patches), with the geometry of ``analytic/vision.py`` ``image_grid`` (the one home of the
-processors' rules).
+tokens, one per merge² patches, and ``mm_token_type_ids`` marking them), with the geometry of
+``analytic/image_tokens.py`` ``image_grid`` (the one home of the processors' rules).
 
 Fake tensors carry shapes, not values, and the vision code asks for values: ``grid_thw.tolist()``
 (``vision_utils.py`` ``get_vision_position_ids``, ``get_vision_window_index``), the window lengths
@@ -15,7 +15,9 @@ value of a small tensor made from data (a *constant*: ``torch._subclasses.fake_t
 while the step runs, so that input_ids, the grid and the window boundaries are constants and every value derived
 from them alone is known; the window index and boundaries, which transformers computes with a boolean mask, are
 computed beforehand from real tensors and handed to the tower as the precomputed inputs its helpers accept
-(``get_vision_window_index(..., kwargs)`` pops ``window_index``/``cu_window_seqlens``). Activations stay fake.
+(``get_vision_window_index(..., kwargs)`` pops ``window_index``/``cu_window_seqlens``); ``get_rope_index`` runs on
+the constants' real values (``_on_real_values``). Activations stay fake; a run on real tensors records the same
+events (tests/trace/test_vision_trace_real.py).
 """
 
 from __future__ import annotations
