@@ -145,14 +145,13 @@ def method_count(m: ModelSpec, train: TrainSpec) -> PeftCount:
 @lru_cache(maxsize=64)
 def _meta_count(config_json: str, peft_config: str) -> int:
     """PEFT 0.21's own count (``get_nb_trainable_parameters``) of the method on the model built on the meta
-    device (catalog/inventory.py) and wrapped by ``get_peft_model`` (trace/build.py ``apply_peft_config``).
+    device and wrapped by ``get_peft_model`` (catalog/inventory.py ``build_meta_model``, ``apply_peft_config``).
     AdaLoRA's ``ranknum`` is left out: only on the meta device does PEFT make it require grad (trace/build.py)."""
     import warnings
 
     import torch
 
-    from vramledger.catalog.inventory import build_meta_model, hf_config_object
-    from vramledger.trace.build import apply_peft_config
+    from vramledger.catalog.inventory import apply_peft_config, build_meta_model, hf_config_object
 
     hf_cfg = hf_config_object(json.loads(config_json), "model")
     with warnings.catch_warnings(), torch.device("meta"):

@@ -419,3 +419,17 @@ def spec_from_json(stored: Mapping[str, Any], config: Mapping[str, Any], *, name
         )
     return ModelSpec(**fields, name=name, source=source, inventory=inventory, checkpoint_quant=quant,
                      vision=vision_spec(config, f"config {source}"))
+
+
+def apply_peft_config(hf: Any, cfg: dict[str, Any], *, adapter_fp32: bool) -> Any:
+    """``get_peft_model`` with the config an ``adapter_config.json`` mapping describes, for causal-LM training: the
+    trace, the GPU measure's worker and the estimate's count on the meta device (analytic/peft_memory.py)."""
+    from peft import PeftConfig, get_peft_model
+
+    # peft_model.py get_peft_model picks PeftModelForCausalLM from task_type; training: not inference_mode.
+    cfg = {**cfg, "task_type": "CAUSAL_LM", "inference_mode": False}
+    try:
+        config = PeftConfig.from_peft_type(**cfg)
+        return get_peft_model(hf, config, autocast_adapter_dtype=adapter_fp32)
+    except (TypeError, ValueError, KeyError) as exc:
+        raise VramledgerError(f"--peft-config: PEFT rejected the config ({exc})") from exc

@@ -275,7 +275,7 @@ def build_model(spec: dict[str, Any], train: Any, device: Any) -> tuple[Any, dic
     if train.peft_config is not None:  # any PEFT method, from its adapter_config.json (trace/build.py)
         import json
 
-        from vramledger.trace.build import apply_peft_config
+        from vramledger.catalog.inventory import apply_peft_config
 
         model = apply_peft_config(model, json.loads(train.peft_config), adapter_fp32=train.lora.adapter_fp32)
     elif train.method in (Method.LORA, Method.QLORA):

@@ -180,23 +180,11 @@ def _apply_peft_config(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: l
             f"init_lora_weights {init!r} reads real weights: traced with the default initialisation "
             "(the same shapes and memory)"
         )
+    from vramledger.catalog.inventory import apply_peft_config
+
     peft_model = apply_peft_config(hf, cfg, adapter_fp32=train.lora is None or train.lora.adapter_fp32)
     _as_on_the_gpu(peft_model, warnings)
     return _upcast_trainable(peft_model, train, trainable_dt)
-
-
-def apply_peft_config(hf: Any, cfg: dict[str, Any], *, adapter_fp32: bool) -> Any:
-    """``get_peft_model`` with the config an ``adapter_config.json`` mapping describes, for causal-LM training
-    (the trace, and the GPU measure's worker)."""
-    from peft import PeftConfig, get_peft_model
-
-    # peft_model.py get_peft_model picks PeftModelForCausalLM from task_type; training: not inference_mode.
-    cfg = {**cfg, "task_type": "CAUSAL_LM", "inference_mode": False}
-    try:
-        config = PeftConfig.from_peft_type(**cfg)
-        return get_peft_model(hf, config, autocast_adapter_dtype=adapter_fp32)
-    except (TypeError, ValueError, KeyError) as exc:
-        raise VramledgerError(f"--peft-config: PEFT rejected the config ({exc})") from exc
 
 
 def _as_on_the_gpu(peft_model: Any, warnings: list[str]) -> None:
