@@ -415,6 +415,7 @@ ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "base_dtype": DType,
     "generation_cache": CacheKind,
     "load_path": LoadPath,
+    "model_code": ModelCode,
 }
 """TrainSpec fields that take an Enum: a string naming one of its values is accepted (``method="lora"``)."""
 _INT_FIELDS = ("micro_batch", "seq_len", "grad_accum", "loss_chunk_tokens", "freeze_trainable_layers", "eval_batch",
