@@ -273,6 +273,14 @@ def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
+def _loss_backward_total(train: TrainSpec, p: StepParts) -> int:
+    """Allocated at the log-softmax backward, whichever backward moment holds the phase's peak: the moment the
+    allocator reserve's stranded blocks are counted at (analytic/reserve.py ``phase_reserves``)."""
+    mo = _loss_backward(train, p)
+    add_buffers(mo, Phase.BACKWARD, p.buffers)
+    return mo.total
+
+
 def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
     """The top decoder layer's backward (after its recompute under checkpointing), lm_head's gradient made."""
     mo = Moment(
@@ -344,7 +352,9 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    reserves = phase_reserves(m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()})
+    p = step_parts(m, train, gpu)
+    allocated = {ph: mo.total for ph, mo in mos.items()}
+    reserves = phase_reserves(m, train, p, allocated, at_loss=_loss_backward_total(train, p))
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
