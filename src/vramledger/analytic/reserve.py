@@ -276,15 +276,21 @@ _TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
 
 def phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int], *, at_loss: int | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    allocated: dict[Phase, int],
+    *,
+    at_loss: int | None = None,
+    at_top_layer: int | None = None,
 ) -> dict[Phase, tuple[int, str, Basis]]:
     """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
 
     The step's peak reserved is ``peak_reserved`` of the phases' allocated bytes. ``at_loss``: allocated at the
     log-softmax backward, whichever backward moment holds the phase's peak: with forward's, the loss's moments,
-    where the stranded blocks are counted. Without it the larger of forward's and backward's peaks stands in,
-    which over-counts where backward's peak is the end of backward (``peak_reserved``). Every training phase
-    reports that same reserved figure:
+    where the stranded blocks are counted; ``at_top_layer``: allocated at the top layer's backward. Without
+    them the larger of forward's and backward's peaks stands in, which over-counts where backward's peak is
+    another moment (``peak_reserved``). Every training phase reports that same reserved figure:
     the cache built by step 1 is still held in every later step (the trace replay shows reserved flat across
     phases in step 2). Evaluation and generation run after training steps, so they hold at least that cache;
     where they allocate more, the stated assumption of ``overhead.allocator_reserve_bytes`` covers their own
@@ -294,7 +300,7 @@ def phase_reserves(
     forward = allocated.get(Phase.FORWARD, 0)
     loss_peak = max(forward, allocated.get(Phase.BACKWARD, 0)) if at_loss is None else max(forward, at_loss)
     opt_peak = allocated.get(Phase.OPTIMIZER, peak)
-    moments = (forward, at_loss) if at_loss is not None else None
+    moments = (forward, at_loss, at_top_layer or 0) if at_loss is not None else None
     reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak, loss_moments=moments) if peak else 0
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
@@ -361,15 +367,15 @@ def peak_reserved(
     step_peak: int,
     opt_peak: int | None = None,
     *,
-    loss_moments: tuple[int, int] | None = None,
+    loss_moments: tuple[int, int, int] | None = None,
 ) -> int:
     """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules; never falls as
     batch or length grows (the planner's searches need that).
 
     ``loss_peak``: allocated bytes at the loss (forward's, or the log-softmax backward's, the larger);
     ``step_peak``: the largest phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default
-    ``step_peak``); ``loss_moments``: (forward's, the log-softmax backward's) allocated, for the small pool's
-    free bytes at each (``_adapter_reserved``; default both ``loss_peak``).
+    ``step_peak``); ``loss_moments``: (forward's, the log-softmax backward's, the top layer's backward's)
+    allocated, for the small pool's free bytes at each (``_adapter_reserved``; default ``loss_peak`` each).
     The stranded blocks are added at the loss only. Reserved never falls within a run (no segment is released),
     so at the end of backward (every gradient allocated) and in ``optimizer.step()`` reserved is at least the
     loss's figure and at least their own allocated bytes, the ``max`` below; the blocks stranded at the loss
@@ -400,7 +406,7 @@ def peak_reserved(
     stranded = stranded_bytes(m, train, p)
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
-        return _adapter_reserved(train, p, stranded, step_peak, loss_moments or (loss_peak, loss_peak))
+        return _adapter_reserved(train, p, stranded, step_peak, loss_moments or (loss_peak,) * 3)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
@@ -413,7 +419,7 @@ def peak_reserved(
 
 
 def _adapter_reserved(
-    train: TrainSpec, p: StepParts, stranded: int, step_peak: int, loss_moments: tuple[int, int]
+    train: TrainSpec, p: StepParts, stranded: int, step_peak: int, loss_moments: tuple[int, int, int]
 ) -> int:
     """Peak reserved where the per-parameter tensors live in the small pool (adapters): the large pool's lower
     bound at each moment plus the small pool's cached-but-free bytes at that moment.
@@ -422,15 +428,17 @@ def _adapter_reserved(
     the small pool), and neither releases a segment during training, so each moment's reserved is its
     allocated bytes, the large pool's stranded blocks (at the loss) and the small pool's reserved less what it
     holds then: in forward's loss the states and the autocast copies (autocast's cache lives until autocast
-    exits, under checkpointing too); at the log-softmax backward the states, and the copies autograd saved
-    (none under non-reentrant checkpointing, ``small_pool_excess``); at the end of backward and in
-    ``optimizer.step()`` the gradients and the states.
+    exits, under checkpointing too); at the log-softmax backward and the top layer's backward the states, and
+    the copies autograd saved (none under non-reentrant checkpointing, ``small_pool_excess``); at the end of
+    backward and in ``optimizer.step()`` the gradients and the states. The large pool's stranded blocks count
+    at the loss only: at the top layer's backward its recompute and gradients are in them.
     """
     pool = _small_pool_reserved(p)
-    forward, log_softmax_backward = loss_moments
+    forward, log_softmax_backward, top_layer = loss_moments
     return max(
         forward + stranded + max(pool - p.state_bytes - p.autocast_copy_bytes, 0),
         log_softmax_backward + stranded + small_pool_excess(train, p),
+        top_layer + small_pool_excess(train, p),
         step_peak + max(pool - p.state_bytes - p.grad_bytes, 0),
     )
 

@@ -273,10 +273,9 @@ def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
-def _loss_backward_total(train: TrainSpec, p: StepParts) -> int:
-    """Allocated at the log-softmax backward, whichever backward moment holds the phase's peak: the moment the
-    allocator reserve's stranded blocks are counted at (analytic/reserve.py ``phase_reserves``)."""
-    mo = _loss_backward(train, p)
+def _backward_total(mo: Moment, p: StepParts) -> int:
+    """Allocated at a backward moment, whichever holds the phase's peak: the allocator reserve counts its cached
+    blocks per moment (analytic/reserve.py ``phase_reserves``)."""
     add_buffers(mo, Phase.BACKWARD, p.buffers)
     return mo.total
 
@@ -354,7 +353,8 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     mos = moments(m, train, gpu)
     p = step_parts(m, train, gpu)
     allocated = {ph: mo.total for ph, mo in mos.items()}
-    reserves = phase_reserves(m, train, p, allocated, at_loss=_loss_backward_total(train, p))
+    at_loss, at_top = (_backward_total(mo, p) for mo in (_loss_backward(train, p), _top_layer_backward(train, p)))
+    reserves = phase_reserves(m, train, p, allocated, at_loss=at_loss, at_top_layer=at_top)
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
