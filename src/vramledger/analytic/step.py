@@ -34,6 +34,7 @@ from vramledger.analytic.activations import (
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
@@ -93,7 +94,11 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         layer_backward_temp=_layer_backward_temp(m, train, wb),
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb) + _eager_scores_bytes(m, train, wb, c),
-        dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
+        dequant_temp=(  # analytic/litgpt_qlora.py: an fp16 copy and its cast under Lightning
+            dequant_transient_bytes(wb.largest_frozen_matrix_numel, train.precision.compute, train.model_code)
+            if train.quant is not None
+            else 0
+        ),
         workspace_bytes=cublas_workspace_bytes(gpu),
         optimizer_source=opt.source,
         logits_source=lg.source,
@@ -198,7 +203,7 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
         add_buffers(mo, Phase.BACKWARD, p.buffers)
     out = {
         Phase.LOAD: _load_moment(m, train, p),
-        Phase.FORWARD: _forward_moment(train, p),
+        Phase.FORWARD: _forward_moment(m, train, p),
         Phase.BACKWARD: max(backward, key=lambda mo: mo.total),
         Phase.OPTIMIZER: _optimizer_moment(train, p),
     }
@@ -230,8 +235,9 @@ def _load_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
     return load
 
 
-def _forward_moment(train: TrainSpec, p: StepParts) -> Moment:
-    """The larger of the loss (with everything saved so far) and the inside of the last decoder layer."""
+def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
+    """The larger of the loss (with everything saved so far) and the inside of the last decoder layer (and, for
+    LitGPT's QLoRA, lm_head beside the previous micro-step's graph: analytic/litgpt_qlora.py)."""
     grads_prev = _previous_grads(train, p)
     fwd = Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)", phase=Phase.FORWARD)
     add_persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
@@ -253,7 +259,8 @@ def _forward_moment(train: TrainSpec, p: StepParts) -> Moment:
         "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
         "QLoRA dequantised weight",
     )
-    return max((fwd, fwd_layer), key=lambda mo: mo.total)
+    litgpt = next_forward_moment(m, train, p, grads=grads_prev)
+    return max((fwd, fwd_layer) + ((litgpt,) if litgpt else ()), key=lambda mo: mo.total)
 
 
 def _add_backward_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int) -> None:
