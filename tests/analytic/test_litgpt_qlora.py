@@ -198,3 +198,39 @@ def test_litgpt_generate_prefill_dequantises_lm_head() -> None:
 
     assert dequant(lit) == 4 * V * H
     assert dequant(hf) == 2 * H * I
+
+
+# -- paged optimizers: bitsandbytes keeps the states of tensors under 1e5 elements on the device -----------------
+def test_paged_states_of_small_adapter_tensors_stay_on_the_device() -> None:
+    from vramledger.analytic.step import step_parts
+
+    # Rank 8 on q (256→256) and v (256→64): lora_A 8×256 = 2048, lora_B 256×8 / 64×8: every tensor is far below
+    # 1e5 elements, so PagedAdamW's two fp32 states (8 B per parameter) are all ordinary device tensors.
+    t = _qlora(ModelCode.TRANSFORMERS)
+    P = L * (8 * (H + H) + 8 * (H + 64))
+    p = step_parts(LLAMA, t)
+    print("expected", 8 * P, "got", p.state_bytes, p.paged_state_bytes)
+    assert (p.state_bytes, p.paged_state_bytes) == (8 * P, 0)
+
+    # A 4096-wide model at rank 32: lora_A 32×4096 = 131,072 and lora_B 4096×32 are paged; v's lora_B (1024×32 =
+    # 32,768, GQA with 8 K/V heads of 128) is not.
+    big = model_spec_from_config(
+        {
+            "model_type": "llama",
+            "hidden_size": 4096,
+            "intermediate_size": 14336,
+            "num_attention_heads": 32,
+            "num_key_value_heads": 8,
+            "num_hidden_layers": 2,
+            "vocab_size": 1000,
+            "tie_word_embeddings": False,
+        },
+        name="wide-llama",
+        source="test",
+    )
+    lora = LoraSpec(rank=32, alpha=16, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False)
+    p = step_parts(big, replace(t, lora=lora))
+    device = 2 * 32 * 1024
+    paged = 2 * (32 * 4096 + 4096 * 32 + 32 * 4096)
+    print("expected", 8 * device, 8 * paged, "got", p.state_bytes, p.paged_state_bytes)
+    assert (p.state_bytes, p.paged_state_bytes) == (8 * device, 8 * paged)

@@ -46,6 +46,7 @@ from vramledger.analytic.overhead import (
     cublas_workspace_bytes,
     cuda_context_bytes,
 )
+from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
@@ -66,7 +67,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     head_logits, head_saved = _head_input(m, train, wb)
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
-    paged_states, states = (states, 0) if opt.paged else (0, states)
+    paged_states, states = split_paged_states(m, train, wb, states, opt.paged)  # analytic/paged.py
     # Each gradient in its parameter's dtype; one at a time under optimizer-in-backward (analytic/loop.py).
     grads, step_temp = optimizer_in_backward(train, wb, wb.trainable_bytes, step_temp)
     return StepParts(
