@@ -281,13 +281,6 @@ def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
-def _backward_total(mo: Moment, p: StepParts) -> int:
-    """Allocated at a backward moment, whichever holds the phase's peak: the allocator reserve counts its cached
-    blocks per moment (analytic/reserve.py ``phase_reserves``)."""
-    add_buffers(mo, Phase.BACKWARD, p.buffers)
-    return mo.total
-
-
 def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
     """The top decoder layer's backward (after its recompute under checkpointing), lm_head's gradient made."""
     mo = Moment(
@@ -359,10 +352,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    p = step_parts(m, train, gpu)
-    allocated = {ph: mo.total for ph, mo in mos.items()}
-    at_loss, at_top = (_backward_total(mo, p) for mo in (_loss_backward(train, p), _top_layer_backward(train, p)))
-    reserves = phase_reserves(m, train, p, allocated, at_loss=at_loss, at_top_layer=at_top)
+    reserves = phase_reserves(m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()})
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
