@@ -4,9 +4,10 @@
 
 Reads ``litgpt/{model,config,lora}.py`` at ``--commit`` from a git checkout of Lightning-AI/litgpt into a temporary
 directory (nothing of LitGPT is kept here), builds one ``lora.Block`` and one transformers ``LlamaDecoderLayer`` with
-PEFT LoRA of the same shapes, runs each forward, walks the autograd graph from the output (every node's ``_saved_*``
-tensors, each storage counted once, parameters and RoPE tables excluded) and prints the difference per token beside
-``analytic/litgpt.py``'s figure. CPU dropout keeps a mask in the compute dtype where CUDA keeps a bool, so the
+PEFT LoRA of the same shapes (and, fully trained, one ``model.Block`` beside a bare ``LlamaDecoderLayer``), runs
+each forward, walks the autograd graph from the output (every node's ``_saved_*`` tensors, each storage counted
+once, parameters and RoPE tables excluded) and prints the difference per token beside ``analytic/litgpt.py``'s
+figure. CPU dropout keeps a mask in the compute dtype where CUDA keeps a bool, so the
 analytic figure is shown with the CPU mask. Not part of the test suite: it needs a LitGPT checkout.
 """
 
@@ -150,6 +151,71 @@ def measure(package: str, *, heads: int, kv_heads: int, all_targets: bool, dropo
     return n_lit, n_hf
 
 
+def measure_full(package: str, *, heads: int, kv_heads: int) -> tuple[int, int]:
+    """(LitGPT bytes, transformers bytes) saved by one fully trained layer (every weight and norm trains), as
+    pretraining and full fine-tuning run it; same shapes as :func:`measure`."""
+    import importlib
+
+    import torch
+    from transformers import LlamaConfig
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+
+    b, t, h, hd, inter, dt = 2, 64, 256, 32, 512, torch.bfloat16
+    torch.manual_seed(0)
+    model = importlib.import_module(f"{package}.model")
+    shape = dict(
+        n_embd=h, n_head=heads, n_query_groups=kv_heads, intermediate_size=inter, n_layer=1, block_size=t,
+        padded_vocab_size=64, vocab_size=64, bias=False, parallel_residual=False, rotary_percentage=1.0,
+    )  # fmt: skip
+    if package == "litgpt":
+        classes = {"head_size": hd, "mlp_class_name": "LLaMAMLP", "norm_class_name": "RMSNorm"}
+    else:
+        classes = {"_mlp_class": "LLaMAMLP", "_norm_class": "RMSNorm"}
+    cfg = model.Config(**shape, **classes)
+    try:
+        block = model.Block(cfg, 0)
+    except TypeError:
+        block = model.Block(cfg)
+    block = block.to(dt)
+    try:
+        cos, sin = model.build_rope_cache(t, cfg.rope_n_elem)
+    except TypeError:
+        cos, sin = model.build_rope_cache(t, cfg.rope_n_elem, dtype=dt)
+    cos, sin = cos.to(dt), sin.to(dt)
+    x = torch.randn(b, t, h, dtype=dt, requires_grad=True)
+    exclude = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    exclude |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
+    n_lit = saved_bytes(block(x, cos, sin), exclude)
+
+    hc = LlamaConfig(
+        hidden_size=h, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd, intermediate_size=inter,
+        num_hidden_layers=1, vocab_size=64, attn_implementation="sdpa",
+    )  # fmt: skip
+    layer = LlamaDecoderLayer(hc, 0).to(dt)
+    x2 = torch.randn(b, t, h, dtype=dt, requires_grad=True)
+    ce, se = LlamaRotaryEmbedding(hc)(x2, torch.arange(t)[None].expand(b, t))
+    exclude = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    exclude |= {ce.untyped_storage().data_ptr(), se.untyped_storage().data_ptr()}
+    out = layer(x2, position_embeddings=(ce, se), attention_mask=None)
+    n_hf = saved_bytes(out[0] if isinstance(out, tuple) else out, exclude)
+    return n_lit, n_hf
+
+
+def analytic_full(code: str, *, heads: int, kv_heads: int) -> int:
+    """analytic/litgpt.py's bytes per token for a fully trained layer of the probe's shapes."""
+    from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.catalog import resolve_model
+    from vramledger.specs import Method, ModelCode, Precision, TrainSpec
+
+    m = dataclasses.replace(
+        resolve_model("llama-3-8b"), hidden_size=256, num_heads=heads, num_kv_heads=kv_heads, head_dim=32,
+        intermediate_size=512, num_layers=1, vocab_size=64,
+    )  # fmt: skip
+    train = TrainSpec(method=Method.FULL, precision=Precision.BF16, model_code=ModelCode(code))
+    return litgpt_layer_extra_bytes_per_token(m, train, weight_budget(m, train))
+
+
 def analytic(code: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> int:
     """analytic/litgpt.py's bytes per token for the probe's shapes, with CPU's dropout mask (c bytes, not 1)."""
     from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
@@ -184,13 +250,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{package} {args.commit} ({code}): bytes per token saved beyond transformers + PEFT, one layer (B·T = 128)"
         )
         for heads, kv, all_targets, dropout in ((8, 8, False, 0.05), (8, 2, False, 0.05), (8, 2, False, 0.0),
-                                                (8, 8, True, 0.05), (8, 2, True, 0.05)):  # fmt: skip
+                                                (8, 8, True, 0.05), (8, 2, True, 0.05), (8, 2, True, 0.0)):  # fmt: skip
             n_lit, n_hf = measure(package, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
             got = analytic(code, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
             print(
                 f"  heads {heads}/{kv} {'all' if all_targets else 'q,v'} dropout {dropout}: measured "
                 f"{(n_lit - n_hf) / 128:+.1f}, analytic/litgpt.py {got:+d}"
             )
+        for heads, kv in ((8, 8), (8, 2)):
+            n_lit, n_hf = measure_full(package, heads=heads, kv_heads=kv)
+            got = analytic_full(code, heads=heads, kv_heads=kv)
+            diff = (n_lit - n_hf) / 128
+            print(f"  heads {heads}/{kv} full (no LoRA): measured {diff:+.1f}, analytic/litgpt.py {got:+d}")
     return 0
 
 
