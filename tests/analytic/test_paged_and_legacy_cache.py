@@ -36,11 +36,24 @@ def test_paged_states_are_managed_memory_outside_allocated_and_reserved() -> Non
 
 def test_paged_8bit_states() -> None:
     # Optimizer2State with optim_bits=8: two uint8 states + one fp32 absmax per 256 elements (blockwise).
+    # get_state_buffer pages only tensors of 1e5 elements or more: rank-16 q/v adapters of Llama-3.2-1B (lora_A
+    # 16×2048, lora_B 2048×16 and 512×16) are all smaller, so every state is an ordinary device tensor.
     m = resolve_model("llama-3.2-1b")
-    t = TrainSpec(method=Method.LORA, optimizer=Optimizer.PAGED_ADAMW_8BIT, lora=LoraSpec(rank=16))
+    qv = ("q_proj", "v_proj")
+    t = TrainSpec(method=Method.LORA, optimizer=Optimizer.PAGED_ADAMW_8BIT, lora=LoraSpec(rank=16, targets=qv))
     P = weight_budget(m, t).trainable_params
-    got = estimate(m, t).bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER)
-    assert got == 2 * (P + 4 * -(-P // 256))
+    led = estimate(m, t)
+    assert led.bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER) == 0
+    assert led.bytes_of(Category.OPTIMIZER_STATE, Phase.OPTIMIZER) == 2 * (P + 4 * -(-P // 256))
+    # Rank 64: lora_A 64×2048 = 131,072 elements (paged), lora_B 2048×64 (paged) and 512×64 (not): the states
+    # split in proportion to those parameters.
+    t64 = replace(t, lora=LoraSpec(rank=64, targets=qv))
+    P64 = weight_budget(m, t64).trainable_params
+    states = 2 * (P64 + 4 * -(-P64 // 256))
+    device_params = m.num_layers * 512 * 64
+    led = estimate(m, t64)
+    assert led.bytes_of(Category.OPTIMIZER_STATE, Phase.OPTIMIZER) == states * device_params // P64
+    assert led.bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER) == states - states * device_params // P64
 
 
 def test_bitsandbytes_matmul4bit_keeps_its_inputs() -> None:

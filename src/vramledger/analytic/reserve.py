@@ -257,35 +257,51 @@ def small_pool_excess(train: TrainSpec, p: StepParts) -> int:
     autocast copies during forward). At the step's peak (in the loss, or backward) only the states and, without
     checkpointing, the autocast copies are live; the rest of the pool is cached and unusable by large requests.
     """
+    at_peak = p.state_bytes + (0 if train.grad_ckpt else p.autocast_copy_bytes)
+    return max(_small_pool_reserved(p) - at_peak, 0)
+
+
+def _small_pool_reserved(p: StepParts) -> int:
+    """The small pool's reserved bytes where every per-parameter tensor is ≤ kSmallSize (else 0): the most its
+    tensors hold at once, rounded up to kSmallBuffer segments (``small_pool_excess``)."""
     wb = p.weights
     if wb.largest_trainable_numel * wb.trainable_dtype.bytes > K_SMALL_SIZE:
         return 0
     states, grads = p.state_bytes, p.grad_bytes
-    casts = p.autocast_copy_bytes
-    most = max(grads + states + p.step_temp_bytes, states + casts)
-    reserved = -(-most // K_SMALL_BUFFER) * K_SMALL_BUFFER
-    at_peak = states + (0 if train.grad_ckpt else casts)
-    return max(reserved - at_peak, 0)
+    most = max(grads + states + p.step_temp_bytes, states + p.autocast_copy_bytes)
+    return -(-most // K_SMALL_BUFFER) * K_SMALL_BUFFER
 
 
 _TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
 
 def phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int]
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    allocated: dict[Phase, int],
+    *,
+    at_loss: int | None = None,
+    at_top_layer: int | None = None,
 ) -> dict[Phase, tuple[int, str, Basis]]:
     """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
 
-    The step's peak reserved is the largest training phase's allocated bytes plus the modelled excess
-    (``reserve_excess``). Every training phase reports that same reserved figure: the cache built by step 1 is
-    still held in every later step (the trace replay shows reserved flat across phases in step 2). Evaluation
-    and generation run after training steps, so they hold at least that cache; where they allocate more, the
-    stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
+    The step's peak reserved is ``peak_reserved`` of the phases' allocated bytes. ``at_loss``: allocated at the
+    log-softmax backward, whichever backward moment holds the phase's peak: with forward's, the loss's moments,
+    where the stranded blocks are counted; ``at_top_layer``: allocated at the top layer's backward. Without
+    them the larger of forward's and backward's peaks stands in, which over-counts where backward's peak is
+    another moment (``peak_reserved``). Every training phase reports that same reserved figure:
+    the cache built by step 1 is still held in every later step (the trace replay shows reserved flat across
+    phases in step 2). Evaluation and generation run after training steps, so they hold at least that cache;
+    where they allocate more, the stated assumption of ``overhead.allocator_reserve_bytes`` covers their own
+    fragmentation.
     """
     peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
-    loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
+    forward = allocated.get(Phase.FORWARD, 0)
+    loss_peak = max(forward, allocated.get(Phase.BACKWARD, 0)) if at_loss is None else max(forward, at_loss)
     opt_peak = allocated.get(Phase.OPTIMIZER, peak)
-    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak) if peak else 0
+    moments = (forward, at_loss, at_top_layer or 0) if at_loss is not None else None
+    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak, loss_moments=moments) if peak else 0
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
         if ph is Phase.LOAD:
@@ -344,13 +360,29 @@ def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
 
 
 def peak_reserved(
-    m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int, opt_peak: int | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    loss_peak: int,
+    step_peak: int,
+    opt_peak: int | None = None,
+    *,
+    loss_moments: tuple[int, int, int] | None = None,
 ) -> int:
     """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules; never falls as
     batch or length grows (the planner's searches need that).
 
-    ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
-    phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``).
+    ``loss_peak``: allocated bytes at the loss (forward's, or the log-softmax backward's, the larger);
+    ``step_peak``: the largest phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default
+    ``step_peak``); ``loss_moments``: (forward's, the log-softmax backward's, the top layer's backward's)
+    allocated, for the small pool's free bytes at each (``_adapter_reserved``; default ``loss_peak`` each).
+    The stranded blocks are added at the loss only. Reserved never falls within a run (no segment is released),
+    so at the end of backward (every gradient allocated) and in ``optimizer.step()`` reserved is at least the
+    loss's figure and at least their own allocated bytes, the ``max`` below; the blocks stranded at the loss
+    are free again there, and gradients and states are cut from them where they fit (``get_free_block``,
+    ``should_split``). Adding them to the end of backward's allocated instead made checkpointing raise the
+    estimate where the step's peak is the end of backward (full fine-tuning of a large model on a short
+    sequence), while the trace replay has it lower the device total.
     CUDACachingAllocator.cpp never releases a segment during training and serves a request only from a cached
     block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
     segments made so far, and the step's peak is the largest of these lower bounds:
@@ -366,15 +398,15 @@ def peak_reserved(
        step 2 makes it again: reserved = max(R1, ``opt_peak``) + the fp32 logits bytes the states can take
        (``_relaid_bytes``).
     Terms 1's temporaries and 2 are for trained base weights (full, freeze), whose per-parameter tensors are
-    large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
-    (``small_pool_excess``) are added on top. Mechanisms the replay shows that switch off as the shape grows
+    large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes are
+    added at each moment (``_adapter_reserved``). Mechanisms the replay shows that switch off as the shape grows
     (docs/reserve.md) are left out: with them reserved would fall where a longer sequence makes blocks usable.
     """
     opt_peak = step_peak if opt_peak is None else opt_peak
     stranded = stranded_bytes(m, train, p)
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
-        return max(step_peak, loss_peak + stranded) + small_pool_excess(train, p)
+        return _adapter_reserved(train, p, stranded, step_peak, loss_moments or (loss_peak,) * 3)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
@@ -384,6 +416,31 @@ def peak_reserved(
         loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
         max(r1, opt_peak) + _relaid_bytes(m, train, p),
     ) + small_pool_excess(train, p)
+
+
+def _adapter_reserved(
+    train: TrainSpec, p: StepParts, stranded: int, step_peak: int, loss_moments: tuple[int, int, int]
+) -> int:
+    """Peak reserved where the per-parameter tensors live in the small pool (adapters): the large pool's lower
+    bound at each moment plus the small pool's cached-but-free bytes at that moment.
+
+    The two pools never serve each other (CUDACachingAllocator.cpp ``get_pool``: requests ≤ kSmallSize go to
+    the small pool), and neither releases a segment during training, so each moment's reserved is its
+    allocated bytes, the large pool's stranded blocks (at the loss) and the small pool's reserved less what it
+    holds then: in forward's loss the states and the autocast copies (autocast's cache lives until autocast
+    exits, under checkpointing too); at the log-softmax backward and the top layer's backward the states, and
+    the copies autograd saved (none under non-reentrant checkpointing, ``small_pool_excess``); at the end of
+    backward and in ``optimizer.step()`` the gradients and the states. The large pool's stranded blocks count
+    at the loss only: at the top layer's backward its recompute and gradients are in them.
+    """
+    pool = _small_pool_reserved(p)
+    forward, log_softmax_backward, top_layer = loss_moments
+    return max(
+        forward + stranded + max(pool - p.state_bytes - p.autocast_copy_bytes, 0),
+        log_softmax_backward + stranded + small_pool_excess(train, p),
+        top_layer + small_pool_excess(train, p),
+        step_peak + max(pool - p.state_bytes - p.grad_bytes, 0),
+    )
 
 
 def _decoder_mlp_width(m: ModelSpec) -> int:
