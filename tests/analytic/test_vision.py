@@ -180,3 +180,41 @@ def test_gemma3_tower_completes_the_published_count(key: str) -> None:
     assert total == entry.published_params
     ledger = estimate(m, TrainSpec(seq_len=600, images=1))
     assert ledger.params - ledger.trainable_params == entry.published_params
+
+
+def gemma3_processor():  # type: ignore[no-untyped-def]
+    """``Gemma3Processor`` as transformers ships it, built without a download: its PIL image processor at the
+    checkpoints' 896² (preprocessor_config.json ``size``) and a word-level tokenizer holding Gemma's three image
+    tokens under the names the processor reads (``boi_token``, ``eoi_token``, ``image_token``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+
+    vocab = {"<pad>": 0, "<unk>": 1, "hello": 2, "<start_of_image>": 3, "<end_of_image>": 4, "<image_soft_token>": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    special = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", extra_special_tokens=special
+    )
+    return Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 896, "width": 896}),
+                           tokenizer=tokenizer)  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [(1024, 768), (300, 2000), (896, 896)])
+def test_gemma3_tokens_equal_the_processor(size: tuple[int, int]) -> None:
+    """``Gemma3Processor`` expands the prompt's boi into ``full_image_sequence`` (processing_gemma3.py ``__init__``:
+    boi, image_seq_length image tokens, eoi, between blank lines): 256 image tokens for any size, and the image
+    processor's fp32 pixel_values of 896² (the batch trace/vision_inputs.py feeds)."""
+    from PIL import Image
+
+    out = gemma3_processor()(text=["hello <start_of_image>"], images=[[Image.new("RGB", size)]], return_tensors="pt")
+    v = resolve_model("gemma-3-4b").vision
+    assert v is not None
+    grid = image_grid(v, TrainSpec(images=1, image_size=size))
+    ids = out["input_ids"][0].tolist()
+    print(f"{size}: processor {ids.count(5)} image tokens, estimate {grid.tokens}")
+    assert ids.count(5) == grid.tokens == int(out["token_type_ids"].sum()) == 256
+    assert out["pixel_values"].shape == (1, 3, grid.height, grid.width) == (1, 3, 896, 896)
+    assert str(out["pixel_values"].dtype) == "torch.float32"

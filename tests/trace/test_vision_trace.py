@@ -80,4 +80,4 @@ def test_trace_refuses_images_it_cannot_feed_yet() -> None:
     from vramledger.errors import VramledgerError
 
     with pytest.raises(VramledgerError, match="not traced yet"):
-        trace_step(resolve_model("gemma-3-4b"), TrainSpec(seq_len=300, images=1))  # refused before building
+        trace_step(resolve_model("llama-4-scout"), TrainSpec(seq_len=300, images=1))  # refused before building
