@@ -75,9 +75,11 @@ def test_image_activations_and_peak_agree_with_the_trace(config: dict | None, se
     assert e_peak == pytest.approx(t_peak, rel=0.05)
 
 
-def test_trace_refuses_images_it_cannot_feed_yet() -> None:
+def test_trace_refuses_images_with_the_chunked_loss() -> None:
+    """The chunked loss runs the decoder alone (trace/step.py chunked_loss): refused before any model is built."""
     from vramledger.catalog import resolve_model
     from vramledger.errors import VramledgerError
+    from vramledger.specs import Loss
 
-    with pytest.raises(VramledgerError, match="not traced yet"):
-        trace_step(resolve_model("llama-4-scout"), TrainSpec(seq_len=300, images=1))  # refused before building
+    with pytest.raises(VramledgerError, match="--loss chunked"):
+        trace_step(resolve_model("gemma-3-4b"), TrainSpec(seq_len=300, images=1, loss=Loss.CHUNKED))

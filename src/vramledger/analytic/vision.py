@@ -126,19 +126,26 @@ def _tower_saved(
     merge_rows = v.merge_size**2
     parts: list[tuple[str, int]] = []
     siglip = v.rule is ImageRule.FIXED  # Gemma 3's SigLIP: learned positions, no rotary, a pooling projector
-    if not siglip:
+    # Llama 4 (modeling_llama4.py Llama4VisionModel.forward): its rotary table is a buffer made at init; the class
+    # token and positions are added to the patch embedding, then layernorm_pre, which autocast runs in fp32, so the
+    # residual stream through the blocks stays fp32.
+    llama4 = v.rule is ImageRule.TILES
+    stream = 4 if (llama4 and train.precision.mixed) else c
+    if not (siglip or llama4):
         # Rotary cos and sin (fp32, one head_dim each per patch), shared by the blocks and saved by q·cos, k·sin
         # (``apply_rotary_pos_emb_vision`` computes in fp32); the merged tokens' reverse index (int64).
         parts.append(("rotary tables and merge index", 8 * v.head_dim * patches + 8 * tokens))
     if base:  # the trained patch embedding keeps its input's cast (Conv3d over 3·temporal·patch² values)
         parts.append(("patch embedding input", c * 3 * v.temporal_patch_size * v.patch_size**2 * patches))
-    elif stream_grad and (v.window_patches or siglip):  # enable_input_require_grads makes the frozen patch
+    elif stream_grad and (v.window_patches or siglip or llama4):  # enable_input_require_grads makes the frozen patch
         # embedding's output a leaf that requires grad, which autograd's AccumulateGrad node holds until backward;
         # Qwen2.5-VL then reorders it into windows (a copy), SigLIP adds its learned positions
         # (modeling_siglip.py ``SiglipVisionEmbeddings.forward``): the leaf is one tensor more than the blocks' inputs
         parts.append(("patch embeddings (made to require grad)", c * h * patches))
+    if llama4 and stream_grad:  # layernorm_pre: the fp32 copy of its input, mean and rstd
+        parts.append(("pre-LayerNorm (fp32)", (4 * h + 8) * patches))
     if train.grad_ckpt:  # GradientCheckpointingLayer: each block keeps its input only
-        parts.append(("block inputs (checkpointed)", depth * c * h * patches))
+        parts.append(("block inputs (checkpointed)", depth * stream * h * patches))
     else:
         # RMSNorm: fp32 upcast and rsqrt (a trained weight also saves the normalised value it multiplies);
         # LayerNorm, in fp32 under autocast: an fp32 copy of its input, mean and rstd.

@@ -4,7 +4,8 @@ placeholders in ``input_ids``, and what lets the real vision code run on fake te
 The batch is what ``Qwen2VLImageProcessor`` and the processor give a collator (``patchify``: one row of
 3·temporal·patch² fp32 values per patch; ``image_grid_thw`` (1, h/patch, w/patch) per image; ``<|image_pad|>``
 tokens, one per merge² patches, and ``mm_token_type_ids`` marking them), with the geometry of
-``analytic/image_tokens.py`` ``image_grid`` (the one home of the processors' rules).
+``analytic/image_tokens.py`` ``image_grid`` (the one home of the processors' rules). Gemma 3 and Llama 4 get their
+processors' batches too (``_fixed_inputs``, ``_tile_inputs``): fp32 pixel images or tiles and the image tokens.
 
 Fake tensors carry shapes, not values, and the vision code asks for values: ``grid_thw.tolist()``
 (``vision_utils.py`` ``get_vision_position_ids``, ``get_vision_window_index``), the window lengths
@@ -33,24 +34,16 @@ from vramledger.specs.vision import ImageRule, VisionSpec
 
 # Large enough for input_ids, the 3-D positions (3·B·L) and the window tables of any traced batch.
 _CONSTANT_LIMIT = 1 << 26
-# The processors whose batch is built here: Qwen-VL's (DYNAMIC) and Gemma 3's (FIXED).
-_TRACED = (ImageRule.DYNAMIC, ImageRule.FIXED)
-_NOT_TRACED = (
-    "trace --images: {family} images are estimated (`vramledger estimate`) but not traced yet; trace runs "
-    "Qwen2-VL, Qwen2.5-VL, Qwen3-VL and Gemma 3 with images"
-)
 
 
 def check_traceable(model: ModelSpec, train: TrainSpec) -> None:
-    """Refuse, before any model is built, images the trace cannot feed yet (only the Qwen-VL processor's
-    inputs are built here)."""
+    """Refuse, before any model is built, images the traced step cannot feed (the chunked loss runs the decoder
+    alone)."""
     if train.images and train.loss is Loss.CHUNKED:
         raise VramledgerError(
             "trace --images with --loss chunked: the chunked loss runs the decoder alone (trace/step.py "
             "chunked_loss), without the vision tower; use --loss standard, or `vramledger estimate`"
         )
-    if train.images and model.vision is not None and model.vision.rule not in _TRACED:
-        raise VramledgerError(_NOT_TRACED.format(family=model.family))
 
 
 def _config(hf: Any) -> Any:
@@ -64,8 +57,11 @@ def _vision(hf: Any, train: TrainSpec) -> tuple[VisionSpec, ImageGrid] | None:
 
     cfg = _config(hf)
     v = vision_spec(cfg.to_dict(), "trace")
-    if v is None or v.rule not in _TRACED:
-        raise VramledgerError(_NOT_TRACED.format(family=cfg.model_type))
+    if v is None:
+        raise VramledgerError(
+            f"trace --images: {cfg.model_type} has no vision tower vramledger feeds (Qwen2/2.5/3-VL, Gemma 3, "
+            "Llama 4); drop --images"
+        )
     return v, image_grid(v, train)
 
 
@@ -103,6 +99,8 @@ def image_inputs(hf: Any, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
     v, grid = found
     if v.rule is ImageRule.FIXED:
         return _fixed_inputs(_config(hf), v, train, input_ids)
+    if v.rule is ImageRule.TILES:
+        return _tile_inputs(_config(hf), v, grid, train, input_ids)
     b, length = input_ids.shape
     n = train.images * grid.tokens
     token = int(_config(hf).image_token_id)
@@ -141,6 +139,23 @@ def _fixed_inputs(cfg: Any, v: VisionSpec, train: TrainSpec, input_ids: Any) -> 
         "input_ids": torch.tensor([row] * b, dtype=torch.long),
         "token_type_ids": torch.tensor([types] * b, dtype=torch.long),
         "pixel_values": torch.zeros((b * train.images, 3, v.image_size, v.image_size), dtype=torch.float32),
+    }
+
+
+def _tile_inputs(cfg: Any, v: VisionSpec, grid: ImageGrid, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
+    """Llama 4's batch: ``Llama4ImageProcessor`` tiles each image into ``grid.grid[0]`` tiles of side² fp32 pixels
+    (the global tile included), stacked as ``(tiles, 3, side, side)``; ``Llama4Processor._prompt_split_image``
+    writes (side/patch)²/shuffle² ``<|patch|>`` tokens per tile (``image_token_index``) between tile separators
+    and image start/end tokens, which are text (counted in ``--seq``)."""
+    import torch
+
+    b, length = input_ids.shape
+    n = train.images * grid.tokens
+    row = [int(cfg.image_token_index)] * n + [0] * (length - n)
+    tiles = b * train.images * grid.grid[0]
+    return {
+        "input_ids": torch.tensor([row] * b, dtype=torch.long),
+        "pixel_values": torch.zeros((tiles, 3, v.image_size, v.image_size), dtype=torch.float32),
     }
 
 
