@@ -13,11 +13,10 @@ from typing import Any
 
 import pytest
 
-from tests.trace.test_vision_trace import _by_category, _saved_and_peak
+from tests.trace.test_vision_trace import assert_agree
 from vramledger.analytic import estimate
 from vramledger.analytic.vision import image_tokens
 from vramledger.catalog.hfconfig import model_spec_from_config
-from vramledger.ledger import Category, Phase
 from vramledger.specs import LoraSpec, ModelSpec, TrainSpec
 
 pytest.importorskip("transformers")
@@ -63,13 +62,7 @@ def test_llama4_tiles_trace_and_agree(tiny_llama4: ModelSpec) -> None:
                       lora=PROJECTIONS)  # fmt: skip
     assert image_tokens(tiny_llama4, train) == 12
     est = estimate(tiny_llama4, train)
-    t_saved, t_peak = _saved_and_peak(tiny_llama4, train)
-    e_saved = _by_category(est, Phase.FORWARD)[Category.ACTIVATIONS]
-    print(f"saved: estimate {e_saved:,}, trace {t_saved:,}, ratio {e_saved / t_saved:.3f}")
-    assert e_saved == pytest.approx(t_saved, rel=0.10)
-    e_peak = est.peak_allocated - _by_category(est, Phase.FORWARD)[Category.WORKSPACE]
-    print(f"peak less workspaces: estimate {e_peak:,}, trace {t_peak:,}, ratio {e_peak / t_peak:.3f}")
-    assert e_peak == pytest.approx(t_peak, rel=0.06)
+    assert_agree(est, tiny_llama4, train, saved_rel=0.10, peak_rel=0.06)
 
 
 def test_llama4_full_fine_tuning_freezes_the_tower_in_the_trace_too(tiny_llama4: ModelSpec) -> None:

@@ -47,6 +47,18 @@ def _saved_and_peak(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
     return saved, peak
 
 
+def assert_agree(est: Ledger, m: ModelSpec, train: TrainSpec, *, saved_rel: float, peak_rel: float) -> None:
+    """The estimate's saved activations and its peak less the cuBLAS workspaces (they would hide any difference in
+    a model this small) against one trace's, within the given relative tolerances."""
+    t_saved, t_peak = _saved_and_peak(m, train)
+    e_saved = _by_category(est, Phase.FORWARD)[Category.ACTIVATIONS]
+    print(f"saved: estimate {e_saved:,}, trace {t_saved:,}, ratio {e_saved / t_saved:.3f}")
+    assert e_saved == pytest.approx(t_saved, rel=saved_rel)
+    e_peak = est.peak_allocated - _by_category(est, Phase.FORWARD)[Category.WORKSPACE]
+    print(f"peak less workspaces: estimate {e_peak:,}, trace {t_peak:,}, ratio {e_peak / t_peak:.3f}")
+    assert e_peak == pytest.approx(t_peak, rel=peak_rel)
+
+
 @pytest.mark.parametrize(
     ("config", "setup", "tolerance"),
     [
