@@ -55,16 +55,20 @@ def tiny_gemma3(tmp_path_factory: pytest.TempPathFactory) -> ModelSpec:
 
 
 @pytest.mark.parametrize(
-    "setup",
+    ("setup", "saved_rel"),
     [
-        pytest.param({"grad_ckpt": True, "freeze_vision_tower": True}, id="lora-llamafactory-frozen-tower-ckpt"),
-        pytest.param({"freeze_vision_tower": True}, id="lora-frozen-tower"),
-        pytest.param({"freeze_vision_tower": False}, id="lora-all-linear-adapts-the-tower"),
-        pytest.param({"method": "full", "freeze_vision_tower": True}, id="full-frozen-tower"),
-        pytest.param({"method": "full", "freeze_vision_tower": False}, id="full-tower-trains"),
+        pytest.param({"grad_ckpt": True, "freeze_vision_tower": True}, 0.02, id="lora-llamafactory-frozen-tower-ckpt"),
+        pytest.param({"freeze_vision_tower": True}, 0.02, id="lora-frozen-tower"),
+        pytest.param({"freeze_vision_tower": False}, 0.02, id="lora-all-linear-adapts-the-tower"),
+        pytest.param({"method": "full", "freeze_vision_tower": True}, 0.02, id="full-frozen-tower"),
+        pytest.param({"method": "full", "freeze_vision_tower": False}, 0.02, id="full-tower-trains"),
+        # Checkpointing makes the frozen tower's input require grad (enable_input_require_grads) even under full
+        # fine-tuning; the language model's checkpointed fp32 inputs are the estimate's larger share here: 5%.
+        pytest.param({"method": "full", "freeze_vision_tower": True, "grad_ckpt": True}, 0.05,
+                     id="full-frozen-tower-ckpt"),
     ],
-)
-def test_gemma3_images_agree_with_the_trace(tiny_gemma3: ModelSpec, setup: dict) -> None:
+)  # fmt: skip
+def test_gemma3_images_agree_with_the_trace(tiny_gemma3: ModelSpec, setup: dict, saved_rel: float) -> None:
     train = TrainSpec(seq_len=128, images=1, **setup)
     est = estimate(tiny_gemma3, train)
     result, _ = trace_result(tiny_gemma3, train)
@@ -74,11 +78,11 @@ def test_gemma3_images_agree_with_the_trace(tiny_gemma3: ModelSpec, setup: dict)
     print(f"trainable: estimate {est.trainable_params:,}, trace {result.trainable_params:,}")
     assert est.params - est.trainable_params == result.params - result.trainable_params
     assert est.trainable_params == result.trainable_params
-    # Saved within 2%: the trace rounds every small tensor (rsqrt, norm weights, bool masks) to 512 bytes; and
-    # without checkpointing the estimate counts each layer's additive copy of the image-block mask (torch's
+    # Saved within 2% (one case 5%): the trace rounds every small tensor (rsqrt, norm weights, bool masks) to 512
+    # bytes; and without checkpointing the estimate counts each layer's additive copy of the image-block mask (torch's
     # convert_boolean_attn_mask, 2·L² bytes), which the trace's SDPA shim does not make, against a language-model
     # estimate ~4% under the trace at this toy size. Peak within 5%.
-    assert_agree(est, tiny_gemma3, train, saved_rel=0.02, peak_rel=0.05)
+    assert_agree(est, tiny_gemma3, train, saved_rel=saved_rel, peak_rel=0.05)
 
 
 def test_the_frozen_tower_of_full_fine_tuning_by_hand(tiny_gemma3: ModelSpec) -> None:

@@ -70,17 +70,21 @@ def lm_view(m: ModelSpec, train: TrainSpec) -> TrainSpec:
 
 
 def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str, ...]) -> bool:
-    """Whether backward runs through the tower (see the module docstring): full fine-tuning, an adapter inside it,
-    or PEFT's ``enable_input_require_grads`` under checkpointing."""
+    """Whether backward runs through the tower (see the module docstring): its weights train (full fine-tuning, the
+    tower not frozen), an adapter inside it, or ``enable_input_require_grads`` under checkpointing, which
+    transformers' ``_activation_checkpointing_enable`` calls for every model whose main input is ``input_ids``
+    (modeling_utils.py), full fine-tuning with a frozen tower included, and PEFT calls again."""
     v = m.vision
     if v is None or not train.images:
         return False
-    if train.method is Method.FULL:
-        return not train.freeze_vision_tower
-    if not train.adapters:
-        return False
-    inside = any(v.holds(name) for name in adapter_names)
-    return inside or (train.grad_ckpt and v.input_hooked)
+    if _tower_trains(train) or (train.grad_ckpt and v.input_hooked):
+        return True
+    return bool(train.adapters) and any(v.holds(name) for name in adapter_names)
+
+
+def _tower_trains(train: TrainSpec) -> bool:
+    """The tower's own weights train: full fine-tuning without ``--freeze-vision-tower``."""
+    return train.method is Method.FULL and not train.freeze_vision_tower
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -122,7 +126,7 @@ def _tower_saved(
 
     c = train.precision.compute.bytes
     h, i_w, nh, depth = v.hidden_size, v.intermediate_size, v.num_heads, v.depth
-    base = train.method is Method.FULL
+    base = _tower_trains(train)
     merge_rows = v.merge_size**2
     parts: list[tuple[str, int]] = []
     siglip = v.rule is ImageRule.FIXED  # Gemma 3's SigLIP: learned positions, no rotary, a pooling projector
@@ -203,7 +207,7 @@ def _gemma3_projector(v: VisionSpec, train: TrainSpec, patches: int, tokens: int
     c, h = train.precision.compute.bytes, v.hidden_size
     stream = 4 if train.precision.mixed else c
     out = (4 * h + 8) * patches + stream * h * patches + (4 * h + 4) * tokens
-    if train.method is Method.FULL:
+    if _tower_trains(train):
         out += (c + 4) * h * tokens  # the trained norm weight's normalised input, and the matmul's cast input
     return out
 
@@ -232,7 +236,7 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     masks = _block_masks(m, lm)
     if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
         return VisionBytes(saved=0, lm_extra=masks, pixels=pixels, weights=weights, casts=0, detail=())
-    stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt and v.input_hooked)
+    stream_grad = _tower_trains(train) or (train.grad_ckpt and v.input_hooked)
     detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
     # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
     # gradient of its source; the first layer's norm now upcasts an input that requires grad; under PEFT's
@@ -242,7 +246,7 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     if train.adapters and train.grad_ckpt:
         extra += train.precision.compute.bytes * m.hidden_size * lm.tokens
     casts = 0
-    if train.method is Method.FULL and train.precision.mixed and train.precision.trainable.bytes == 4:
+    if _tower_trains(train) and train.precision.mixed and train.precision.trainable.bytes == 4:
         casts = 2 * tower_matrix_params(v)
     return VisionBytes(
         saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, weights=weights, casts=casts, detail=detail
@@ -282,8 +286,7 @@ def tower_params(m: ModelSpec) -> int:
 
 def uncounted_tower_params(m: ModelSpec, train: TrainSpec) -> int:
     """Frozen tower parameters the weight budget does not count (Gemma 3's tower fed images, unless it trains)."""
-    trains = train.method is Method.FULL and not train.freeze_vision_tower
-    return 0 if trains else _uncounted_tower(m, train)
+    return 0 if _tower_trains(train) else _uncounted_tower(m, train)
 
 
 def full_tuning_tower_params(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
