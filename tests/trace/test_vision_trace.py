@@ -74,17 +74,9 @@ def assert_agree(est: Ledger, m: ModelSpec, train: TrainSpec, *, saved_rel: floa
 def test_image_activations_and_peak_agree_with_the_trace(config: dict | None, setup: dict, tolerance: float) -> None:
     m = tiny_vl(config)
     train = TrainSpec(seq_len=64, images=1, image_size=IMAGE, **setup)
-    est = estimate(m, train)
-    t_saved, t_peak = _saved_and_peak(m, train)
-    # Saved for backward (tower, merger, language model over 64 + 48 positions).
-    e_saved = _by_category(est, Phase.FORWARD)[Category.ACTIVATIONS]
-    print(f"saved: estimate {e_saved:,}, trace {t_saved:,}, ratio {e_saved / t_saved:.3f}")
-    assert e_saved == pytest.approx(t_saved, rel=tolerance)
-    # The peak without the 66 MiB of cuBLAS workspaces the estimate adds (they would hide any difference in a model
-    # this small): weights, states, logits, the tower's autocast copies, the pixels: 5%.
-    e_peak = est.peak_allocated - _by_category(est, Phase.FORWARD)[Category.WORKSPACE]
-    print(f"peak less workspaces: estimate {e_peak:,}, trace {t_peak:,}")
-    assert e_peak == pytest.approx(t_peak, rel=0.05)
+    # Saved for backward (tower, merger, language model over 64 + 48 positions); the peak without the 66 MiB of
+    # cuBLAS workspaces the estimate adds: weights, states, logits, the tower's autocast copies, the pixels: 5%.
+    assert_agree(estimate(m, train), m, train, saved_rel=tolerance, peak_rel=0.05)
 
 
 def test_trace_refuses_images_with_the_chunked_loss() -> None:
