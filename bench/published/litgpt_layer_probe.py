@@ -4,9 +4,10 @@
 
 Reads ``litgpt/{model,config,lora}.py`` at ``--commit`` from a git checkout of Lightning-AI/litgpt into a temporary
 directory (nothing of LitGPT is kept here), builds one ``lora.Block`` and one transformers ``LlamaDecoderLayer`` with
-PEFT LoRA of the same shapes, runs each forward, walks the autograd graph from the output (every node's ``_saved_*``
-tensors, each storage counted once, parameters and RoPE tables excluded) and prints the difference per token beside
-``analytic/litgpt.py``'s figure. CPU dropout keeps a mask in the compute dtype where CUDA keeps a bool, so the
+PEFT LoRA of the same shapes (and, fully trained, one ``model.Block`` beside a bare ``LlamaDecoderLayer``), runs
+each forward, walks the autograd graph from the output (every node's ``_saved_*`` tensors, each storage counted
+once, parameters and RoPE tables excluded) and prints the difference per token beside ``analytic/litgpt.py``'s
+figure. CPU dropout keeps a mask in the compute dtype where CUDA keeps a bool, so the
 analytic figure is shown with the CPU mask. Not part of the test suite: it needs a LitGPT checkout.
 """
 
@@ -80,40 +81,79 @@ def saved_bytes(out: Any, exclude: set[int]) -> int:
     return sum(seen.values())
 
 
+_B, _T, _H, _HD, _INTER = 2, 64, 256, 32, 512
+"""The probe's shapes: batch, length, hidden size, head size, MLP width."""
+
+
+def _hf_config(heads: int, kv_heads: int) -> Any:
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        hidden_size=_H, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=_HD,
+        intermediate_size=_INTER, num_hidden_layers=1, vocab_size=64, attn_implementation="sdpa",
+    )  # fmt: skip
+
+
+def _lit_config_args(package: str, heads: int, kv_heads: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """LitGPT ``Config`` keywords for the probe's shapes: (shape, the norm/MLP class names of that package)."""
+    shape = dict(
+        n_embd=_H, n_head=heads, n_query_groups=kv_heads, intermediate_size=_INTER, n_layer=1, block_size=_T,
+        padded_vocab_size=64, vocab_size=64, bias=False, parallel_residual=False, rotary_percentage=1.0,
+    )  # fmt: skip
+    if package == "litgpt":
+        return shape, {"head_size": _HD, "mlp_class_name": "LLaMAMLP", "norm_class_name": "RMSNorm"}
+    # lit-gpt 2023: head_size = n_embd // n_head, private class names
+    return shape, {"_mlp_class": "LLaMAMLP", "_norm_class": "RMSNorm"}
+
+
+def _saved_by_lit_block(block: Any, build_rope_cache: Any, rope_n_elem: int) -> int:
+    """Bytes a LitGPT block's forward saves for backward (parameters and RoPE tables excluded)."""
+    import torch
+
+    dt = torch.bfloat16
+    try:
+        cos, sin = build_rope_cache(_T, rope_n_elem)
+    except TypeError:  # lit-gpt 2023 takes the dtype
+        cos, sin = build_rope_cache(_T, rope_n_elem, dtype=dt)
+    cos, sin = cos.to(dt), sin.to(dt)
+    x = torch.randn(_B, _T, _H, dtype=dt, requires_grad=True)
+    exclude = {p.untyped_storage().data_ptr() for p in block.parameters()}
+    exclude |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
+    return saved_bytes(block(x, cos, sin), exclude)
+
+
+def _saved_by_hf_layer(layer: Any, hc: Any) -> int:
+    """Bytes a transformers decoder layer's forward saves for backward (parameters and RoPE tables excluded)."""
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding
+
+    x = torch.randn(_B, _T, _H, dtype=torch.bfloat16, requires_grad=True)
+    ce, se = LlamaRotaryEmbedding(hc)(x, torch.arange(_T)[None].expand(_B, _T))
+    exclude = {p.untyped_storage().data_ptr() for p in layer.parameters()}
+    exclude |= {ce.untyped_storage().data_ptr(), se.untyped_storage().data_ptr()}
+    out = layer(x, position_embeddings=(ce, se), attention_mask=None)
+    return saved_bytes(out[0] if isinstance(out, tuple) else out, exclude)
+
+
 def measure(package: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> tuple[int, int]:
     """(LitGPT bytes, transformers + PEFT bytes) saved by one layer, B=2, T=64, H=256, head 32, bf16."""
     import importlib
 
     import torch
     from peft import LoraConfig, inject_adapter_in_model
-    from transformers import LlamaConfig
-    from transformers.models.llama.modeling_llama import LlamaDecoderLayer, LlamaRotaryEmbedding
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
 
-    b, t, h, hd, inter, r, dt = 2, 64, 256, 32, 512, 4, torch.bfloat16
+    r, dt = 4, torch.bfloat16
     torch.manual_seed(0)
     lit = importlib.import_module(f"{package}.lora")
     build_rope_cache = importlib.import_module(f"{package}.model").build_rope_cache
-    shape = dict(
-        n_embd=h,
-        n_head=heads,
-        n_query_groups=kv_heads,
-        intermediate_size=inter,
-        n_layer=1,
-        block_size=t,
-        padded_vocab_size=64,
-        vocab_size=64,
-        bias=False,
-        parallel_residual=False,
-        rotary_percentage=1.0,
-    )
+    shape, classes = _lit_config_args(package, heads, kv_heads)
     lora = {"r": r, "alpha": 16, "dropout": dropout, "query": True, "key": all_targets, "value": True,
             "projection": all_targets, "mlp": all_targets}  # fmt: skip
     if package == "litgpt":
         names = {k: f"lora_{k}" for k in lora}
-        classes = {"head_size": hd, "mlp_class_name": "LLaMAMLP", "norm_class_name": "RMSNorm"}
-    else:  # lit-gpt 2023: head_size = n_embd // n_head, private class names, short LoRA names
+    else:  # lit-gpt 2023: short LoRA names
         names = {k: k if k in ("r", "alpha", "dropout") else f"to_{k}" for k in lora}
-        classes = {"_mlp_class": "LLaMAMLP", "_norm_class": "RMSNorm"}
     cfg = lit.Config(**shape, **classes, **{names[k]: v for k, v in lora.items()})
     try:
         block = lit.Block(cfg, 0)
@@ -121,33 +161,52 @@ def measure(package: str, *, heads: int, kv_heads: int, all_targets: bool, dropo
         block = lit.Block(cfg)
     block = block.to(dt)
     lit.mark_only_lora_as_trainable(block)
-    try:
-        cos, sin = build_rope_cache(t, cfg.rope_n_elem)
-    except TypeError:  # lit-gpt 2023 takes the dtype
-        cos, sin = build_rope_cache(t, cfg.rope_n_elem, dtype=dt)
-    cos, sin = cos.to(dt), sin.to(dt)
-    x = torch.randn(b, t, h, dtype=dt, requires_grad=True)
-    exclude = {p.untyped_storage().data_ptr() for p in block.parameters()}
-    exclude |= {cos.untyped_storage().data_ptr(), sin.untyped_storage().data_ptr()}
-    n_lit = saved_bytes(block(x, cos, sin), exclude)
+    n_lit = _saved_by_lit_block(block, build_rope_cache, cfg.rope_n_elem)
 
-    hc = LlamaConfig(
-        hidden_size=h, num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=hd, intermediate_size=inter,
-        num_hidden_layers=1, vocab_size=64, attn_implementation="sdpa",
-    )  # fmt: skip
+    hc = _hf_config(heads, kv_heads)
     layer = LlamaDecoderLayer(hc, 0).to(dt).requires_grad_(False)
     targets = ["q_proj", "v_proj"] + (["k_proj", "o_proj", "gate_proj", "up_proj", "down_proj"] if all_targets else [])
     layer = inject_adapter_in_model(LoraConfig(r=r, lora_alpha=16, target_modules=targets, lora_dropout=dropout), layer)
     for name, p in layer.named_parameters():
         p.requires_grad_("lora_" in name)
-    layer = layer.to(dt)
-    x2 = torch.randn(b, t, h, dtype=dt, requires_grad=True)
-    ce, se = LlamaRotaryEmbedding(hc)(x2, torch.arange(t)[None].expand(b, t))
-    exclude = {p.untyped_storage().data_ptr() for p in layer.parameters()}
-    exclude |= {ce.untyped_storage().data_ptr(), se.untyped_storage().data_ptr()}
-    out = layer(x2, position_embeddings=(ce, se), attention_mask=None)
-    n_hf = saved_bytes(out[0] if isinstance(out, tuple) else out, exclude)
-    return n_lit, n_hf
+    return n_lit, _saved_by_hf_layer(layer.to(dt), hc)
+
+
+def measure_full(package: str, *, heads: int, kv_heads: int) -> tuple[int, int]:
+    """(LitGPT bytes, transformers bytes) saved by one fully trained layer (every weight and norm trains), as
+    pretraining and full fine-tuning run it; same shapes as :func:`measure`."""
+    import importlib
+
+    import torch
+    from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+
+    dt = torch.bfloat16
+    torch.manual_seed(0)
+    model = importlib.import_module(f"{package}.model")
+    shape, classes = _lit_config_args(package, heads, kv_heads)
+    cfg = model.Config(**shape, **classes)
+    try:
+        block = model.Block(cfg, 0)
+    except TypeError:
+        block = model.Block(cfg)
+    n_lit = _saved_by_lit_block(block.to(dt), model.build_rope_cache, cfg.rope_n_elem)
+    hc = _hf_config(heads, kv_heads)
+    return n_lit, _saved_by_hf_layer(LlamaDecoderLayer(hc, 0).to(dt), hc)
+
+
+def analytic_full(code: str, *, heads: int, kv_heads: int) -> int:
+    """analytic/litgpt.py's bytes per token for a fully trained layer of the probe's shapes."""
+    from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.catalog import resolve_model
+    from vramledger.specs import Method, ModelCode, Precision, TrainSpec
+
+    m = dataclasses.replace(
+        resolve_model("llama-3-8b"), hidden_size=256, num_heads=heads, num_kv_heads=kv_heads, head_dim=32,
+        intermediate_size=512, num_layers=1, vocab_size=64,
+    )  # fmt: skip
+    train = TrainSpec(method=Method.FULL, precision=Precision.BF16, model_code=ModelCode(code))
+    return litgpt_layer_extra_bytes_per_token(m, train, weight_budget(m, train))
 
 
 def analytic(code: str, *, heads: int, kv_heads: int, all_targets: bool, dropout: float) -> int:
@@ -184,13 +243,18 @@ def main(argv: list[str] | None = None) -> int:
             f"{package} {args.commit} ({code}): bytes per token saved beyond transformers + PEFT, one layer (B·T = 128)"
         )
         for heads, kv, all_targets, dropout in ((8, 8, False, 0.05), (8, 2, False, 0.05), (8, 2, False, 0.0),
-                                                (8, 8, True, 0.05), (8, 2, True, 0.05)):  # fmt: skip
+                                                (8, 8, True, 0.05), (8, 2, True, 0.05), (8, 2, True, 0.0)):  # fmt: skip
             n_lit, n_hf = measure(package, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
             got = analytic(code, heads=heads, kv_heads=kv, all_targets=all_targets, dropout=dropout)
             print(
                 f"  heads {heads}/{kv} {'all' if all_targets else 'q,v'} dropout {dropout}: measured "
                 f"{(n_lit - n_hf) / 128:+.1f}, analytic/litgpt.py {got:+d}"
             )
+        for heads, kv in ((8, 8), (8, 2)):
+            n_lit, n_hf = measure_full(package, heads=heads, kv_heads=kv)
+            got = analytic_full(code, heads=heads, kv_heads=kv)
+            diff = (n_lit - n_hf) / 128
+            print(f"  heads {heads}/{kv} full (no LoRA): measured {diff:+.1f}, analytic/litgpt.py {got:+d}")
     return 0
 
 

@@ -41,7 +41,7 @@ SETUP_KEYS = {
     "model", "mode", "method", "lora_rank", "lora_alpha", "lora_targets", "lora_dropout", "adapter_fp32",
     "modules_to_save", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "loss",
     "loss_chunk", "packing", "world_size", "zero_stage", "fsdp", "fsdp_version", "offload_optimizer",
-    "offload_params", "model_code", "quant", "untie_embeddings", "prompt", "new_tokens",
+    "offload_params", "model_code", "legacy_bitsandbytes", "quant", "untie_embeddings", "prompt", "new_tokens",
     "cache", "base_dtype", "metric", "gpu",
 }  # fmt: skip
 ROW_KEYS = SETUP_KEYS | {"row", "profile", "csv_model", "csv_value", "judgement"}
@@ -215,12 +215,13 @@ def train_spec(setup: Mapping[str, Any]) -> Any:
         quant=_quant(setup.get("quant")) if method is Method.QLORA else None,
         base_dtype=DType(base) if base else None,
         model_code=ModelCode(setup.get("model_code", "transformers")),
+        legacy_bitsandbytes=bool(setup.get("legacy_bitsandbytes", False)),
     )
 
 
 def infer_spec(setup: Mapping[str, Any]) -> Any:
     from vramledger.analytic.inference import InferSpec
-    from vramledger.specs import Attention, CacheKind, DType
+    from vramledger.specs import Attention, CacheKind, DType, ModelCode
 
     return InferSpec(
         batch=int(setup.get("batch", 1)),
@@ -230,6 +231,7 @@ def infer_spec(setup: Mapping[str, Any]) -> Any:
         quant=_quant(setup.get("quant")),
         attn=Attention(setup.get("attn", "sdpa")),
         cache=CacheKind(setup.get("cache", "dynamic")),
+        model_code=ModelCode(setup.get("model_code", "transformers")),
     )
 
 

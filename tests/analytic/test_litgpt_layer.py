@@ -10,7 +10,7 @@ from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
 from vramledger.analytic.weights import weight_budget
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Category, Phase
-from vramledger.specs import LoraSpec, Method, ModelCode, Precision, TrainSpec
+from vramledger.specs import LoraSpec, Method, ModelCode, Precision, QuantSpec, TrainSpec
 
 L3_8B = resolve_model("llama-3-8b")  # 32 query heads over 8 K/V heads of 128, H = 4096
 L2_7B = resolve_model("llama-2-7b")  # 32 heads, no GQA, H = 4096
@@ -62,8 +62,25 @@ def test_lit_gpt_2023_rmsnorm_saves_its_bf16_input() -> None:
 def test_transformers_layers_add_nothing_and_full_fine_tuning_keeps_the_attention_terms() -> None:
     assert _extra(L3_8B, _lora(("q_proj", "v_proj"), code=ModelCode.TRANSFORMERS)) == 0
     full = TrainSpec(method=Method.FULL, precision=Precision.BF16, model_code=ModelCode.LITGPT)
-    assert _extra(L3_8B, full) == 2 * 24 * 128 * 2
-    assert _extra(L2_7B, full) == (4096 + 4096) * 2
+    # + proj's input: ``y.transpose(1, 2).reshape(B, T, Dq)`` copies SDPA's (B, nh, T, hd) output (LitGPT's q is a
+    # contiguous ``torch.cat``, and SDPA's output takes q's layout), and a trained proj keeps that copy: Dq·c.
+    # Measured on litgpt 101e31d2's Block against transformers' LlamaDecoderLayer, both fully trained (H 256,
+    # 8 heads of 32, bf16): +1536.0 B/token with 8 K/V heads ((256 + 256)·2 + 256·2), +1280.0 with 2
+    # (2·6·32·2 + 256·2) (docs/published.md, "TinyLlama pretraining rows").
+    assert _extra(L3_8B, full) == 2 * 24 * 128 * 2 + 4096 * 2
+    assert _extra(L2_7B, full) == (4096 + 4096) * 2 + 4096 * 2
+
+
+def test_litgpt_proj_keeps_the_output_copy_only_when_it_keeps_its_input() -> None:
+    kv = 2 * 24 * 128 * 2  # Llama-3-8B: K and V expanded to 32 heads
+    # LoRA on every linear: q, k and v all adapted (no index_copy). With dropout, proj's adapter reads a dropped
+    # copy and the frozen proj keeps nothing: no output copy; the two shared dropouts save 2·4096·(2 + 1).
+    assert _extra(L3_8B, _lora(("all",), 0.05)) == kv - 2 * 4096 * 3
+    # without dropout LitGPT's LoRALinear applies ``lambda x: x``: lora_A keeps the copy itself (4096·2)
+    assert _extra(L3_8B, _lora(("all",), 0.0)) == kv + 4096 * 2
+    # QLoRA on q and v: proj is a bitsandbytes Linear4bit, whose MatMul4Bit keeps its input A (the copy)
+    qlora = dataclasses.replace(_lora(("q_proj", "v_proj")), method=Method.QLORA, quant=QuantSpec(bits=4))
+    assert _extra(L3_8B, qlora) == kv + (4096 + 1024) * 2 - 4096 * 3 + 4096 * 2
 
 
 def test_the_estimate_saves_the_extra_in_every_trained_layer() -> None:

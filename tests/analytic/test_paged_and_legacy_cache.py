@@ -11,7 +11,18 @@ from vramledger.analytic.inference import InferSpec, infer_ledger
 from vramledger.analytic.weights import weight_budget
 from vramledger.catalog import resolve_gpu, resolve_model
 from vramledger.ledger import Category, Phase
-from vramledger.specs import Attention, CacheKind, DType, LoraSpec, Method, Optimizer, Precision, QuantSpec, TrainSpec
+from vramledger.specs import (
+    Attention,
+    CacheKind,
+    DType,
+    LoraSpec,
+    Method,
+    ModelCode,
+    Optimizer,
+    Precision,
+    QuantSpec,
+    TrainSpec,
+)
 
 
 def test_paged_states_are_managed_memory_outside_allocated_and_reserved() -> None:
@@ -36,24 +47,39 @@ def test_paged_states_are_managed_memory_outside_allocated_and_reserved() -> Non
 
 def test_paged_8bit_states() -> None:
     # Optimizer2State with optim_bits=8: two uint8 states + one fp32 absmax per 256 elements (blockwise).
+    # get_state_buffer pages only tensors of 1e5 elements or more: rank-16 q/v adapters of Llama-3.2-1B (lora_A
+    # 16×2048, lora_B 2048×16 and 512×16) are all smaller, so every state is an ordinary device tensor.
     m = resolve_model("llama-3.2-1b")
-    t = TrainSpec(method=Method.LORA, optimizer=Optimizer.PAGED_ADAMW_8BIT, lora=LoraSpec(rank=16))
+    qv = ("q_proj", "v_proj")
+    t = TrainSpec(method=Method.LORA, optimizer=Optimizer.PAGED_ADAMW_8BIT, lora=LoraSpec(rank=16, targets=qv))
     P = weight_budget(m, t).trainable_params
-    got = estimate(m, t).bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER)
-    assert got == 2 * (P + 4 * -(-P // 256))
+    led = estimate(m, t)
+    assert led.bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER) == 0
+    assert led.bytes_of(Category.OPTIMIZER_STATE, Phase.OPTIMIZER) == 2 * (P + 4 * -(-P // 256))
+    # Rank 64: lora_A 64×2048 = 131,072 elements (paged), lora_B 2048×64 (paged) and 512×64 (not): the states
+    # split in proportion to those parameters.
+    t64 = replace(t, lora=LoraSpec(rank=64, targets=qv))
+    P64 = weight_budget(m, t64).trainable_params
+    states = 2 * (P64 + 4 * -(-P64 // 256))
+    device_params = m.num_layers * 512 * 64
+    led = estimate(m, t64)
+    assert led.bytes_of(Category.OPTIMIZER_STATE, Phase.OPTIMIZER) == states * device_params // P64
+    assert led.bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER) == states - states * device_params // P64
 
 
-def test_bitsandbytes_matmul4bit_keeps_its_inputs() -> None:
-    # MatMul4Bit.forward: ctx.tensors = (A, B) whenever an input needs grad. Llama-2-7B, bf16, LoRA q,v with
-    # dropout (the adapters keep dropped copies, not A itself), eager attention: the attention input (H), o_proj's
-    # input (Dq), the MLP input (H) and down_proj's input (I) stay alive, 2 bytes each, per token and layer.
-    # With SDPA o_proj's input is the kernel's own saved output, so Dq drops out.
+def test_bitsandbytes_before_0_43_2_keeps_matmul4bit_inputs() -> None:
+    # bitsandbytes 0.42.0 MatMul4Bit.forward: ctx.tensors = (A, B) whenever an input needs grad, which LitGPT's
+    # QLoRA ran (model_code litgpt). Llama-2-7B, bf16, LoRA q,v with dropout (the adapters keep dropped copies,
+    # not A itself), eager attention: the attention input (H), o_proj's input (Dq), the MLP input (H) and
+    # down_proj's input (I) stay alive, 2 bytes each, per token and layer. With SDPA o_proj's input is the
+    # kernel's own saved output, so Dq drops out.
     m = resolve_model("llama-2-7b")
     t = TrainSpec(
         method=Method.QLORA,
         precision=Precision.BF16,
         attn=Attention.EAGER,
         lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
+        model_code=ModelCode.LITGPT,
     )
     assert quantised_inputs_bytes(m, t, weight_budget(m, t)) == 2 * (4096 + 4096 + 4096 + 11008)
     sdpa = replace(t, attn=Attention.SDPA)
@@ -61,17 +87,23 @@ def test_bitsandbytes_matmul4bit_keeps_its_inputs() -> None:
     # Without dropout and with bf16 adapters, q/v's lora_A keeps the very attention input: counted once.
     same = replace(t, lora=replace(t.lora, dropout=0.0))  # type: ignore[arg-type]
     assert quantised_inputs_bytes(m, same, weight_budget(m, same)) == 2 * (4096 + 4096 + 11008)
-    # 8-bit (MatMul8bitLt) is not this path.
-    eight = replace(t, quant=QuantSpec(bits=8))
+
+
+def test_bitsandbytes_today_keeps_no_matmul4bit_input() -> None:
+    # bitsandbytes >= 0.43.2 (9e753741, #1270; 0.50.2 autograd/_functions.py: ctx.tensors = (None, B)): a frozen
+    # 4-bit linear saves what a frozen nn.Linear saves, nothing. So the transformers + PEFT QLoRA step saves the
+    # same activations as LoRA over a bf16 base, and 8-bit (MatMul8bitLt) likewise.
+    m = resolve_model("llama-2-7b")
+    t = TrainSpec(
+        method=Method.QLORA,
+        precision=Precision.BF16,
+        attn=Attention.EAGER,
+        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
+    )
     lora_only = replace(t, method=Method.LORA, quant=None)
-    per_layer_gap = estimate(m, t).bytes_of(Category.ACTIVATIONS, Phase.FORWARD) - estimate(m, lora_only).bytes_of(
-        Category.ACTIVATIONS, Phase.FORWARD
-    )
-    # every layer but the first, whose q/k/v input needs no grad (the embedding is frozen): MatMul4Bit keeps no A
-    assert per_layer_gap == 32 * 2048 * 2 * (4096 + 4096 + 4096 + 11008) - 2048 * 2 * 4096
-    assert estimate(m, eight).bytes_of(Category.ACTIVATIONS, Phase.FORWARD) == estimate(m, lora_only).bytes_of(
-        Category.ACTIVATIONS, Phase.FORWARD
-    )
+    saved = estimate(m, lora_only).bytes_of(Category.ACTIVATIONS, Phase.FORWARD)
+    assert estimate(m, t).bytes_of(Category.ACTIVATIONS, Phase.FORWARD) == saved
+    assert estimate(m, replace(t, quant=QuantSpec(bits=8))).bytes_of(Category.ACTIVATIONS, Phase.FORWARD) == saved
 
 
 def test_legacy_cache_holds_the_previous_tuple_while_decoding() -> None:

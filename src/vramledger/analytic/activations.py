@@ -26,13 +26,14 @@ Model code read (transformers 5.23):
 - PEFT ``lora.Linear.forward``: ``x.to(lora_A.weight.dtype)`` per adapter (an fp32 copy when adapters are fp32),
   ``lora_dropout`` (CUDA ``native_dropout`` saves a bool mask, 1 byte/element, and lora_A saves the dropped copy),
   lora_A's output (r) saved by lora_B. Under autocast lora_A re-casts its input to bf16 (2 bytes saved).
-- bitsandbytes ``autograd/_functions.py`` ``MatMul4Bit.forward`` (QLoRA's frozen 4-bit linears): ``if
-  any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`` keeps the input A although backward needs only B for
-  A's gradient, unlike a frozen ``nn.Linear``. Each distinct input of the quantised linears stays alive: the
-  attention input (q/k/v), o_proj's input (eager attention only: with SDPA it is the kernel's saved output),
-  the MLP input (gate/up) and down's input, c bytes each, unless an adapter already keeps that very tensor (no
-  dropout, adapters in the compute dtype). The trace runs the same rule (trace/shims.py
-  ``matmul4bit_saves_input``).
+- bitsandbytes ``autograd/_functions.py`` ``MatMul4Bit.forward`` (QLoRA's frozen 4-bit linears) before 0.43.2:
+  ``if any(ctx.needs_input_grad[:2]): ctx.tensors = (A, B)`` keeps the input A although backward needs only B for
+  A's gradient, unlike a frozen ``nn.Linear``; from 0.43.2 on it keeps ``(None, B)`` and saves nothing more than a
+  frozen ``nn.Linear`` (``TrainSpec.matmul4bit_keeps_input``: the LitGPT codes ran the old one). Under the
+  old one each distinct input of the quantised linears stays alive: the attention input (q/k/v), o_proj's input
+  (eager attention only: with SDPA it is the kernel's saved output), the MLP input (gate/up) and down's input,
+  c bytes each, unless an adapter already keeps that very tensor (no dropout, adapters in the compute dtype). The
+  trace runs the same rule (trace/shims.py ``matmul4bit_saves_input``).
 
 Checked against ``shared/notes/tracing.md`` (Llama-3-8B shape, pure bf16, sdpa without mask): full fine-tuning
 16H + 4Dq + 4Dkv + 8I = 200,704 bytes per token per layer (+ 4·nh logsumexp), matching the traced figure.
@@ -209,7 +210,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         parts.append(_linear_inputs(m, train))
     if train.adapters:
         parts.append(("LoRA inputs and dropout masks", _adapter_inputs_bytes(m, train, wb)))
-    if train.quant is not None and train.quant.bits == 4:
+    if train.quant is not None and train.quant.bits == 4 and train.matmul4bit_keeps_input:
         parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
     attention, scores = _attention_parts(m, train, base_trains)
     parts += attention
@@ -368,7 +369,7 @@ def first_layer_unsaved_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weig
         attn_inputs = {"q_proj", "k_proj", "v_proj", "qkv_proj", "c_attn"}
         masks = sum(a.linear.in_features for a in wb.adapted if a.linear.name in attn_inputs)
     # bitsandbytes' MatMul4Bit keeps A only when an input needs grad: not for the first layer's q/k/v.
-    if train.quant is not None and train.quant.bits == 4 and not m.is_moe:
+    if train.quant is not None and train.quant.bits == 4 and not m.is_moe and train.matmul4bit_keeps_input:
         masks += quantised_inputs_bytes(m, train, wb) - quantised_inputs_bytes(m, train, wb, skip=("attn_in",))
     if m.norm_bias:
         return masks + (0 if train.method is Method.FREEZE else residual_bytes(train, wb) * m.hidden_size)

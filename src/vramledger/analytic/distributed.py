@@ -34,7 +34,8 @@ from typing import Any
 
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
 from vramledger.analytic.fsdp_no_sync import no_sync_buffers
-from vramledger.analytic.params import embedding_params, head_params, layer_params
+from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
+from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.rank import (
     ALL_PHASES,
     FWD_BWD,
@@ -131,7 +132,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         return _replicated(train, one)
     mixed = train.precision.mixed
     u = _fsdp_gathered_bytes(train, wb)
-    layer = layer_params(m) + (sum(a.params for a in wb.adapted) if train.adapters else 0)
+    layer = _fsdp_layer_elements(m, train, wb, u)
     root = embedding_params(m) + head_params(m)
     buffers = [
         _fsdp_root_buffer(train, wb, root, u),
@@ -140,7 +141,8 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     ]
     notes: list[str] = []
     host = 0
-    frozen_r, trainable_r = share(one.frozen, ranks), share(one.trainable, ranks)
+    qstate = quant_state_bytes(m, train)  # bitsandbytes' QuantState: whole on every rank (analytic/quant_state.py)
+    frozen_r, trainable_r = share(one.frozen - qstate, ranks) + qstate, share(one.trainable, ranks)
     grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
     whole_units = (
         train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype
@@ -159,9 +161,10 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if train.offload_optimizer or train.offload_params:
         # CPUOffload / CPUOffloadPolicy: sharded parameters, their gradients and the optimizer step on the host; each
         # unit's shard is copied to the GPU for its all-gather.
-        host = frozen_r + trainable_r + grads_r + states_r
+        host = frozen_r - qstate + trainable_r + grads_r + states_r
         buffers.append(_fsdp_offload_buffer(layer, u, ranks))
-        frozen_r = trainable_r = grads_r = states_r = temp_r = 0
+        trainable_r = grads_r = states_r = temp_r = 0
+        frozen_r = qstate  # not a parameter: FSDP does not offload it
     kept = no_sync_buffers(  # FSDP1 + accumulation (analytic/fsdp_no_sync.py); offload leaves these on the GPU too
         train, wb, u=u, sharded_grad_bytes=grads_r, layer_elements=layer, root_elements=root, whole_units=whole_units
     )
@@ -193,8 +196,23 @@ def _fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     if train.method is not Method.FULL and not mixed:
         u = train.frozen_dtype.bytes
     if train.quant is not None:
-        u = train.precision.compute.bytes  # bnb's FSDP path all-gathers the packed storage; bounded by bf16
+        u = train.precision.compute.bytes  # the packed storage's dtype (bnb_4bit_quant_storage = the compute dtype)
     return u
+
+
+def _fsdp_layer_elements(m: ModelSpec, train: TrainSpec, wb: WeightBudget, u: int) -> int:
+    """Elements of one decoder layer's unit as all-gathered, in u-byte elements. A bitsandbytes 4-bit base
+    all-gathers its packed codes: bitsandbytes 0.43 ``functional.quantize_4bit(..., quant_storage=...)`` stores the
+    n/2 bytes of n 4-bit codes as n/(2·u) elements of the storage dtype (PEFT's FSDP-QLoRA guide: "32/4 = 8 4-bit
+    params are packed together" in an fp32 element), which is what FSDP flattens; its QuantState is no parameter
+    (analytic/quant_state.py)."""
+    adapters = sum(a.params for a in wb.adapted) if train.adapters else 0
+    if train.quant is None or train.quant.bits != 4:
+        return layer_params(m) + adapters
+    linears = layer_linears(m)
+    packed = sum(lin.per_layer * -(-lin.in_features * lin.out_features // 2) for lin in linears)
+    weights = sum(lin.per_layer * lin.in_features * lin.out_features for lin in linears)
+    return layer_params(m) - weights + -(-packed // u) + adapters
 
 
 def _fsdp_root_buffer(train: TrainSpec, wb: WeightBudget, root: int, u: int) -> Buffer:

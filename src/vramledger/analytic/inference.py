@@ -37,7 +37,7 @@ from vramledger.analytic.overhead import (
 from vramledger.analytic.params import count_params
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, Ledger, LineItem, Phase, make_verdict
-from vramledger.specs import Attention, DType, GPUSpec, Method, ModelSpec, Precision, QuantSpec, TrainSpec
+from vramledger.specs import Attention, DType, GPUSpec, Method, ModelCode, ModelSpec, Precision, QuantSpec, TrainSpec
 from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.units import fmt_bytes
 
@@ -61,6 +61,9 @@ class InferSpec:
     """The KV cache modelled: ``DynamicCache`` (transformers ≥ 4.36, the default), ``static``
     (``cache_implementation="static"``: S tokens per layer preallocated) or ``legacy`` (the tuple cache of
     transformers < 4.36)."""
+    model_code: ModelCode = ModelCode.TRANSFORMERS
+    """Whose code generates: LitGPT's ``generate/base.py`` under Lightning's ``BitsandbytesPrecision`` quantises
+    lm_head too, with an fp16 quantisation state (analytic/litgpt_qlora.py)."""
 
     def __post_init__(self) -> None:
         for name in ("batch", "prompt", "new_tokens"):
@@ -85,12 +88,35 @@ def weight_bytes(m: ModelSpec, spec: InferSpec) -> int:
         from vramledger.analytic.weights import checkpoint_storage_bytes
 
         return checkpoint_storage_bytes(m, spec.dtype.bytes)  # a GPTQ/AWQ/FP8/MXFP4 checkpoint: its storage
-    from dataclasses import replace
-
     from vramledger.analytic.weights import weight_budget
 
-    t = replace(spec.as_train, method=Method.QLORA, quant=spec.quant, precision=spec.as_train.precision)
-    return weight_budget(m, t).frozen_bytes
+    return weight_budget(m, _quantised_train(spec)).frozen_bytes
+
+
+def _quantised_train(spec: InferSpec) -> TrainSpec:
+    """The QLoRA TrainSpec whose frozen base is the quantised model ``spec`` generates with."""
+    from dataclasses import replace
+
+    return replace(spec.as_train, method=Method.QLORA, quant=spec.quant, model_code=spec.model_code)
+
+
+def dequant_bytes(m: ModelSpec, spec: InferSpec) -> int:
+    """A 4-bit weight dequantised for one matmul of more than one token (bitsandbytes ``matmul_4bit`` takes the
+    ``gemv_4bit`` path only for a single token: ``A.numel() == A.shape[-1]``; otherwise ``MatMul4Bit`` runs
+    ``dequantize_4bit(B, state).to(A.dtype)``): the largest quantised weight, lm_head when it is quantised."""
+    if spec.quant is None or spec.quant.bits != 4:
+        return 0
+    from vramledger.analytic.litgpt_qlora import dequant_transient_bytes
+    from vramledger.analytic.weights import lm_head_quantised, weight_budget
+
+    t = _quantised_train(spec)
+    n = weight_budget(m, t).largest_frozen_matrix_numel
+    if lm_head_quantised(t):
+        n = max(n, m.vocab_size * m.hidden_size)
+    return dequant_transient_bytes(n, spec.dtype, spec.model_code)
+
+
+SRC_DEQUANT = "bitsandbytes matmul_4bit → MatMul4Bit: dequantize_4bit(B, state).to(A.dtype) (analytic/litgpt_qlora.py)"
 
 
 def _item(cat: Category, n: int, label: str, source: str, basis: Basis = Basis.FORMULA) -> LineItem:
@@ -114,8 +140,10 @@ def infer_ledger(
     ws = cublas_workspace_bytes(gpu) // 2  # one handle: no autograd thread
     step_extra = decode_step_extra(spec.cache, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
                                    cached=P + N - 1)
-    prefill = kv.after_prefill + tok + sq + mask + prefill_logits
-    end = kv.at_end + step_extra + logits
+    dq_prefill = dequant_bytes(m, spec) if B * P > 1 else 0
+    dq_decode = dequant_bytes(m, spec) if B > 1 else 0
+    prefill = kv.after_prefill + tok + sq + mask + prefill_logits + dq_prefill
+    end = kv.at_end + step_extra + logits + dq_decode
     w_src = "Σ parameters × dtype bytes (analytic/params.py); bitsandbytes storage (analytic/weights.py)"
     items: list[LineItem] = [
         LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=w, label="weights", source=w_src),
@@ -137,6 +165,9 @@ def infer_ledger(
         if legacy:
             items.append(_item(Category.LOGITS_LOSS, prefill_logits - logits, "logits of every prompt token (fp32)",
                                SRC_LEGACY_LOGITS))
+        if dq_prefill:
+            items.append(_item(Category.TEMPORARIES, dq_prefill, "4-bit weight dequantised for the prompt's matmul",
+                               SRC_DEQUANT))
     else:
         moment = f"last of {N} decode steps"
         items += [
@@ -146,6 +177,9 @@ def infer_ledger(
                   else "one layer's K/V being re-concatenated",
                   SRC_LEGACY if legacy else "cache_utils.py DynamicLayer.update torch.cat"),
         ]
+        if dq_decode:
+            items.append(_item(Category.TEMPORARIES, dq_decode, "4-bit weight dequantised for the batch's matmul",
+                               SRC_DEQUANT))
     items.append(_item(Category.LOGITS_LOSS, logits, "last-token logits and their fp32 copy",
                        "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)"))
     allocated = sum(i.bytes for i in items if i.phase is Phase.GENERATE)

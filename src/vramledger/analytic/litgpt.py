@@ -20,6 +20,15 @@ config_hub benchmark table) computes q, k and v with one fused linear and LoRA w
   separately (analytic/activations.py ``_adapter_bytes``: the dropped copy c·H and CUDA ``native_dropout``'s bool
   mask H): (n − 1)·H·(c + 1) less for n adapted parts of q, k, v when ``lora_dropout > 0``.
 
+- ``CausalSelfAttention.forward`` again (43c44323 l. 239-261; 101e31d2, the thunder pretraining table of
+  2024-05-06, l. 239-261; 00af8b0d l. 266-321): q is a fresh contiguous (B, nh, T, hd) tensor (``torch.cat`` after
+  RoPE), SDPA's output takes q's layout, and ``y.transpose(1, 2)`` then ``y.reshape(B, T, Dq)`` copies it, while
+  transformers' query is a transposed view whose layout the output shares (its ``transpose(1, 2).contiguous()`` is
+  a no-op). SDPA keeps its own output; ``proj`` reads the copy, and keeps it whenever it keeps its input: its
+  weight trains (full fine-tuning, pretraining), it is a bitsandbytes 4-bit linear (``MatMul4Bit`` keeps its
+  input A), or its adapter reads the copy undropped (LoRA on ``proj`` with ``lora_dropout`` 0: LitGPT's
+  ``LoRALinear`` then uses ``lambda x: x``): Dq·c more.
+
 Measured, not fitted: the saved-for-backward bytes of one LitGPT ``lora.Block`` (43c44323 and 00af8b0d) and of
 transformers' ``LlamaDecoderLayer`` with PEFT LoRA on q and v, same shapes, bf16, walked from the autograd graph
 (``_saved_*`` of every node, each storage once; bench/published/litgpt_layer_probe.py): their difference is the sum
@@ -33,14 +42,18 @@ Lit-GPT 8641822 (2023-10-16, the resource tables; ``ModelCode.LIT_GPT_2023``) ra
 (``lit_gpt/model.py`` l. 173-232, ``lit_gpt/lora.py``) but ``lit_gpt/rmsnorm.py``'s RMSNorm in the input dtype
 (``x * torch.rsqrt(norm_x + self.eps)`` on x itself; the fp32 upcast came with 6178c7cc, 2023-10-24): each of a
 layer's two norms saves its c-byte input where transformers saves an fp32 copy, 2·H·(4 − c) less. Measured the same
-way (probe ``--commit 8641822``). Not modelled there: the final norm's (H·(4 − c) once) and the first layer's input
-norm, which saves nothing in either when its input needs no grad (H·(4 − c) per token once too many).
+way (probe ``--commit 8641822``). Its attention output copy is not counted: 8641822 calls flash-attn's
+``flash_attn_func`` (output (B, T, nh, hd), no copy) when the package is installed (``FlashAttention2Available``,
+l. 239-250), SDPA otherwise, and the resource tables do not say which. Not modelled there: the final norm's
+(H·(4 − c) once) and the first layer's input norm, which saves nothing in either when its input needs no grad
+(H·(4 − c) per token once too many).
 """
 
 from __future__ import annotations
 
+from vramledger.analytic.activations import runs_eager
 from vramledger.analytic.weights import WeightBudget
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.specs import Method, ModelSpec, TrainSpec
 from vramledger.specs.framework import ModelCode
 
 SOURCE = (
@@ -59,7 +72,8 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
     >>> from vramledger.specs import Method, Precision
     >>> m = resolve_model("llama-2-7b")
     >>> t = TrainSpec(method=Method.FULL, precision=Precision.BF16, model_code=ModelCode.LITGPT)
-    >>> litgpt_layer_extra_bytes_per_token(m, t, weight_budget(m, t)) == (4096 + 4096) * 2  # Dq + Dk, bf16
+    >>> # fused qkv kept by V's view (Dq + Dk), and proj's copy of the attention output (Dq), bf16
+    >>> litgpt_layer_extra_bytes_per_token(m, t, weight_budget(m, t)) == (4096 + 4096) * 2 + 4096 * 2
     True
     """
     if train.model_code is ModelCode.TRANSFORMERS or m.is_moe or m.attn_logit_softcapping:
@@ -74,6 +88,18 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
             extra += sum(width[name] for name in adapted) * c
         if train.lora.dropout > 0 and len(adapted) > 1:
             extra -= (len(adapted) - 1) * m.hidden_size * (c + 1)
+    if train.model_code is ModelCode.LITGPT and not runs_eager(m, train) and _proj_keeps_input(train, wb):
+        extra += width["q_proj"] * c  # y.reshape's copy of SDPA's output, kept by proj
     if train.model_code is ModelCode.LIT_GPT_2023 and not m.norm_bias and c < 4:
         extra -= 2 * m.hidden_size * (4 - c)  # two RMSNorms saving their c-byte input, not an fp32 copy
     return extra
+
+
+def _proj_keeps_input(train: TrainSpec, wb: WeightBudget) -> bool:
+    """Whether LitGPT's attention ``proj`` keeps its input for backward (see the module docstring): its weight
+    trains, bitsandbytes' ``MatMul4Bit`` runs it, or an undropped adapter reads it."""
+    if train.method in (Method.FULL, Method.FREEZE) or (train.quant is not None and train.quant.bits == 4):
+        return True
+    lora = train.lora
+    adapted = {a.linear.name for a in wb.adapted}
+    return lora is not None and lora.dropout == 0 and "o_proj" in adapted

@@ -34,6 +34,7 @@ from vramledger.analytic.activations import (
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import logits_bytes
@@ -45,6 +46,7 @@ from vramledger.analytic.overhead import (
     cublas_workspace_bytes,
     cuda_context_bytes,
 )
+from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
@@ -65,7 +67,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     head_logits, head_saved = _head_input(m, train, wb)
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
-    paged_states, states = (states, 0) if opt.paged else (0, states)
+    paged_states, states = split_paged_states(m, train, wb, states, opt.paged)  # analytic/paged.py
     # Each gradient in its parameter's dtype; one at a time under optimizer-in-backward (analytic/loop.py).
     grads, step_temp = optimizer_in_backward(train, wb, wb.trainable_bytes, step_temp)
     return StepParts(
@@ -93,7 +95,11 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         layer_backward_temp=_layer_backward_temp(m, train, wb),
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb) + _eager_scores_bytes(m, train, wb, c),
-        dequant_temp=wb.largest_frozen_matrix_numel * c if train.quant is not None else 0,
+        dequant_temp=(  # analytic/litgpt_qlora.py: an fp16 copy and its cast under Lightning
+            dequant_transient_bytes(wb.largest_frozen_matrix_numel, train.precision.compute, train.model_code)
+            if train.quant is not None
+            else 0
+        ),
         workspace_bytes=cublas_workspace_bytes(gpu),
         optimizer_source=opt.source,
         logits_source=lg.source,
@@ -198,7 +204,7 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
         add_buffers(mo, Phase.BACKWARD, p.buffers)
     out = {
         Phase.LOAD: _load_moment(m, train, p),
-        Phase.FORWARD: _forward_moment(train, p),
+        Phase.FORWARD: _forward_moment(m, train, p),
         Phase.BACKWARD: max(backward, key=lambda mo: mo.total),
         Phase.OPTIMIZER: _optimizer_moment(train, p),
     }
@@ -230,8 +236,9 @@ def _load_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
     return load
 
 
-def _forward_moment(train: TrainSpec, p: StepParts) -> Moment:
-    """The larger of the loss (with everything saved so far) and the inside of the last decoder layer."""
+def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
+    """The larger of the loss (with everything saved so far) and the inside of the last decoder layer (and, for
+    LitGPT's QLoRA, lm_head beside the previous micro-step's graph: analytic/litgpt_qlora.py)."""
     grads_prev = _previous_grads(train, p)
     fwd = Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)", phase=Phase.FORWARD)
     add_persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
@@ -253,7 +260,8 @@ def _forward_moment(train: TrainSpec, p: StepParts) -> Moment:
         "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
         "QLoRA dequantised weight",
     )
-    return max((fwd, fwd_layer), key=lambda mo: mo.total)
+    litgpt = next_forward_moment(m, train, p, grads=grads_prev)
+    return max((fwd, fwd_layer) + ((litgpt,) if litgpt else ()), key=lambda mo: mo.total)
 
 
 def _add_backward_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int) -> None:

@@ -11,7 +11,8 @@ Sources:
 - bitsandbytes ``functional.quantize_4bit``: two 4-bit codes per byte and one fp32 absmax per ``blocksize``
   (64) elements; with double quantisation (``compress_statistics``) the absmax are stored as uint8 with one fp32
   absmax per 256 of them. ``Linear8bitLt`` / ``Int8Params``: int8 weights plus one fp32 scale (SCB) per row.
-  transformers' bnb quantizer leaves the output layer (lm_head) unquantised (``get_keys_to_not_convert``).
+  transformers' bnb quantizer leaves the output layer (lm_head) unquantised (``get_keys_to_not_convert``);
+  Lightning's ``BitsandbytesPrecision`` (LitGPT's QLoRA) quantises it too (``lm_head_quantised``).
 - LoRA on the output layer (``lm_head`` in ``target_modules``; LitGPT ``lora_head``): one more adapter,
   r·(H + V) (+ V for DoRA). PEFT ``utils/other.py`` ``ModulesToSaveWrapper`` (``modules_to_save``): the original
   module stays (frozen) and a ``copy.deepcopy`` of it trains, so each saved module adds its parameters once more
@@ -36,7 +37,7 @@ from vramledger.analytic.params import (
     linears_numel,
 )
 from vramledger.errors import VramledgerError
-from vramledger.specs import DType, LoraSpec, Method, ModelSpec, QuantSpec, TrainSpec
+from vramledger.specs import DType, LoraSpec, Method, ModelCode, ModelSpec, QuantSpec, TrainSpec
 from vramledger.specs.model import CheckpointQuant
 
 if TYPE_CHECKING:
@@ -242,6 +243,20 @@ def quantised_bytes(numel: int, out_features: int, q: QuantSpec) -> int:
     return sum(quantised_tensors(numel, out_features, q))
 
 
+def lm_head_quantised(train: TrainSpec) -> bool:
+    """Whether bitsandbytes quantises lm_head as well: under Lightning's ``BitsandbytesPrecision`` (LitGPT's QLoRA,
+    model_code litgpt / lit-gpt-2023) ``module_init_context`` patches ``torch.nn.Linear`` with its ``_Linear4bit``
+    while LitGPT builds ``GPT`` (Lightning 438f29f0 ``plugins/precision/bitsandbytes.py`` l. 140, 71aed751 l. 130),
+    and LitGPT passes no ``ignore_modules`` (litgpt 43c44323 ``finetune/lora.py`` l. 123, lit-gpt 8641822 l. 74), so
+    lm_head (``model.py`` l. 25; ``lora.py``'s ``LoRALinear.linear``, l. 121) is 4-bit too. LitGPT never ties it to
+    the embedding. transformers skips it (``get_keys_to_not_convert``)."""
+    return (
+        train.quant is not None
+        and train.quant.bits == 4
+        and train.model_code in (ModelCode.LITGPT, ModelCode.LIT_GPT_2023)
+    )
+
+
 @lru_cache(maxsize=4096)
 def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     """The parameters of ``train``'s method and their bytes: every one trained (full), the top layers (freeze), or
@@ -403,6 +418,10 @@ def _frozen_base_bytes(m: ModelSpec, train: TrainSpec) -> int:
         )
         # Everything else (embeddings, norms, biases, lm_head) stays in the frozen dtype.
         other = total - linears_numel(m, linears, weights_only=True)
+        if lm_head_quantised(train):  # a 4-bit lm_head of its own beside the embedding, tied or not
+            head = m.vocab_size * m.hidden_size
+            quantised += quantised_bytes(head, m.vocab_size, q)
+            other -= 0 if m.tie_word_embeddings else head
         frozen_bytes = quantised + other * frozen_dt.bytes
     elif m.checkpoint_quant is not None and m.checkpoint_quant.method != "mxfp4":
         # A GPTQ/AWQ/FP8 checkpoint keeps its packed storage under the adapters (PEFT wraps the quantised layer).

@@ -22,6 +22,7 @@ Sources:
 from __future__ import annotations
 
 from vramledger.analytic.params import embedding_params, layer_norm_params, layer_params
+from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.rank import ALL_PHASES, FWD_BWD, Buffer, RankParts, engine_name, share
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category, Phase
@@ -96,9 +97,10 @@ def zero_rank_parts(m: ModelSpec, train: TrainSpec, wb: WeightBudget, frozen: in
             )
         )
     if train.offload_params and stage == 3:
-        host += frozen_r + trainable
+        kept = quant_state_bytes(m, train)  # the QuantState is no parameter: not offloaded (analytic/quant_state.py)
+        host += frozen_r - kept + trainable
         persistent_b = _persistent_numel(m, zb.param_persistence_threshold) * s
-        frozen_r, trainable = persistent_b, 0
+        frozen_r, trainable = persistent_b + kept, 0
     replicated = ("weights", "activations") if stage < 3 else ("activations", "small parameters (persistent)")
     return RankParts(
         engine=engine_name(train),
@@ -143,8 +145,9 @@ def _zero3_frozen_share(m: ModelSpec, train: TrainSpec, wb: WeightBudget, zb: Ze
     frozen_r = share(max(frozen_numel - persistent, 0) * s, train.world_size) + persistent * s
     if train.quant is not None:
         # QLoRA under ZeRO-3 (bnb_4bit_quant_storage in the engine's dtype): the packed 4-bit storage is what
-        # is partitioned
-        frozen_r = share(frozen, train.world_size) + persistent * s
+        # is partitioned; the QuantState is no parameter and stays whole (analytic/quant_state.py)
+        qstate = quant_state_bytes(m, train)
+        frozen_r = share(frozen - qstate, train.world_size) + qstate + persistent * s
     return frozen_r
 
 

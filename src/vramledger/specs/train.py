@@ -267,6 +267,9 @@ class TrainSpec:
     """How a quantised base is put on the GPU (analytic/load.py)."""
     model_code: ModelCode = ModelCode.TRANSFORMERS
     """Whose decoder layers run: transformers + PEFT, or LitGPT's own (analytic/litgpt.py)."""
+    legacy_bitsandbytes: bool = False
+    """bitsandbytes before 0.43.2, whose ``MatMul4Bit`` keeps its input (``matmul4bit_keeps_input``); the LitGPT
+    codes imply it."""
     # -- images (vision-language models: analytic/vision.py) ---------------------------------------------------
     images: int = 0
     """Images per sample (``--images``); 0: text only."""
@@ -380,6 +383,12 @@ class TrainSpec:
     def frozen_dtype(self) -> DType:
         """dtype of frozen (non-quantised) weights: as loaded, else the compute dtype."""
         return self.base_dtype or self.precision.frozen
+
+    @property
+    def matmul4bit_keeps_input(self) -> bool:
+        """Whether bitsandbytes' 4-bit matmul keeps its input for backward: before 0.43.2 only
+        (``ModelCode.matmul4bit_keeps_input`` gives the sources)."""
+        return self.legacy_bitsandbytes or self.model_code.matmul4bit_keeps_input
 
     @property
     def keeps_unsharded_grads(self) -> bool:

@@ -165,14 +165,15 @@ def _load(stack: contextlib.ExitStack, hf: Any, model: ModelSpec, train: TrainSp
 
 
 def _quantise(stack: contextlib.ExitStack, hf: Any, rec: Recorder, train: TrainSpec) -> list[tuple[int, int, int]]:
-    """The linears a QLoRA base would quantise (their bytes are replaced later: trace/api.py); in 4 bits, their
-    inputs saved for backward as bitsandbytes' ``MatMul4Bit`` saves them."""
+    """The linears a QLoRA base would quantise (their bytes are replaced later: trace/api.py); in 4 bits, under a
+    bitsandbytes that keeps them (``TrainSpec.matmul4bit_keeps_input``), their inputs saved for backward as its
+    ``MatMul4Bit`` saves them."""
     import torch
 
     from vramledger.trace.shims import matmul4bit_saves_input
 
     quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
-    if quantised and train.quant is not None and train.quant.bits == 4:
+    if quantised and train.quant is not None and train.quant.bits == 4 and train.matmul4bit_keeps_input:
         quantised_ids = {sid for sid, _, _ in quantised}
         stack.enter_context(
             matmul4bit_saves_input(
