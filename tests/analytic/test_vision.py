@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.trace._tiny_vl import tiny_vl
+from tests.trace._tiny_vl import TINY_QWEN2_VL, TINY_QWEN3_VL, TINY_QWEN25_VL, tiny_vl
 from vramledger.analytic import estimate
 from vramledger.analytic.image_tokens import image_grid, smart_resize
 from vramledger.analytic.params import count_params
@@ -180,3 +180,74 @@ def test_gemma3_tower_completes_the_published_count(key: str) -> None:
     assert total == entry.published_params
     ledger = estimate(m, TrainSpec(seq_len=600, images=1))
     assert ledger.params - ledger.trainable_params == entry.published_params
+
+
+def gemma3_processor():  # type: ignore[no-untyped-def]
+    """``Gemma3Processor`` as transformers ships it, built without a download: its PIL image processor at the
+    checkpoints' 896² (preprocessor_config.json ``size``) and a word-level tokenizer holding Gemma's three image
+    tokens under the names the processor reads (``boi_token``, ``eoi_token``, ``image_token``)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+    from transformers.models.gemma3.image_processing_pil_gemma3 import Gemma3ImageProcessorPil
+    from transformers.models.gemma3.processing_gemma3 import Gemma3Processor
+
+    vocab = {"<pad>": 0, "<unk>": 1, "hello": 2, "<start_of_image>": 3, "<end_of_image>": 4, "<image_soft_token>": 5}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    special = {"boi_token": "<start_of_image>", "eoi_token": "<end_of_image>", "image_token": "<image_soft_token>"}
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok, pad_token="<pad>", unk_token="<unk>", extra_special_tokens=special
+    )
+    return Gemma3Processor(image_processor=Gemma3ImageProcessorPil(size={"height": 896, "width": 896}),
+                           tokenizer=tokenizer)  # fmt: skip
+
+
+@pytest.mark.parametrize("size", [(1024, 768), (300, 2000), (896, 896)])
+def test_gemma3_tokens_equal_the_processor(size: tuple[int, int]) -> None:
+    """``Gemma3Processor`` expands the prompt's boi into ``full_image_sequence`` (processing_gemma3.py ``__init__``:
+    boi, image_seq_length image tokens, eoi, between blank lines): 256 image tokens for any size, and the image
+    processor's fp32 pixel_values of 896² (the batch trace/vision_inputs.py feeds)."""
+    from PIL import Image
+
+    out = gemma3_processor()(text=["hello <start_of_image>"], images=[[Image.new("RGB", size)]], return_tensors="pt")
+    v = resolve_model("gemma-3-4b").vision
+    assert v is not None
+    grid = image_grid(v, TrainSpec(images=1, image_size=size))
+    ids = out["input_ids"][0].tolist()
+    print(f"{size}: processor {ids.count(5)} image tokens, estimate {grid.tokens}")
+    assert ids.count(5) == grid.tokens == int(out["token_type_ids"].sum()) == 256
+    assert out["pixel_values"].shape == (1, 3, grid.height, grid.width) == (1, 3, 896, 896)
+    assert str(out["pixel_values"].dtype) == "torch.float32"
+
+
+@pytest.mark.parametrize("config", [None, TINY_QWEN2_VL, TINY_QWEN3_VL], ids=["qwen2.5-vl", "qwen2-vl", "qwen3-vl"])
+def test_full_fine_tuning_freezes_the_tower(config: dict | None) -> None:
+    """LLaMA-Factory ``_setup_full_tuning`` with ``freeze_vision_tower`` (its default): the tower and merger keep no
+    gradient and no optimizer state. The tower's size is counted on the real model built on the meta device (every
+    parameter under ``model.visual``), and the difference by hand: AdamW under AMP keeps 4 (fp32 gradient) + 8 (two
+    fp32 moments) bytes per trained parameter, and the fp32 master copy of 4 bytes becomes the bf16 weight's 2."""
+    import torch
+    from transformers import AutoConfig, AutoModelForImageTextToText
+
+    from vramledger.analytic.vision import tower_params
+    from vramledger.ledger import Category, Phase
+
+    m = tiny_vl(config)
+    cfg = dict(config or TINY_QWEN25_VL)
+    cfg.pop("architectures")
+    with torch.device("meta"):
+        hf = AutoModelForImageTextToText.from_config(AutoConfig.for_model(cfg.pop("model_type"), **cfg))
+    tower = sum(p.numel() for p in hf.model.visual.parameters())
+    print(f"tower: meta model {tower:,}, vramledger {tower_params(m):,}")
+    assert tower_params(m) == tower
+    t = TrainSpec(seq_len=64, method="full")
+    trains, frozen = estimate(m, t), estimate(m, replace(t, freeze_vision_tower=True))
+    assert trains.params == frozen.params
+    assert trains.trainable_params - frozen.trainable_params == tower
+
+    def at_step(ledger, category: Category) -> int:  # type: ignore[no-untyped-def]
+        return sum(i.bytes for i in ledger.items if i.phase is Phase.OPTIMIZER and i.category is category)
+
+    assert at_step(trains, Category.GRADIENTS) - at_step(frozen, Category.GRADIENTS) == 4 * tower
+    assert at_step(trains, Category.OPTIMIZER_STATE) - at_step(frozen, Category.OPTIMIZER_STATE) == 8 * tower
+    assert at_step(trains, Category.WEIGHTS) - at_step(frozen, Category.WEIGHTS) == (4 - 2) * tower

@@ -47,6 +47,18 @@ def _saved_and_peak(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
     return saved, peak
 
 
+def assert_agree(est: Ledger, m: ModelSpec, train: TrainSpec, *, saved_rel: float, peak_rel: float) -> None:
+    """The estimate's saved activations and its peak less the cuBLAS workspaces (they would hide any difference in
+    a model this small) against one trace's, within the given relative tolerances."""
+    t_saved, t_peak = _saved_and_peak(m, train)
+    e_saved = _by_category(est, Phase.FORWARD)[Category.ACTIVATIONS]
+    print(f"saved: estimate {e_saved:,}, trace {t_saved:,}, ratio {e_saved / t_saved:.3f}")
+    assert e_saved == pytest.approx(t_saved, rel=saved_rel)
+    e_peak = est.peak_allocated - _by_category(est, Phase.FORWARD)[Category.WORKSPACE]
+    print(f"peak less workspaces: estimate {e_peak:,}, trace {t_peak:,}, ratio {e_peak / t_peak:.3f}")
+    assert e_peak == pytest.approx(t_peak, rel=peak_rel)
+
+
 @pytest.mark.parametrize(
     ("config", "setup", "tolerance"),
     [
@@ -62,22 +74,16 @@ def _saved_and_peak(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
 def test_image_activations_and_peak_agree_with_the_trace(config: dict | None, setup: dict, tolerance: float) -> None:
     m = tiny_vl(config)
     train = TrainSpec(seq_len=64, images=1, image_size=IMAGE, **setup)
-    est = estimate(m, train)
-    t_saved, t_peak = _saved_and_peak(m, train)
-    # Saved for backward (tower, merger, language model over 64 + 48 positions).
-    e_saved = _by_category(est, Phase.FORWARD)[Category.ACTIVATIONS]
-    print(f"saved: estimate {e_saved:,}, trace {t_saved:,}, ratio {e_saved / t_saved:.3f}")
-    assert e_saved == pytest.approx(t_saved, rel=tolerance)
-    # The peak without the 66 MiB of cuBLAS workspaces the estimate adds (they would hide any difference in a model
-    # this small): weights, states, logits, the tower's autocast copies, the pixels: 5%.
-    e_peak = est.peak_allocated - _by_category(est, Phase.FORWARD)[Category.WORKSPACE]
-    print(f"peak less workspaces: estimate {e_peak:,}, trace {t_peak:,}")
-    assert e_peak == pytest.approx(t_peak, rel=0.05)
+    # Saved for backward (tower, merger, language model over 64 + 48 positions); the peak without the 66 MiB of
+    # cuBLAS workspaces the estimate adds: weights, states, logits, the tower's autocast copies, the pixels: 5%.
+    assert_agree(estimate(m, train), m, train, saved_rel=tolerance, peak_rel=0.05)
 
 
-def test_trace_refuses_images_it_cannot_feed_yet() -> None:
+def test_trace_refuses_images_with_the_chunked_loss() -> None:
+    """The chunked loss runs the decoder alone (trace/step.py chunked_loss): refused before any model is built."""
     from vramledger.catalog import resolve_model
     from vramledger.errors import VramledgerError
+    from vramledger.specs import Loss
 
-    with pytest.raises(VramledgerError, match="not traced yet"):
-        trace_step(resolve_model("gemma-3-4b"), TrainSpec(seq_len=300, images=1))  # refused before building
+    with pytest.raises(VramledgerError, match="--loss chunked"):
+        trace_step(resolve_model("gemma-3-4b"), TrainSpec(seq_len=300, images=1, loss=Loss.CHUNKED))

@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
+from vramledger.specs.vision import ImageRule
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -73,6 +74,14 @@ def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
 def padded_sdpa(train: TrainSpec) -> bool:
     """Whether SDPA gets an explicit mask: a padded batch (more than one sequence, not packed)."""
     return train.attn is Attention.SDPA and train.micro_batch > 1 and not train.packing
+
+
+def explicit_mask(m: ModelSpec, train: TrainSpec) -> bool:
+    """Whether SDPA gets an explicit mask: a padded batch, or Gemma 3 fed images, whose image tokens attend to each
+    other both ways (modeling_gemma3.py ``create_masks_for_vision_model``, built when the batch carries
+    ``token_type_ids``, as Gemma3Processor and LLaMA-Factory's collator give it)."""
+    fixed = m.vision is not None and m.vision.rule is ImageRule.FIXED
+    return padded_sdpa(train) or (train.attn is Attention.SDPA and bool(train.images) and fixed)
 
 
 def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int, amp: bool = False) -> int:
@@ -211,7 +220,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     if train.peft_config is not None:  # a PEFT method from adapter_config.json: analytic/peft_memory.py
         from vramledger.analytic.peft_memory import peft_activation_parts
 
-        parts += peft_activation_parts(m, train, s, padded_sdpa(train), _INPUT_OF)
+        parts += peft_activation_parts(m, train, s, explicit_mask(m, train), _INPUT_OF)
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 
@@ -261,14 +270,14 @@ def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple
         softcap = c if m.attn_logit_softcapping else 0
         scores = (probs + softcap) * nh * L * L
     else:
-        repeat = padded_sdpa(train) and m.num_kv_heads != m.num_heads
+        repeat = explicit_mask(m, train) and m.num_kv_heads != m.num_heads
         kv = 2 * (Dq if repeat else Dkv)
-        parts.append(("q, k, v, output" + (" (k/v repeated: padded batch)" if repeat else ""), c * (2 * Dq + kv)))
+        parts.append(("q, k, v, output" + (" (k/v repeated: explicit mask)" if repeat else ""), c * (2 * Dq + kv)))
         if m.fused_qkv and not m.learned_positions:
             # Phi-3: v is a slice of qkv_proj's output, so SDPA keeping v keeps the whole fused tensor alive.
             parts.append(("fused qkv output kept alive by v", c * (Dq + Dkv)))
         parts.append(("attention logsumexp (fp32)", 4 * nh))
-        if padded_sdpa(train):
+        if explicit_mask(m, train):
             scores = c * L * (-(-L // 16) * 16)
     return parts, scores
 

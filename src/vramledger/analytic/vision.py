@@ -41,7 +41,7 @@ from dataclasses import dataclass, replace
 from vramledger.analytic.image_tokens import default_image_size, image_grid
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, LineItem, Phase
-from vramledger.specs import Method, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Method, ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule, VisionSpec
 
 
@@ -70,17 +70,21 @@ def lm_view(m: ModelSpec, train: TrainSpec) -> TrainSpec:
 
 
 def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str, ...]) -> bool:
-    """Whether backward runs through the tower (see the module docstring): full fine-tuning, an adapter inside it,
-    or PEFT's ``enable_input_require_grads`` under checkpointing."""
+    """Whether backward runs through the tower (see the module docstring): its weights train (full fine-tuning, the
+    tower not frozen), an adapter inside it, or ``enable_input_require_grads`` under checkpointing, which
+    transformers' ``_activation_checkpointing_enable`` calls for every model whose main input is ``input_ids``
+    (modeling_utils.py), full fine-tuning with a frozen tower included, and PEFT calls again."""
     v = m.vision
     if v is None or not train.images:
         return False
-    if train.method is Method.FULL:
-        return not train.freeze_vision_tower
-    if not train.adapters:
-        return False
-    inside = any(v.holds(name) for name in adapter_names)
-    return inside or (train.grad_ckpt and v.input_hooked)
+    if _tower_trains(train) or (train.grad_ckpt and v.input_hooked):
+        return True
+    return bool(train.adapters) and any(v.holds(name) for name in adapter_names)
+
+
+def _tower_trains(train: TrainSpec) -> bool:
+    """The tower's own weights train: full fine-tuning without ``--freeze-vision-tower``."""
+    return train.method is Method.FULL and not train.freeze_vision_tower
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -92,7 +96,8 @@ class VisionBytes:
     lm_extra: int
     """What the language model saves more because the image embeddings carry a gradient: the first decoder
     layer's norm input, ``masked_scatter``'s placeholder mask, and (adapters under checkpointing) the text
-    embeddings beside their scattered copy."""
+    embeddings beside their scattered copy; and Gemma 3's image-block attention masks (with or without a
+    gradient)."""
     pixels: int
     """``pixel_values`` of the batch (fp32)."""
     weights: int
@@ -121,20 +126,30 @@ def _tower_saved(
 
     c = train.precision.compute.bytes
     h, i_w, nh, depth = v.hidden_size, v.intermediate_size, v.num_heads, v.depth
-    base = train.method is Method.FULL
+    base = _tower_trains(train)
     merge_rows = v.merge_size**2
     parts: list[tuple[str, int]] = []
-    # Rotary cos and sin (fp32, one head_dim each per patch), shared by the blocks and saved by q·cos, k·sin
-    # (``apply_rotary_pos_emb_vision`` computes in fp32); the merged tokens' reverse index (int64).
-    parts.append(("rotary tables and merge index", 8 * v.head_dim * patches + 8 * tokens))
+    siglip = v.rule is ImageRule.FIXED  # Gemma 3's SigLIP: learned positions, no rotary, a pooling projector
+    # Llama 4 (modeling_llama4.py Llama4VisionModel.forward): its rotary table is a buffer made at init; the class
+    # token and positions are added to the patch embedding, then layernorm_pre, which autocast runs in fp32, so the
+    # residual stream through the blocks stays fp32.
+    llama4 = v.rule is ImageRule.TILES
+    stream = 4 if (llama4 and train.precision.mixed) else c
+    if not (siglip or llama4):
+        # Rotary cos and sin (fp32, one head_dim each per patch), shared by the blocks and saved by q·cos, k·sin
+        # (``apply_rotary_pos_emb_vision`` computes in fp32); the merged tokens' reverse index (int64).
+        parts.append(("rotary tables and merge index", 8 * v.head_dim * patches + 8 * tokens))
     if base:  # the trained patch embedding keeps its input's cast (Conv3d over 3·temporal·patch² values)
         parts.append(("patch embedding input", c * 3 * v.temporal_patch_size * v.patch_size**2 * patches))
-    elif stream_grad and v.window_patches:  # enable_input_require_grads makes the frozen patch embedding's
-        # output a leaf that requires grad, which autograd's AccumulateGrad node holds until backward; Qwen2.5-VL
-        # then reorders it into windows (a copy), so the leaf is one tensor more than the blocks' inputs
+    elif stream_grad and (v.window_patches or siglip or llama4):  # enable_input_require_grads makes the frozen patch
+        # embedding's output a leaf that requires grad, which autograd's AccumulateGrad node holds until backward;
+        # Qwen2.5-VL then reorders it into windows (a copy), SigLIP adds its learned positions
+        # (modeling_siglip.py ``SiglipVisionEmbeddings.forward``): the leaf is one tensor more than the blocks' inputs
         parts.append(("patch embeddings (made to require grad)", c * h * patches))
+    if llama4 and stream_grad:  # layernorm_pre: the fp32 copy of its input, mean and rstd
+        parts.append(("pre-LayerNorm (fp32)", (4 * h + 8) * patches))
     if train.grad_ckpt:  # GradientCheckpointingLayer: each block keeps its input only
-        parts.append(("block inputs (checkpointed)", depth * c * h * patches))
+        parts.append(("block inputs (checkpointed)", depth * stream * h * patches))
     else:
         # RMSNorm: fp32 upcast and rsqrt (a trained weight also saves the normalised value it multiplies);
         # LayerNorm, in fp32 under autocast: an fp32 copy of its input, mean and rstd.
@@ -155,17 +170,46 @@ def _tower_saved(
     merger = (4 * h + (8 if v.layer_norm else 4)) * patches + c * merge_rows * h * tokens
     if base:  # the norm's weight saves its normalised input; both linears keep their inputs
         merger += (0 if v.layer_norm else c * h * patches) + 2 * c * merge_rows * h * tokens
+    if siglip:
+        merger = _gemma3_projector(v, train, patches, tokens)
     # Qwen3-VL: a deepstack merger per listed block (Qwen3VLVisionPatchMerger, its norm after the merge), alike.
     parts.append(("merger" + (f" and {v.deepstack_layers} deepstack mergers" if v.deepstack_layers else ""),
                   merger * (1 + v.deepstack_layers)))  # fmt: skip
     adapters = 0
     for name, in_f, out_f in adapted:
         rows = tokens if "merger" in name or "multi_modal_projector" in name else patches
-        if train.grad_ckpt and "blocks" in name.split("."):
+        if train.grad_ckpt and {"blocks", "layers"} & set(name.split(".")):
             continue  # recomputed inside the checkpointed block
         adapters += _adapter_bytes(train, in_f, out_f) * rows
     parts.append(("LoRA inputs in the tower", adapters))
     return tuple((k, n) for k, n in parts if n)
+
+
+def _block_masks(m: ModelSpec, lm: TrainSpec) -> int:
+    """Gemma 3 with images: the bool B×L×L masks ``create_masks_for_vision_model`` builds (modeling_gemma3.py), one
+    for the full-attention layers and one for the sliding ones, alive through the forward (saved by SDPA, or by the
+    checkpointed layers that take them as inputs). Under SDPA each layer's call also converts its mask into an
+    additive one (analytic/activations.py ``explicit_mask``)."""
+    v = m.vision
+    if v is None or v.rule is not ImageRule.FIXED or lm.attn is not Attention.SDPA:
+        return 0
+    kinds = 2 if 0 < m.sliding_layers < m.num_layers else 1
+    return kinds * lm.micro_batch * lm.seq_len**2
+
+
+def _gemma3_projector(v: VisionSpec, train: TrainSpec, patches: int, tokens: int) -> int:
+    """SigLIP's ``post_layernorm`` and Gemma 3's projector, saved for backward (modeling_siglip.py
+    ``SiglipVisionTransformer.forward``; modeling_gemma3.py ``Gemma3MultiModalProjector.forward``): the LayerNorm's
+    fp32 input copy and mean/rstd (autocast runs layer_norm in fp32), the contiguous copy of its output that
+    ``avg_pool2d`` saves (fp32 under autocast), the pooled tokens that the RMSNorm's fp32 upcast keeps (already
+    fp32: ``x.float()`` is the same tensor) with its rsqrt, and, when the projection trains, the normalised
+    tokens it multiplies (cast by autocast)."""
+    c, h = train.precision.compute.bytes, v.hidden_size
+    stream = 4 if train.precision.mixed else c
+    out = (4 * h + 8) * patches + stream * h * patches + (4 * h + 4) * tokens
+    if _tower_trains(train):
+        out += (c + 4) * h * tokens  # the trained norm weight's normalised input, and the matmul's cast input
+    return out
 
 
 def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
@@ -189,18 +233,20 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     weights = uncounted_tower_params(m, train) * train.frozen_dtype.bytes
     values = grid.patches - (grid.grid[0] if v.class_token else 0)  # Llama 4's class token is no pixel
     pixels = 4 * n * values * 3 * v.temporal_patch_size * v.patch_size**2
+    masks = _block_masks(m, lm)
     if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
-        return VisionBytes(saved=0, lm_extra=0, pixels=pixels, weights=weights, casts=0, detail=())
-    stream_grad = train.method is Method.FULL or (train.adapters and train.grad_ckpt and v.input_hooked)
+        return VisionBytes(saved=0, lm_extra=masks, pixels=pixels, weights=weights, casts=0, detail=())
+    stream_grad = _tower_trains(train) or (train.grad_ckpt and v.input_hooked)
     detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
     # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
     # gradient of its source; the first layer's norm now upcasts an input that requires grad; under PEFT's
     # checkpointing the embedding output is a leaf AccumulateGrad holds, and the scattered copy is another tensor.
-    extra = lm.tokens + (first_layer_unsaved_bytes_per_token(m, lm, wb) * lm.tokens if wb.trainable_layers else 0)
+    extra = masks + lm.tokens
+    extra += first_layer_unsaved_bytes_per_token(m, lm, wb) * lm.tokens if wb.trainable_layers else 0
     if train.adapters and train.grad_ckpt:
         extra += train.precision.compute.bytes * m.hidden_size * lm.tokens
     casts = 0
-    if train.method is Method.FULL and train.precision.mixed and train.precision.trainable.bytes == 4:
+    if _tower_trains(train) and train.precision.mixed and train.precision.trainable.bytes == 4:
         casts = 2 * tower_matrix_params(v)
     return VisionBytes(
         saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, weights=weights, casts=casts, detail=detail
@@ -219,12 +265,40 @@ def siglip_params(v: VisionSpec) -> int:
     return embed + v.depth * layer + 2 * h + h + h * v.out_hidden_size
 
 
-def uncounted_tower_params(m: ModelSpec, train: TrainSpec) -> int:
+def _uncounted_tower(m: ModelSpec, train: TrainSpec) -> int:
     """Parameters of a tower fed images that the language model's count leaves out (Gemma 3's formula)."""
     v = m.vision
     if v is None or not train.images or m.inventory is not None or v.rule is not ImageRule.FIXED:
         return 0
     return siglip_params(v)
+
+
+def tower_params(m: ModelSpec) -> int:
+    """Parameters of the vision tower and projector: a meta-built model's are everything outside its embeddings,
+    output layer and decoder layers (catalog/inventory.py ``other_params``) less the final norm's weight; Gemma 3's
+    formula counts them apart (``siglip_params``); 0 without a tower."""
+    if m.vision is None:
+        return 0
+    if m.inventory is not None:
+        return m.inventory.other_params - m.hidden_size
+    return siglip_params(m.vision) if m.vision.rule is ImageRule.FIXED else 0
+
+
+def uncounted_tower_params(m: ModelSpec, train: TrainSpec) -> int:
+    """Frozen tower parameters the weight budget does not count (Gemma 3's tower fed images, unless it trains)."""
+    return 0 if _tower_trains(train) else _uncounted_tower(m, train)
+
+
+def full_tuning_tower_params(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
+    """Full fine-tuning: (tower parameters the model's count includes that stay frozen, tower parameters it leaves
+    out that train). LLaMA-Factory ``model/adapter.py`` ``_setup_full_tuning`` sets ``requires_grad`` False on the
+    ``get_forbidden_modules`` (the tower with ``freeze_vision_tower``, the projector with
+    ``freeze_multi_modal_projector``, both true by default) and leaves them in the load dtype; the rest train."""
+    if train.method is not Method.FULL or m.vision is None:
+        return 0, 0
+    if train.freeze_vision_tower:
+        return (tower_params(m) if m.inventory is not None else 0), 0
+    return 0, _uncounted_tower(m, train)
 
 
 def tower_matrix_params(v: VisionSpec) -> int:
@@ -307,11 +381,6 @@ def vision_notes(m: ModelSpec, train: TrainSpec) -> list[str]:
         f"images: {train.images} per sample of {size} → {grid.width}x{grid.height}, {grid.patches:,} patches, "
         f"{grid.tokens:,} tokens each, {counted} the sequence length; {tower}"
     ]
-    if uncounted_tower_params(m, train) and train.method is Method.FULL:
-        notes.append(
-            f"{m.family}: the vision tower's weights are counted as loaded (frozen); under full fine-tuning its "
-            "gradients and optimizer states are not (the language-model formula leaves the tower out)"
-        )
     tokens = image_tokens(m, train)
     if train.seq_includes_images and train.seq_len <= tokens:
         notes.append(

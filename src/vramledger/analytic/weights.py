@@ -96,8 +96,9 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
         return adapted
     linears = layer_linears(m)
     targets = lora.layer_targets
+    tower = () if train.freeze_vision_tower else siglip_linears(m, train)
     if lora.all_linear:
-        picked = [lin for lin in linears if lin.lora_targetable]
+        picked = [lin for lin in linears + tower if lin.lora_targetable]
     else:
         picked = [lin for lin in linears if _matches(lin.name, targets)]
         unknown = [t for t in targets if not any(_matches(lin.name, (t,)) for lin in linears)]
@@ -106,6 +107,7 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
             raise VramledgerError(
                 f"lora targets: {', '.join(unknown)} not found in {m.family} layers; choose from {names} or 'all'"
             )
+        picked += [lin for lin in tower if _matches(lin.name, targets)]
         if any(not lin.lora_targetable for lin in picked):
             raise VramledgerError(
                 "lora targets: expert projections are fused 3-D parameters in transformers 5, not nn.Linear; "
@@ -118,6 +120,27 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     if lora.all_linear and m.family in _PEFT_MOE_CONVERTED:
         out += _converted_moe_adapters(linears, lora.rank)
     return tuple(out)
+
+
+def siglip_linears(m: ModelSpec, train: TrainSpec) -> tuple[Linear, ...]:
+    """The linears of Gemma 3's SigLIP tower, one per tower layer under its full path, when images make the model
+    Gemma3ForConditionalGeneration (the language-model formula leaves them out; a meta-built model lists its own):
+    modeling_siglip.py ``SiglipAttention`` q/k/v/out_proj and ``SiglipMLP`` fc1/fc2, all with biases. PEFT's
+    ``all-linear`` picks them, and a target name matches them as it matches the decoder's."""
+    from vramledger.specs.vision import ImageRule
+
+    v = m.vision
+    if v is None or m.inventory is not None or v.rule is not ImageRule.FIXED or not train.images:
+        return ()
+    h, i_w = v.hidden_size, v.intermediate_size
+    shapes = [(f"self_attn.{n}", h, h) for n in ("q_proj", "k_proj", "v_proj", "out_proj")]
+    shapes += [("mlp.fc1", h, i_w), ("mlp.fc2", i_w, h)]
+    return tuple(
+        Linear(name=f"vision_tower.vision_model.encoder.layers.{i}.{n}", in_features=a, out_features=b, bias=True,
+               layers=1)
+        for i in range(v.depth)
+        for n, a, b in shapes
+    )  # fmt: skip
 
 
 def head_adapter_params(m: ModelSpec, train: TrainSpec) -> int:
@@ -252,7 +275,12 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
 
 
 def _full_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
-    total = count_params(m)
+    from vramledger.analytic.vision import full_tuning_tower_params
+
+    # A vision tower frozen by --freeze-vision-tower keeps its load dtype and no gradient; Gemma 3's, which the
+    # language-model count leaves out, is added when it trains.
+    frozen_tower, trained_tower = full_tuning_tower_params(m, train)
+    total = count_params(m) + trained_tower
     train_dt = train.precision.trainable
     linears = layer_linears(m)
     lm_head_numel = m.vocab_size * m.hidden_size
@@ -263,9 +291,9 @@ def _full_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     matrix = linears_numel(m, linears) + lm_head_numel
     return WeightBudget(
         total_params=total,
-        trainable_params=total,
-        frozen_bytes=0,
-        trainable_bytes=total * train_dt.bytes,
+        trainable_params=total - frozen_tower,
+        frozen_bytes=frozen_tower * train.frozen_dtype.bytes,
+        trainable_bytes=(total - frozen_tower) * train_dt.bytes,
         trainable_dtype=train_dt,
         trainable_layers=m.num_layers,
         adapted=(),

@@ -14,20 +14,22 @@ from vramledger.catalog.hfconfig import language_model
 from vramledger.specs import ModelSpec
 
 
-def config_of(model: ModelSpec) -> dict[str, Any]:
+def config_of(model: ModelSpec, *, vision: bool = False) -> dict[str, Any]:
     """The config.json mapping a ModelSpec came from: its meta-device build's, the catalog entry, the file named in
-    ``source`` (a multimodal file's ``text_config``, typed ``<model_type>_text``), or (for a spec built by hand)
-    a mapping rebuilt from the spec's fields. What ``trace`` and ``measure`` build their models from."""
+    ``source`` (a multimodal file's ``text_config``, typed ``<model_type>_text``, unless ``vision``: then the whole
+    multimodal config, tower and projector included), or (for a spec built by hand) a mapping rebuilt from the
+    spec's fields. What ``trace`` and ``measure`` build their models from."""
     from vramledger.catalog import catalog_entry
 
+    pick = dict if vision else language_model
     if model.inventory is not None:  # built on the meta device once already: the very config it came from
         return dict(json.loads(model.inventory.config_json))
     entry = catalog_entry(model.config_name or model.name)
     if entry is not None and entry.hub_id in (model.name, model.config_name):
-        return dict(language_model(entry.config))
+        return dict(pick(entry.config))
     src = Path(model.source) if model.source else None
     if src is not None and src.suffix == ".json" and src.is_file():
-        return dict(language_model(json.loads(src.read_text())))
+        return dict(pick(json.loads(src.read_text())))
     return config_from_spec(model)
 
 

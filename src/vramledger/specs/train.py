@@ -284,7 +284,8 @@ class TrainSpec:
     """No adapters in the vision tower and projector, and no gradient through them under full fine-tuning
     (LLaMA-Factory ``freeze_vision_tower``/``freeze_multi_modal_projector``, both true by default:
     ``model/model_utils/visual.py`` ``get_forbidden_modules``); False: PEFT's ``all-linear`` adapts the tower's
-    linears too. Full fine-tuning still counts the tower's weights as trainable (not split yet)."""
+    linears too. Under full fine-tuning the tower's weights stay frozen in their load dtype (analytic/vision.py
+    ``full_tuning_tower_params``)."""
     seq_includes_images: bool = False
     """The sequence length already counts the image tokens (LLaMA-Factory truncates to ``cutoff_len`` after the
     image placeholders are expanded); False: the language model sees ``seq_len`` plus the images' tokens."""

@@ -33,8 +33,8 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     warnings: list[str] = []
     cfg_dict = {k: v for k, v in dict(config).items() if k not in ("architectures", "torch_dtype", "dtype")}
     model_type = str(cfg_dict.pop("model_type", model.family))
-    if model_type == "gemma3":
-        model_type = "gemma3_text"
+    if model_type == "gemma3" and "vision_config" not in cfg_dict:
+        model_type = "gemma3_text"  # catalog/config_of.py gives the decoder alone unless images are fed
     if model.inventory is not None:
         # Any architecture transformers ships (catalog/inventory.py): its own config class and Auto class.
         from vramledger.catalog.inventory import hf_config_object
@@ -67,10 +67,16 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
 
     if train.method is Method.FULL:
         # LLaMA-Factory model/adapter.py _setup_full_tuning: trainable parameters upcast to fp32 unless
-        # pure_bf16.
+        # pure_bf16; the forbidden modules (a vision tower and projector under freeze_vision_tower) stay frozen in
+        # the load dtype.
         for p in hf.parameters():
             p.requires_grad_(True)
         hf.to(trainable_dt)
+        tower = model.vision if train.freeze_vision_tower else None
+        for name, p in hf.named_parameters():
+            if tower is not None and tower.holds(name):
+                p.requires_grad_(False)
+                p.data = p.data.to(frozen_dt)
     elif train.method is Method.FREEZE:
         # LLaMA-Factory _setup_freeze_tuning: the last N decoder layers train (upcast to fp32 unless
         # pure_bf16).

@@ -96,7 +96,8 @@ def run_trace(
     from vramledger.trace.vision_inputs import vision_trace
 
     _check_supported(train)
-    cfg = dict(config) if config is not None else config_of(model)
+    # With images, the whole multimodal config (Gemma 3: tower and projector beside the decoder).
+    cfg = dict(config) if config is not None else config_of(model, vision=bool(train.images))
     hf, warnings = build_on_meta(model, train, cfg)
     rec = Recorder()
     vocab = int(hf.get_output_embeddings().weight.shape[0])

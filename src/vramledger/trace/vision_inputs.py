@@ -4,7 +4,8 @@ placeholders in ``input_ids``, and what lets the real vision code run on fake te
 The batch is what ``Qwen2VLImageProcessor`` and the processor give a collator (``patchify``: one row of
 3·temporal·patch² fp32 values per patch; ``image_grid_thw`` (1, h/patch, w/patch) per image; ``<|image_pad|>``
 tokens, one per merge² patches, and ``mm_token_type_ids`` marking them), with the geometry of
-``analytic/image_tokens.py`` ``image_grid`` (the one home of the processors' rules).
+``analytic/image_tokens.py`` ``image_grid`` (the one home of the processors' rules). Gemma 3 and Llama 4 get their
+processors' batches too (``_fixed_inputs``, ``_tile_inputs``): fp32 pixel images or tiles and the image tokens.
 
 Fake tensors carry shapes, not values, and the vision code asks for values: ``grid_thw.tolist()``
 (``vision_utils.py`` ``get_vision_position_ids``, ``get_vision_window_index``), the window lengths
@@ -36,17 +37,12 @@ _CONSTANT_LIMIT = 1 << 26
 
 
 def check_traceable(model: ModelSpec, train: TrainSpec) -> None:
-    """Refuse, before any model is built, images the trace cannot feed yet (only the Qwen-VL processor's
-    inputs are built here)."""
+    """Refuse, before any model is built, images the traced step cannot feed (the chunked loss runs the decoder
+    alone)."""
     if train.images and train.loss is Loss.CHUNKED:
         raise VramledgerError(
             "trace --images with --loss chunked: the chunked loss runs the decoder alone (trace/step.py "
             "chunked_loss), without the vision tower; use --loss standard, or `vramledger estimate`"
-        )
-    if train.images and model.vision is not None and model.vision.rule is not ImageRule.DYNAMIC:
-        raise VramledgerError(
-            f"trace --images: {model.family} images are estimated (`vramledger estimate`) but not traced yet; "
-            "trace runs Qwen2-VL, Qwen2.5-VL and Qwen3-VL with images"
         )
 
 
@@ -61,10 +57,10 @@ def _vision(hf: Any, train: TrainSpec) -> tuple[VisionSpec, ImageGrid] | None:
 
     cfg = _config(hf)
     v = vision_spec(cfg.to_dict(), "trace")
-    if v is None or v.rule is not ImageRule.DYNAMIC:
+    if v is None:
         raise VramledgerError(
-            f"trace --images: {cfg.model_type} images are estimated (`vramledger estimate`) but not traced yet; "
-            "trace runs Qwen2-VL, Qwen2.5-VL and Qwen3-VL with images"
+            f"trace --images: {cfg.model_type} has no vision tower vramledger feeds (Qwen2/2.5/3-VL, Gemma 3, "
+            "Llama 4); drop --images"
         )
     return v, image_grid(v, train)
 
@@ -101,6 +97,10 @@ def image_inputs(hf: Any, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
     import torch
 
     v, grid = found
+    if v.rule is ImageRule.FIXED:
+        return _fixed_inputs(_config(hf), v, train, input_ids)
+    if v.rule is ImageRule.TILES:
+        return _tile_inputs(_config(hf), v, grid, train, input_ids)
     b, length = input_ids.shape
     n = train.images * grid.tokens
     token = int(_config(hf).image_token_id)
@@ -115,6 +115,47 @@ def image_inputs(hf: Any, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
         "mm_token_type_ids": torch.tensor([types] * b, dtype=torch.long),
         "pixel_values": torch.zeros((b * train.images * grid.patches, per_patch), dtype=torch.float32),
         "image_grid_thw": torch.tensor([list(grid.grid)] * (b * train.images), dtype=torch.long),
+    }
+
+
+def _fixed_inputs(cfg: Any, v: VisionSpec, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
+    """Gemma 3's batch: ``Gemma3ImageProcessor`` output, fp32 ``(images, 3, side, side)`` (every image resized to
+    ``image_size``², rescaled and normalised in float32: ``image_processing_gemma3.py`` ``_preprocess``);
+    ``Gemma3Processor.__init__`` expands each image to ``full_image_sequence``: two newlines, boi,
+    ``image_seq_length`` image tokens, eoi, two newlines (the wrappers are text, counted in ``--seq``; boi and eoi
+    are placed here when the text has room); ``token_type_ids`` 1 on the image tokens, as the processor and
+    LLaMA-Factory's ``_get_gemma3_token_type_ids`` give it, which makes ``Gemma3Model.forward`` build the
+    bidirectional image-block mask (``create_masks_for_vision_model``)."""
+    import torch
+
+    b, length = input_ids.shape
+    image, boi, eoi = int(cfg.image_token_id), int(cfg.boi_token_id), int(cfg.eoi_token_id)
+    wrap = length - train.images * v.tokens_per_image >= 2 * train.images
+    one = ([boi] if wrap else []) + [image] * v.tokens_per_image + ([eoi] if wrap else [])
+    row = one * train.images
+    row += [0] * (length - len(row))
+    types = [1 if t == image else 0 for t in row]
+    return {
+        "input_ids": torch.tensor([row] * b, dtype=torch.long),
+        "token_type_ids": torch.tensor([types] * b, dtype=torch.long),
+        "pixel_values": torch.zeros((b * train.images, 3, v.image_size, v.image_size), dtype=torch.float32),
+    }
+
+
+def _tile_inputs(cfg: Any, v: VisionSpec, grid: ImageGrid, train: TrainSpec, input_ids: Any) -> dict[str, Any]:
+    """Llama 4's batch: ``Llama4ImageProcessor`` tiles each image into ``grid.grid[0]`` tiles of side² fp32 pixels
+    (the global tile included), stacked as ``(tiles, 3, side, side)``; ``Llama4Processor._prompt_split_image``
+    writes (side/patch)²/shuffle² ``<|patch|>`` tokens per tile (``image_token_index``) between tile separators
+    and image start/end tokens, which are text (counted in ``--seq``)."""
+    import torch
+
+    b, length = input_ids.shape
+    n = train.images * grid.tokens
+    row = [int(cfg.image_token_index)] * n + [0] * (length - n)
+    tiles = b * train.images * grid.grid[0]
+    return {
+        "input_ids": torch.tensor([row] * b, dtype=torch.long),
+        "pixel_values": torch.zeros((tiles, 3, v.image_size, v.image_size), dtype=torch.float32),
     }
 
 
@@ -144,7 +185,8 @@ def _window_tables(hf: Any, v: VisionSpec, grid: ImageGrid, images: int) -> dict
 @contextmanager
 def vision_trace(hf: Any, train: TrainSpec) -> Iterator[None]:
     """While a traced step with images runs: small tensors made from data keep their values (fake mode
-    constants), and the tower gets its window tables precomputed. Restores both on exit; a no-op without images."""
+    constants), and a Qwen-VL tower gets its window tables precomputed. Restores both on exit; a no-op without
+    images."""
     found = _vision(hf, train)
     if found is None:
         yield
@@ -154,6 +196,12 @@ def vision_trace(hf: Any, train: TrainSpec) -> Iterator[None]:
     v, grid = found
     before = fake_tensor.CONSTANT_NUMEL_LIMIT
     fake_tensor.CONSTANT_NUMEL_LIMIT = _CONSTANT_LIMIT
+    if v.rule is not ImageRule.DYNAMIC:  # Gemma 3: the placeholder count and the image-block mask need constants only
+        try:
+            yield
+        finally:
+            fake_tensor.CONSTANT_NUMEL_LIMIT = before
+        return
     visual = _visual(hf)
 
     def add_tables(module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[tuple[Any, ...], dict]:
