@@ -1,6 +1,7 @@
 """Invariants that must hold for every input (hypothesis)."""
 
 import dataclasses
+from typing import Any
 
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
@@ -93,11 +94,16 @@ def test_checkpointing_never_raises_activations(spec: TrainSpec, model: str) -> 
     off = estimate(m, dataclasses.replace(spec, grad_ckpt=False))
     one_layer = spec.method is Method.FREEZE and spec.freeze_trainable_layers == 1
     keep = 8 * m.hidden_size * spec.tokens + 8 * spec.micro_batch * spec.seq_len**2 if one_layer else 0
-    for phase in on.phases:
-        saved_on = on.bytes_of(Category.ACTIVATIONS, phase) + on.bytes_of(Category.ATTENTION_SCORES, phase)
-        saved_off = off.bytes_of(Category.ACTIVATIONS, phase) + off.bytes_of(Category.ATTENTION_SCORES, phase)
-        # under checkpointing backward also holds one recomputed layer: never more than all layers saved
-        assert saved_on <= saved_off + keep
+    # Each phase reports the moment of its own peak, and the two runs can peak at different moments (with a fused
+    # loss and no checkpointing, backward peaks at its end, where nothing is saved any more): compare the most
+    # that is saved at any moment. Under checkpointing backward also holds one recomputed layer: never more than
+    # all layers saved.
+    def most_saved(led: Any) -> int:
+        return max(
+            led.bytes_of(Category.ACTIVATIONS, p) + led.bytes_of(Category.ATTENTION_SCORES, p) for p in led.phases
+        )
+
+    assert most_saved(on) <= most_saved(off) + keep
     assert on.peak_allocated <= off.peak_allocated + keep
 
 
