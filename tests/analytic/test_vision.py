@@ -14,7 +14,8 @@ from tests.trace._tiny_vl import TINY_QWEN2_VL, TINY_QWEN3_VL, TINY_QWEN25_VL, t
 from vramledger.analytic import estimate
 from vramledger.analytic.image_tokens import image_grid, smart_resize
 from vramledger.analytic.params import count_params
-from vramledger.analytic.vision import image_tokens, lm_view, siglip_params, vision_bytes
+from vramledger.analytic.vision import image_tokens, lm_view, vision_bytes
+from vramledger.analytic.vision_params import siglip_params
 from vramledger.catalog import resolve_model
 from vramledger.errors import VramledgerError
 from vramledger.specs import TrainSpec
@@ -229,7 +230,7 @@ def test_full_fine_tuning_freezes_the_tower(config: dict | None) -> None:
     import torch
     from transformers import AutoConfig, AutoModelForImageTextToText
 
-    from vramledger.analytic.vision import tower_params
+    from vramledger.analytic.vision_params import tower_params
     from vramledger.ledger import Category, Phase
 
     m = tiny_vl(config)

@@ -17,7 +17,7 @@ import pytest
 
 from tests.trace.test_vision_trace import assert_agree
 from vramledger.analytic import estimate
-from vramledger.analytic.vision import siglip_params
+from vramledger.analytic.vision_params import siglip_params
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
 from vramledger.specs import ModelSpec, TrainSpec

@@ -80,6 +80,6 @@ def test_llama4_full_fine_tuning_freezes_the_tower_in_the_trace_too(tiny_llama4:
         assert est.trainable_params == result.trainable_params
         assert est.params == result.params
         counts[frozen] = est.trainable_params
-    from vramledger.analytic.vision import tower_params
+    from vramledger.analytic.vision_params import tower_params
 
     assert counts[False] - counts[True] == tower_params(tiny_llama4) > 0

@@ -19,7 +19,8 @@ from vramledger.analytic.activations import activation_basis
 from vramledger.analytic.evaluation import eval_advice, eval_warnings
 from vramledger.analytic.loop import COMPILE_NOTE
 from vramledger.analytic.step import ledger_items, step_parts
-from vramledger.analytic.vision import lm_view, uncounted_tower_params, vision_items, vision_notes, vision_settings
+from vramledger.analytic.vision import lm_view, vision_items, vision_notes, vision_settings
+from vramledger.analytic.vision_params import uncounted_tower_params
 from vramledger.ledger import Ledger, make_verdict
 from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Method, ModelSpec, TrainSpec
 

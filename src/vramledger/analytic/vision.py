@@ -39,9 +39,13 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from vramledger.analytic.image_tokens import default_image_size, image_grid
+from vramledger.analytic.vision_params import (
+    tower_trains,
+    uncounted_tower_params,
+)
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Category, LineItem, Phase
-from vramledger.specs import Attention, Method, ModelSpec, TrainSpec
+from vramledger.specs import Attention, ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule, VisionSpec
 
 
@@ -77,14 +81,9 @@ def tower_on_grad_path(m: ModelSpec, train: TrainSpec, adapter_names: tuple[str,
     v = m.vision
     if v is None or not train.images:
         return False
-    if _tower_trains(train) or (train.grad_ckpt and v.input_hooked):
+    if tower_trains(train) or (train.grad_ckpt and v.input_hooked):
         return True
     return bool(train.adapters) and any(v.holds(name) for name in adapter_names)
-
-
-def _tower_trains(train: TrainSpec) -> bool:
-    """The tower's own weights train: full fine-tuning without ``--freeze-vision-tower``."""
-    return train.method is Method.FULL and not train.freeze_vision_tower
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,7 +125,7 @@ def _tower_saved(
 
     c = train.precision.compute.bytes
     h, i_w, nh, depth = v.hidden_size, v.intermediate_size, v.num_heads, v.depth
-    base = _tower_trains(train)
+    base = tower_trains(train)
     merge_rows = v.merge_size**2
     parts: list[tuple[str, int]] = []
     siglip = v.rule is ImageRule.FIXED  # Gemma 3's SigLIP: learned positions, no rotary, a pooling projector
@@ -207,7 +206,7 @@ def _gemma3_projector(v: VisionSpec, train: TrainSpec, patches: int, tokens: int
     c, h = train.precision.compute.bytes, v.hidden_size
     stream = 4 if train.precision.mixed else c
     out = (4 * h + 8) * patches + stream * h * patches + (4 * h + 4) * tokens
-    if _tower_trains(train):
+    if tower_trains(train):
         out += (c + 4) * h * tokens  # the trained norm weight's normalised input, and the matmul's cast input
     return out
 
@@ -236,7 +235,7 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     masks = _block_masks(m, lm)
     if not tower_on_grad_path(m, train, tuple(name for name, _, _ in adapted)):
         return VisionBytes(saved=0, lm_extra=masks, pixels=pixels, weights=weights, casts=0, detail=())
-    stream_grad = _tower_trains(train) or (train.grad_ckpt and v.input_hooked)
+    stream_grad = tower_trains(train) or (train.grad_ckpt and v.input_hooked)
     detail = _tower_saved(v, train, adapted, stream_grad, n * grid.patches, n * grid.tokens)
     # Qwen2_5_VLModel.forward: inputs_embeds.masked_scatter(image_mask, image_embeds) saves the bool mask for the
     # gradient of its source; the first layer's norm now upcasts an input that requires grad; under PEFT's
@@ -246,59 +245,11 @@ def vision_bytes(m: ModelSpec, train: TrainSpec) -> VisionBytes | None:
     if train.adapters and train.grad_ckpt:
         extra += train.precision.compute.bytes * m.hidden_size * lm.tokens
     casts = 0
-    if _tower_trains(train) and train.precision.mixed and train.precision.trainable.bytes == 4:
+    if tower_trains(train) and train.precision.mixed and train.precision.trainable.bytes == 4:
         casts = 2 * tower_matrix_params(v)
     return VisionBytes(
         saved=sum(b for _, b in detail), lm_extra=extra, pixels=pixels, weights=weights, casts=casts, detail=detail
     )
-
-
-def siglip_params(v: VisionSpec) -> int:
-    """Parameters of Gemma 3's SigLIP tower and projector (modeling_siglip.py ``SiglipVisionTransformer`` without
-    its head: patch Conv2d with bias, a learned position per patch, per layer LayerNorm ×2 and q/k/v/out and
-    fc1/fc2 with biases, the post LayerNorm; modeling_gemma3.py ``Gemma3MultiModalProjector``: an RMSNorm and the
-    h × text-hidden projection). Gemma 3 4B: 419,816,304, which with the language model's 3,880,263,168 is the
-    published 4,300,079,472."""
-    h, i_w = v.hidden_size, v.intermediate_size
-    embed = 3 * v.patch_size**2 * h + h + (v.image_size // v.patch_size) ** 2 * h
-    layer = 4 * (h * h + h) + 4 * h + (h * i_w + i_w) + (i_w * h + h)
-    return embed + v.depth * layer + 2 * h + h + h * v.out_hidden_size
-
-
-def _uncounted_tower(m: ModelSpec, train: TrainSpec) -> int:
-    """Parameters of a tower fed images that the language model's count leaves out (Gemma 3's formula)."""
-    v = m.vision
-    if v is None or not train.images or m.inventory is not None or v.rule is not ImageRule.FIXED:
-        return 0
-    return siglip_params(v)
-
-
-def tower_params(m: ModelSpec) -> int:
-    """Parameters of the vision tower and projector: a meta-built model's are everything outside its embeddings,
-    output layer and decoder layers (catalog/inventory.py ``other_params``) less the final norm's weight; Gemma 3's
-    formula counts them apart (``siglip_params``); 0 without a tower."""
-    if m.vision is None:
-        return 0
-    if m.inventory is not None:
-        return m.inventory.other_params - m.hidden_size
-    return siglip_params(m.vision) if m.vision.rule is ImageRule.FIXED else 0
-
-
-def uncounted_tower_params(m: ModelSpec, train: TrainSpec) -> int:
-    """Frozen tower parameters the weight budget does not count (Gemma 3's tower fed images, unless it trains)."""
-    return 0 if _tower_trains(train) else _uncounted_tower(m, train)
-
-
-def full_tuning_tower_params(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
-    """Full fine-tuning: (tower parameters the model's count includes that stay frozen, tower parameters it leaves
-    out that train). LLaMA-Factory ``model/adapter.py`` ``_setup_full_tuning`` sets ``requires_grad`` False on the
-    ``get_forbidden_modules`` (the tower with ``freeze_vision_tower``, the projector with
-    ``freeze_multi_modal_projector``, both true by default) and leaves them in the load dtype; the rest train."""
-    if train.method is not Method.FULL or m.vision is None:
-        return 0, 0
-    if train.freeze_vision_tower:
-        return (tower_params(m) if m.inventory is not None else 0), 0
-    return 0, _uncounted_tower(m, train)
 
 
 def tower_matrix_params(v: VisionSpec) -> int:
@@ -327,7 +278,7 @@ def vision_items(m: ModelSpec, train: TrainSpec) -> tuple[LineItem, ...]:
         return ()
     out = [
         LineItem(category=Category.WEIGHTS, phase=phase, bytes=vb.weights, label="vision tower and projector (frozen)",
-                 source="analytic/vision.py siglip_params: the language model's formula leaves the tower out")
+                 source="analytic/vision_params.py siglip_params: the language model's formula leaves the tower out")
         for phase in (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
         if vb.weights
     ]  # fmt: skip

@@ -275,7 +275,7 @@ def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
 
 
 def _full_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
-    from vramledger.analytic.vision import full_tuning_tower_params
+    from vramledger.analytic.vision_params import full_tuning_tower_params
 
     # A vision tower frozen by --freeze-vision-tower keeps its load dtype and no gradient; Gemma 3's, which the
     # language-model count leaves out, is added when it trains.
