@@ -67,6 +67,15 @@ def test_paged_8bit_states() -> None:
     assert led.bytes_of(Category.MANAGED_MEMORY, Phase.OPTIMIZER) == states - states * device_params // P64
 
 
+# Llama-2-7B QLoRA, bf16, LoRA q,v with dropout, eager attention: the setup of the two MatMul4Bit tests below
+_QLORA_QV = TrainSpec(
+    method=Method.QLORA,
+    precision=Precision.BF16,
+    attn=Attention.EAGER,
+    lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
+)
+
+
 def test_bitsandbytes_before_0_43_2_keeps_matmul4bit_inputs() -> None:
     # bitsandbytes 0.42.0 MatMul4Bit.forward: ctx.tensors = (A, B) whenever an input needs grad, which LitGPT's
     # QLoRA ran (model_code litgpt). Llama-2-7B, bf16, LoRA q,v with dropout (the adapters keep dropped copies,
@@ -74,13 +83,7 @@ def test_bitsandbytes_before_0_43_2_keeps_matmul4bit_inputs() -> None:
     # down_proj's input (I) stay alive, 2 bytes each, per token and layer. With SDPA o_proj's input is the
     # kernel's own saved output, so Dq drops out.
     m = resolve_model("llama-2-7b")
-    t = TrainSpec(
-        method=Method.QLORA,
-        precision=Precision.BF16,
-        attn=Attention.EAGER,
-        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
-        model_code=ModelCode.LITGPT,
-    )
+    t = replace(_QLORA_QV, model_code=ModelCode.LITGPT)
     assert quantised_inputs_bytes(m, t, weight_budget(m, t)) == 2 * (4096 + 4096 + 4096 + 11008)
     sdpa = replace(t, attn=Attention.SDPA)
     assert quantised_inputs_bytes(m, sdpa, weight_budget(m, sdpa)) == 2 * (4096 + 4096 + 11008)
@@ -94,12 +97,7 @@ def test_bitsandbytes_today_keeps_no_matmul4bit_input() -> None:
     # 4-bit linear saves what a frozen nn.Linear saves, nothing. So the transformers + PEFT QLoRA step saves the
     # same activations as LoRA over a bf16 base, and 8-bit (MatMul8bitLt) likewise.
     m = resolve_model("llama-2-7b")
-    t = TrainSpec(
-        method=Method.QLORA,
-        precision=Precision.BF16,
-        attn=Attention.EAGER,
-        lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
-    )
+    t = _QLORA_QV
     lora_only = replace(t, method=Method.LORA, quant=None)
     saved = estimate(m, lora_only).bytes_of(Category.ACTIVATIONS, Phase.FORWARD)
     assert estimate(m, t).bytes_of(Category.ACTIVATIONS, Phase.FORWARD) == saved
