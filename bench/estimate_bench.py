@@ -16,8 +16,22 @@ SRC = str(Path(__file__).resolve().parents[1] / "src")
 
 
 def cold_cli(runs: int = 11) -> float:
-    cmd = [sys.executable, "-m", "vramledger", "estimate", "llama-3.1-8b", "--method", "lora", "--batch", "4",
-           "--seq", "2048", "--gpu", "rtx-4090", "--json"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vramledger",
+        "estimate",
+        "llama-3.1-8b",
+        "--method",
+        "lora",
+        "--batch",
+        "4",
+        "--seq",
+        "2048",
+        "--gpu",
+        "rtx-4090",
+        "--json",
+    ]
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()

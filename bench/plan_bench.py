@@ -20,8 +20,12 @@ G = 128  # granularity: lengths 128 … 8192
 
 CASES = [
     ("llama-3-8b LoRA, ckpt, rtx-4090", "llama-3-8b", "rtx-4090", TrainSpec(method=Method.LORA, grad_ckpt=True)),
-    ("qwen2.5-0.5b full, ckpt, h100 (frontier spans the grid)", "qwen2.5-0.5b", "h100-sxm",
-     TrainSpec(method=Method.FULL, grad_ckpt=True)),
+    (
+        "qwen2.5-0.5b full, ckpt, h100 (frontier spans the grid)",
+        "qwen2.5-0.5b",
+        "h100-sxm",
+        TrainSpec(method=Method.FULL, grad_ckpt=True),
+    ),
 ]
 
 
@@ -38,8 +42,11 @@ def _best(fn) -> tuple[float, object]:  # type: ignore[no-untyped-def]
 def main() -> None:
     for title, name, gpu_name, train in CASES:
         m, gpu = resolve_model(name), resolve_gpu(gpu_name)
-        t_search, f = _best(lambda m=m, gpu=gpu, train=train: frontier(m, train, gpu, 0.08, max_batch=GRID,
-                                                                          granularity=G, max_len=GRID * G))
+        t_search, f = _best(
+            lambda m=m, gpu=gpu, train=train: frontier(
+                m, train, gpu, 0.08, max_batch=GRID, granularity=G, max_len=GRID * G
+            )
+        )
 
         def brute(m=m, gpu=gpu, train=train) -> int:  # type: ignore[no-untyped-def]
             n = 0
@@ -49,8 +56,10 @@ def main() -> None:
             return n
 
         t_brute, _ = _best(brute)
-        print(f"{title}: frontier {t_search * 1e3:.0f} ms ({f.evaluations} estimates, {len(f.points)} batches fit);"  # type: ignore[attr-defined]
-              f" brute-force 64x64 = 4096 estimates {t_brute * 1e3:.0f} ms")
+        print(
+            f"{title}: frontier {t_search * 1e3:.0f} ms ({f.evaluations} estimates, {len(f.points)} batches fit);"  # type: ignore[attr-defined]
+            f" brute-force 64x64 = 4096 estimates {t_brute * 1e3:.0f} ms"
+        )
 
 
 if __name__ == "__main__":

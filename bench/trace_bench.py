@@ -45,9 +45,7 @@ print(json.dumps({"seconds": time.perf_counter() - t0, "peak": ledger.peak_alloc
 
 
 def main() -> None:
-    cases = [("llama-3-8b", m, {}) for m in ("full", "lora")] + [
-        ("Qwen2.5-7B", m, QWEN25_7B) for m in ("full", "lora")
-    ]
+    cases = [("llama-3-8b", m, {}) for m in ("full", "lora")] + [("Qwen2.5-7B", m, QWEN25_7B) for m in ("full", "lora")]
     print(f"{'model':<12} {'method':<6} {'wall s':>7} {'host MiB':>9} {'peak GiB':>9}  peak moment")
     for name, method, cfg in cases:
         before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
@@ -62,10 +60,7 @@ def main() -> None:
         rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss  # KiB, max over children so far
         r = json.loads(out.stdout.strip().splitlines()[-1])
         host = f"{rss / 1024:.0f}" if rss > before else f"<={rss / 1024:.0f}"
-        print(
-            f"{name:<12} {method:<6} {wall:>7.1f} {host:>9} {r['peak'] / 2**30:>9.2f}  "
-            f"{r['phase']}: {r['moment']}"
-        )
+        print(f"{name:<12} {method:<6} {wall:>7.1f} {host:>9} {r['peak'] / 2**30:>9.2f}  {r['phase']}: {r['moment']}")
 
 
 if __name__ == "__main__":

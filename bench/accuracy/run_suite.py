@@ -1,15 +1,15 @@
 """Run the accuracy suite on this machine's GPU and write one JSONL record per configuration.
 
-  run      measure every configuration of suite.yaml (each in its own worker process), with the estimate and
-           trace figures when this version has them; appends to results/<gpu>-<date>.jsonl as it goes, so a
-           run cut short keeps what it measured (--resume skips the ids already there)
-  predict  recompute the estimate / trace figures of existing records on any machine (no GPU): the
-           measurements are kept, the predictions follow the current code
-  check    parse the suite and show what it covers (no GPU)
+run      measure every configuration of suite.yaml (each in its own worker process), with the estimate and
+         trace figures when this version has them; appends to results/<gpu>-<date>.jsonl as it goes, so a
+         run cut short keeps what it measured (--resume skips the ids already there)
+predict  recompute the estimate / trace figures of existing records on any machine (no GPU): the
+         measurements are kept, the predictions follow the current code
+check    parse the suite and show what it covers (no GPU)
 
-  PYTHONPATH=src python bench/accuracy/run_suite.py run [--only ID,ID] [--budget-s 540] [--resume FILE]
-  PYTHONPATH=src python bench/accuracy/run_suite.py predict bench/accuracy/results/FILE.jsonl
-  PYTHONPATH=src python bench/accuracy/run_suite.py check
+PYTHONPATH=src python bench/accuracy/run_suite.py run [--only ID,ID] [--budget-s 540] [--resume FILE]
+PYTHONPATH=src python bench/accuracy/run_suite.py predict bench/accuracy/results/FILE.jsonl
+PYTHONPATH=src python bench/accuracy/run_suite.py check
 """
 
 from __future__ import annotations
@@ -186,8 +186,11 @@ def cmd_run(args: argparse.Namespace) -> int:
         if pickled is not None and pickled.exists():
             from streams import compact
 
-            meta = {"id": cfg["id"], "alloc_conf": args.alloc_conf or None,
-                    "empty_cache_at": raw.get("empty_cache_at_entry")}
+            meta = {
+                "id": cfg["id"],
+                "alloc_conf": args.alloc_conf or None,
+                "empty_cache_at": raw.get("empty_cache_at_entry"),
+            }
             rec["stream"] = compact(pickled, pickled.with_suffix(".json.xz"), max_entries=1_000_000, meta=meta)
             pickled.unlink()
         write_jsonl(out, [rec])
@@ -251,8 +254,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--resume", type=Path, help="append to this results file, skipping ids already in it")
     r.add_argument("--budget-s", type=float, default=0, help="start no config after this many s")
     r.add_argument("--timeout", type=float, default=300, help="seconds per configuration (default 300)")
-    r.add_argument("--no-predict", dest="predict", action="store_false",
-                   help="measure only; fill the predictions later with `predict` on any machine")
+    r.add_argument(
+        "--no-predict",
+        dest="predict",
+        action="store_false",
+        help="measure only; fill the predictions later with `predict` on any machine",
+    )
     r.add_argument("--streams", type=Path, help="record each trial's allocation stream into DIR/<id>.json.xz")
     r.add_argument("--alloc-conf", default="", help="PYTORCH_CUDA_ALLOC_CONF for the workers")
     r.add_argument("--out", type=Path, help="results file (default results/<gpu>-<date>.jsonl)")

@@ -41,13 +41,32 @@ GPU = None
 
 # Custom configs (llama class): the cross-check's small config (tests/trace/test_crosscheck.py) and a mid one.
 CUSTOM: dict[str, dict[str, Any]] = {
-    "tiny": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8,
-             "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 8000, "torch_dtype": "bfloat16",
-             "tie_word_embeddings": False, "max_position_embeddings": 8192},
-    "mid": {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "num_attention_heads": 16,
-            "num_key_value_heads": 4, "num_hidden_layers": 8, "vocab_size": 32000, "torch_dtype": "bfloat16",
-            "tie_word_embeddings": False, "max_position_embeddings": 8192},
+    "tiny": {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 8000,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 8192,
+    },
+    "mid": {
+        "model_type": "llama",
+        "hidden_size": 1024,
+        "intermediate_size": 2816,
+        "num_attention_heads": 16,
+        "num_key_value_heads": 4,
+        "num_hidden_layers": 8,
+        "vocab_size": 32000,
+        "torch_dtype": "bfloat16",
+        "tie_word_embeddings": False,
+        "max_position_embeddings": 8192,
+    },
 }
+
 
 @dataclass(frozen=True, slots=True)
 class Row:
@@ -63,8 +82,16 @@ class Row:
     optimizer: str = "adamw_torch"
 
 
-def _r(name: str, method: str, b: int, L: int, ckpt: bool, attn: str = "sdpa", precision: str = "bf16-mixed",
-       optimizer: str = "adamw_torch") -> Row:
+def _r(
+    name: str,
+    method: str,
+    b: int,
+    L: int,
+    ckpt: bool,
+    attn: str = "sdpa",
+    precision: str = "bf16-mixed",
+    optimizer: str = "adamw_torch",
+) -> Row:
     return Row(name, method, b, L, ckpt, attn, precision, optimizer)
 
 
@@ -72,23 +99,40 @@ def _r(name: str, method: str, b: int, L: int, ckpt: bool, attn: str = "sdpa", p
 # weight bytes swapped (trace/api.py _apply_quantisation), without the dequantised weights of each matmul.
 GRID: list[Row] = [
     # The first 35: checked since analytic/reserve.py was written.
-    _r("llama-3.2-1b", "lora", 2, 2048, True), _r("llama-3.2-1b", "lora", 1, 4096, True),
-    _r("llama-3.2-1b", "lora", 1, 1024, False), _r("llama-3.2-1b", "lora", 1, 512, False, "eager"),
-    _r("llama-3.2-1b", "full", 1, 2048, True), _r("llama-3.2-1b", "full", 2, 512, False),
-    _r("llama-3.2-1b", "full", 8, 256, False), _r("qwen2.5-0.5b", "lora", 4, 1024, True),
-    _r("qwen2.5-0.5b", "lora", 1, 2048, False), _r("qwen2.5-0.5b", "lora", 2, 512, True, "eager"),
-    _r("qwen2.5-0.5b", "lora", 8, 256, False), _r("qwen2.5-0.5b", "full", 8, 512, True),
-    _r("qwen2.5-0.5b", "full", 1, 4096, False), _r("qwen2.5-0.5b", "full", 2, 256, False, "eager"),
-    _r("qwen3-0.6b", "lora", 2, 2048, True), _r("qwen3-0.6b", "lora", 4, 512, False),
-    _r("qwen3-0.6b", "lora", 1, 1024, False, "eager"), _r("qwen3-0.6b", "full", 1, 1024, False),
-    _r("qwen3-0.6b", "full", 4, 4096, True), _r("qwen3-1.7b", "lora", 1, 4096, True),
-    _r("qwen3-1.7b", "lora", 2, 512, False), _r("qwen3-1.7b", "full", 2, 1024, True),
-    _r("qwen3-1.7b", "full", 1, 256, False), _r("tiny", "full", 1, 256, False),
-    _r("tiny", "full", 8, 1024, True), _r("tiny", "full", 2, 4096, False),
-    _r("tiny", "lora", 4, 512, False), _r("tiny", "lora", 2, 256, False, "eager"),
-    _r("tiny", "lora", 1, 2048, True), _r("mid", "full", 2, 1024, False),
-    _r("mid", "full", 4, 2048, True), _r("mid", "full", 1, 2048, False, "eager"),
-    _r("mid", "lora", 8, 512, True), _r("mid", "lora", 1, 4096, False),
+    _r("llama-3.2-1b", "lora", 2, 2048, True),
+    _r("llama-3.2-1b", "lora", 1, 4096, True),
+    _r("llama-3.2-1b", "lora", 1, 1024, False),
+    _r("llama-3.2-1b", "lora", 1, 512, False, "eager"),
+    _r("llama-3.2-1b", "full", 1, 2048, True),
+    _r("llama-3.2-1b", "full", 2, 512, False),
+    _r("llama-3.2-1b", "full", 8, 256, False),
+    _r("qwen2.5-0.5b", "lora", 4, 1024, True),
+    _r("qwen2.5-0.5b", "lora", 1, 2048, False),
+    _r("qwen2.5-0.5b", "lora", 2, 512, True, "eager"),
+    _r("qwen2.5-0.5b", "lora", 8, 256, False),
+    _r("qwen2.5-0.5b", "full", 8, 512, True),
+    _r("qwen2.5-0.5b", "full", 1, 4096, False),
+    _r("qwen2.5-0.5b", "full", 2, 256, False, "eager"),
+    _r("qwen3-0.6b", "lora", 2, 2048, True),
+    _r("qwen3-0.6b", "lora", 4, 512, False),
+    _r("qwen3-0.6b", "lora", 1, 1024, False, "eager"),
+    _r("qwen3-0.6b", "full", 1, 1024, False),
+    _r("qwen3-0.6b", "full", 4, 4096, True),
+    _r("qwen3-1.7b", "lora", 1, 4096, True),
+    _r("qwen3-1.7b", "lora", 2, 512, False),
+    _r("qwen3-1.7b", "full", 2, 1024, True),
+    _r("qwen3-1.7b", "full", 1, 256, False),
+    _r("tiny", "full", 1, 256, False),
+    _r("tiny", "full", 8, 1024, True),
+    _r("tiny", "full", 2, 4096, False),
+    _r("tiny", "lora", 4, 512, False),
+    _r("tiny", "lora", 2, 256, False, "eager"),
+    _r("tiny", "lora", 1, 2048, True),
+    _r("mid", "full", 2, 1024, False),
+    _r("mid", "full", 4, 2048, True),
+    _r("mid", "full", 1, 2048, False, "eager"),
+    _r("mid", "lora", 8, 512, True),
+    _r("mid", "lora", 1, 4096, False),
     _r("mid", "lora", 2, 1024, False, "eager"),
     # Full fine-tuning in pure bf16 (the case that showed the closed form far off), other precisions, optimizers.
     _r("llama-3.2-3b", "full", 4, 768, False, precision="bf16-true"),
@@ -118,19 +162,32 @@ GRID: list[Row] = [
     _r("mid", "full", 4, 1024, False, precision="bf16-true"),
     _r("tiny", "full", 16, 512, False, precision="bf16-true"),
     # LoRA and DoRA: long sequences, eager, larger shapes.
-    _r("llama-3.2-1b", "lora", 1, 16384, True), _r("llama-3.2-1b", "lora", 8, 256, False, "eager"),
-    _r("llama-3.2-1b", "dora", 2, 2048, True), _r("llama-3.2-3b", "lora", 2, 4096, True),
-    _r("llama-3.2-3b", "dora", 1, 1024, False), _r("llama-3-8b", "lora", 1, 16384, True),
-    _r("llama-3-8b", "lora", 2, 2048, False), _r("llama-3-8b", "dora", 1, 2048, True),
-    _r("llama-3-8b", "lora", 1, 4096, True, "eager"), _r("qwen3-8b", "lora", 2, 4096, True),
-    _r("qwen2.5-7b", "lora", 1, 16384, True), _r("mistral-7b-v0.3", "lora", 4, 1024, False),
-    _r("qwen2.5-1.5b", "lora", 1, 8192, False), _r("qwen2.5-1.5b", "dora", 2, 1024, True, "eager"),
-    _r("qwen2.5-3b", "lora", 4, 2048, False), _r("qwen2.5-3b", "lora", 2, 1024, False, "eager", "fp16-mixed"),
-    _r("qwen3-4b", "lora", 1, 16384, True), _r("qwen3-4b", "dora", 2, 512, False),
-    _r("gemma-2-2b", "lora", 2, 1024, False, "eager"), _r("gemma-3-1b", "lora", 1, 8192, True),
-    _r("phi-3-mini-4k", "lora", 4, 1024, False), _r("qwen2.5-0.5b", "lora", 1, 16384, True),
-    _r("qwen2.5-0.5b", "dora", 4, 512, False), _r("qwen3-1.7b", "dora", 1, 4096, True),
-    _r("qwen3-1.7b", "lora", 4, 1024, True, "eager"), _r("llama-3.2-1b", "lora", 4, 1024, False, precision="bf16-true"),
+    _r("llama-3.2-1b", "lora", 1, 16384, True),
+    _r("llama-3.2-1b", "lora", 8, 256, False, "eager"),
+    _r("llama-3.2-1b", "dora", 2, 2048, True),
+    _r("llama-3.2-3b", "lora", 2, 4096, True),
+    _r("llama-3.2-3b", "dora", 1, 1024, False),
+    _r("llama-3-8b", "lora", 1, 16384, True),
+    _r("llama-3-8b", "lora", 2, 2048, False),
+    _r("llama-3-8b", "dora", 1, 2048, True),
+    _r("llama-3-8b", "lora", 1, 4096, True, "eager"),
+    _r("qwen3-8b", "lora", 2, 4096, True),
+    _r("qwen2.5-7b", "lora", 1, 16384, True),
+    _r("mistral-7b-v0.3", "lora", 4, 1024, False),
+    _r("qwen2.5-1.5b", "lora", 1, 8192, False),
+    _r("qwen2.5-1.5b", "dora", 2, 1024, True, "eager"),
+    _r("qwen2.5-3b", "lora", 4, 2048, False),
+    _r("qwen2.5-3b", "lora", 2, 1024, False, "eager", "fp16-mixed"),
+    _r("qwen3-4b", "lora", 1, 16384, True),
+    _r("qwen3-4b", "dora", 2, 512, False),
+    _r("gemma-2-2b", "lora", 2, 1024, False, "eager"),
+    _r("gemma-3-1b", "lora", 1, 8192, True),
+    _r("phi-3-mini-4k", "lora", 4, 1024, False),
+    _r("qwen2.5-0.5b", "lora", 1, 16384, True),
+    _r("qwen2.5-0.5b", "dora", 4, 512, False),
+    _r("qwen3-1.7b", "dora", 1, 4096, True),
+    _r("qwen3-1.7b", "lora", 4, 1024, True, "eager"),
+    _r("llama-3.2-1b", "lora", 4, 1024, False, precision="bf16-true"),
 ]
 
 
@@ -147,15 +204,25 @@ def specs(row: Row) -> tuple[ModelSpec, TrainSpec, dict[str, Any] | None]:
     else:
         cfg, model = None, resolve_model(row.name)
     method = Method.LORA if row.method == "dora" else Method(row.method)
-    train = TrainSpec(method=method, micro_batch=row.batch, seq_len=row.seq, grad_ckpt=row.ckpt,
-                      attn=Attention(row.attn), precision=Precision(row.precision),
-                      optimizer=Optimizer(row.optimizer), lora=LoraSpec(dora=True) if row.method == "dora" else None)
+    train = TrainSpec(
+        method=method,
+        micro_batch=row.batch,
+        seq_len=row.seq,
+        grad_ckpt=row.ckpt,
+        attn=Attention(row.attn),
+        precision=Precision(row.precision),
+        optimizer=Optimizer(row.optimizer),
+        lora=LoraSpec(dora=True) if row.method == "dora" else None,
+    )
     return model, train, cfg
 
 
 def _phases(ledger: Ledger) -> dict[str, dict[str, int]]:
-    return {p.value: {"allocated": ledger.allocated(p), "reserved": ledger.reserved(p)} for p in ledger.phases
-            if p is not Phase.LOAD}
+    return {
+        p.value: {"allocated": ledger.allocated(p), "reserved": ledger.reserved(p)}
+        for p in ledger.phases
+        if p is not Phase.LOAD
+    }
 
 
 def analytic_figures(model: ModelSpec, train: TrainSpec) -> dict[str, Any]:
@@ -168,8 +235,9 @@ def analytic_figures(model: ModelSpec, train: TrainSpec) -> dict[str, Any]:
         "peak_allocated": max(v["allocated"] for v in train_phases.values()),
         "peak_reserved": max(v["reserved"] for v in train_phases.values()),
         # Before analytic/reserve.py: each phase's allocated + the flat assumption (5% + 64 MiB).
-        "peak_reserved_before": max(v["allocated"] + allocator_reserve_bytes(v["allocated"])
-                                    for v in train_phases.values()),
+        "peak_reserved_before": max(
+            v["allocated"] + allocator_reserve_bytes(v["allocated"]) for v in train_phases.values()
+        ),
         "phases": train_phases,
     }
 
@@ -188,8 +256,12 @@ def table(done: dict[str, dict[str, Any]]) -> str:
     def gap(x: int, ref: int) -> float:
         return 100.0 * (x / ref - 1.0)
 
-    names = {"flat": "flat 5% + 64 MiB", "v1": "closed form v1", "sequence": "sequence replay",
-             "now": "closed form now"}
+    names = {
+        "flat": "flat 5% + 64 MiB",
+        "v1": "closed form v1",
+        "sequence": "sequence replay",
+        "now": "closed form now",
+    }
     rows = [
         "| config | replay alloc GiB | replay reserved GiB (+%) | " + " | ".join(names.values()) + " |",
         "|---|---:|---:|" + "---:|" * len(names),
@@ -298,8 +370,10 @@ def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
             blk = alloc.malloc(ev.size) if ev.size else None
             live[ev.id] = blk
             if blk is not None and alloc.reserved > before:
-                what = (f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} "
-                        f"({ev.category.value if ev.category else ''})")
+                what = (
+                    f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} "
+                    f"({ev.category.value if ev.category else ''})"
+                )
                 made_by[blk.seg] = what
                 if step == 2:
                     step2_made[what] += alloc.reserved - before
@@ -327,9 +401,13 @@ def main() -> None:
     ap.add_argument("--analytic", action="store_true", help="recompute the analytic columns only")
     ap.add_argument("--only", help="trace one config id and print it")
     ap.add_argument("--table", action="store_true", help="print the comparison table (markdown)")
-    ap.add_argument("--causes", nargs="*", metavar="ID",
-                    help="retrace these configs (default: every one the estimate misses by more than 3%%) and "
-                    "record where the replay's excess sits, in replay_causes.jsonl")
+    ap.add_argument(
+        "--causes",
+        nargs="*",
+        metavar="ID",
+        help="retrace these configs (default: every one the estimate misses by more than 3%%) and "
+        "record where the replay's excess sits, in replay_causes.jsonl",
+    )
     args = ap.parse_args()
     rows = {config_id(r): r for r in GRID}
     done: dict[str, dict[str, Any]] = {}
@@ -345,8 +423,11 @@ def main() -> None:
         return
     if args.only:
         model, train, cfg = specs(rows[args.only])
-        print(json.dumps({"trace": trace_figures(model, train, cfg), "analytic": analytic_figures(model, train)},
-                         indent=1))
+        print(
+            json.dumps(
+                {"trace": trace_figures(model, train, cfg), "analytic": analytic_figures(model, train)}, indent=1
+            )
+        )
         return
     for cid, row in rows.items():
         model, train, cfg = specs(row)
@@ -360,17 +441,31 @@ def main() -> None:
             continue
         if cid in done:
             continue
-        rec = {"id": cid, "model": row.name, "config": cfg, "method": row.method, "micro_batch": row.batch,
-               "seq_len": row.seq, "grad_ckpt": row.ckpt, "attn": row.attn, "precision": row.precision,
-               "optimizer": row.optimizer, "gpu": GPU,
-               "trace": trace_figures(model, train, cfg), "analytic": analytic_figures(model, train)}
+        rec = {
+            "id": cid,
+            "model": row.name,
+            "config": cfg,
+            "method": row.method,
+            "micro_batch": row.batch,
+            "seq_len": row.seq,
+            "grad_ckpt": row.ckpt,
+            "attn": row.attn,
+            "precision": row.precision,
+            "optimizer": row.optimizer,
+            "gpu": GPU,
+            "trace": trace_figures(model, train, cfg),
+            "analytic": analytic_figures(model, train),
+        }
         rec["sequence"] = sequence_figures(model, train, rec["analytic"]["peak_allocated"])
         done[cid] = rec
         with OUT.open("a") as f:
             f.write(json.dumps(rec) + "\n")
         t = rec["trace"]
-        print(f"{cid:45s} {t['seconds']:6.1f}s  alloc {t['replay_peak_allocated'] / 2**30:7.3f}  "
-              f"reserved {t['replay_peak_reserved'] / 2**30:7.3f} GiB", flush=True)
+        print(
+            f"{cid:45s} {t['seconds']:6.1f}s  alloc {t['replay_peak_allocated'] / 2**30:7.3f}  "
+            f"reserved {t['replay_peak_reserved'] / 2**30:7.3f} GiB",
+            flush=True,
+        )
     if args.analytic:
         OUT.write_text("".join(json.dumps(done[c]) + "\n" for c in rows if c in done))
 

@@ -176,8 +176,12 @@ class Ledger:
         return self.allocated(phase) + self.bytes_of(Category.ALLOCATOR_RESERVE, phase)
 
     def device(self, phase: Phase) -> int:
-        return (self.reserved(phase) + self.bytes_of(Category.CUDA_CONTEXT, phase)
-                + self.bytes_of(Category.MANAGED_MEMORY, phase) + self.bytes_of(Category.NCCL, phase))
+        return (
+            self.reserved(phase)
+            + self.bytes_of(Category.CUDA_CONTEXT, phase)
+            + self.bytes_of(Category.MANAGED_MEMORY, phase)
+            + self.bytes_of(Category.NCCL, phase)
+        )
 
     @property
     def peak_phase(self) -> Phase:

@@ -25,9 +25,7 @@ _PLANTED = re.compile(r"#\s*PLANTED:\s*(ACC\d{3})")
 
 def _planted(path: Path) -> list[tuple[int, str]]:
     return [
-        (n, m.group(1))
-        for n, line in enumerate(path.read_text().splitlines(), start=1)
-        if (m := _PLANTED.search(line))
+        (n, m.group(1)) for n, line in enumerate(path.read_text().splitlines(), start=1) if (m := _PLANTED.search(line))
     ]
 
 
@@ -97,18 +95,12 @@ ZERO = "optimizer.zero_grad()"
         pytest.param(f"{LOSS}; loss /= accum", BWD, ZERO, "", [], id="augassign"),
         pytest.param(f"{LOSS} * (1 / accum)", BWD, ZERO, "", [], id="times-reciprocal"),
         pytest.param("loss = loss_fn(model(x), y) / n_tokens", BWD, ZERO, "", [], id="token-normalised"),
-        pytest.param(
-            "loss = model(**b, num_items_in_batch=n).loss", BWD, ZERO, "", [], id="num-items-in-batch"
-        ),
-        pytest.param(
-            LOSS, "torch.autograd.backward(loss)", ZERO, "", [(3, "ACC002")], id="autograd-backward"
-        ),
+        pytest.param("loss = model(**b, num_items_in_batch=n).loss", BWD, ZERO, "", [], id="num-items-in-batch"),
+        pytest.param(LOSS, "torch.autograd.backward(loss)", ZERO, "", [(3, "ACC002")], id="autograd-backward"),
         pytest.param(SCALED, BWD, "pass", "model.zero_grad()", [(7, "ACC003")], id="zero-grad-after-guard"),
         pytest.param(SCALED, BWD, "pass", "lr_sched.step()", [(7, "ACC001")], id="scheduler-after-guard"),
         pytest.param(SCALED, BWD, "warmup.step()", "", [], id="scheduler-in-guard"),
-        pytest.param(
-            SCALED, BWD, "pass", "warmup.step()", [(7, "ACC001")], id="warmup-scheduler-after-guard"
-        ),
+        pytest.param(SCALED, BWD, "pass", "warmup.step()", [(7, "ACC001")], id="warmup-scheduler-after-guard"),
     ],
 )
 def test_guard_loop_variants(pre, backward, in_guard, post, expected) -> None:

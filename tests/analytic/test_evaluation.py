@@ -68,8 +68,15 @@ def test_static_cache_preallocates_max_length() -> None:
 
 # -- the Trainer's accumulation of eval predictions ---------------------------------------------------------------
 M = resolve_model("qwen2.5-0.5b")  # V = 151,936: predictions dominate quickly
-BASE = TrainSpec(method=Method.LORA, precision=Precision.BF16_MIXED, micro_batch=1, seq_len=512, grad_ckpt=True,
-                 eval_batch=4, eval_seq_len=512)
+BASE = TrainSpec(
+    method=Method.LORA,
+    precision=Precision.BF16_MIXED,
+    micro_batch=1,
+    seq_len=512,
+    grad_ckpt=True,
+    eval_batch=4,
+    eval_seq_len=512,
+)
 # Per eval batch, evaluation_loop (trainer.py l. 3010-3019) keeps the logits, which accelerate's
 # convert_outputs_to_fp32 made fp32 under AMP (accelerator.py l. 1824-1835): 4·B·L·V bytes, plus int64 labels.
 PER_BATCH = 4 * 4 * 512 * 151_936 + 8 * 4 * 512
@@ -87,7 +94,8 @@ def test_predictions_stay_on_gpu_without_eval_accumulation_steps() -> None:
         t = replace(BASE, eval_logits=EvalLogits.FULL, eval_steps_total=k)
         assert _kept(t) == 2 * k * PER_BATCH, k
     grow = _kept(replace(BASE, eval_logits=EvalLogits.FULL, eval_steps_total=41)) - _kept(
-        replace(BASE, eval_logits=EvalLogits.FULL, eval_steps_total=40))
+        replace(BASE, eval_logits=EvalLogits.FULL, eval_steps_total=40)
+    )
     assert grow == 2 * PER_BATCH  # linear growth with the number of eval batches
 
 
@@ -146,8 +154,14 @@ def test_no_eval_no_eval_phase() -> None:
 
 def test_predict_with_generate_adds_the_cache() -> None:
     m = resolve_model("llama-3.1-8b")
-    t = TrainSpec(method=Method.LORA, grad_ckpt=True, eval_batch=8, eval_seq_len=1024, predict_with_generate=True,
-                  generation_max_new_tokens=1025)
+    t = TrainSpec(
+        method=Method.LORA,
+        grad_ckpt=True,
+        eval_batch=8,
+        eval_seq_len=1024,
+        predict_with_generate=True,
+        generation_max_new_tokens=1025,
+    )
     ledger = estimate(m, t)
     # At the end of generation: 8 × (1024 + 1025 − 1) = 8 × 2048 tokens, GQA 8 × 128, bf16 K and V, 32 layers.
     assert ledger.bytes_of(Category.KV_CACHE, Phase.GENERATE) == 2 * 32 * 8 * 128 * 2 * 8 * 2048

@@ -57,8 +57,23 @@ def test_bad_input_names_the_flag() -> None:
 
 
 def test_cli_infer(capsys: pytest.CaptureFixture[str]) -> None:
-    rc = main(["estimate", "llama-3.1-8b", "--mode", "infer", "--batch", "8", "--prompt", "4096", "--new-tokens",
-               "512", "--gpu", "h100-sxm", "--max-concurrency"])
+    rc = main(
+        [
+            "estimate",
+            "llama-3.1-8b",
+            "--mode",
+            "infer",
+            "--batch",
+            "8",
+            "--prompt",
+            "4096",
+            "--new-tokens",
+            "512",
+            "--gpu",
+            "h100-sxm",
+            "--max-concurrency",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert "KV cache" in out and "max concurrency on NVIDIA H100" in out

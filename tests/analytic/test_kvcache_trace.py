@@ -16,14 +16,33 @@ transformers = pytest.importorskip("transformers")
 from vramledger.analytic.evaluation import kv_cache_bytes  # noqa: E402
 from vramledger.specs import ModelSpec  # noqa: E402
 
-COMMON = dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
-              num_key_value_heads=2, head_dim=16, max_position_embeddings=256)
+COMMON = dict(
+    vocab_size=128,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    max_position_embeddings=256,
+)
 
 
 def _spec(family: str, *, kv: int, window: int = 0, sliding: int = 0) -> ModelSpec:
-    return ModelSpec(name=f"tiny-{family}", family=family, vocab_size=128, hidden_size=64, intermediate_size=128,
-                     num_layers=4, num_heads=4, num_kv_heads=kv, head_dim=16, tie_word_embeddings=False,
-                     sliding_window=window, sliding_layers=sliding)
+    return ModelSpec(
+        name=f"tiny-{family}",
+        family=family,
+        vocab_size=128,
+        hidden_size=64,
+        intermediate_size=128,
+        num_layers=4,
+        num_heads=4,
+        num_kv_heads=kv,
+        head_dim=16,
+        tie_word_embeddings=False,
+        sliding_window=window,
+        sliding_layers=sliding,
+    )
 
 
 def _model(kind: str, kv: int, window: int):
@@ -43,8 +62,16 @@ def _cache_storage(model, batch: int, prompt: int, new: int, static: bool) -> tu
     ids = torch.randint(3, 100, (batch, prompt))
     kw = {"cache_implementation": "static"} if static else {}
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=new, min_new_tokens=new,
-                             do_sample=False, return_dict_in_generate=True, pad_token_id=0, **kw)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=new,
+            min_new_tokens=new,
+            do_sample=False,
+            return_dict_in_generate=True,
+            pad_token_id=0,
+            **kw,
+        )
     assert out.sequences.shape == (batch, prompt + new)
     layers = out.past_key_values.layers
     storage = sum(x.untyped_storage().nbytes() for layer in layers for x in (layer.keys, layer.values))
@@ -66,13 +93,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize(("kind", "kv", "window", "sliding", "batch", "prompt", "new", "static"),
-                         [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(
+    ("kind", "kv", "window", "sliding", "batch", "prompt", "new", "static"),
+    [c[1:] for c in CASES],
+    ids=[c[0] for c in CASES],
+)
 def test_cache_bytes_match_generate(kind, kv, window, sliding, batch, prompt, new, static) -> None:
     got, n_layers = _cache_storage(_model(kind, kv, window), batch, prompt, new, static)
     assert n_layers == 4
-    want = kv_cache_bytes(_spec(kind, kv=kv, window=window, sliding=sliding), batch=batch, prompt=prompt,
-                          new_tokens=new, dtype_bytes=4, static=static).at_end
-    print(f"{kind} kv={kv} W={window} B={batch} P={prompt} N={new} static={static}: "
-          f"expected {want}, got {got}, match {want == got}")
+    want = kv_cache_bytes(
+        _spec(kind, kv=kv, window=window, sliding=sliding),
+        batch=batch,
+        prompt=prompt,
+        new_tokens=new,
+        dtype_bytes=4,
+        static=static,
+    ).at_end
+    print(
+        f"{kind} kv={kv} W={window} B={batch} P={prompt} N={new} static={static}: "
+        f"expected {want}, got {got}, match {want == got}"
+    )
     assert got == want

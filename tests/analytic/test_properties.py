@@ -94,6 +94,7 @@ def test_checkpointing_never_raises_activations(spec: TrainSpec, model: str) -> 
     off = estimate(m, dataclasses.replace(spec, grad_ckpt=False))
     one_layer = spec.method is Method.FREEZE and spec.freeze_trainable_layers == 1
     keep = 8 * m.hidden_size * spec.tokens + 8 * spec.micro_batch * spec.seq_len**2 if one_layer else 0
+
     # Each phase reports the moment of its own peak, and the two runs can peak at different moments (with a fused
     # loss and no checkpointing, backward peaks at its end, where nothing is saved any more): compare the most
     # that is saved at any moment. Under checkpointing backward also holds one recomputed layer: never more than

@@ -145,8 +145,9 @@ def _measured(cid: str) -> str:
     rec = _causes().get(cid)
     if rec is None:
         return "cause not recorded (python bench/reserve/run_grid.py --causes)"
-    free = "; ".join(f"{f['bytes'] / 2**30:.2f} GiB in {f['blocks']} blocks made by {f['made_by']}"
-                     for f in rec["free_at_peak"][:2])
+    free = "; ".join(
+        f"{f['bytes'] / 2**30:.2f} GiB in {f['blocks']} blocks made by {f['made_by']}" for f in rec["free_at_peak"][:2]
+    )
     made = "; ".join(f"{f['made_by']} {f['bytes'] / 2**30:.2f} GiB" for f in rec["made_in_step_2"][:2])
     return f"replay: free at step 2's peak: {free}; made in step 2: {made or 'nothing'}"
 
@@ -192,8 +193,10 @@ def test_activation_blocks_too_small_for_the_optimizer_stay_cached() -> None:
     acts = tuple((10 + i, 16 * MiB) for i in range(8)) + tuple((10 + i, 0) for i in range(8))
     opt = tuple((100 + i, 96 * MiB) for i in range(4))
     reserved, allocated = replay_excess(((1, 200 * MiB), *acts, *opt))
-    print(f"expected reserved {(200 + 128 + 384)} MiB, allocated {200 + 384} MiB; got {reserved // MiB}, "
-          f"{allocated // MiB}")
+    print(
+        f"expected reserved {(200 + 128 + 384)} MiB, allocated {200 + 384} MiB; got {reserved // MiB}, "
+        f"{allocated // MiB}"
+    )
     assert (reserved, allocated) == ((200 + 128 + 384) * MiB, (200 + 384) * MiB)
 
 
@@ -219,8 +222,16 @@ def test_the_backward_workspace_in_a_logits_block_costs_step_2_a_segment() -> No
 def test_stranded_bytes_is_the_logits_block_without_checkpointing() -> None:
     """bf16 AMP, standard loss, SDPA, no checkpointing: what is stranded at the loss's peak is the c·V·T logits
     block alone (backward's layer transients come after the loss and split the freed logits blocks)."""
-    cfg = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8,
-           "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 8000, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 8000,
+        "tie_word_embeddings": False,
+    }
     m = model_spec_from_config(cfg, name="hand", source="test")
     train = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=512)
     expected = 2 * 8000 * 2 * 512
@@ -232,8 +243,16 @@ def test_stranded_bytes_is_the_logits_block_without_checkpointing() -> None:
 def test_eager_attention_strands_its_scores_too() -> None:
     """Eager attention's pre-softmax scores (c·nh·L² per sequence) are made in forward before the loss and are
     too small for its requests: they add to what is stranded (stranded grows by exactly that transient)."""
-    cfg = {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8,
-           "num_key_value_heads": 2, "num_hidden_layers": 2, "vocab_size": 8000, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": 512,
+        "intermediate_size": 1376,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 2,
+        "vocab_size": 8000,
+        "tie_word_embeddings": False,
+    }
     m = model_spec_from_config(cfg, name="hand", source="test")
     sdpa = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=512)
     eager = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=512, attn=Attention.EAGER)
@@ -266,8 +285,10 @@ def test_llama_3_2_3b_full_fine_tuning_within_3_percent() -> None:
     replay = rec["trace"]["replay_peak_reserved"]
     excess = replay - rec["trace"]["replay_peak_allocated"]
     got = _analytic_reserved(*_specs(cid))
-    print(f"replay reserved {replay / 1e9:.2f} GB (+{excess / 1e9:.2f} GB over allocated), analytic "
-          f"{got / 1e9:.2f} GB ({got / replay - 1:+.1%})")
+    print(
+        f"replay reserved {replay / 1e9:.2f} GB (+{excess / 1e9:.2f} GB over allocated), analytic "
+        f"{got / 1e9:.2f} GB ({got / replay - 1:+.1%})"
+    )
     assert 1.5e9 < excess < 2.0e9
     assert abs(got / replay - 1) <= TOLERANCE
 
@@ -277,8 +298,7 @@ def test_within_3_percent_of_the_committed_trace_replay(rec: dict[str, Any]) -> 
     expected = rec["trace"]["replay_peak_reserved"]
     got = _analytic_reserved(*_specs(rec["id"]))
     gap = got / expected - 1
-    print(f"{rec['id']}: trace-replay reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB "
-          f"({gap:+.1%})")
+    print(f"{rec['id']}: trace-replay reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB ({gap:+.1%})")
     if rec["id"] in KNOWN_MISSES:
         assert abs(gap) > TOLERANCE, "no longer a miss: take it out of KNOWN_MISSES"
         pytest.xfail(f"{gap:+.1%} ({KNOWN_MISSES[rec['id']]}); {_measured(rec['id'])}")

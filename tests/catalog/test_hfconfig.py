@@ -48,8 +48,14 @@ def test_qwen_sliding_window_starts_at_max_window_layers() -> None:
     assert spec({**QWEN2, "use_sliding_window": True}).sliding_layers == 24 - 20
     assert spec(QWEN2).sliding_layers == 0
     # Qwen3-MoE applies the window to every layer (Qwen3MoeAttention has no max_window_layers rule).
-    moe = {**QWEN2, "model_type": "qwen3_moe", "num_experts": 4, "num_experts_per_tok": 2,
-           "moe_intermediate_size": 64, "use_sliding_window": True}
+    moe = {
+        **QWEN2,
+        "model_type": "qwen3_moe",
+        "num_experts": 4,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 64,
+        "use_sliding_window": True,
+    }
     assert spec(moe).sliding_layers == 24
 
 

@@ -27,8 +27,20 @@ def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
 
 
 def test_table_names_the_peak_and_verdict(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--method", "qlora", "--batch", "1", "--seq", "1024",
-                       "--grad-ckpt", "--gpu", "rtx-4090")
+    code, out, _ = run(
+        capsys,
+        "estimate",
+        "llama-3.1-8b",
+        "--method",
+        "qlora",
+        "--batch",
+        "1",
+        "--seq",
+        "1024",
+        "--grad-ckpt",
+        "--gpu",
+        "rtx-4090",
+    )
     assert code == 0
     assert "FITS on NVIDIA GeForce RTX 4090" in out
     assert "peak:" in out and "biggest line" in out
@@ -37,15 +49,30 @@ def test_table_names_the_peak_and_verdict(capsys: pytest.CaptureFixture[str]) ->
 
 
 def test_json_has_the_documented_keys_and_adds_up(capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _ = run(capsys, "estimate", "meta-llama/Llama-3.1-8B", "--method", "lora", "--batch", "2",
-                       "--seq", "2048", "--gpu", "h100", "--json")
+    code, out, _ = run(
+        capsys,
+        "estimate",
+        "meta-llama/Llama-3.1-8B",
+        "--method",
+        "lora",
+        "--batch",
+        "2",
+        "--seq",
+        "2048",
+        "--gpu",
+        "h100",
+        "--json",
+    )
     assert code == 0
     data = json.loads(out)
     assert data.keys() >= JSON_KEYS
     assert data["params"] > data["trainable_params"] > 0
     peak = data["peak_phase"]
-    allocated = sum(i["bytes"] for i in data["items"] if i["phase"] == peak
-                    and i["category"] not in ("allocator_reserve", "cuda_context"))
+    allocated = sum(
+        i["bytes"]
+        for i in data["items"]
+        if i["phase"] == peak and i["category"] not in ("allocator_reserve", "cuda_context")
+    )
     assert allocated == data["phases"][peak]["allocated_bytes"]
     assert {"category", "phase", "bytes", "source"} <= data["items"][0].keys()
 
@@ -68,8 +95,16 @@ def test_does_not_fit_exits_3(capsys: pytest.CaptureFixture[str]) -> None:
         (["estimate"], "model: none given"),
         (["estimate", "llama-3.1-8b", "--bogus"], "unrecognized arguments"),
     ],
-    ids=["unknown-model", "negative-batch", "qlora-full", "bad-precision", "bad-gpu", "bad-target", "no-model",
-         "bad-flag"],
+    ids=[
+        "unknown-model",
+        "negative-batch",
+        "qlora-full",
+        "bad-precision",
+        "bad-gpu",
+        "bad-target",
+        "no-model",
+        "bad-flag",
+    ],
 )
 def test_bad_input_is_one_line_exit_2(capsys: pytest.CaptureFixture[str], argv: list[str], message: str) -> None:
     code, out, err = run(capsys, *argv)
@@ -96,8 +131,18 @@ def test_malformed_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str
 
 def test_config_json_with_wrong_type(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     cfg = tmp_path / "config.json"
-    cfg.write_text(json.dumps({"model_type": "llama", "hidden_size": "4096", "num_attention_heads": 32,
-                               "num_hidden_layers": 2, "vocab_size": 100, "intermediate_size": 64}))
+    cfg.write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "hidden_size": "4096",
+                "num_attention_heads": 32,
+                "num_hidden_layers": 2,
+                "vocab_size": 100,
+                "intermediate_size": 64,
+            }
+        )
+    )
     code, _, err = run(capsys, "estimate", str(cfg))
     assert code == 2 and "'hidden_size' must be an integer" in err
 
@@ -113,9 +158,12 @@ def test_instant_path_imports_no_torch() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; from vramledger.cli import main; main(['estimate','gpt2','--json']); "
-            "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'")
+    code = (
+        "import sys; from vramledger.cli import main; main(['estimate','gpt2','--json']); "
+        "assert 'torch' not in sys.modules and 'transformers' not in sys.modules, 'heavy import'"
+    )
     src = str(Path(__file__).resolve().parents[2] / "src")
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                         env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"})
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}
+    )
     assert res.returncode == 0, res.stderr

@@ -10,9 +10,7 @@ from vramledger.specs import Method, Optimizer, Precision, TrainSpec
 
 pytestmark = pytest.mark.gpu
 
-TINY_PARAMS = (
-    2 * 256 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64
-)  # test_worker.py
+TINY_PARAMS = 2 * 256 * 64 + 2 * (64 * 64 + 2 * 64 * 32 + 64 * 64 + 3 * 64 * 128 + 2 * 64) + 64  # test_worker.py
 
 
 def test_tiny_full_bf16_mixed_on_cuda(tiny_model) -> None:  # type: ignore[no-untyped-def]

@@ -39,12 +39,8 @@ ROOT = Path(__file__).resolve().parents[2]
     "train",
     [
         TrainSpec(),
-        TrainSpec(
-            method=Method.FULL, precision=Precision.BF16, optimizer=Optimizer.ADAFACTOR, grad_ckpt=True
-        ),
-        TrainSpec(
-            method=Method.QLORA, quant=QuantSpec(bits=8), lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"))
-        ),
+        TrainSpec(method=Method.FULL, precision=Precision.BF16, optimizer=Optimizer.ADAFACTOR, grad_ckpt=True),
+        TrainSpec(method=Method.QLORA, quant=QuantSpec(bits=8), lora=LoraSpec(rank=8, targets=("q_proj", "v_proj"))),
         TrainSpec(
             attn=Attention.EAGER,
             eval_batch=4,
@@ -79,10 +75,7 @@ def test_config_rebuilt_from_a_spec_reads_back_to_the_same_spec() -> None:
     # catalog.hfconfig is the independent parser: what we write must parse back to the same architecture.
     spec = resolve_model("llama-3-8b")
     again = model_spec_from_config(config_from_spec(spec), name=spec.name, source=spec.source)
-    assert (
-        replace(again, native_dtype=spec.native_dtype, max_position_embeddings=spec.max_position_embeddings)
-        == spec
-    )
+    assert replace(again, native_dtype=spec.native_dtype, max_position_embeddings=spec.max_position_embeddings) == spec
 
 
 def test_catalog_models_use_their_verbatim_config() -> None:
@@ -134,9 +127,7 @@ def test_ledger_from_readings_by_hand() -> None:
 
 
 def test_ledger_without_nvml_has_no_context_line() -> None:
-    ledger = ledger_from_result(
-        TrialResult(status="ok", raw=_raw(context=None)), resolve_model("gpt2"), TrainSpec()
-    )
+    ledger = ledger_from_result(TrialResult(status="ok", raw=_raw(context=None)), resolve_model("gpt2"), TrainSpec())
     assert Category.CUDA_CONTEXT not in ledger.categories()
     assert ledger.device_total == ledger.peak_reserved
 
@@ -152,9 +143,7 @@ def test_failed_trial_has_no_ledger() -> None:
     [["measure", "llama-3-8b"], ["find-max", "llama-3-8b", "--dim", "seq"]],
     ids=["measure", "find-max"],
 )
-def test_commands_without_a_gpu_exit_2_with_one_line(
-    argv: list[str], capsys: pytest.CaptureFixture[str]
-) -> None:
+def test_commands_without_a_gpu_exit_2_with_one_line(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     assert main(argv) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0

@@ -36,9 +36,7 @@ def _rec(i: str, measured: int, est: int | None, status: str = "ok") -> dict:
             "versions": {"torch": "2.11.0"},
         },
         "measured": {"allocated": measured, "reserved": measured + GIB, "device": None},
-        "estimate": None
-        if est is None
-        else {"allocated": est, "reserved": est + GIB, "device": est + 2 * GIB},
+        "estimate": None if est is None else {"allocated": est, "reserved": est + GIB, "device": est + 2 * GIB},
         "trace": None,
     }
 

@@ -70,9 +70,7 @@ def test_secant_search_equals_brute_force_on_any_increasing_curve(
     def predict(v: int) -> int:
         return int(fixed + fixed_err + v * mean_step * (1 + slope_err))
 
-    start = predicted_max(
-        lambda t: predict(t.micro_batch), TrainSpec(), dim="batch", capacity=cap, upper=upper
-    )
+    start = predicted_max(lambda t: predict(t.micro_batch), TrainSpec(), dim="batch", capacity=cap, upper=upper)
     r = find_max(run, predicted=start, upper=upper, predict=predict, capacity=cap)
     assert r.best == brute_force(lambda v: curve[v] <= cap, upper, 1)
 

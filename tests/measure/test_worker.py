@@ -61,9 +61,7 @@ def test_injected_oom_does_not_poison_the_next_trial(tiny_model, clean_run, monk
 
 
 def test_crashed_worker_is_reported_and_the_next_trial_runs(tiny_model, clean_run) -> None:  # type: ignore[no-untyped-def]
-    dead = measure(
-        tiny_model, FULL_FP32, device="cpu", env={"VRAMLEDGER_WORKER_FAULT": "crash"}, timeout_s=120
-    )
+    dead = measure(tiny_model, FULL_FP32, device="cpu", env={"VRAMLEDGER_WORKER_FAULT": "crash"}, timeout_s=120)
     assert dead.result.status == "crashed"
     assert dead.result.returncode != 0
     again = measure(tiny_model, FULL_FP32, device="cpu", timeout_s=120)
@@ -79,9 +77,7 @@ def test_fake_capacity_turns_into_an_oom_status(tiny_model, clean_run) -> None: 
 
 
 def test_hung_worker_times_out(tiny_model) -> None:  # type: ignore[no-untyped-def]
-    hung = measure(
-        tiny_model, FULL_FP32, device="cpu", env={"VRAMLEDGER_WORKER_FAULT": "hang"}, timeout_s=1.5
-    )
+    hung = measure(tiny_model, FULL_FP32, device="cpu", env={"VRAMLEDGER_WORKER_FAULT": "hang"}, timeout_s=1.5)
     assert hung.result.status == "timeout"
     with pytest.raises(Exception, match="timeout"):
         hung.result.fits  # noqa: B018 - a timeout says nothing about memory: the search must stop

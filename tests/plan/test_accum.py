@@ -15,8 +15,16 @@ M8 = resolve_model("llama-3-8b")
 
 @pytest.fixture(scope="module")
 def report(rtx4090):  # type: ignore[no-untyped-def]
-    return accum_report(M8, TrainSpec(method=Method.LORA, seq_len=2048, grad_ckpt=True), rtx4090, 0.08,
-                        global_batch=24, dataset_size=1000, scheduler="cosine", warmup_ratio=0.1)
+    return accum_report(
+        M8,
+        TrainSpec(method=Method.LORA, seq_len=2048, grad_ckpt=True),
+        rtx4090,
+        0.08,
+        global_batch=24,
+        dataset_size=1000,
+        scheduler="cosine",
+        warmup_ratio=0.1,
+    )
 
 
 def test_splits_multiply_to_the_global_batch(report) -> None:  # type: ignore[no-untyped-def]
@@ -48,8 +56,12 @@ def test_schedules_equal_transformers(name: str) -> None:
 
     def run(steps_per_opt: int) -> list[float]:
         opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
-        sched = transformers.get_scheduler(name if name != "constant" else "constant_with_warmup", opt,
-                                           num_warmup_steps=warmup, num_training_steps=total)
+        sched = transformers.get_scheduler(
+            name if name != "constant" else "constant_with_warmup",
+            opt,
+            num_warmup_steps=warmup,
+            num_training_steps=total,
+        )
         lrs = []
         for _ in range(total):
             lrs.append(opt.param_groups[0]["lr"])

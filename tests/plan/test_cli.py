@@ -11,11 +11,14 @@ from vramledger.cli import main
 BASE = ["llama-3-8b", "--method", "lora", "--seq", "2048", "--gpu", "rtx-4090"]
 
 
-@pytest.mark.parametrize("argv", [
-    pytest.param(["fit", *BASE, "--batch", "4", "--grad-ckpt"], id="fit"),
-    pytest.param(["plan", *BASE, "--batch", "4"], id="plan"),
-    pytest.param(["accum", *BASE, "--global-batch", "16", "--grad-ckpt"], id="accum"),
-])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        pytest.param(["fit", *BASE, "--batch", "4", "--grad-ckpt"], id="fit"),
+        pytest.param(["plan", *BASE, "--batch", "4"], id="plan"),
+        pytest.param(["accum", *BASE, "--global-batch", "16", "--grad-ckpt"], id="accum"),
+    ],
+)
 def test_tables_fit_100_columns(argv: list[str], capsys) -> None:  # type: ignore[no-untyped-def]
     code = main(argv)
     out = capsys.readouterr().out

@@ -53,8 +53,9 @@ def test_frontier_matches_brute_force(name: str, train: TrainSpec, memory: int, 
     B, K = 12, 32  # micro-batches 1..12, lengths 256..8192
     f = frontier(m, train, gpu, h, max_batch=B, granularity=g, max_len=K * g)
     for b in range(1, B + 1):
-        ok = [k * g for k in range(1, K + 1) if _fits(m, dataclasses.replace(train, micro_batch=b, seq_len=k * g),
-                                                         gpu, h)]
+        ok = [
+            k * g for k in range(1, K + 1) if _fits(m, dataclasses.replace(train, micro_batch=b, seq_len=k * g), gpu, h)
+        ]
         expected = max(ok) if ok else None
         print(name, "batch", b, "expected", expected, "got", f.max_len_for(b))
         assert f.max_len_for(b) == expected

@@ -49,8 +49,12 @@ def test_remedies_save_memory_and_the_classics_save_a_lot(lora_plan) -> None:  #
     saved = {str(e.change): e.memory_saved for e in lora_plan.remedies}
     assert all(e.memory_saved >= 0 for e in lora_plan.remedies)
     # At 4 × 2048 tokens on an 8B model these are the seeds' big levers: each saves at least 1 GiB.
-    for change in ("gradient checkpointing off -> on", "loss standard -> fused",
-                   "micro-batch x accum 4x1 -> 1x4", "attention sdpa -> flash_attention_2"):
+    for change in (
+        "gradient checkpointing off -> on",
+        "loss standard -> fused",
+        "micro-batch x accum 4x1 -> 1x4",
+        "attention sdpa -> flash_attention_2",
+    ):
         assert saved[change] > 2**30, change
     # QLoRA with today's bitsandbytes (>= 0.43.2 keeps no MatMul4Bit input: ctx.tensors = (None, B)) saves most of
     # the linears' bf16 bytes: Llama-3-8B's decoder linears hold 6.98 B parameters, 2 bytes each in bf16 against
@@ -75,10 +79,13 @@ def test_accumulation_warning(lora_plan) -> None:  # type: ignore[no-untyped-def
     assert any("per optimizer step" in w for w in lora_plan.warnings)
 
 
-@pytest.mark.parametrize("train", [
-    pytest.param(TrainSpec(method=Method.LORA, micro_batch=8, seq_len=2048), id="lora"),
-    pytest.param(TrainSpec(method=Method.FULL, micro_batch=2, seq_len=1024), id="full"),
-])
+@pytest.mark.parametrize(
+    "train",
+    [
+        pytest.param(TrainSpec(method=Method.LORA, micro_batch=8, seq_len=2048), id="lora"),
+        pytest.param(TrainSpec(method=Method.FULL, micro_batch=2, seq_len=1024), id="full"),
+    ],
+)
 def test_larger_gpu_is_never_slower(train: TrainSpec, rtx4090) -> None:  # type: ignore[no-untyped-def]
     best = []
     for gib in (20, 24, 32, 48):
@@ -102,8 +109,16 @@ def test_larger_gpu_is_never_slower(train: TrainSpec, rtx4090) -> None:  # type:
 )
 def test_plan_invariants_on_random_setups(method, precision, b, L, ckpt, loss, attn, opt, gib, tiny, rtx4090) -> None:  # type: ignore[no-untyped-def]
     try:
-        t = TrainSpec(method=method, precision=precision, micro_batch=b, seq_len=L, grad_ckpt=ckpt, loss=loss,
-                      attn=attn, optimizer=opt)
+        t = TrainSpec(
+            method=method,
+            precision=precision,
+            micro_batch=b,
+            seq_len=L,
+            grad_ckpt=ckpt,
+            loss=loss,
+            attn=attn,
+            optimizer=opt,
+        )
     except VramledgerError:
         return
     gpu = dataclasses.replace(rtx4090, memory_bytes=gib * 2**30 // 4)

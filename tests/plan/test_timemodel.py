@@ -40,8 +40,9 @@ def test_lora_skips_frozen_weight_gradients(tiny) -> None:  # type: ignore[no-un
     # LoRA r=8 on q and v only: adapters A (H→8) and B (8→out) per layer.
     r = 8
     A = NL * (r * (H + Dq) + r * (H + Dkv))
-    t = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=r, targets=("q_proj", "v_proj")), attn=Attention.EAGER,
-                  seq_len=128)
+    t = TrainSpec(
+        method=Method.LORA, lora=LoraSpec(rank=r, targets=("q_proj", "v_proj")), attn=Attention.EAGER, seq_len=128
+    )
     f = flops_per_token(tiny, t)
     attn = NL * 4 * Dq * 128
     # forward 2(N + A); backward: input gradients of everything 2(N + A), weight gradients of adapters only 2A

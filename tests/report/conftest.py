@@ -78,12 +78,21 @@ def full_page(lora8b):
     model, train, gpu, ledger = lora8b
     w = ledger.bytes_of(C.WEIGHTS, P.FORWARD)
     samples = tuple(
-        TimelineSample(index=i, phase=ph, live_bytes=w + a, by_category={C.WEIGHTS: w, C.ACTIVATIONS: a},
-                       op="aten::mm", module=f"model.layers.{i}")
+        TimelineSample(
+            index=i,
+            phase=ph,
+            live_bytes=w + a,
+            by_category={C.WEIGHTS: w, C.ACTIVATIONS: a},
+            op="aten::mm",
+            module=f"model.layers.{i}",
+        )
         for i, (ph, a) in enumerate([(P.FORWARD, 0), (P.FORWARD, GiB), (P.BACKWARD, 2 * GiB), (P.OPTIMIZER, 0)])
     )
     traced = dataclasses.replace(ledger, timeline=samples)
-    remedies = [("as is", ledger.device_total, 10.0), ("micro-batch 1 × accum 4", 20 * GiB, 12.5),
-                ("qlora", 12 * GiB, 14.0)]
+    remedies = [
+        ("as is", ledger.device_total, 10.0),
+        ("micro-batch 1 × accum 4", 20 * GiB, 12.5),
+        ("qlora", 12 * GiB, 14.0),
+    ]
     figs = all_figures(traced, model=model, train=train, gpu=gpu, remedies=remedies)
     return traced, render_html(traced, figs)

@@ -27,8 +27,15 @@ def test_bill_hand_ledger(hand_ledger):
     assert d.phases == (P.LOAD, P.FORWARD, P.BACKWARD, P.OPTIMIZER)
     seg = dict(d.segments)
     # bottom-up in Category order, every category that has bytes somewhere
-    assert [c for c, _ in d.segments] == [C.WEIGHTS, C.GRADIENTS, C.OPTIMIZER_STATE, C.ACTIVATIONS, C.TEMPORARIES,
-                                          C.ALLOCATOR_RESERVE, C.CUDA_CONTEXT]
+    assert [c for c, _ in d.segments] == [
+        C.WEIGHTS,
+        C.GRADIENTS,
+        C.OPTIMIZER_STATE,
+        C.ACTIVATIONS,
+        C.TEMPORARIES,
+        C.ALLOCATOR_RESERVE,
+        C.CUDA_CONTEXT,
+    ]
     assert seg[C.WEIGHTS] == (8 * GiB,) * 4
     assert seg[C.ACTIVATIONS] == (0, 4 * GiB, 2 * GiB, 0)
     assert seg[C.GRADIENTS] == (0, 0, GiB, GiB)
@@ -109,8 +116,9 @@ def test_cliff_rejects_bad_grid(lora8b):
 
 
 def _sample(i, phase, w, a, op="", module=""):
-    return TimelineSample(index=i, phase=phase, live_bytes=w + a, by_category={C.WEIGHTS: w, C.ACTIVATIONS: a},
-                          op=op, module=module)
+    return TimelineSample(
+        index=i, phase=phase, live_bytes=w + a, by_category={C.WEIGHTS: w, C.ACTIVATIONS: a}, op=op, module=module
+    )
 
 
 def test_timeline(hand_ledger):

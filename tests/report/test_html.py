@@ -76,7 +76,7 @@ def test_table_and_figures_carry_the_ledgers_numbers(full_page):
     assert fmt_bytes(ledger.bytes_of(Category.LOGITS_LOSS, ledger.peak_phase)) in text
     assert "DOES NOT FIT" in text and fmt_bytes(-ledger.verdict.margin_bytes) in text
     # the bill figure labels its peak bar with the device total, as text in the SVG
-    bill = page[page.index('data-figure="bill"'):page.index('data-figure="cliff_grid"')]
+    bill = page[page.index('data-figure="bill"') : page.index('data-figure="cliff_grid"')]
     assert f"{ledger.device_total / 2**30:.2f} GiB" in bill
 
 
@@ -86,22 +86,41 @@ def test_table_rows():
 
     items = (
         LineItem(category=Category.WEIGHTS, phase=Phase.FORWARD, bytes=3 * GiB, label="w", source="s"),
-        LineItem(category=Category.CUDA_CONTEXT, phase=Phase.FORWARD, bytes=GiB, label="c", source="s",
-                 basis=Basis.ASSUMPTION),
+        LineItem(
+            category=Category.CUDA_CONTEXT,
+            phase=Phase.FORWARD,
+            bytes=GiB,
+            label="c",
+            source="s",
+            basis=Basis.ASSUMPTION,
+        ),
     )
     table = ledger_table(Ledger(model="m", params=1, trainable_params=1, items=items, engine="test"))
     cells = re.findall(r"<td[^>]*>(?:<span[^>]*></span>)?([^<]*)</td>", table)
-    assert cells == ["weights", "3.00 GiB", "peak allocated", "3.00 GiB", "+ allocator reserve", "–",
-                     "= peak reserved", "3.00 GiB", "+ CUDA context", "1.00 GiB", "= device total (nvidia-smi)",
-                     "4.00 GiB"]
+    assert cells == [
+        "weights",
+        "3.00 GiB",
+        "peak allocated",
+        "3.00 GiB",
+        "+ allocator reserve",
+        "–",
+        "= peak reserved",
+        "3.00 GiB",
+        "+ CUDA context",
+        "1.00 GiB",
+        "= device total (nvidia-smi)",
+        "4.00 GiB",
+    ]
 
 
 def test_inline_svg_prefixes_ids_and_strips_namespaces():
-    svg = ('<?xml version="1.0"?>\n<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN"\n "http://www.w3.org/x.dtd">\n'
-           '<svg xmlns:xlink="http://www.w3.org/1999/xlink" width="1pt" xmlns="http://www.w3.org/2000/svg">'
-           '<metadata><rdf:RDF xmlns:dc="http://purl.org/dc/elements/1.1/"/></metadata>'
-           '<defs><path id="m1" d="M0 0"/><clipPath id="p2"><rect/></clipPath></defs>'
-           '<use xlink:href="#m1"/><g clip-path="url(#p2)"/><a href="#elsewhere"/></svg>')
+    svg = (
+        '<?xml version="1.0"?>\n<!DOCTYPE svg PUBLIC "-//W3C//DTD SVG 1.1//EN"\n "http://www.w3.org/x.dtd">\n'
+        '<svg xmlns:xlink="http://www.w3.org/1999/xlink" width="1pt" xmlns="http://www.w3.org/2000/svg">'
+        '<metadata><rdf:RDF xmlns:dc="http://purl.org/dc/elements/1.1/"/></metadata>'
+        '<defs><path id="m1" d="M0 0"/><clipPath id="p2"><rect/></clipPath></defs>'
+        '<use xlink:href="#m1"/><g clip-path="url(#p2)"/><a href="#elsewhere"/></svg>'
+    )
     out = inline_svg(svg, "bill")
     assert "http" not in out and "<?xml" not in out and "metadata" not in out
     assert 'id="bill-m1"' in out and 'xlink:href="#bill-m1"' in out and "url(#bill-p2)" in out

@@ -64,8 +64,11 @@ def test_render_all_present(hand_ledger):
         for i, (ph, b) in enumerate([(Phase.FORWARD, GiB), (Phase.BACKWARD, 2 * GiB), (Phase.OPTIMIZER, GiB)])
     )
     traced = dataclasses.replace(hand_ledger, timeline=samples)
-    figs = Figures(bill=bill_figure(traced), timeline=timeline_figure(traced),
-                   remedies=remedies_figure([("a", GiB, 1.0), ("b", 20 * GiB, 0.5)], traced))
+    figs = Figures(
+        bill=bill_figure(traced),
+        timeline=timeline_figure(traced),
+        remedies=remedies_figure([("a", GiB, 1.0), ("b", 20 * GiB, 0.5)], traced),
+    )
     out = render(figs, "png", dpi=40)
     assert [stem for stem, _, _ in out] == ["bill", "timeline", "remedies"]
     assert all(data.startswith(b"\x89PNG") for _, _, data in out)

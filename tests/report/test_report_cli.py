@@ -12,8 +12,19 @@ import pytest
 
 from vramledger.cli import main
 
-ARGS = ["estimate", "llama-3-8b", "--method", "lora", "--batch", "4", "--seq", "2048", "--grad-ckpt", "--gpu",
-        "rtx-4090"]
+ARGS = [
+    "estimate",
+    "llama-3-8b",
+    "--method",
+    "lora",
+    "--batch",
+    "4",
+    "--seq",
+    "2048",
+    "--grad-ckpt",
+    "--gpu",
+    "rtx-4090",
+]
 
 
 @pytest.mark.slow
@@ -49,6 +60,7 @@ def test_json_does_not_import_matplotlib():
     src = str(Path(__file__).resolve().parents[2] / "src")
     argv = [*ARGS, "--json"]
     code = f"import sys; from vramledger.cli import main; main({argv!r}); print('MPL', 'matplotlib' in sys.modules)"
-    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": src})
+    res = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": src}
+    )
     assert res.stdout.strip().endswith("MPL False"), res.stderr

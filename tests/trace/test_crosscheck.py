@@ -22,19 +22,37 @@ from vramledger.ledger import Category, Ledger, Phase  # noqa: E402
 from vramledger.specs import Attention, LoraSpec, Method, ModelSpec, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
 
-_COMMON = {"hidden_size": 512, "intermediate_size": 1376, "num_attention_heads": 8, "num_key_value_heads": 2,
-           "num_hidden_layers": 2, "vocab_size": 8000, "torch_dtype": "bfloat16"}
+_COMMON = {
+    "hidden_size": 512,
+    "intermediate_size": 1376,
+    "num_attention_heads": 8,
+    "num_key_value_heads": 2,
+    "num_hidden_layers": 2,
+    "vocab_size": 8000,
+    "torch_dtype": "bfloat16",
+}
 CONFIGS = {
     "llama": {"model_type": "llama", "tie_word_embeddings": False, **_COMMON},
     "qwen2": {"model_type": "qwen2", "tie_word_embeddings": True, **_COMMON},
     "qwen3": {"model_type": "qwen3", "head_dim": 64, "tie_word_embeddings": True, **_COMMON},
     "mistral": {"model_type": "mistral", "sliding_window": None, **_COMMON},
-    "gemma2": {"model_type": "gemma2", "head_dim": 64, "query_pre_attn_scalar": 64, "sliding_window": 4096,
-               "final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0, **_COMMON},
-    "phi3": {"model_type": "phi3", "pad_token_id": 0, "eos_token_id": 1, "bos_token_id": 1,
-             **{**_COMMON, "num_key_value_heads": 8}},
-    "gpt2": {"model_type": "gpt2", "n_embd": 512, "n_layer": 2, "n_head": 8, "vocab_size": 8000,
-             "n_positions": 1024},
+    "gemma2": {
+        "model_type": "gemma2",
+        "head_dim": 64,
+        "query_pre_attn_scalar": 64,
+        "sliding_window": 4096,
+        "final_logit_softcapping": 30.0,
+        "attn_logit_softcapping": 50.0,
+        **_COMMON,
+    },
+    "phi3": {
+        "model_type": "phi3",
+        "pad_token_id": 0,
+        "eos_token_id": 1,
+        "bos_token_id": 1,
+        **{**_COMMON, "num_key_value_heads": 8},
+    },
+    "gpt2": {"model_type": "gpt2", "n_embd": 512, "n_layer": 2, "n_head": 8, "vocab_size": 8000, "n_positions": 1024},
 }
 
 GRID = [

@@ -32,8 +32,15 @@ torch.cuda.mem_get_info), the one figure every ledger reads."""
 
 
 def _gpu(memory_bytes: int, arch: str = "ada") -> GPUSpec:
-    return GPUSpec(name="test gpu", key="test", memory_bytes=memory_bytes, bf16_tflops=1.0,
-                   memory_bandwidth_gbs=1.0, host_link_gbs=1.0, arch=arch)
+    return GPUSpec(
+        name="test gpu",
+        key="test",
+        memory_bytes=memory_bytes,
+        bf16_tflops=1.0,
+        memory_bandwidth_gbs=1.0,
+        host_link_gbs=1.0,
+        arch=arch,
+    )
 
 
 ADA = _gpu(24 * 2**30)  # an RTX 4090-class card
@@ -176,5 +183,6 @@ def test_gpu_smaller_than_context_is_an_error(events: list[Any]) -> None:
     from vramledger.errors import VramledgerError
 
     with pytest.raises(VramledgerError, match="no memory left after the CUDA context"):
-        replay_outcome(device_events(events, None), events,
-                       gpu=dataclasses.replace(ADA, memory_bytes=ADA_CONTEXT - MiB))
+        replay_outcome(
+            device_events(events, None), events, gpu=dataclasses.replace(ADA, memory_bytes=ADA_CONTEXT - MiB)
+        )

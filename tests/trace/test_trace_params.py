@@ -33,9 +33,7 @@ def test_full_bf16_weights_are_params_times_two(name: str) -> None:
 
 def test_tied_embeddings_stay_tied() -> None:
     m = spec("llama_tied")
-    ledger = trace_step(
-        m, TrainSpec(method=Method.FULL, micro_batch=1, seq_len=40), config=TINY["llama_tied"]
-    )
+    ledger = trace_step(m, TrainSpec(method=Method.FULL, micro_batch=1, seq_len=40), config=TINY["llama_tied"])
     assert ledger.params == count_params(m)  # one V x H matrix, not two (tracing.md: _apply unties them)
 
 

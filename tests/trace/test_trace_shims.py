@@ -28,9 +28,7 @@ def _dropout_ops(shim: bool) -> list[str]:
     with FakeTensorMode():
         x = torch.empty(4, 8, dtype=torch.bfloat16, requires_grad=True)
         rec = _Ops()
-        ctx = (
-            dropout_as_cuda() if shim else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
-        )
+        ctx = dropout_as_cuda() if shim else torch.autograd.graph.saved_tensors_hooks(lambda t: t, lambda t: t)
         with ctx, rec:
             torch.nn.functional.dropout(x, 0.1, training=True)
     return rec.ops
@@ -67,9 +65,7 @@ def test_sdpa_has_no_length_squared_tensor_eager_has_fp32_scores() -> None:
     sdpa = trace_step(m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L), config=cfg)
     assert sdpa.bytes_of(Category.ATTENTION_SCORES, Phase.FORWARD) == 0
     assert sdpa.settings["sdpa_backends"] == ["flash"]
-    eager = trace_step(
-        m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L, attn=Attention.EAGER), config=cfg
-    )
+    eager = trace_step(m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L, attn=Attention.EAGER), config=cfg)
     # modeling_llama.py eager_attention_forward: softmax in fp32, cast back to bf16 and saved; per layer at
     # least
     # the saved bf16 probabilities (b·h·L²·2) are live at the end of forward.
@@ -79,9 +75,7 @@ def test_sdpa_has_no_length_squared_tensor_eager_has_fp32_scores() -> None:
 
 def test_fp32_grouped_sdpa_falls_back_to_math() -> None:
     m, cfg = spec("llama"), TINY["llama"]
-    led = trace_step(
-        m, TrainSpec(method=Method.LORA, precision=Precision.FP32, micro_batch=1, seq_len=40), config=cfg
-    )
+    led = trace_step(m, TrainSpec(method=Method.LORA, precision=Precision.FP32, micro_batch=1, seq_len=40), config=cfg)
     assert led.settings["sdpa_backends"] == ["math"]
     assert led.bytes_of(Category.ATTENTION_SCORES, Phase.FORWARD) > 0
 

@@ -113,8 +113,11 @@ def apply_fsdp_config(r: Reader, cfg: dict[str, Any], *, where: str, strategy_wo
             f"default: accelerate ({ACC} sharding_strategy=FULL_SHARD / reshard_after_forward=True)",
         )
     r.set("fsdp", stage, how)
-    r.set("fsdp_version", version, f"file: {where}fsdp_version" if c.get("version") else f"default: accelerate "
-          f"({ACC} fsdp_version=1)")
+    r.set(
+        "fsdp_version",
+        version,
+        f"file: {where}fsdp_version" if c.get("version") else f"default: accelerate ({ACC} fsdp_version=1)",
+    )
     offload = c.get("offload_params")
     if offload is True or str(offload).lower() == "true" or "OFFLOAD" in words:
         # CPUOffload(offload_params=True) keeps parameters and gradients on the CPU; the optimizer steps there.

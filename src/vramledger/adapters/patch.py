@@ -70,8 +70,9 @@ def _patch_yaml(text: str, sets: dict[str, Any], drops: set[str], tag: str) -> s
     return "\n".join(out) + "\n"
 
 
-def changed_keys(fmt: str, model: str, before: TrainSpec, after: TrainSpec, *, after_model: str | None = None
-                 ) -> tuple[str, ...]:
+def changed_keys(
+    fmt: str, model: str, before: TrainSpec, after: TrainSpec, *, after_model: str | None = None
+) -> tuple[str, ...]:
     """The ``key: value`` lines (``fmt``'s own keys) that take a ``before`` config to ``after``; a key set to
     ``null`` is one to remove."""
     from vramledger.adapters.writers import write_config

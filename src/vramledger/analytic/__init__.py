@@ -47,13 +47,17 @@ def _warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
 
         out.extend(distributed_warnings(m, train, step_parts))
     if train.optimizer.value.startswith("paged"):
-        out.append("paged optimizer states live in CUDA managed memory outside PyTorch's allocator: shown on their "
-                   "own line, in the device total but not in allocated or reserved; the driver may page them out")
+        out.append(
+            "paged optimizer states live in CUDA managed memory outside PyTorch's allocator: shown on their "
+            "own line, in the device total but not in allocated or reserved; the driver may page them out"
+        )
     if train.compile:
         out.append(COMPILE_NOTE)
     if train.offload_activations:
-        out.append("activation offloading: two layers' saved tensors counted on the GPU, the rest in pinned host "
-                   "memory (torchtune OffloadActivations)")
+        out.append(
+            "activation offloading: two layers' saved tensors counted on the GPU, the rest in pinned host "
+            "memory (torchtune OffloadActivations)"
+        )
     out.extend(eval_warnings(m, train))
     return out
 
@@ -139,4 +143,3 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
     if train.model_code.value != "transformers":  # analytic/litgpt.py
         s["model_code"] = train.model_code.value
     return s
-

@@ -154,7 +154,7 @@ def dora_transient_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     copy of the base weight): about in² + 4·in·out fp32 elements live at once."""
     if train.lora is None or not train.lora.dora or not wb.adapted:
         return 0
-    return max(4 * (a.linear.in_features ** 2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
+    return max(4 * (a.linear.in_features**2 + 4 * a.linear.in_features * a.linear.out_features) for a in wb.adapted)
 
 
 def runs_eager(m: ModelSpec, train: TrainSpec) -> bool:
@@ -190,9 +190,12 @@ def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
         f"pre-norm block with this model's linears ({len(inv.linears)} kinds), {m.norms_per_layer} norms, "
         f"{m.num_heads} heads of {m.head_dim} and MLP width {m.moe_intermediate_size or m.intermediate_size}; "
         f"`vramledger trace` gives the exact figure{merged}"
-        + ("" if inv.supports_sdpa or train.attn is not Attention.SDPA else
-           f"; {inv.model_class} has no SDPA (_supports_sdpa = False): modelled as eager, whose L² scores "
-           "--attn flash_attention_2 (its kernel) avoids")
+        + (
+            ""
+            if inv.supports_sdpa or train.attn is not Attention.SDPA
+            else f"; {inv.model_class} has no SDPA (_supports_sdpa = False): modelled as eager, whose L² scores "
+            "--attn flash_attention_2 (its kernel) avoids"
+        )
     )
 
 

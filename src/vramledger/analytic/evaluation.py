@@ -61,9 +61,7 @@ SRC_KEPT = (
     f"{TRAINER} evaluation_loop l. 3010-3045: EvalLoopContainer.add torch.cat's each batch's (gathered, padded) "
     "logits and labels on the GPU; moved to CPU only every eval_accumulation_steps"
 )
-SRC_CONCAT = (
-    "trainer_pt_utils.py torch_pad_and_concatenate l. 80-95: torch.cat((kept, new)) holds kept, new and result"
-)
+SRC_CONCAT = "trainer_pt_utils.py torch_pad_and_concatenate l. 80-95: torch.cat((kept, new)) holds kept, new and result"
 SRC_CACHE = (
     "cache_utils.py DynamicLayer.update (cat, S tokens), DynamicSlidingWindowLayer.update (view of the cat: P after "
     "prefill, min(S, W) after), StaticLayer (max_cache_len = P+N-1 preallocated): 2·B·kv_heads·head_dim·tokens·bytes"
@@ -237,8 +235,10 @@ def eval_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
         return []
     out = list(eval_shape(m, train).warnings)
     if train.predict_with_generate and train.generation_max_new_tokens < 1:
-        out.append("eval: predict_with_generate without max_new_tokens: generation counted for its prefill only; "
-                   "give --max-new-tokens N")
+        out.append(
+            "eval: predict_with_generate without max_new_tokens: generation counted for its prefill only; "
+            "give --max-new-tokens N"
+        )
     if not train.grad_ckpt:
         out.append(
             "eval: counted the KV cache the eval forward builds (config.use_cache, on unless the script turned it "
@@ -269,8 +269,9 @@ def _eval_base(p: StepParts, train: TrainSpec, sh: EvalShape, name: str, phase: 
     # cache fills during the forward as in training (cached_cast keys on requires_grad, not on grad mode).
     add_persistent(mo, p, train, grads=0, autocast=True, states=True)
     if kept_prev:
-        mo.add(Category.LOGITS_LOSS, f"predictions kept from {sh.steps_kept - 1} earlier eval batches", kept_prev,
-               SRC_KEPT)
+        mo.add(
+            Category.LOGITS_LOSS, f"predictions kept from {sh.steps_kept - 1} earlier eval batches", kept_prev, SRC_KEPT
+        )
     return mo
 
 
@@ -289,32 +290,55 @@ def _eval_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s:
     cands: list[Moment] = []
 
     def forward_common(mo: Moment) -> None:
-        mo.add(Category.KV_CACHE, f"cache of the eval forward ({B}×{L} tokens, every layer)", cache,
-               "modeling_llama.py l. 372 DynamicCache(config) when config.use_cache; " + SRC_CACHE)
-        mo.add(Category.ATTENTION_SCORES, "4-D attention mask of the padded eval batch", mask,
-               "masking_utils create_causal_mask: B·L² (bool for sdpa, compute dtype for eager)")
+        mo.add(
+            Category.KV_CACHE,
+            f"cache of the eval forward ({B}×{L} tokens, every layer)",
+            cache,
+            "modeling_llama.py l. 372 DynamicCache(config) when config.use_cache; " + SRC_CACHE,
+        )
+        mo.add(
+            Category.ATTENTION_SCORES,
+            "4-D attention mask of the padded eval batch",
+            mask,
+            "masking_utils create_causal_mask: B·L² (bool for sdpa, compute dtype for eager)",
+        )
 
     a = _eval_base(p, train, sh, f"eval loss (batch {B} × {L} tokens, no autograd)")
     forward_common(a)
     a.add(Category.ACTIVATIONS, "last hidden state", s * m.hidden_size * B * L, "LlamaForCausalLM.forward")
-    a.add(Category.LOGITS_LOSS, "eval logits, fp32 copy, log-softmax", lg.forward_peak,
-          f"{TRAINER} prediction_step l. 3239-3268 (no_grad) + analytic/logits.py ({lg.source})")
+    a.add(
+        Category.LOGITS_LOSS,
+        "eval logits, fp32 copy, log-softmax",
+        lg.forward_peak,
+        f"{TRAINER} prediction_step l. 3239-3268 (no_grad) + analytic/logits.py ({lg.source})",
+    )
     cands.append(a)
 
     tok, sq = layer_working_set(m, train, batch=B, length=L, resid=s)
     b = _eval_base(p, train, sh, "top decoder layer of the eval forward (no autograd)")
     forward_common(b)
-    b.add(Category.TEMPORARIES, "one layer's working set", tok,
-          "no_grad forward of one layer: (s+c)·H + max(3·c·I MLP, c·(3·Dq+3·Dkv) attention) per token")
-    b.add(Category.ATTENTION_SCORES, "scores, fp32 softmax and its cast (one layer)" if _eager(m, train)
-          else "additive mask of one sdpa call", sq,
-          "eager_attention_forward: (2c+4)·nh·L² per sequence; sdpa: torch convert_boolean_attn_mask c·L²")
+    b.add(
+        Category.TEMPORARIES,
+        "one layer's working set",
+        tok,
+        "no_grad forward of one layer: (s+c)·H + max(3·c·I MLP, c·(3·Dq+3·Dkv) attention) per token",
+    )
+    b.add(
+        Category.ATTENTION_SCORES,
+        "scores, fp32 softmax and its cast (one layer)" if _eager(m, train) else "additive mask of one sdpa call",
+        sq,
+        "eager_attention_forward: (2c+4)·nh·L² per sequence; sdpa: torch convert_boolean_attn_mask c·L²",
+    )
     cands.append(b)
 
     if sh.kept_per_step and sh.steps_kept > 1:
         cc = _eval_base(p, train, sh, f"torch.cat of the kept predictions (eval batch {sh.steps_kept})")
-        cc.add(Category.LOGITS_LOSS, "this batch's predictions and the concatenation",
-               sh.kept_per_step * (1 + sh.steps_kept), SRC_CONCAT)
+        cc.add(
+            Category.LOGITS_LOSS,
+            "this batch's predictions and the concatenation",
+            sh.kept_per_step * (1 + sh.steps_kept),
+            SRC_CONCAT,
+        )
         cands.append(cc)
     return max(cands, key=lambda mo: mo.total)
 
@@ -329,20 +353,30 @@ def _generate_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape
     pre = _eval_base(p, train, sh, f"generate: prefill of {B}×{L} prompt tokens (top layer)", Phase.GENERATE)
     kind = train.generation_cache  # analytic/kv_cache.py: what each cache kind holds during a decode step
     pre.add(Category.KV_CACHE, f"KV cache after the prefill ({kind.display})", kv.after_prefill, SRC_CACHE)
-    pre.add(Category.ATTENTION_SCORES, "4-D mask of the left-padded prompts", mask_bytes(train, batch=B, length=L),
-            "masking_utils create_causal_mask")
+    pre.add(
+        Category.ATTENTION_SCORES,
+        "4-D mask of the left-padded prompts",
+        mask_bytes(train, batch=B, length=L),
+        "masking_utils create_causal_mask",
+    )
     pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
     pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
     end = _eval_base(p, train, sh, f"generate: last of {N} decode steps", Phase.GENERATE)
     end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens ({kind.display})", kv.at_end, SRC_CACHE)
-    end.add(Category.TEMPORARIES, "the previous step's cache tuple" if kind is CacheKind.LEGACY
-            else "one layer's K/V being re-concatenated",
-            decode_step_extra(kind, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
-                              cached=L + N - 1),
-            SRC_LEGACY if kind is CacheKind.LEGACY
-            else "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor")
-    end.add(Category.LOGITS_LOSS, "last-token logits (compute dtype and fp32 copy)", (c + 4) * B * m.vocab_size,
-            "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)")
+    end.add(
+        Category.TEMPORARIES,
+        "the previous step's cache tuple" if kind is CacheKind.LEGACY else "one layer's K/V being re-concatenated",
+        decode_step_extra(kind, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N, cached=L + N - 1),
+        SRC_LEGACY
+        if kind is CacheKind.LEGACY
+        else "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor",
+    )
+    end.add(
+        Category.LOGITS_LOSS,
+        "last-token logits (compute dtype and fp32 copy)",
+        (c + 4) * B * m.vocab_size,
+        "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)",
+    )
     return max((pre, end), key=lambda mo: mo.total)
 
 
@@ -362,22 +396,34 @@ def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, p: StepParts) ->
         return None
     training = max((ledger.device(ph) for ph in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)), default=0)
     train_alloc = max((ledger.allocated(ph) for ph in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)), default=0)
-    by_cat = {i.category: ledger.bytes_of(i.category, peak) for i in ledger.items
-              if i.phase is peak and i.category.allocated and i.category not in (Category.WEIGHTS,
-                                                                                  Category.OPTIMIZER_STATE)}
+    by_cat = {
+        i.category: ledger.bytes_of(i.category, peak)
+        for i in ledger.items
+        if i.phase is peak and i.category.allocated and i.category not in (Category.WEIGHTS, Category.OPTIMIZER_STATE)
+    }
     biggest = max(by_cat, key=lambda k: by_cat[k])
     what = "evaluation" if peak is Phase.EVAL else "generation during evaluation (predict_with_generate)"
-    head = (f"Evaluation is the peak: {what} needs {fmt_bytes(ledger.device(peak))} against training's "
-            f"{fmt_bytes(training)}; its biggest line is {biggest.display} ({fmt_bytes(by_cat[biggest])})")
+    head = (
+        f"Evaluation is the peak: {what} needs {fmt_bytes(ledger.device(peak))} against training's "
+        f"{fmt_bytes(training)}; its biggest line is {biggest.display} ({fmt_bytes(by_cat[biggest])})"
+    )
 
     sh = eval_shape(m, train)
     tries: list[tuple[str, TrainSpec]] = []
     if sh.kept_per_step and sh.steps_kept > 1:
-        tries.append(("eval_accumulation_steps 1 (kept predictions go to the CPU after every eval batch)",
-                      replace(train, eval_accumulation_steps=1)))
+        tries.append(
+            (
+                "eval_accumulation_steps 1 (kept predictions go to the CPU after every eval batch)",
+                replace(train, eval_accumulation_steps=1),
+            )
+        )
     if train.eval_logits is EvalLogits.FULL and not train.predict_with_generate:
-        tries.append(("preprocess_logits_for_metrics returning argmax ids (LLaMA-Factory compute_accuracy does)",
-                      replace(train, eval_logits=EvalLogits.ARGMAX)))
+        tries.append(
+            (
+                "preprocess_logits_for_metrics returning argmax ids (LLaMA-Factory compute_accuracy does)",
+                replace(train, eval_logits=EvalLogits.ARGMAX),
+            )
+        )
     for b in range(sh.batch - 1, 0, -1):
         t = replace(train, eval_batch=b)
         if _eval_peak(m, t, p) <= train_alloc:
@@ -392,5 +438,7 @@ def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, p: StepParts) ->
             return f"{head}; {text} brings it to {fmt_bytes(after)} allocated, under training's peak."
     # Nothing alone is enough: combine the smallest settings.
     t = replace(train, eval_batch=1, eval_accumulation_steps=1 if sh.kept_per_step else train.eval_accumulation_steps)
-    return (f"{head}; even per_device_eval_batch_size 1 with eval_accumulation_steps 1 needs "
-            f"{fmt_bytes(_eval_peak(m, t, p))} allocated: shorten the eval length (--eval-seq) or the generation.")
+    return (
+        f"{head}; even per_device_eval_batch_size 1 with eval_accumulation_steps 1 needs "
+        f"{fmt_bytes(_eval_peak(m, t, p))} allocated: shorten the eval length (--eval-seq) or the generation."
+    )

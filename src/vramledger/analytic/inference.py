@@ -69,8 +69,9 @@ class InferSpec:
         for name in ("batch", "prompt", "new_tokens"):
             if getattr(self, name) < 1:
                 flag = {"batch": "--batch", "prompt": "--prompt", "new_tokens": "--new-tokens"}[name]
-                raise VramledgerError(f"inference: {name} must be a positive integer (got {getattr(self, name)}); "
-                                      f"e.g. {flag} 1")
+                raise VramledgerError(
+                    f"inference: {name} must be a positive integer (got {getattr(self, name)}); e.g. {flag} 1"
+                )
         if self.attn is Attention.FLASH2 and self.dtype is DType.FP32:
             raise VramledgerError("flash_attention_2 runs only in fp16/bf16; use --precision bf16 or --attn sdpa")
 
@@ -78,8 +79,9 @@ class InferSpec:
     def as_train(self) -> TrainSpec:
         """The TrainSpec whose compute dtype and attention match (for the shared per-layer formulas)."""
         prec = {DType.FP32: Precision.FP32, DType.BF16: Precision.BF16, DType.FP16: Precision.FP16}[self.dtype]
-        return TrainSpec(method=Method.FULL, precision=prec, attn=self.attn, micro_batch=self.batch,
-                         seq_len=self.prompt)
+        return TrainSpec(
+            method=Method.FULL, precision=prec, attn=self.attn, micro_batch=self.batch, seq_len=self.prompt
+        )
 
 
 def weight_bytes(m: ModelSpec, spec: InferSpec) -> int:
@@ -138,8 +140,9 @@ def infer_ledger(
     logits = (c + 4) * B * m.vocab_size
     prefill_logits = logits * prefill_logits_tokens(spec.cache, P)
     ws = cublas_workspace_bytes(gpu) // 2  # one handle: no autograd thread
-    step_extra = decode_step_extra(spec.cache, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N,
-                                   cached=P + N - 1)
+    step_extra = decode_step_extra(
+        spec.cache, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N, cached=P + N - 1
+    )
     dq_prefill = dequant_bytes(m, spec) if B * P > 1 else 0
     dq_decode = dequant_bytes(m, spec) if B > 1 else 0
     prefill = kv.after_prefill + tok + sq + mask + prefill_logits + dq_prefill
@@ -147,8 +150,14 @@ def infer_ledger(
     w_src = "Σ parameters × dtype bytes (analytic/params.py); bitsandbytes storage (analytic/weights.py)"
     items: list[LineItem] = [
         LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=w, label="weights", source=w_src),
-        LineItem(category=Category.CUDA_CONTEXT, phase=Phase.LOAD, bytes=cuda_context_bytes(gpu),
-                 label="CUDA context", source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION),
+        LineItem(
+            category=Category.CUDA_CONTEXT,
+            phase=Phase.LOAD,
+            bytes=cuda_context_bytes(gpu),
+            label="CUDA context",
+            source=CONTEXT_SOURCE,
+            basis=Basis.ASSUMPTION,
+        ),
         _item(Category.WEIGHTS, w, "weights", w_src),
         _item(Category.WORKSPACE, ws, "cuBLAS workspace", "torch CublasHandlePool.cpp getChosenWorkspaceSize"),
     ]
@@ -159,33 +168,60 @@ def infer_ledger(
         items += [
             _item(Category.KV_CACHE, kv.after_prefill, f"KV cache after the prefill ({cache_kind})", SRC_CACHE),
             _item(Category.TEMPORARIES, tok, "one layer's working set", "analytic/evaluation.py layer_working_set"),
-            _item(Category.ATTENTION_SCORES, sq + mask, "attention mask / length² tensors",
-                  "masking_utils create_causal_mask; eager_attention_forward"),
+            _item(
+                Category.ATTENTION_SCORES,
+                sq + mask,
+                "attention mask / length² tensors",
+                "masking_utils create_causal_mask; eager_attention_forward",
+            ),
         ]
         if legacy:
-            items.append(_item(Category.LOGITS_LOSS, prefill_logits - logits, "logits of every prompt token (fp32)",
-                               SRC_LEGACY_LOGITS))
+            items.append(
+                _item(
+                    Category.LOGITS_LOSS,
+                    prefill_logits - logits,
+                    "logits of every prompt token (fp32)",
+                    SRC_LEGACY_LOGITS,
+                )
+            )
         if dq_prefill:
-            items.append(_item(Category.TEMPORARIES, dq_prefill, "4-bit weight dequantised for the prompt's matmul",
-                               SRC_DEQUANT))
+            items.append(
+                _item(Category.TEMPORARIES, dq_prefill, "4-bit weight dequantised for the prompt's matmul", SRC_DEQUANT)
+            )
     else:
         moment = f"last of {N} decode steps"
         items += [
             _item(Category.KV_CACHE, kv.at_end, f"KV cache of {P}+{N}-1 tokens ({cache_kind})", SRC_CACHE),
-            _item(Category.TEMPORARIES, step_extra,
-                  "the previous step's cache tuple, alive while the new one is built" if legacy
-                  else "one layer's K/V being re-concatenated",
-                  SRC_LEGACY if legacy else "cache_utils.py DynamicLayer.update torch.cat"),
+            _item(
+                Category.TEMPORARIES,
+                step_extra,
+                "the previous step's cache tuple, alive while the new one is built"
+                if legacy
+                else "one layer's K/V being re-concatenated",
+                SRC_LEGACY if legacy else "cache_utils.py DynamicLayer.update torch.cat",
+            ),
         ]
         if dq_decode:
-            items.append(_item(Category.TEMPORARIES, dq_decode, "4-bit weight dequantised for the batch's matmul",
-                               SRC_DEQUANT))
-    items.append(_item(Category.LOGITS_LOSS, logits, "last-token logits and their fp32 copy",
-                       "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)"))
+            items.append(
+                _item(Category.TEMPORARIES, dq_decode, "4-bit weight dequantised for the batch's matmul", SRC_DEQUANT)
+            )
+    items.append(
+        _item(
+            Category.LOGITS_LOSS,
+            logits,
+            "last-token logits and their fp32 copy",
+            "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)",
+        )
+    )
     allocated = sum(i.bytes for i in items if i.phase is Phase.GENERATE)
     items += [
-        _item(Category.ALLOCATOR_RESERVE, allocator_reserve_bytes(allocated), "cached, not allocated",
-              RESERVE_SOURCE, Basis.ASSUMPTION),
+        _item(
+            Category.ALLOCATOR_RESERVE,
+            allocator_reserve_bytes(allocated),
+            "cached, not allocated",
+            RESERVE_SOURCE,
+            Basis.ASSUMPTION,
+        ),
         _item(Category.CUDA_CONTEXT, cuda_context_bytes(gpu), "CUDA context", CONTEXT_SOURCE, Basis.ASSUMPTION),
     ]
     ledger = Ledger(
@@ -195,19 +231,28 @@ def infer_ledger(
         items=tuple(items),
         engine="analytic",
         moments=MappingProxyType({Phase.LOAD: "weights loaded", Phase.GENERATE: moment}),
-        settings=MappingProxyType({
-            "mode": "infer", "batch": B, "prompt": P, "new_tokens": N, "dtype": spec.dtype.value,
-            "cache": spec.cache.value, "attn": spec.attn.value,
-            "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
-        }),
+        settings=MappingProxyType(
+            {
+                "mode": "infer",
+                "batch": B,
+                "prompt": P,
+                "new_tokens": N,
+                "dtype": spec.dtype.value,
+                "cache": spec.cache.value,
+                "attn": spec.attn.value,
+                "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
+            }
+        ),
     )
     from dataclasses import replace
 
     verdict = None if gpu is None else make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
     cache = ledger.bytes_of(Category.KV_CACHE, Phase.GENERATE)
-    advice = (f"The KV cache ({fmt_bytes(cache)}) "
-              + ("outweighs the weights" if cache > w else "is smaller than the weights")
-              + f" ({fmt_bytes(w)}); fewer sequences or tokens shrink it linearly.")
+    advice = (
+        f"The KV cache ({fmt_bytes(cache)}) "
+        + ("outweighs the weights" if cache > w else "is smaller than the weights")
+        + f" ({fmt_bytes(w)}); fewer sequences or tokens shrink it linearly."
+    )
     return replace(ledger, verdict=verdict, advice=advice)
 
 
@@ -226,9 +271,7 @@ class Concurrency:
     gpu: str
 
 
-def max_concurrency(
-    m: ModelSpec, spec: InferSpec, gpu: GPUSpec, *, headroom: float = DEFAULT_HEADROOM
-) -> Concurrency:
+def max_concurrency(m: ModelSpec, spec: InferSpec, gpu: GPUSpec, *, headroom: float = DEFAULT_HEADROOM) -> Concurrency:
     """Binary search on the batch: the device total grows with B (cache, working set, logits), so it is monotone."""
 
     def device(b: int) -> int:
@@ -255,9 +298,14 @@ def max_concurrency(
         max_batch=best,
         usable_bytes=usable,
         weights_bytes=weight_bytes(m, spec),
-        cache_per_sequence=kv_cache_bytes(m, batch=1, prompt=spec.prompt, new_tokens=spec.new_tokens,
-                                          dtype_bytes=spec.dtype.bytes,
-                                          static=spec.cache is CacheKind.STATIC).peak,
+        cache_per_sequence=kv_cache_bytes(
+            m,
+            batch=1,
+            prompt=spec.prompt,
+            new_tokens=spec.new_tokens,
+            dtype_bytes=spec.dtype.bytes,
+            static=spec.cache is CacheKind.STATIC,
+        ).peak,
         device_at_max=at,
         gpu=gpu.name,
     )

@@ -171,6 +171,8 @@ def saved_module_params(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
     embed = embedding_params(m) if leaves & set(_SAVED_EMBEDDING) else 0
     head = m.vocab_size * m.hidden_size if "lm_head" in leaves else 0
     return embed, head
+
+
 # PEFT 0.21 with transformers 5 (utils/transformers_weight_conversion.py ``_convert_peft_config_moe``, for model
 # types whose conversion pattern is mixtral's or qwen2_moe's): "all-linear" also adapts the router ``gate.weight``
 # and the fused experts as ``target_parameters``, ``gate_up_proj`` at rank 2r (gate and up were two v4 linears).
@@ -203,18 +205,28 @@ def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
         picked = linears if lora.all_linear else tuple(lin for lin in linears if _matches(lin.name, lora.targets))
         if picked or lora.all_linear:
             return tuple(
-                Adapted(linear=lin, params=lora.rank * (lin.in_features + lin.out_features)
-                        + (lin.out_features if lora.dora else 0))
+                Adapted(
+                    linear=lin,
+                    params=lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0),
+                )
                 for lin in picked
             )
     from vramledger.catalog.inventory import peft_adapters
 
-    found = peft_adapters(m.inventory, rank=lora.rank, targets=None if lora.all_linear else lora.targets,
-                          dora=lora.dora)
+    found = peft_adapters(
+        m.inventory, rank=lora.rank, targets=None if lora.all_linear else lora.targets, dora=lora.dora
+    )
     return tuple(
         Adapted(
-            linear=Linear(lin.name, lin.in_features, lin.out_features, lin.bias, per_layer=lin.copies,
-                          lora_targetable=lin.is_linear, layers=0 if lin.layers == m.num_layers else lin.layers),
+            linear=Linear(
+                lin.name,
+                lin.in_features,
+                lin.out_features,
+                lin.bias,
+                per_layer=lin.copies,
+                lora_targetable=lin.is_linear,
+                layers=0 if lin.layers == m.num_layers else lin.layers,
+            ),
             params=params,
         )
         for lin, params in found
@@ -453,8 +465,11 @@ def awq_bytes(in_features: int, out_features: int, *, bits: int = 4, group_size:
     qzeros int32 (in/group, out/(32/bits)), scales fp16 (in/group, out), bias fp16 (out); no g_idx."""
     g = in_features // (group_size if group_size > 0 else in_features)
     per_int = 32 // bits
-    return 4 * in_features * (out_features // per_int) + 4 * g * (out_features // per_int) + 2 * g * out_features + (
-        2 * out_features if bias else 0
+    return (
+        4 * in_features * (out_features // per_int)
+        + 4 * g * (out_features // per_int)
+        + 2 * g * out_features
+        + (2 * out_features if bias else 0)
     )
 
 
@@ -510,6 +525,7 @@ def checkpoint_storage_bytes(m: ModelSpec, dtype_bytes: int) -> int:
     if m.checkpoint_quant is None:
         return total * dtype_bytes
     linears = layer_linears(m)
-    quantised = sum(in_layers(m, lin) * checkpoint_linear_bytes(lin, m.checkpoint_quant, dtype_bytes)
-                    for lin in linears)
+    quantised = sum(
+        in_layers(m, lin) * checkpoint_linear_bytes(lin, m.checkpoint_quant, dtype_bytes) for lin in linears
+    )
     return quantised + (total - linears_numel(m, linears)) * dtype_bytes

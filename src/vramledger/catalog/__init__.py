@@ -160,9 +160,7 @@ def load_config_file(path: Path) -> ModelSpec:
 def resolve_model(name: str) -> ModelSpec:
     """A ModelSpec from a path, a catalog name or the local HF cache; unknown names get close matches."""
     if not name or not name.strip():
-        raise VramledgerError(
-            "model: empty name; pass a catalog name (see `vramledger models`) or a config.json"
-        )
+        raise VramledgerError("model: empty name; pass a catalog name (see `vramledger models`) or a config.json")
     from vramledger.userfiles import path_exists, user_path
 
     path = user_path(name)
@@ -294,6 +292,5 @@ def resolve_gpu(name: str) -> GPUSpec:
     close = difflib.get_close_matches(norm, list(_gpu_index()), n=3, cutoff=0.5)
     hint = f"; did you mean {', '.join(close)}?" if close else ""
     raise VramledgerError(
-        f"gpu: {name!r} is not in the catalog{hint} "
-        "(or give a size such as --gpu 24GiB; `vramledger gpus` lists them)"
+        f"gpu: {name!r} is not in the catalog{hint} (or give a size such as --gpu 24GiB; `vramledger gpus` lists them)"
     )

@@ -417,8 +417,14 @@ def spec_from_json(stored: Mapping[str, Any], config: Mapping[str, Any], *, name
         quant = CheckpointQuant(
             **{**stored_quant, "skip": tuple(stored_quant["skip"]), "block": tuple(block) if block else None}
         )
-    return ModelSpec(**fields, name=name, source=source, inventory=inventory, checkpoint_quant=quant,
-                     vision=vision_spec(config, f"config {source}"))
+    return ModelSpec(
+        **fields,
+        name=name,
+        source=source,
+        inventory=inventory,
+        checkpoint_quant=quant,
+        vision=vision_spec(config, f"config {source}"),
+    )
 
 
 def apply_peft_config(hf: Any, cfg: dict[str, Any], *, adapter_fp32: bool) -> Any:

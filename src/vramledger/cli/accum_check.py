@@ -32,10 +32,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         ),
     )
     p.add_argument("--script", metavar="FILE", type=in_path, help="training script to check statically (never run)")
-    p.add_argument("--micro-batches", type=count(1, MAX_MICRO_BATCHES, what="count"), default=4, metavar="N",
-                   help=f"accumulation steps (default 4, at most {MAX_MICRO_BATCHES})")
-    p.add_argument("--seed", type=count(0, MAX_SEED, what="seed"), default=0,
-                   help="seed for the weights and the synthetic data")
+    p.add_argument(
+        "--micro-batches",
+        type=count(1, MAX_MICRO_BATCHES, what="count"),
+        default=4,
+        metavar="N",
+        help=f"accumulation steps (default 4, at most {MAX_MICRO_BATCHES})",
+    )
+    p.add_argument(
+        "--seed", type=count(0, MAX_SEED, what="seed"), default=0, help="seed for the weights and the synthetic data"
+    )
     p.add_argument("--dtype", choices=("fp32", "fp64"), default="fp32", help="compute dtype (default fp32)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(run=_run)

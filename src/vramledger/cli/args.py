@@ -42,9 +42,9 @@ def count(lo: int = 1, hi: int = MAX_COUNT, *, what: str = "integer") -> Callabl
     return parse
 
 
-def real(lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False, what: str = "number") -> Callable[
-    [str], float
-]:
+def real(
+    lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False, what: str = "number"
+) -> Callable[[str], float]:
     """A finite float in [lo, hi] (open ends when asked); ``nan`` and ``inf`` are refused."""
     interval = f"{'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 

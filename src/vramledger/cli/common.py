@@ -90,13 +90,17 @@ def _short(text: str) -> str:
 def add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", nargs="?", help="catalog name or hub id (see `vramledger models`), or a config.json path")
     p.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="overrides for --config (LLaMA-Factory style)")
-    p.add_argument("--config", type=in_path,
-                   help="a training config: LLaMA-Factory, HF TrainingArguments, TRL, axolotl")
+    p.add_argument(
+        "--config", type=in_path, help="a training config: LLaMA-Factory, HF TrainingArguments, TRL, axolotl"
+    )
     p.add_argument("--format", type=name, help="the config's kind, when it cannot be detected from its content")
     p.add_argument("--deepspeed", type=in_path, help="a DeepSpeed JSON config")
-    p.add_argument("--preset", type=name,
-                   help="without --config: the defaults of hf | llamafactory | trl | axolotl, or none for vramledger's "
-                   "bare ones (default llamafactory: checkpointing on, fused AdamW, LoRA rank 8 on all linear layers)")
+    p.add_argument(
+        "--preset",
+        type=name,
+        help="without --config: the defaults of hf | llamafactory | trl | axolotl, or none for vramledger's "
+        "bare ones (default llamafactory: checkpointing on, fused AdamW, LoRA rank 8 on all linear layers)",
+    )
     p.add_argument("--accelerate-config", type=in_path, help="an accelerate (FSDP) YAML config")
 
 
@@ -105,72 +109,126 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("training setup")
     g.add_argument("--method", type=name, help="full | freeze | lora | qlora (default lora)")
     g.add_argument("--lora-rank", type=count(what="rank"), help="LoRA rank r (default 16)")
-    g.add_argument("--lora-alpha", type=real(0, 1e6, lo_open=True, what="alpha"),
-                   help="LoRA alpha (default 2 × rank; no memory effect)")
-    g.add_argument("--lora-targets", type=name,
-                   help="comma-separated module names, or 'all' (default all linear layers)")
+    g.add_argument(
+        "--lora-alpha",
+        type=real(0, 1e6, lo_open=True, what="alpha"),
+        help="LoRA alpha (default 2 × rank; no memory effect)",
+    )
+    g.add_argument(
+        "--lora-targets", type=name, help="comma-separated module names, or 'all' (default all linear layers)"
+    )
     g.add_argument("--lora-dropout", type=fraction, help="LoRA dropout (default 0)")
     g.add_argument("--dora", action="store_true", default=None, help="weight-decomposed LoRA")
-    g.add_argument("--modules-to-save", type=name,
-                   help="modules trained in full beside the adapters (PEFT modules_to_save): embed_tokens,lm_head")
-    g.add_argument("--peft-config", type=in_path, metavar="PATH",
-                   help="a PEFT adapter_config.json (or its folder): any PEFT method (IA3, prefix tuning, …)")
+    g.add_argument(
+        "--modules-to-save",
+        type=name,
+        help="modules trained in full beside the adapters (PEFT modules_to_save): embed_tokens,lm_head",
+    )
+    g.add_argument(
+        "--peft-config",
+        type=in_path,
+        metavar="PATH",
+        help="a PEFT adapter_config.json (or its folder): any PEFT method (IA3, prefix tuning, …)",
+    )
     g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
-    g.add_argument("--freeze-layers", type=count(what="number of layers"),
-                   help="method freeze: trainable last layers (default 2)")
+    g.add_argument(
+        "--freeze-layers", type=count(what="number of layers"), help="method freeze: trainable last layers (default 2)"
+    )
     g.add_argument("--batch", type=count(hi=MAX_BATCH, what="batch"), help="micro-batch size per GPU (default 1)")
-    g.add_argument("--seq", type=count(hi=MAX_TOKENS, what="length"),
-                   help="sequence length in tokens (default 2048); with --images, text tokens (the images' add to it)")
-    g.add_argument("--accum", type=count(hi=MAX_BATCH, what="step count"),
-                   help="gradient accumulation steps (default 1)")
+    g.add_argument(
+        "--seq",
+        type=count(hi=MAX_TOKENS, what="length"),
+        help="sequence length in tokens (default 2048); with --images, text tokens (the images' add to it)",
+    )
+    g.add_argument(
+        "--accum", type=count(hi=MAX_BATCH, what="step count"), help="gradient accumulation steps (default 1)"
+    )
     g.add_argument(
         "--precision",
         type=name,
         help="bf16-mixed (=bf16) | fp16-mixed (=fp16) | bf16-true | fp16-true | fp32 (default bf16-mixed)",
     )
-    g.add_argument("--optimizer", type=name,
-                   help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
-                   "adafactor | sgd | lion_32bit | … (default adamw_torch)")
+    g.add_argument(
+        "--optimizer",
+        type=name,
+        help="adamw_torch (foreach) | adamw_torch_fused | adamw_8bit | paged_adamw_8bit | "
+        "adafactor | sgd | lion_32bit | … (default adamw_torch)",
+    )
     g.add_argument("--sgd-momentum", type=fraction, help="SGD momentum (default 0)")
     ck = g.add_mutually_exclusive_group()
     ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None, help="gradient checkpointing")
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", help="no gradient checkpointing")
     g.add_argument("--attn", type=name, help="eager | sdpa | flash_attention_2 (default sdpa)")
     g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked (default standard)")
-    g.add_argument("--packing", action="store_true", default=None,
-                   help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1")
-    g.add_argument("--model-code", type=name,
-                   help="whose decoder layers run: transformers (with PEFT) | litgpt | lit-gpt-2023 "
-                   "(default transformers)")
-    g.add_argument("--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"),
-                   help="evaluation batch size (adds an eval phase)")
-    g.add_argument("--eval-seq", type=count(hi=MAX_TOKENS, what="length"),
-                   help="evaluation sequence length (default: --seq)")
-    g.add_argument("--eval-logits", type=name,
-                   help="what eval keeps for metrics: none (loss only) | full | argmax (default none)")
-    g.add_argument("--eval-accum", type=count(hi=MAX_BATCH, what="step count"),
-                   help="eval_accumulation_steps (default: unset, predictions stay on GPU)")
-    g.add_argument("--eval-steps", type=count(what="step count"),
-                   help="eval batches per evaluation (for predictions kept on the GPU)")
+    g.add_argument(
+        "--packing",
+        action="store_true",
+        default=None,
+        help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1",
+    )
+    g.add_argument(
+        "--model-code",
+        type=name,
+        help="whose decoder layers run: transformers (with PEFT) | litgpt | lit-gpt-2023 (default transformers)",
+    )
+    g.add_argument(
+        "--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"), help="evaluation batch size (adds an eval phase)"
+    )
+    g.add_argument(
+        "--eval-seq", type=count(hi=MAX_TOKENS, what="length"), help="evaluation sequence length (default: --seq)"
+    )
+    g.add_argument(
+        "--eval-logits", type=name, help="what eval keeps for metrics: none (loss only) | full | argmax (default none)"
+    )
+    g.add_argument(
+        "--eval-accum",
+        type=count(hi=MAX_BATCH, what="step count"),
+        help="eval_accumulation_steps (default: unset, predictions stay on GPU)",
+    )
+    g.add_argument(
+        "--eval-steps",
+        type=count(what="step count"),
+        help="eval batches per evaluation (for predictions kept on the GPU)",
+    )
     g.add_argument("--predict-with-generate", action="store_true", default=None, help="generate during evaluation")
-    g.add_argument("--max-new-tokens", type=count(what="token count"),
-                   help="tokens generated per eval sequence (predict_with_generate)")
-    g.add_argument("--images", type=count(lo=0, hi=MAX_BATCH, what="image count"),
-                   help="images per sample (vision-language models: Qwen2/2.5/3-VL, Gemma 3, Llama 4; default 0)")
-    g.add_argument("--image-size", type=image_size, metavar="WxH",
-                   help="pixels of each image before the processor (default: the model's resolution)")
+    g.add_argument(
+        "--max-new-tokens",
+        type=count(what="token count"),
+        help="tokens generated per eval sequence (predict_with_generate)",
+    )
+    g.add_argument(
+        "--images",
+        type=count(lo=0, hi=MAX_BATCH, what="image count"),
+        help="images per sample (vision-language models: Qwen2/2.5/3-VL, Gemma 3, Llama 4; default 0)",
+    )
+    g.add_argument(
+        "--image-size",
+        type=image_size,
+        metavar="WxH",
+        help="pixels of each image before the processor (default: the model's resolution)",
+    )
     fv = g.add_mutually_exclusive_group()
-    fv.add_argument("--freeze-vision-tower", dest="freeze_vision_tower", action="store_true", default=None,
-                    help="keep adapters out of the vision tower and projector (LLaMA-Factory's default)")
-    fv.add_argument("--no-freeze-vision-tower", dest="freeze_vision_tower", action="store_false",
-                    help="adapt the vision tower too (PEFT's all-linear does)")
+    fv.add_argument(
+        "--freeze-vision-tower",
+        dest="freeze_vision_tower",
+        action="store_true",
+        default=None,
+        help="keep adapters out of the vision tower and projector (LLaMA-Factory's default)",
+    )
+    fv.add_argument(
+        "--no-freeze-vision-tower",
+        dest="freeze_vision_tower",
+        action="store_false",
+        help="adapt the vision tower too (PEFT's all-linear does)",
+    )
     add_distributed_options(p)
 
 
 def add_gpu_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu", type=name,
-                   help="GPU for the verdict: a catalog name (see `vramledger gpus`) or a size like 24GiB")
+    p.add_argument(
+        "--gpu", type=name, help="GPU for the verdict: a catalog name (see `vramledger gpus`) or a size like 24GiB"
+    )
     p.add_argument(
         "--headroom",
         type=fraction,
@@ -271,8 +329,9 @@ def _base_setup(args: argparse.Namespace) -> _Base:
     config_format = ""
     preset_note = ""
     if getattr(args, "preset", None) is not None and getattr(args, "config", None) is not None:
-        raise VramledgerError("--preset: only for setups given by flags; --config already sets the framework's "
-                              "defaults (drop --preset)")
+        raise VramledgerError(
+            "--preset: only for setups given by flags; --config already sets the framework's defaults (drop --preset)"
+        )
     if any(getattr(args, k, None) is not None for k in ("config", "deepspeed", "accelerate_config")):
         from vramledger.adapters import load_config
 
@@ -295,8 +354,14 @@ def _base_setup(args: argparse.Namespace) -> _Base:
         base, preset_note = _preset(args, model_name, provenance)
     if not model_name:
         raise VramledgerError("model: none given; pass a catalog name (e.g. llama-3.1-8b), a config.json, or --config")
-    return _Base(train=base, model_name=model_name, provenance=provenance, warnings=warnings,
-                 config_format=config_format, preset_note=preset_note)
+    return _Base(
+        train=base,
+        model_name=model_name,
+        provenance=provenance,
+        warnings=warnings,
+        config_format=config_format,
+        preset_note=preset_note,
+    )
 
 
 # Flags that set a TrainSpec field as given (validated by their argparse types).
@@ -434,13 +499,20 @@ def add_output_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--html", type=out_path, metavar="FILE", help="write a self-contained HTML report (table + figures)")
     g.add_argument("--png", type=out_path, metavar="DIR", help="write the figures as PNG files into DIR")
     add_force_option(g)
-    g.add_argument("--bars", action="store_true", default=None,
-                   help="show text bars of the bill (default: when the output is a terminal)")
+    g.add_argument(
+        "--bars",
+        action="store_true",
+        default=None,
+        help="show text bars of the bill (default: when the output is a terminal)",
+    )
 
 
 def add_force_option(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
-    p.add_argument("--force", action="store_true",
-                   help="replace output files that exist (an input is never replaced, even with --force)")
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="replace output files that exist (an input is never replaced, even with --force)",
+    )
 
 
 _OUTPUTS = (("html", "--html"), ("write_config", "--write-config"), ("out", "--out"), ("snapshot", "--snapshot"))
@@ -451,8 +523,10 @@ def input_files(args: argparse.Namespace) -> list[Path]:
     """The files this command reads: the model path, the configs, the script, and paths given as overrides."""
     from vramledger.userfiles import input_paths
 
-    values: list[object] = [getattr(args, k, None) for k in ("model", "config", "deepspeed", "accelerate_config",
-                                                               "script", "evidence", "peft_config")]
+    values: list[object] = [
+        getattr(args, k, None)
+        for k in ("model", "config", "deepspeed", "accelerate_config", "script", "evidence", "peft_config")
+    ]
     values += [o.partition("=")[2] for o in getattr(args, "overrides", None) or [] if "=" in o]
     return input_paths(values)
 
@@ -571,8 +645,11 @@ def distributed_changes(args: argparse.Namespace) -> dict[str, Any]:
         if zero:
             out["fsdp"] = None
     if fsdp is not None:
-        table: dict[str, Any] = {s.value: s for s in Sharding} | {"none": None, "hybrid": Sharding.HYBRID_SHARD,
-                                                                     "full": Sharding.FULL_SHARD}
+        table: dict[str, Any] = {s.value: s for s in Sharding} | {
+            "none": None,
+            "hybrid": Sharding.HYBRID_SHARD,
+            "full": Sharding.FULL_SHARD,
+        }
         out["fsdp"] = _choice(table, "--fsdp", fsdp.replace("-", "_"))
         if out["fsdp"] is not None:
             out["zero_stage"] = 0
@@ -582,8 +659,9 @@ def distributed_changes(args: argparse.Namespace) -> dict[str, Any]:
         out["fsdp_version"] = args.fsdp_version
     offload = getattr(args, "offload", None)
     if offload is not None:
-        kind = _choice({"optimizer": "optimizer", "param": "param", "params": "param", "none": "none"}, "--offload",
-                       offload)
+        kind = _choice(
+            {"optimizer": "optimizer", "param": "param", "params": "param", "none": "none"}, "--offload", offload
+        )
         out["offload_optimizer"] = kind != "none"
         out["offload_params"] = kind == "param"
     return out

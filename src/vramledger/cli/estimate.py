@@ -34,19 +34,33 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="print the ledger as JSON")
     p.add_argument("--sources", action="store_true", help="list every line of the peak with its formula and source")
     g = p.add_argument_group("inference (--mode infer)")
-    g.add_argument("--mode", choices=("train", "infer"), default="train",
-                   help="train (default): a training step; infer: one generate() call (weights + KV cache)")
-    g.add_argument("--prompt", type=count(hi=MAX_TOKENS, what="token count"),
-                   help="infer: prompt tokens per sequence (default: --seq, 2048)")
-    g.add_argument("--new-tokens", type=count(hi=MAX_TOKENS, what="token count"),
-                   help="infer: max_new_tokens (default 256)")
+    g.add_argument(
+        "--mode",
+        choices=("train", "infer"),
+        default="train",
+        help="train (default): a training step; infer: one generate() call (weights + KV cache)",
+    )
+    g.add_argument(
+        "--prompt",
+        type=count(hi=MAX_TOKENS, what="token count"),
+        help="infer: prompt tokens per sequence (default: --seq, 2048)",
+    )
+    g.add_argument(
+        "--new-tokens", type=count(hi=MAX_TOKENS, what="token count"), help="infer: max_new_tokens (default 256)"
+    )
     g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
-    g.add_argument("--cache", choices=("dynamic", "static", "legacy"),
-                   help="the KV cache generation keeps (infer, and eval with --predict-with-generate): dynamic "
-                   "(DynamicCache, transformers >= 4.36, the default), "
-                   "static, or legacy (the tuple cache of transformers < 4.36: about twice the cache while decoding)")
-    g.add_argument("--max-concurrency", action="store_true",
-                   help="infer: how many sequences of this length fit next to the weights on --gpu")
+    g.add_argument(
+        "--cache",
+        choices=("dynamic", "static", "legacy"),
+        help="the KV cache generation keeps (infer, and eval with --predict-with-generate): dynamic "
+        "(DynamicCache, transformers >= 4.36, the default), "
+        "static, or legacy (the tuple cache of transformers < 4.36: about twice the cache while decoding)",
+    )
+    g.add_argument(
+        "--max-concurrency",
+        action="store_true",
+        help="infer: how many sequences of this length fit next to the weights on --gpu",
+    )
     add_output_options(p)
     p.set_defaults(run=run)
 
@@ -86,8 +100,12 @@ def run(args: argparse.Namespace) -> int:
             from vramledger.report.distributed_view import render_distributed
 
             print()
-            print(render_distributed(ledger.settings["distributed"],  # type: ignore[arg-type]
-                                     multi_gpu_options(inputs.model, inputs.train, inputs.gpu)))
+            print(
+                render_distributed(
+                    ledger.settings["distributed"],  # type: ignore[arg-type]
+                    multi_gpu_options(inputs.model, inputs.train, inputs.gpu),
+                )
+            )
     for path in write_outputs(args, ledger, inputs=inputs):
         print(f"wrote {path}", file=sys.stderr)
     if ledger.verdict is not None and not ledger.verdict.fits:
@@ -114,8 +132,15 @@ def _run_infer(args: argparse.Namespace, inputs: Inputs) -> int:
 
     t = inputs.train
     cache = CacheKind(args.cache) if args.cache else CacheKind.STATIC if args.static_cache else CacheKind.DYNAMIC
-    spec = InferSpec(batch=t.micro_batch, prompt=args.prompt or t.seq_len, new_tokens=args.new_tokens or 256,
-                     dtype=t.precision.compute, quant=t.quant, attn=t.attn, cache=cache)
+    spec = InferSpec(
+        batch=t.micro_batch,
+        prompt=args.prompt or t.seq_len,
+        new_tokens=args.new_tokens or 256,
+        dtype=t.precision.compute,
+        quant=t.quant,
+        attn=t.attn,
+        cache=cache,
+    )
     ledger = infer_ledger(inputs.model, spec, gpu=inputs.gpu, headroom=inputs.headroom)
     conc = None
     if args.max_concurrency:

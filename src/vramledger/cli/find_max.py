@@ -23,16 +23,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_gpu_options(p)
     add_trial_options(p)
     p.add_argument("--dim", choices=("batch", "seq"), default="batch", help="what to grow (default batch)")
-    p.add_argument("--granularity", type=count(hi=MAX_BATCH, what="step"),
-                   help="step of the search (default 1 for batch, 256 for seq)")
+    p.add_argument(
+        "--granularity",
+        type=count(hi=MAX_BATCH, what="step"),
+        help="step of the search (default 1 for batch, 256 for seq)",
+    )
     p.add_argument(
         "--max",
         dest="upper",
         type=count(hi=MAX_TOKENS, what="bound"),
         help="upper bound (default 1024 for batch; the model's context for seq)",
     )
-    p.add_argument("--predicted", type=count(hi=MAX_TOKENS, what="value"),
-                   help="start from this value instead of the estimate's prediction")
+    p.add_argument(
+        "--predicted",
+        type=count(hi=MAX_TOKENS, what="value"),
+        help="start from this value instead of the estimate's prediction",
+    )
     p.add_argument(
         "--margin",
         type=real(0.0, 0.5, hi_open=True, what="fraction"),
@@ -50,9 +56,7 @@ def _probe_capacity(timeout_s: float) -> int:
     res = run_worker({"probe_only": True}, timeout_s=timeout_s)
     total = res.raw.get("environment", {}).get("gpu_total_bytes")
     if not total:
-        raise VramledgerError(
-            f"find-max: could not read the GPU's memory ({res.status}: {res.error})", exit_code=1
-        )
+        raise VramledgerError(f"find-max: could not read the GPU's memory ({res.status}: {res.error})", exit_code=1)
     return int(total)
 
 
@@ -72,9 +76,7 @@ def _run(args: argparse.Namespace) -> int:
     inputs = resolve_inputs(args)
     require_gpu("find-max")
     if not 0.0 <= args.margin < 0.5:
-        raise VramledgerError(
-            f"--margin must be a fraction in [0, 0.5) (got {args.margin}); e.g. --margin 0.03"
-        )
+        raise VramledgerError(f"--margin must be a fraction in [0, 0.5) (got {args.margin}); e.g. --margin 0.03")
     dim = args.dim
     g = args.granularity or (1 if dim == "batch" else 256)
     upper = args.upper or (1024 if dim == "batch" else (inputs.model.max_position_embeddings or 131072))
@@ -90,19 +92,12 @@ def _run(args: argparse.Namespace) -> int:
             predicted = predicted_max(
                 device_total, inputs.train, dim=dim, capacity=start_cap, upper=upper, granularity=g
             )
-            source = (
-                f"the estimate for {fmt_bytes(start_cap)}, {args.margin:.0%} below the GPU's "
-                f"{fmt_bytes(capacity)}"
-            )
+            source = f"the estimate for {fmt_bytes(start_cap)}, {args.margin:.0%} below the GPU's {fmt_bytes(capacity)}"
     unit = "batch" if dim == "batch" else "tokens"
-    print(
-        f"{inputs.model.name}: searching the largest {dim} that runs; starting at {predicted} from {source}"
-    )
+    print(f"{inputs.model.name}: searching the largest {dim} that runs; starting at {predicted} from {source}")
 
     def run(value: int) -> Outcome:
-        m = measure(
-            inputs.model, with_value(inputs.train, dim, value), steps=args.steps, timeout_s=args.timeout
-        )
+        m = measure(inputs.model, with_value(inputs.train, dim, value), steps=args.steps, timeout_s=args.timeout)
         ok = m.result.fits
         peak = None
         if m.ledger is not None:

@@ -30,12 +30,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--granularity", type=count(hi=MAX_BATCH, what="token count"), default=128,
-                   help="lengths on multiples of this (default 128)")
-    p.add_argument("--max-batch", type=count(hi=MAX_FIT_BATCH, what="batch"), default=64,
-                   help="frontier up to this micro-batch (default 64)")
-    p.add_argument("--max-len", type=count(hi=MAX_TOKENS, what="length"),
-                   help="frontier up to this length (default: the model's context)")
+    p.add_argument(
+        "--granularity",
+        type=count(hi=MAX_BATCH, what="token count"),
+        default=128,
+        help="lengths on multiples of this (default 128)",
+    )
+    p.add_argument(
+        "--max-batch",
+        type=count(hi=MAX_FIT_BATCH, what="batch"),
+        default=64,
+        help="frontier up to this micro-batch (default 64)",
+    )
+    p.add_argument(
+        "--max-len",
+        type=count(hi=MAX_TOKENS, what="length"),
+        help="frontier up to this length (default: the model's context)",
+    )
     p.add_argument("--exact", action="store_true", help="confirm the frontier's corners by tracing (slow)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_output_options(p)
@@ -66,8 +77,16 @@ def fit_report(args: argparse.Namespace, inputs: Inputs) -> FitReport:
 
     if inputs.gpu is None:
         raise VramledgerError("fit needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    report = fit(inputs.model, inputs.train, inputs.gpu, inputs.headroom, max_batch=args.max_batch,
-                 granularity=args.granularity, max_len=args.max_len, exact=args.exact)
+    report = fit(
+        inputs.model,
+        inputs.train,
+        inputs.gpu,
+        inputs.headroom,
+        max_batch=args.max_batch,
+        granularity=args.granularity,
+        max_len=args.max_len,
+        exact=args.exact,
+    )
     if inputs.warnings:
         from dataclasses import replace
 

@@ -26,14 +26,24 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--global-batch", type=count(hi=MAX_BATCH, what="batch"),
-                   help="sequences per optimizer step to keep (default batch x accum)")
-    p.add_argument("--granularity", type=count(hi=MAX_BATCH, what="token count"), default=128,
-                   help="shorter lengths on multiples of this (default 128)")
+    p.add_argument(
+        "--global-batch",
+        type=count(hi=MAX_BATCH, what="batch"),
+        help="sequences per optimizer step to keep (default batch x accum)",
+    )
+    p.add_argument(
+        "--granularity",
+        type=count(hi=MAX_BATCH, what="token count"),
+        default=128,
+        help="shorter lengths on multiples of this (default 128)",
+    )
     p.add_argument("--top", type=count(hi=1000, what="count"), default=8, help="plans to show (default 8)")
     p.add_argument("--write-config", type=out_path, metavar="FILE", help="write the best plan as a training config")
-    p.add_argument("--write-format", type=name, help="llamafactory | trl | axolotl (default: the --config's format, "
-                   "else llamafactory)")
+    p.add_argument(
+        "--write-format",
+        type=name,
+        help="llamafactory | trl | axolotl (default: the --config's format, else llamafactory)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     add_output_options(p)
     p.set_defaults(run=run)
@@ -44,8 +54,11 @@ def run(args: argparse.Namespace) -> int:
     result = plan_result(args, inputs)
     from vramledger.report.plan_view import render_plan, to_json
 
-    print(to_json(result) if args.json else render_plan(result, top=args.top, config_keys=_config_keys(args, inputs,
-                                                                                                    result.best)))
+    print(
+        to_json(result)
+        if args.json
+        else render_plan(result, top=args.top, config_keys=_config_keys(args, inputs, result.best))
+    )
     _write_figures(args, inputs, result)
     if args.write_config is not None:
         if result.best is None:
@@ -60,8 +73,15 @@ def plan_result(args: argparse.Namespace, inputs: Any) -> Any:
 
     if inputs.gpu is None:
         raise VramledgerError("plan needs a GPU: pass --gpu NAME (see `vramledger gpus`) or a size like --gpu 24GiB")
-    result = plan(inputs.model, inputs.train, inputs.gpu, inputs.headroom, global_batch=args.global_batch,
-                  batch_given="micro_batch" in inputs.provenance, granularity=args.granularity)
+    result = plan(
+        inputs.model,
+        inputs.train,
+        inputs.gpu,
+        inputs.headroom,
+        global_batch=args.global_batch,
+        batch_given="micro_batch" in inputs.provenance,
+        granularity=args.granularity,
+    )
     if inputs.warnings:
         from dataclasses import replace
 
@@ -89,8 +109,16 @@ def _write_config(args: argparse.Namespace, inputs: Any, best: Any) -> None:
         overrides = [o for o in args.overrides if "." not in o.partition("=")[0]]
         patched_raw, touched = apply_overrides(raw, overrides)
         try:
-            patch = patch_config(args.config, raw, fmt=fmt, model=inputs.model_name, before=inputs.train,
-                                 after=best.train, after_model=model, overridden={k: patched_raw[k] for k in touched})
+            patch = patch_config(
+                args.config,
+                raw,
+                fmt=fmt,
+                model=inputs.model_name,
+                before=inputs.train,
+                after=best.train,
+                after_model=model,
+                overridden={k: patched_raw[k] for k in touched},
+            )
             text, changes, note = patch.text, patch.changes, f"your {args.config} with the plan's changes"
         except VramledgerError as exc:
             note = f"{fmt} memory keys only: {exc}"

@@ -25,14 +25,21 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_model_options(p)
     add_train_options(p)
     add_gpu_options(p)
-    p.add_argument("--alloc-conf", metavar="CONF",
-                   help="PYTORCH_CUDA_ALLOC_CONF to replay, e.g. expandable_segments:True (default: the "
-                   "environment's PYTORCH_CUDA_ALLOC_CONF, else torch's defaults); compared with the defaults")
+    p.add_argument(
+        "--alloc-conf",
+        metavar="CONF",
+        help="PYTORCH_CUDA_ALLOC_CONF to replay, e.g. expandable_segments:True (default: the "
+        "environment's PYTORCH_CUDA_ALLOC_CONF, else torch's defaults); compared with the defaults",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output (estimate's keys + trace keys)")
-    p.add_argument("--snapshot", type=out_path, metavar="FILE",
-                   help="write the traced step as a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's "
-                   "pickle), taken at the OOM point or the peak: open it at pytorch.org/memory_viz or with "
-                   "`vramledger explain FILE`")
+    p.add_argument(
+        "--snapshot",
+        type=out_path,
+        metavar="FILE",
+        help="write the traced step as a PyTorch memory snapshot (torch.cuda.memory._dump_snapshot's "
+        "pickle), taken at the OOM point or the peak: open it at pytorch.org/memory_viz or with "
+        "`vramledger explain FILE`",
+    )
     p.add_argument("--timeline", action="store_true", help="with --json: include the live-bytes timeline")
     add_output_options(p)
     p.set_defaults(run=_run)
@@ -56,11 +63,11 @@ def _run(args: argparse.Namespace) -> int:
     snapshot = None
     with Progress(f"tracing {inputs.model.name} on fake tensors (tens of seconds)"):
         if args.snapshot is None:
-            ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom,
-                                alloc_conf=conf)
+            ledger = trace_step(inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf)
         else:
-            ledger, snapshot = trace_step_snapshot(inputs.model, inputs.train, gpu=inputs.gpu,
-                                                   headroom=inputs.headroom, alloc_conf=conf)
+            ledger, snapshot = trace_step_snapshot(
+                inputs.model, inputs.train, gpu=inputs.gpu, headroom=inputs.headroom, alloc_conf=conf
+            )
     ledger = replace(ledger, warnings=tuple(inputs.warnings) + ledger.warnings)
     if args.json:
         import json

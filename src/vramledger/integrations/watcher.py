@@ -320,9 +320,7 @@ class MemoryWatcher:
         if snapshot is not None:
             snap_path = unique_path(base / f"{stem}.snapshot.pickle")
             with snap_path.open("xb") as f:
-                pickle.dump(
-                    snapshot, f
-                )  # _dump_snapshot's format: opens in pytorch.org/memory_viz
+                pickle.dump(snapshot, f)  # _dump_snapshot's format: opens in pytorch.org/memory_viz
             record["snapshot"] = snap_path.name
             known = self._known() if self._known is not None else None
             ev = evidence_from_snapshot(snapshot, source="the OOM observer", device=device, known=known, **extra)

@@ -85,9 +85,7 @@ def trial_spec(
     from vramledger.measure.serial import train_to_dict
 
     if steps < 1:
-        raise VramledgerError(
-            f"--steps must be at least 1 (got {steps}); 3 makes the optimizer states resident"
-        )
+        raise VramledgerError(f"--steps must be at least 1 (got {steps}); 3 makes the optimizer states resident")
     return {
         "model_name": model.name,
         "hf_config": dict(hf_config) if hf_config is not None else hf_config_for(model),
@@ -116,9 +114,7 @@ def run_worker(
         )
     except subprocess.TimeoutExpired as exc:
         tail = exc.stderr.decode(errors="replace") if isinstance(exc.stderr, bytes) else (exc.stderr or "")
-        return TrialResult(
-            status="timeout", error=f"no result within {timeout_s:g} s", stderr_tail=tail[-2000:]
-        )
+        return TrialResult(status="timeout", error=f"no result within {timeout_s:g} s", stderr_tail=tail[-2000:])
     raw: dict[str, Any] | None = None
     for line in reversed(proc.stdout.strip().splitlines()):
         try:

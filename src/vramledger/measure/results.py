@@ -103,9 +103,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
     try:
         lines = path.read_text(encoding="utf-8").splitlines()
     except OSError as exc:
-        raise VramledgerError(
-            f"results: cannot read {path} ({exc.strerror}); pass an existing JSONL file"
-        ) from exc
+        raise VramledgerError(f"results: cannot read {path} ({exc.strerror}); pass an existing JSONL file") from exc
     for i, line in enumerate(lines, 1):
         if not line.strip():
             continue
@@ -116,9 +114,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
                 f"results: {path}:{i} is not valid JSON ({exc.msg}); fix or remove that line"
             ) from exc
         if not isinstance(rec, dict) or "id" not in rec:
-            raise VramledgerError(
-                f"results: {path}:{i} is not a suite record (no 'id'); fix or remove that line"
-            )
+            raise VramledgerError(f"results: {path}:{i} is not a suite record (no 'id'); fix or remove that line")
         out.append(rec)
     return out
 

@@ -227,9 +227,7 @@ def predicted_max(
     )
 
 
-def value_predictor(
-    device_total: Callable[[TrainSpec], int], train: TrainSpec, dim: str
-) -> Callable[[int], int]:
+def value_predictor(device_total: Callable[[TrainSpec], int], train: TrainSpec, dim: str) -> Callable[[int], int]:
     """value → predicted device total, for :func:`find_max`'s secant step."""
     return lambda v: device_total(with_value(train, dim, v))
 

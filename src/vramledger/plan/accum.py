@@ -115,8 +115,15 @@ def schedule(scheduler: str, warmup_ratio: float, total: int, accums: tuple[int,
         for k in sorted(set(accums))
         if k > 1
     )
-    return Schedule(scheduler=scheduler, warmup_ratio=warmup_ratio, total_steps=total, warmup_steps=warmup,
-                    steps=steps, per_optimizer_step=correct, per_micro_batch=per_micro)
+    return Schedule(
+        scheduler=scheduler,
+        warmup_ratio=warmup_ratio,
+        total_steps=total,
+        warmup_steps=warmup,
+        steps=steps,
+        per_optimizer_step=correct,
+        per_micro_batch=per_micro,
+    )
 
 
 def accum_report(
@@ -147,19 +154,42 @@ def accum_report(
         led = memo.ledger(model, t, gpu, headroom)
         assert led.verdict is not None
         micro, opt = optimizer_steps(samples, d, global_batch // d, ep)
-        splits.append(Split(micro_batch=d, grad_accum=global_batch // d, device_total=led.device_total,
-                            fits=led.verdict.fits, time=step_time(model, t, gpu, assumptions),
-                            micro_steps=micro, optimizer_steps=opt))
+        splits.append(
+            Split(
+                micro_batch=d,
+                grad_accum=global_batch // d,
+                device_total=led.device_total,
+                fits=led.verdict.fits,
+                time=step_time(model, t, gpu, assumptions),
+                micro_steps=micro,
+                optimizer_steps=opt,
+            )
+        )
     total = optimizer_steps(samples, global_batch, 1, ep)[1]
     sched = schedule(scheduler, warmup_ratio, total, tuple(s.grad_accum for s in splits))
     warnings = []
     if not any(s.fits for s in splits):
-        warnings.append("no split fits: accumulation alone cannot save weights, gradients or optimizer state; "
-                        "see `vramledger plan` for the other remedies")
+        warnings.append(
+            "no split fits: accumulation alone cannot save weights, gradients or optimizer state; "
+            "see `vramledger plan` for the other remedies"
+        )
     if any(s.grad_accum > 1 for s in splits):
-        warnings.append("with accumulation, step the LR scheduler once per optimizer step; stepped per micro-batch "
-                        "it runs k times too fast (the per-micro-batch columns of the table)")
-    return AccumReport(model=model.name, gpu=gpu.name, capacity_bytes=gpu.memory_bytes, headroom=headroom,
-                       usable_bytes=memo.usable_bytes(gpu, headroom), global_batch=global_batch,
-                       seq_len=train.seq_len, samples=samples * ep, per_thousand=dataset_size is None, epochs=ep,
-                       splits=tuple(splits), schedule=sched, warnings=tuple(warnings))
+        warnings.append(
+            "with accumulation, step the LR scheduler once per optimizer step; stepped per micro-batch "
+            "it runs k times too fast (the per-micro-batch columns of the table)"
+        )
+    return AccumReport(
+        model=model.name,
+        gpu=gpu.name,
+        capacity_bytes=gpu.memory_bytes,
+        headroom=headroom,
+        usable_bytes=memo.usable_bytes(gpu, headroom),
+        global_batch=global_batch,
+        seq_len=train.seq_len,
+        samples=samples * ep,
+        per_thousand=dataset_size is None,
+        epochs=ep,
+        splits=tuple(splits),
+        schedule=sched,
+        warnings=tuple(warnings),
+    )

@@ -127,8 +127,12 @@ def max_micro_batch(
     if not b:
         return None
     t = dataclasses.replace(train, micro_batch=b)
-    return FitPoint(micro_batch=b, seq_len=train.seq_len, device_total=memo.device_total(model, t, gpu, headroom),
-                    at_limit=b == limit)
+    return FitPoint(
+        micro_batch=b,
+        seq_len=train.seq_len,
+        device_total=memo.device_total(model, t, gpu, headroom),
+        at_limit=b == limit,
+    )
 
 
 def max_seq_len(
@@ -152,8 +156,12 @@ def max_seq_len(
     if not k:
         return None
     t = dataclasses.replace(train, seq_len=k * granularity)
-    return FitPoint(micro_batch=train.micro_batch, seq_len=k * granularity,
-                    device_total=memo.device_total(model, t, gpu, headroom), at_limit=k == steps)
+    return FitPoint(
+        micro_batch=train.micro_batch,
+        seq_len=k * granularity,
+        device_total=memo.device_total(model, t, gpu, headroom),
+        at_limit=k == steps,
+    )
 
 
 def frontier(
@@ -187,11 +195,22 @@ def frontier(
         if not k:
             break
         t = dataclasses.replace(base, seq_len=k * granularity)
-        points.append(FitPoint(micro_batch=b, seq_len=k * granularity,
-                               device_total=memo.device_total(model, t, gpu, headroom), at_limit=k == steps))
+        points.append(
+            FitPoint(
+                micro_batch=b,
+                seq_len=k * granularity,
+                device_total=memo.device_total(model, t, gpu, headroom),
+                at_limit=k == steps,
+            )
+        )
         prev = k
-    return Frontier(granularity=granularity, max_batch=max_batch, max_len=steps * granularity,
-                    points=tuple(points), evaluations=calls)
+    return Frontier(
+        granularity=granularity,
+        max_batch=max_batch,
+        max_len=steps * granularity,
+        points=tuple(points),
+        evaluations=calls,
+    )
 
 
 # -- the fit report ---------------------------------------------------------------------------------------------

@@ -114,8 +114,14 @@ class _Ctx:
         led = memo.ledger(m, t, self.gpu, self.headroom)
         assert led.verdict is not None
         changes = sorted(changes, key=lambda c: ORDER.index(c.remedy))
-        return Candidate(model=m, train=t, changes=tuple(changes), device_total=led.device_total,
-                         fits=led.verdict.fits, time=step_time(m, t, self.gpu, self.a))
+        return Candidate(
+            model=m,
+            train=t,
+            changes=tuple(changes),
+            device_total=led.device_total,
+            fits=led.verdict.fits,
+            time=step_time(m, t, self.gpu, self.a),
+        )
 
     def fastest_split(self, m: ModelSpec, t: TrainSpec, changes: tuple[Change, ...]) -> Candidate | None:
         """The fastest micro-batch × accumulation split of the global batch that fits (None if none fits).
@@ -219,8 +225,9 @@ def _prune(ranked: list[Candidate]) -> list[Candidate]:
     kept: list[Candidate] = []
     for c in ranked:
         mine = {str(x) for x in c.changes}
-        if not any({str(x) for x in k.changes} <= mine and k.time.tokens_per_s >= c.time.tokens_per_s * (1 - TIE)
-                   for k in kept):
+        if not any(
+            {str(x) for x in k.changes} <= mine and k.time.tokens_per_s >= c.time.tokens_per_s * (1 - TIE) for k in kept
+        ):
             kept.append(c)
     return kept
 
@@ -256,10 +263,19 @@ def plan(
             if saved < 0:
                 skipped.append(f"{v.change} would add {-saved:,} bytes here")
                 continue
-            effects.append(RemedyEffect(remedy=key, title=TITLES[key], change=v.change, device_total=c.device_total,
-                                        memory_saved=saved, step_s=c.time.step_s,
-                                        time_cost_s=c.time.step_s - base.time.step_s, fits=c.fits,
-                                        price=remedies.PRICE[key]))
+            effects.append(
+                RemedyEffect(
+                    remedy=key,
+                    title=TITLES[key],
+                    change=v.change,
+                    device_total=c.device_total,
+                    memory_saved=saved,
+                    step_s=c.time.step_s,
+                    time_cost_s=c.time.step_s - base.time.step_s,
+                    fits=c.fits,
+                    price=remedies.PRICE[key],
+                )
+            )
     if skipped:
         warnings.append("not offered (no saving in the estimate): " + "; ".join(skipped))
 
@@ -297,10 +313,23 @@ def plan(
             f"{assumptions.fallback_bandwidth_gbs:g} GB/s (pick a catalog GPU for real figures)"
         )
     usable = memo.usable_bytes(gpu, headroom)
-    return Plan(model=model.name, gpu=gpu.name, capacity_bytes=gpu.memory_bytes, headroom=headroom,
-                usable_bytes=usable, global_batch=g, seq_len=base_t.seq_len, baseline=base,
-                remedies=tuple(effects), ladder=tuple(ladder), candidates=tuple(candidates),
-                task_changing=tuple(task), warnings=tuple(warnings), assumptions=assumptions, combinations=combos)
+    return Plan(
+        model=model.name,
+        gpu=gpu.name,
+        capacity_bytes=gpu.memory_bytes,
+        headroom=headroom,
+        usable_bytes=usable,
+        global_batch=g,
+        seq_len=base_t.seq_len,
+        baseline=base,
+        remedies=tuple(effects),
+        ladder=tuple(ladder),
+        candidates=tuple(candidates),
+        task_changing=tuple(task),
+        warnings=tuple(warnings),
+        assumptions=assumptions,
+        combinations=combos,
+    )
 
 
 def _regrow(m: ModelSpec, t: TrainSpec, changes: tuple[Change, ...], ctx: _Ctx) -> Candidate:
@@ -355,8 +384,9 @@ def _ladder_step(key: str, cur: Candidate, ctx: _Ctx, granularity: int) -> Candi
     return best
 
 
-def _shorter_lengths(m: ModelSpec, t: TrainSpec, ctx: _Ctx, granularity: int, *, at_micro_one: bool = False
-                     ) -> list[int]:
+def _shorter_lengths(
+    m: ModelSpec, t: TrainSpec, ctx: _Ctx, granularity: int, *, at_micro_one: bool = False
+) -> list[int]:
     """The largest grid length below ``t.seq_len`` that fits (at micro-batch 1 when asked), else half the length."""
     base = ctx._split(t, 1) if at_micro_one else t
     steps = (t.seq_len - 1) // granularity
@@ -370,8 +400,7 @@ def _shorter_lengths(m: ModelSpec, t: TrainSpec, ctx: _Ctx, granularity: int, *,
     return [max(1, t.seq_len // 2)] if t.seq_len > 1 else []
 
 
-def _task_changing(m: ModelSpec, t: TrainSpec, ladder: list[Candidate], ctx: _Ctx, granularity: int
-                   ) -> list[Candidate]:
+def _task_changing(m: ModelSpec, t: TrainSpec, ladder: list[Candidate], ctx: _Ctx, granularity: int) -> list[Candidate]:
     """Shorter sequences (for the setup as given and for the ladder's last step) and smaller models."""
     out: dict[tuple[str, TrainSpec], Candidate] = {}
     last = [c for c in ladder if not c.changes_task][-1]

@@ -135,8 +135,11 @@ class Variant:
 
 
 def _v(m: ModelSpec, t: TrainSpec, key: str, setting: str, before: object, after: object, **kw: Any) -> Variant:
-    return Variant(model=m, train=dataclasses.replace(t, **kw), change=Change(remedy=Remedy(key), setting=setting,
-                                                                              before=str(before), after=str(after)))
+    return Variant(
+        model=m,
+        train=dataclasses.replace(t, **kw),
+        change=Change(remedy=Remedy(key), setting=setting, before=str(before), after=str(after)),
+    )
 
 
 def divisors(n: int) -> tuple[int, ...]:
@@ -163,8 +166,18 @@ def micro_batch_variants(m: ModelSpec, t: TrainSpec, global_batch: int) -> list[
     out = []
     for d in sorted(divisors(global_batch), reverse=True):
         if d < t.micro_batch:
-            out.append(_v(m, t, "micro_batch", "micro-batch x accum", f"{t.micro_batch}x{t.grad_accum}",
-                          f"{d}x{global_batch // d}", micro_batch=d, grad_accum=global_batch // d))
+            out.append(
+                _v(
+                    m,
+                    t,
+                    "micro_batch",
+                    "micro-batch x accum",
+                    f"{t.micro_batch}x{t.grad_accum}",
+                    f"{d}x{global_batch // d}",
+                    micro_batch=d,
+                    grad_accum=global_batch // d,
+                )
+            )
     return out
 
 
@@ -204,8 +217,19 @@ def adapter_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
     if t.method is Method.FULL:
         lora = LoraSpec(rank=16, alpha=32.0, adapter_fp32=t.precision is not Precision.BF16)
         out.append(_v(m, t, "adapters", "method", t.method.value, "lora r16", method=Method.LORA, lora=lora))
-        out.append(_v(m, t, "adapters", "method", t.method.value, "qlora r16 nf4", method=Method.QLORA, lora=lora,
-                      quant=QuantSpec()))
+        out.append(
+            _v(
+                m,
+                t,
+                "adapters",
+                "method",
+                t.method.value,
+                "qlora r16 nf4",
+                method=Method.QLORA,
+                lora=lora,
+                quant=QuantSpec(),
+            )
+        )
         return out
     assert t.lora is not None
     if t.method is Method.LORA:
@@ -223,8 +247,9 @@ def offload_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
     if t.offload_optimizer:
         return []
     if t.zero_stage == 0:
-        return [_v(m, t, "offload", "optimizer state", "GPU", "CPU (ZeRO-2 offload)", zero_stage=2,
-                   offload_optimizer=True)]
+        return [
+            _v(m, t, "offload", "optimizer state", "GPU", "CPU (ZeRO-2 offload)", zero_stage=2, offload_optimizer=True)
+        ]
     return [_v(m, t, "offload", "optimizer state", "GPU", "CPU", offload_optimizer=True)]
 
 
@@ -260,8 +285,10 @@ def smaller_models(m: ModelSpec, *, limit: int = 2) -> list[ModelSpec]:
 
 
 def model_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
-    return [Variant(model=s, train=t, change=Change(remedy=Remedy.MODEL, setting="model", before=m.name, after=s.name))
-            for s in smaller_models(m)]
+    return [
+        Variant(model=s, train=t, change=Change(remedy=Remedy.MODEL, setting="model", before=m.name, after=s.name))
+        for s in smaller_models(m)
+    ]
 
 
 def variants(key: str, m: ModelSpec, t: TrainSpec, gpu: GPUSpec, *, global_batch: int) -> list[Variant]:

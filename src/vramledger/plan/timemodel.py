@@ -303,9 +303,7 @@ def _trainable_tensors(m: ModelSpec, train: TrainSpec) -> int:
     return per_layer * m.num_layers + 3
 
 
-def step_time(
-    m: ModelSpec, train: TrainSpec, gpu: GPUSpec, a: TimeAssumptions = DEFAULT_ASSUMPTIONS
-) -> StepTime:
+def step_time(m: ModelSpec, train: TrainSpec, gpu: GPUSpec, a: TimeAssumptions = DEFAULT_ASSUMPTIONS) -> StepTime:
     """Predicted seconds per optimizer step of ``train`` (``micro_batch`` × ``grad_accum``) on ``gpu``."""
     return _step_time(m, train, gpu, a)
 

@@ -102,7 +102,7 @@ def ledger_table(ledger: Ledger) -> str:
     def cls(p: object) -> str:
         return ' class="peak"' if p is peak else ""
 
-    rows = ["<table class=\"ledger\"><thead><tr><th>line</th>"]
+    rows = ['<table class="ledger"><thead><tr><th>line</th>']
     rows += [f"<th{cls(p)}>{_e(p.value)}{' ▲ peak' if p is peak else ''}</th>" for p in phases]
     rows.append("</tr></thead><tbody>")
 
@@ -116,29 +116,47 @@ def ledger_table(ledger: Ledger) -> str:
         if cat.allocated:
             row(cat.display, [ledger.bytes_of(cat, p) for p in phases], swatch=cat)
     row("peak allocated", [ledger.allocated(p) for p in phases], ' class="total"')
-    row("+ " + Category.ALLOCATOR_RESERVE.display, [ledger.bytes_of(Category.ALLOCATOR_RESERVE, p) for p in phases],
-        ' class="overhead"', Category.ALLOCATOR_RESERVE)
+    row(
+        "+ " + Category.ALLOCATOR_RESERVE.display,
+        [ledger.bytes_of(Category.ALLOCATOR_RESERVE, p) for p in phases],
+        ' class="overhead"',
+        Category.ALLOCATOR_RESERVE,
+    )
     row("= peak reserved", [ledger.reserved(p) for p in phases])
-    row("+ " + Category.CUDA_CONTEXT.display, [ledger.bytes_of(Category.CUDA_CONTEXT, p) for p in phases],
-        ' class="overhead"', Category.CUDA_CONTEXT)
+    row(
+        "+ " + Category.CUDA_CONTEXT.display,
+        [ledger.bytes_of(Category.CUDA_CONTEXT, p) for p in phases],
+        ' class="overhead"',
+        Category.CUDA_CONTEXT,
+    )
     if Category.NCCL in ledger.categories():
-        row("+ " + Category.NCCL.display, [ledger.bytes_of(Category.NCCL, p) for p in phases],
-            ' class="overhead"', Category.NCCL)
+        row(
+            "+ " + Category.NCCL.display,
+            [ledger.bytes_of(Category.NCCL, p) for p in phases],
+            ' class="overhead"',
+            Category.NCCL,
+        )
     if Category.MANAGED_MEMORY in ledger.categories():
-        row("+ " + Category.MANAGED_MEMORY.display, [ledger.bytes_of(Category.MANAGED_MEMORY, p) for p in phases],
-            ' class="overhead"', Category.MANAGED_MEMORY)
+        row(
+            "+ " + Category.MANAGED_MEMORY.display,
+            [ledger.bytes_of(Category.MANAGED_MEMORY, p) for p in phases],
+            ' class="overhead"',
+            Category.MANAGED_MEMORY,
+        )
     row("= device total (nvidia-smi)", [ledger.device(p) for p in phases], ' class="total"')
     rows.append("</tbody></table>")
     return "".join(rows)
 
 
 def _sources(ledger: Ledger) -> str:
-    out = ["<details><summary>Every line, with its formula and source</summary>",
-           '<table class="sources"><thead><tr><th>phase</th><th>category</th><th>bytes</th><th>what</th>'
-           "<th>basis</th><th>source</th></tr></thead><tbody>"]
+    out = [
+        "<details><summary>Every line, with its formula and source</summary>",
+        '<table class="sources"><thead><tr><th>phase</th><th>category</th><th>bytes</th><th>what</th>'
+        "<th>basis</th><th>source</th></tr></thead><tbody>",
+    ]
     for i in ledger.items:
         out.append(
-            f"<tr><td>{_e(i.phase.value)}</td><td>{_e(i.category.display)}</td><td class=\"num\">"
+            f'<tr><td>{_e(i.phase.value)}</td><td>{_e(i.category.display)}</td><td class="num">'
             f"{_e(fmt_bytes(i.bytes))}</td><td>{_e(i.label)}</td><td>{_e(i.basis.value)}</td>"
             f"<td>{_e(i.source)}</td></tr>"
         )
@@ -149,8 +167,10 @@ def _sources(ledger: Ledger) -> str:
 def _verdict(ledger: Ledger) -> str:
     v = ledger.verdict
     if v is None:
-        return ('<div class="verdict fits">No GPU given: pass <code>--gpu</code> for a verdict and the capacity '
-                "lines.</div>")
+        return (
+            '<div class="verdict fits">No GPU given: pass <code>--gpu</code> for a verdict and the capacity '
+            "lines.</div>"
+        )
     text = f"{verdict_sentence(v)} (device total {fmt_bytes(v.device_total_bytes)})"
     return f'<div class="verdict {"fits" if v.fits else "oom"}">{_e(text)}</div>'
 
@@ -189,7 +209,8 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
         f"<h1>{_e(head)}</h1>",
         f'<p class="sub">{_e(ledger.engine)} engine · params {ledger.params:,} · trainable '
         f"{ledger.trainable_params:,} ({100 * ledger.trainable_params / max(1, ledger.params):.2f}%)"
-        + (f"<br>{_e(settings)}" if settings else "") + "</p>",
+        + (f"<br>{_e(settings)}" if settings else "")
+        + "</p>",
         _verdict(ledger),
         f"<p>Peak in <b>{_e(peak.value)}</b>: {_e(ledger.moments.get(peak, ''))}. Peak allocated "
         f"{_e(fmt_bytes(ledger.peak_allocated))} · reserved {_e(fmt_bytes(ledger.peak_reserved))} · device total "
@@ -199,8 +220,10 @@ def render_html(ledger: Ledger, figures: Figures | None = None, *, title: str | 
         parts.append(f"<p>{_e(ledger.advice)}</p>")
     parts += _allocator_replay(ledger)
     parts += ["<h2>The bill</h2>", ledger_table(ledger), _sources(ledger)]
-    notes = [f"assumed, not yet measured: {c}" for c in
-             sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})]
+    notes = [
+        f"assumed, not yet measured: {c}"
+        for c in sorted({i.category.display for i in ledger.items if i.basis is Basis.ASSUMPTION})
+    ]
     notes += [f"warning: {w}" for w in ledger.warnings]
     if notes:
         parts.append('<ul class="notes">' + "".join(f"<li>{_e(n)}</li>" for n in notes) + "</ul>")
@@ -231,7 +254,7 @@ def notebook_html(ledger: Ledger) -> str:
     """The bill for a notebook cell (Jupyter's ``_repr_html_``): the table, the verdict and the advice, styles
     scoped to the cell, no figures (so no matplotlib)."""
     parts = [
-        f"<div class=\"vramledger\"><style>{_NOTEBOOK_CSS}</style>",
+        f'<div class="vramledger"><style>{_NOTEBOOK_CSS}</style>',
         f"<b>{_e(ledger.model)}</b> ({_e(ledger.engine)}): peak allocated {_e(fmt_bytes(ledger.peak_allocated))} · "
         f"device total <b>{_e(fmt_bytes(ledger.device_total))}</b> in {_e(ledger.peak_phase.value)}",
     ]

@@ -23,8 +23,9 @@ from vramledger.units import fmt_bytes
 WIDTH = 100
 
 
-def _table(headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[bool] | None = None,
-           indent: int = 2) -> list[str]:
+def _table(
+    headers: Sequence[str], rows: Sequence[Sequence[str]], *, right: Sequence[bool] | None = None, indent: int = 2
+) -> list[str]:
     """Columns sized to their content; the last column wraps to keep every line within ``WIDTH``."""
     n = len(headers)
     right = right or [False] * n
@@ -64,26 +65,33 @@ def _signed_secs(s: float) -> str:
 
 def render_fit(r: FitReport) -> str:
     lines = [f"{r.model}", _gpu_line(r.gpu, r.capacity_bytes, r.headroom, r.usable_bytes), ""]
-    lines.append(f"setup: micro-batch {r.micro_batch} x {r.seq_len} tokens: device total {fmt_bytes(r.device_total)}"
-                 f" -> {fit_status(r.device_total, r.usable_bytes)}")
+    lines.append(
+        f"setup: micro-batch {r.micro_batch} x {r.seq_len} tokens: device total {fmt_bytes(r.device_total)}"
+        f" -> {fit_status(r.device_total, r.usable_bytes)}"
+    )
     lb, ll = r.largest_batch, r.largest_length
     if lb is None:
         lines.append(f"largest micro-batch at {r.seq_len} tokens: none (one sequence needs more than fits)")
     else:
         more = " (search limit reached)" if lb.at_limit else ""
-        lines.append(f"largest micro-batch at {r.seq_len} tokens: {lb.micro_batch}{more}"
-                     f" ({fmt_bytes(lb.device_total)})")
+        lines.append(
+            f"largest micro-batch at {r.seq_len} tokens: {lb.micro_batch}{more} ({fmt_bytes(lb.device_total)})"
+        )
     g = r.frontier.granularity
     if ll is None:
         lines.append(f"largest length at micro-batch {r.micro_batch}: none (not even {g} tokens fit)")
     else:
         more = " (search limit reached)" if ll.at_limit else ""
-        lines.append(f"largest length at micro-batch {r.micro_batch}: {ll.seq_len} tokens{more}"
-                     f" ({fmt_bytes(ll.device_total)}; lengths on multiples of {g})")
+        lines.append(
+            f"largest length at micro-batch {r.micro_batch}: {ll.seq_len} tokens{more}"
+            f" ({fmt_bytes(ll.device_total)}; lengths on multiples of {g})"
+        )
     lines.append("")
     f = r.frontier
-    lines.append(f"frontier: largest length for each micro-batch (multiples of {g}, up to {f.max_len}; "
-                 f"micro-batches 1-{f.max_batch})")
+    lines.append(
+        f"frontier: largest length for each micro-batch (multiples of {g}, up to {f.max_len}; "
+        f"micro-batches 1-{f.max_batch})"
+    )
     if not f.points:
         lines.append("  nothing fits: not one sequence of the smallest length")
     else:
@@ -94,8 +102,11 @@ def render_fit(r: FitReport) -> str:
             p = by_batch[first]
             tokens = f"{first * L:,}" if first == last else f"{first * L:,}-{last * L:,}"
             rows.append([span, f"{L:,}" + (" +" if p.at_limit else ""), tokens, fmt_bytes(p.device_total)])
-        lines += _table(["micro-batch", "max length", "tokens/micro-batch", "device total (first)"], rows,
-                        right=[True, True, True, False])
+        lines += _table(
+            ["micro-batch", "max length", "tokens/micro-batch", "device total (first)"],
+            rows,
+            right=[True, True, True, False],
+        )
         last = f.points[-1].micro_batch
         if last < f.max_batch:
             lines.append(f"  micro-batch {last + 1} and above: not even {g} tokens fit")
@@ -104,11 +115,23 @@ def render_fit(r: FitReport) -> str:
     if r.exact:
         lines.append("")
         lines.append("confirmed by tracing the real model code (--exact):")
-        rows = [[str(c.micro_batch), str(c.seq_len), fmt_bytes(c.analytic_total), fmt_bytes(c.traced_total),
-                 "fits" if c.traced_fits else "OOM", f"{c.next_seq_len}: " + ("fits" if c.next_traced_fits else "OOM"),
-                 "yes" if c.agrees else "NO"] for c in r.exact]
-        lines += _table(["batch", "length", "analytic", "traced", "traced", "next length", "agrees"], rows,
-                        right=[True, True, True, True, False, False, False])
+        rows = [
+            [
+                str(c.micro_batch),
+                str(c.seq_len),
+                fmt_bytes(c.analytic_total),
+                fmt_bytes(c.traced_total),
+                "fits" if c.traced_fits else "OOM",
+                f"{c.next_seq_len}: " + ("fits" if c.next_traced_fits else "OOM"),
+                "yes" if c.agrees else "NO",
+            ]
+            for c in r.exact
+        ]
+        lines += _table(
+            ["batch", "length", "analytic", "traced", "traced", "next length", "agrees"],
+            rows,
+            right=[True, True, True, True, False, False, False],
+        )
     for w in r.warnings:
         lines.append(f"warning: {w}")
     return "\n".join(lines)
@@ -122,49 +145,86 @@ def _changes(c: Candidate) -> str:
 
 
 def _cand_rows(cands: Sequence[Candidate], usable: int) -> list[list[str]]:
-    return [[str(i), fmt_bytes(c.device_total), fmt_bytes(usable - c.device_total), _secs(c.time.step_s),
-             f"{c.time.tokens_per_s:,.0f}", _changes(c)] for i, c in enumerate(cands, 1)]
+    return [
+        [
+            str(i),
+            fmt_bytes(c.device_total),
+            fmt_bytes(usable - c.device_total),
+            _secs(c.time.step_s),
+            f"{c.time.tokens_per_s:,.0f}",
+            _changes(c),
+        ]
+        for i, c in enumerate(cands, 1)
+    ]
 
 
 def render_plan(p: Plan, *, top: int = 8, config_keys: tuple[str, Sequence[str]] = ("", ())) -> str:
     """``config_keys``: (format, lines) — plan 1 written in the user's framework keys, shown under the plans."""
     b = p.baseline
-    lines = [f"{p.model}: global batch {p.global_batch} x {p.seq_len} tokens per optimizer step",
-             _gpu_line(p.gpu, p.capacity_bytes, p.headroom, p.usable_bytes), ""]
-    lines.append(f"your setup: micro-batch {b.train.micro_batch} x accumulation {b.train.grad_accum}: "
-                 f"{fmt_bytes(b.device_total)} -> {fit_status(b.device_total, p.usable_bytes)}")
-    lines.append(f"  predicted {_secs(b.time.step_s)} per optimizer step, {b.time.tokens_per_s:,.0f} tokens/s "
-                 f"(MFU {b.time.mfu:.0%})")
+    lines = [
+        f"{p.model}: global batch {p.global_batch} x {p.seq_len} tokens per optimizer step",
+        _gpu_line(p.gpu, p.capacity_bytes, p.headroom, p.usable_bytes),
+        "",
+    ]
+    lines.append(
+        f"your setup: micro-batch {b.train.micro_batch} x accumulation {b.train.grad_accum}: "
+        f"{fmt_bytes(b.device_total)} -> {fit_status(b.device_total, p.usable_bytes)}"
+    )
+    lines.append(
+        f"  predicted {_secs(b.time.step_s)} per optimizer step, {b.time.tokens_per_s:,.0f} tokens/s "
+        f"(MFU {b.time.mfu:.0%})"
+    )
     lines.append("")
     lines.append("remedies, each alone on your setup (the seeds' order; time per optimizer step vs yours)")
-    rows = [[e.title, fmt_bytes(e.memory_saved), _signed_secs(e.time_cost_s), "fits" if e.fits else "-",
-             str(e.change)] for e in p.remedies]
+    rows = [
+        [e.title, fmt_bytes(e.memory_saved), _signed_secs(e.time_cost_s), "fits" if e.fits else "-", str(e.change)]
+        for e in p.remedies
+    ]
     lines += _table(["remedy", "saves", "time", "alone", "change"], rows, right=[False, True, True, False, False])
     for k, v in _prices(p):
         lines += textwrap.wrap(f"{k}: {v}", WIDTH, initial_indent="  price of ", subsequent_indent="    ")
     lines.append("")
     lines.append("ladder: remedies applied in that order until it fits (micro-batch regrown each step)")
-    rows = [[str(i), fmt_bytes(c.device_total), "fits" if c.fits else "OOM", _secs(c.time.step_s),
-             f"{c.time.tokens_per_s:,.0f}", _changes(c)] for i, c in enumerate(p.ladder)]
-    lines += _table(["#", "device", "", "s/step", "tokens/s", "changes"], rows,
-                    right=[True, True, False, True, True, False])
+    rows = [
+        [
+            str(i),
+            fmt_bytes(c.device_total),
+            "fits" if c.fits else "OOM",
+            _secs(c.time.step_s),
+            f"{c.time.tokens_per_s:,.0f}",
+            _changes(c),
+        ]
+        for i, c in enumerate(p.ladder)
+    ]
+    lines += _table(
+        ["#", "device", "", "s/step", "tokens/s", "changes"], rows, right=[True, True, False, True, True, False]
+    )
     lines.append("")
     if p.candidates:
-        lines.append(f"plans that fit, fastest first ({len(p.candidates)} of {p.combinations} combinations searched;"
-                     f" top {min(top, len(p.candidates))})")
-        lines += _table(["#", "device", "spare", "s/step", "tokens/s", "changes"],
-                        _cand_rows(p.candidates[:top], p.usable_bytes), right=[True, True, True, True, True, False])
+        lines.append(
+            f"plans that fit, fastest first ({len(p.candidates)} of {p.combinations} combinations searched;"
+            f" top {min(top, len(p.candidates))})"
+        )
+        lines += _table(
+            ["#", "device", "spare", "s/step", "tokens/s", "changes"],
+            _cand_rows(p.candidates[:top], p.usable_bytes),
+            right=[True, True, True, True, True, False],
+        )
         fmt, keys = config_keys
         if keys:
-            lines += textwrap.wrap(f"plan 1 in your {fmt} config: {'; '.join(keys)}", WIDTH,
-                                   initial_indent="  ", subsequent_indent="    ")
+            lines += textwrap.wrap(
+                f"plan 1 in your {fmt} config: {'; '.join(keys)}", WIDTH, initial_indent="  ", subsequent_indent="    "
+            )
     else:
         lines.append(f"no plan that keeps the task fits ({p.combinations} combinations searched)")
     if p.task_changing:
         lines.append("")
         lines.append("these CHANGE THE TASK (shorter samples or a smaller model), for comparison only:")
-        lines += _table(["#", "device", "spare", "s/step", "tokens/s", "changes"],
-                        _cand_rows(p.task_changing[:top], p.usable_bytes), right=[True, True, True, True, True, False])
+        lines += _table(
+            ["#", "device", "spare", "s/step", "tokens/s", "changes"],
+            _cand_rows(p.task_changing[:top], p.usable_bytes),
+            right=[True, True, True, True, True, False],
+        )
     lines.append("")
     lines.append(_assumptions_line(p.assumptions))
     for w in p.warnings:
@@ -183,9 +243,11 @@ def _prices(p: Plan) -> list[tuple[str, str]]:
 
 
 def _assumptions_line(a: TimeAssumptions) -> str:
-    return (f"times: time model (plan/timemodel.py), MFU up to {a.mfu_max:.0%}, {a.micro_step_fixed_s * 1e3:g} ms "
-            f"per micro-step,\n  {a.launch_s * 1e6:g} us per kernel launch; stated assumptions, not yet calibrated "
-            "on a GPU")
+    return (
+        f"times: time model (plan/timemodel.py), MFU up to {a.mfu_max:.0%}, {a.micro_step_fixed_s * 1e3:g} ms "
+        f"per micro-step,\n  {a.launch_s * 1e6:g} us per kernel launch; stated assumptions, not yet calibrated "
+        "on a GPU"
+    )
 
 
 # -- accum --------------------------------------------------------------------------------------------------------
@@ -193,20 +255,36 @@ def _assumptions_line(a: TimeAssumptions) -> str:
 
 def render_accum(r: AccumReport, *, points: int = 6) -> str:
     unit = "per 1000 samples" if r.per_thousand else f"over {r.samples:,} samples ({r.epochs} epoch(s))"
-    lines = [f"{r.model}: global batch {r.global_batch} x {r.seq_len} tokens",
-             _gpu_line(r.gpu, r.capacity_bytes, r.headroom, r.usable_bytes), ""]
+    lines = [
+        f"{r.model}: global batch {r.global_batch} x {r.seq_len} tokens",
+        _gpu_line(r.gpu, r.capacity_bytes, r.headroom, r.usable_bytes),
+        "",
+    ]
     rows = []
     for s in r.splits:
-        rows.append([f"{s.micro_batch} x {s.grad_accum}", fmt_bytes(s.device_total), "fits" if s.fits else "OOM",
-                     _secs(s.time.step_s), f"{s.time.tokens_per_s:,.0f}", f"{s.micro_steps:,}",
-                     f"{s.optimizer_steps:,}"])
+        rows.append(
+            [
+                f"{s.micro_batch} x {s.grad_accum}",
+                fmt_bytes(s.device_total),
+                "fits" if s.fits else "OOM",
+                _secs(s.time.step_s),
+                f"{s.time.tokens_per_s:,.0f}",
+                f"{s.micro_steps:,}",
+                f"{s.optimizer_steps:,}",
+            ]
+        )
     lines.append(f"splits of the global batch (micro-batch x accumulation); steps {unit}")
-    lines += _table(["micro x accum", "device", "", "s/opt step", "tokens/s", "micro-steps", "optimizer steps"],
-                    rows, right=[True, True, False, True, True, True, True])
+    lines += _table(
+        ["micro x accum", "device", "", "s/opt step", "tokens/s", "micro-steps", "optimizer steps"],
+        rows,
+        right=[True, True, False, True, True, True, True],
+    )
     sc = r.schedule
     lines.append("")
-    lines.append(f"LR schedule ({sc.scheduler}, warmup {sc.warmup_steps} of {sc.total_steps} optimizer steps), "
-                 "as a fraction of the peak LR:")
+    lines.append(
+        f"LR schedule ({sc.scheduler}, warmup {sc.warmup_steps} of {sc.total_steps} optimizer steps), "
+        "as a fraction of the peak LR:"
+    )
     idx = sorted({round(i * (len(sc.steps) - 1) / max(1, points - 1)) for i in range(points)})
     headers = ["optimizer step", "per opt step"] + [f"per micro (k={k})" for k, _ in sc.per_micro_batch[:4]]
     rows = []

@@ -41,8 +41,12 @@ COLORS: dict[Category, str] = {
     Category.MANAGED_MEMORY: "#BBBBBB",
     Category.NCCL: "#666666",
 }
-HATCH: dict[Category, str] = {Category.ALLOCATOR_RESERVE: "///", Category.CUDA_CONTEXT: "xx",
-                              Category.MANAGED_MEMORY: "..", Category.NCCL: "\\\\"}
+HATCH: dict[Category, str] = {
+    Category.ALLOCATOR_RESERVE: "///",
+    Category.CUDA_CONTEXT: "xx",
+    Category.MANAGED_MEMORY: "..",
+    Category.NCCL: "\\\\",
+}
 INK = "#222222"
 CAPACITY = "#000000"
 USABLE = "#BB5566"  # Tol high-contrast red: the line you must stay under
@@ -111,11 +115,31 @@ def _gpu_lines(
     if right_labels:
         box = {"boxstyle": "square,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.85}
         trans = ax.get_yaxis_transform()
-        ax.text(0.995, _g(capacity), f"{gpu or 'GPU'}: capacity {_g(capacity):.2f} GiB", transform=trans,
-                va="bottom", ha="right", fontsize=8.5, color=CAPACITY, bbox=box, zorder=8)
-        ax.text(0.995, _g(usable), f"usable {_g(usable):.2f} GiB (keeping {1 - usable / capacity:.0%} free)",
-                transform=trans, va="top", ha="right", fontsize=8.5, color=USABLE, fontweight="bold", bbox=box,
-                zorder=8)
+        ax.text(
+            0.995,
+            _g(capacity),
+            f"{gpu or 'GPU'}: capacity {_g(capacity):.2f} GiB",
+            transform=trans,
+            va="bottom",
+            ha="right",
+            fontsize=8.5,
+            color=CAPACITY,
+            bbox=box,
+            zorder=8,
+        )
+        ax.text(
+            0.995,
+            _g(usable),
+            f"usable {_g(usable):.2f} GiB (keeping {1 - usable / capacity:.0%} free)",
+            transform=trans,
+            va="top",
+            ha="right",
+            fontsize=8.5,
+            color=USABLE,
+            fontweight="bold",
+            bbox=box,
+            zorder=8,
+        )
 
 
 # -- the bill ----------------------------------------------------------------------------------------------------
@@ -125,16 +149,35 @@ def draw_bill(d: BillFigure) -> Figure:
     bottom = [0.0] * len(x)
     for cat, values in d.segments:
         heights = [_g(v) for v in values]
-        ax.bar(x, heights, bottom=bottom, width=0.62, color=COLORS[cat], hatch=HATCH.get(cat),
-               edgecolor="white" if cat not in HATCH else "#666666", linewidth=0.6, label=cat.display, zorder=3)
+        ax.bar(
+            x,
+            heights,
+            bottom=bottom,
+            width=0.62,
+            color=COLORS[cat],
+            hatch=HATCH.get(cat),
+            edgecolor="white" if cat not in HATCH else "#666666",
+            linewidth=0.6,
+            label=cat.display,
+            zorder=3,
+        )
         bottom = [b + h for b, h in zip(bottom, heights, strict=True)]
     p = d.peak_index
     # the peak: a heavy outline around its bar and its total in bold
     ax.bar([p], [_g(d.device[p])], width=0.62, fill=False, edgecolor=INK, linewidth=2.4, zorder=6)
     top = max([*d.device, d.capacity_bytes or 0])
     for i, total in enumerate(d.device):
-        ax.text(i, _g(total) + _g(top) * 0.012, f"{_g(total):.2f} GiB", ha="center", va="bottom", zorder=7,
-                fontsize=10 if i == p else 9, fontweight="bold" if i == p else "normal", color=INK)
+        ax.text(
+            i,
+            _g(total) + _g(top) * 0.012,
+            f"{_g(total):.2f} GiB",
+            ha="center",
+            va="bottom",
+            zorder=7,
+            fontsize=10 if i == p else 9,
+            fontweight="bold" if i == p else "normal",
+            color=INK,
+        )
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu)
     ax.set_xticks(x, [ph.value + ("\n▲ peak" if i == p else "") for i, ph in enumerate(d.phases)])
     for i, lab in enumerate(ax.get_xticklabels()):
@@ -145,12 +188,26 @@ def draw_bill(d: BillFigure) -> Figure:
     ax.grid(axis="x", visible=False)
     ax.set_title(d.title, loc="left")
     if d.peak_moment:
-        ax.text(0.0, 1.0, f"peak in {d.peak_phase.value}: {d.peak_moment}", transform=ax.transAxes,
-                fontsize=8.5, color="#444444", va="bottom", ha="left")
+        ax.text(
+            0.0,
+            1.0,
+            f"peak in {d.peak_phase.value}: {d.peak_moment}",
+            transform=ax.transAxes,
+            fontsize=8.5,
+            color="#444444",
+            va="bottom",
+            ha="left",
+        )
         ax.set_title(d.title + "\n", loc="left")
     handles, labels = ax.get_legend_handles_labels()
-    ax.legend(handles[::-1], labels[::-1], loc="upper left", bbox_to_anchor=(1.0, 1.0), title="top of stack first",
-              title_fontsize=8.5)
+    ax.legend(
+        handles[::-1],
+        labels[::-1],
+        loc="upper left",
+        bbox_to_anchor=(1.0, 1.0),
+        title="top of stack first",
+        title_fontsize=8.5,
+    )
     return fig
 
 
@@ -167,8 +224,7 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
         from matplotlib.colors import LogNorm
 
         ratio = [[v / _g(d.usable_bytes) for v in row] for row in vals]
-        im = ax.imshow(ratio, origin="lower", aspect="auto", cmap="RdBu_r", norm=LogNorm(vmin=0.25, vmax=4.0),
-                       zorder=1)
+        im = ax.imshow(ratio, origin="lower", aspect="auto", cmap="RdBu_r", norm=LogNorm(vmin=0.25, vmax=4.0), zorder=1)
         cb = fig.colorbar(im, ax=ax, pad=0.02, fraction=0.05, extend="both")
         cb.set_ticks([0.25, 0.5, 1, 2, 4], labels=["×¼", "×½", "×1 (usable)", "×2", "×4"])
         cb.minorticks_off()
@@ -186,9 +242,17 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
     for i, row in enumerate(vals):
         for j, v in enumerate(row):
             fits = d.fits(i, j)
-            ax.text(j, i, f"{v:.1f}" + ("" if fits is not False else "\nOOM"), ha="center", va="center",
-                    fontsize=8.5, color="white" if shade[i][j] else INK,
-                    fontweight="bold" if fits else "normal", zorder=3)
+            ax.text(
+                j,
+                i,
+                f"{v:.1f}" + ("" if fits is not False else "\nOOM"),
+                ha="center",
+                va="center",
+                fontsize=8.5,
+                color="white" if shade[i][j] else INK,
+                fontweight="bold" if fits else "normal",
+                zorder=3,
+            )
     # frontier: the boundary between fitting and not-fitting cells (a staircase along the cell edges)
     if d.usable_bytes is not None:
         for i in range(len(d.lengths)):
@@ -201,8 +265,11 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
                     ax.plot([j - 0.5, j + 0.5], [i + 0.5, i + 0.5], color=INK, lw=3.2, zorder=4)
     ci, cj = d.lengths.index(d.current_length), d.batches.index(d.current_batch)
     for color, lw, ls in (("white", 5.0, "-"), (INK, 2.2, (0, (3, 2)))):
-        ax.add_patch(Rectangle((cj - 0.46, ci - 0.46), 0.92, 0.92, fill=False, edgecolor=color, linewidth=lw,
-                               linestyle=ls, zorder=5))
+        ax.add_patch(
+            Rectangle(
+                (cj - 0.46, ci - 0.46), 0.92, 0.92, fill=False, edgecolor=color, linewidth=lw, linestyle=ls, zorder=5
+            )
+        )
     ax.set_xticks(range(len(d.batches)), [str(b) for b in d.batches])
     ax.set_yticks(range(len(d.lengths)), [str(L) for L in d.lengths])
     ax.set_xlabel("micro-batch (sequences per forward)")
@@ -210,25 +277,55 @@ def draw_cliff_grid(d: CliffFigure) -> Figure:
     if d.usable_bytes is not None:
         best = dict(d.frontier)
         sec = ax.secondary_yaxis("right")
-        sec.set_yticks(range(len(d.lengths)),
-                       [f"max batch {best[L]}" if L in best else "batch 1: OOM" for L in d.lengths])
+        sec.set_yticks(
+            range(len(d.lengths)), [f"max batch {best[L]}" if L in best else "batch 1: OOM" for L in d.lengths]
+        )
         sec.tick_params(length=0, labelsize=8.5)
-    sub = (f"black line: OOM frontier for {d.gpu} (usable {_g(d.usable_bytes):.2f} GiB); cells in GiB; "
-           if d.usable_bytes is not None else "")
+    sub = (
+        f"black line: OOM frontier for {d.gpu} (usable {_g(d.usable_bytes):.2f} GiB); cells in GiB; "
+        if d.usable_bytes is not None
+        else ""
+    )
     ax.set_title(d.title + "\n", loc="left")
-    ax.text(0.0, 1.0, sub + "dashed box: your setting", transform=ax.transAxes, fontsize=8.5, color="#444444",
-            va="bottom", ha="left")
+    ax.text(
+        0.0,
+        1.0,
+        sub + "dashed box: your setting",
+        transform=ax.transAxes,
+        fontsize=8.5,
+        color="#444444",
+        va="bottom",
+        ha="left",
+    )
     return fig
 
 
 def _draw_curve(ax: Axes, c: Curve, d: CliffFigure, xlabel: str, current: int) -> None:
     ax.plot(c.x, [_g(v) for v in c.device], marker="o", color=FITS, lw=2.2, label="estimated device total", zorder=4)
-    ax.plot(c.x, [_g(v) for v in c.linear_guess], ls=(0, (5, 3)), color="#EE7733", lw=1.8, marker="s", ms=4,
-            label=f"affine guess from {c.x[0]} and {c.x[1] if len(c.x) > 1 else c.x[0]}: fixed + per-unit cost",
-            zorder=3)
+    ax.plot(
+        c.x,
+        [_g(v) for v in c.linear_guess],
+        ls=(0, (5, 3)),
+        color="#EE7733",
+        lw=1.8,
+        marker="s",
+        ms=4,
+        label=f"affine guess from {c.x[0]} and {c.x[1] if len(c.x) > 1 else c.x[0]}: fixed + per-unit cost",
+        zorder=3,
+    )
     k = c.x.index(current)
-    ax.plot([current], [_g(c.device[k])], marker="o", ms=11, mfc="none", mec=INK, mew=2, zorder=5, ls="none",
-            label=f"your setting ({_g(c.device[k]):.2f} GiB)")
+    ax.plot(
+        [current],
+        [_g(c.device[k])],
+        marker="o",
+        ms=11,
+        mfc="none",
+        mec=INK,
+        mew=2,
+        zorder=5,
+        ls="none",
+        label=f"your setting ({_g(c.device[k]):.2f} GiB)",
+    )
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu, right_labels=False)
     if d.usable_bytes is not None:
         ax.plot([], [], color=CAPACITY, lw=1.8, label=f"capacity {_g(d.capacity_bytes or 0):.2f} GiB")
@@ -256,8 +353,13 @@ def draw_cliff_curves(d: CliffFigure) -> Figure:
     a.set_title(f"Memory against micro-batch (length {d.by_batch.fixed})", loc="left", fontsize=11)
     _draw_curve(b, d.by_length, d, "sequence length (tokens)", d.current_length)
     b.set_title(f"Memory against length (micro-batch {d.by_length.fixed})", loc="left", fontsize=11)
-    fig.suptitle(d.title.replace("OOM cliff", "Estimate against the affine guess"), x=0.01, ha="left",
-                 fontweight="bold", fontsize=12)
+    fig.suptitle(
+        d.title.replace("OOM cliff", "Estimate against the affine guess"),
+        x=0.01,
+        ha="left",
+        fontweight="bold",
+        fontsize=12,
+    )
     return fig
 
 
@@ -270,19 +372,41 @@ def draw_timeline(d: TimelineFigure) -> Figure:
     top = max(d.live)
     for k, (phase, start, end) in enumerate(d.spans):
         ax.axvspan(start - 0.5, end + 0.5, color=_PHASE_SHADES[k % 2], zorder=0, lw=0)
-        ax.text((start + end) / 2, 1.005, phase.value, ha="center", va="bottom", fontsize=9.5, color="#444444",
-                transform=ax.get_xaxis_transform())
+        ax.text(
+            (start + end) / 2,
+            1.005,
+            phase.value,
+            ha="center",
+            va="bottom",
+            fontsize=9.5,
+            color="#444444",
+            transform=ax.get_xaxis_transform(),
+        )
         if k:
             ax.axvline(start - 0.5, color="#AAAAAA", lw=0.8, zorder=1)
-    ax.stackplot(d.index, *[[_g(v) for v in vals] for _, vals in d.layers], labels=[c.display for c, _ in d.layers],
-                 colors=[COLORS[c] for c, _ in d.layers], zorder=2, step=None)
+    ax.stackplot(
+        d.index,
+        *[[_g(v) for v in vals] for _, vals in d.layers],
+        labels=[c.display for c, _ in d.layers],
+        colors=[COLORS[c] for c, _ in d.layers],
+        zorder=2,
+        step=None,
+    )
     ax.plot(d.index, [_g(v) for v in d.live], color=INK, lw=1.0, label="live (total)", zorder=3)
     ax.plot([d.peak_index], [_g(d.peak_bytes)], marker="v", ms=10, color=INK, zorder=6)
     where = " · ".join(s for s in (d.peak_op, d.peak_module) if s)
-    ax.annotate(f"peak {_g(d.peak_bytes):.2f} GiB" + (f"\n{where}" if where else ""),
-                xy=(d.peak_index, _g(d.peak_bytes)), xytext=(0, 14), textcoords="offset points", ha="center",
-                va="bottom", fontsize=9, fontweight="bold", zorder=7,
-                bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": "#999999", "alpha": 0.9})
+    ax.annotate(
+        f"peak {_g(d.peak_bytes):.2f} GiB" + (f"\n{where}" if where else ""),
+        xy=(d.peak_index, _g(d.peak_bytes)),
+        xytext=(0, 14),
+        textcoords="offset points",
+        ha="center",
+        va="bottom",
+        fontsize=9,
+        fontweight="bold",
+        zorder=7,
+        bbox={"boxstyle": "round,pad=0.25", "fc": "white", "ec": "#999999", "alpha": 0.9},
+    )
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu)
     ax.set_xlim(d.index[0] - 0.5, d.index[-1] + 0.5)
     ax.set_ylim(0, _g(max(top, d.capacity_bytes or 0)) * 1.2)
@@ -298,8 +422,20 @@ def draw_timeline(d: TimelineFigure) -> Figure:
 def _place_numbers(ax: Axes, xy: list[tuple[float, float]]) -> None:
     """Number each point, choosing for each label the first of a few offsets (points) whose box overlaps no
     label or point placed before it: a greedy placement in display space, enough for a dozen remedies."""
-    offsets = ((6, 3), (-14, 3), (6, -12), (-14, -12), (-4, 9), (-4, -19), (14, -4), (-24, -4), (20, 8),
-               (-30, 8), (20, -16), (-30, -16))
+    offsets = (
+        (6, 3),
+        (-14, 3),
+        (6, -12),
+        (-14, -12),
+        (-4, 9),
+        (-4, -19),
+        (14, -4),
+        (-24, -4),
+        (20, 8),
+        (-30, 8),
+        (20, -16),
+        (-30, -16),
+    )
     ax.figure.canvas.draw()  # run the layout first: the transforms below must be the saved figure's
     to_px = ax.transData.transform
     scale = ax.figure.dpi / 72.0
@@ -316,8 +452,9 @@ def _place_numbers(ax: Axes, xy: list[tuple[float, float]]) -> None:
                 break
         bx, by = x + choice[0] * scale, y + choice[1] * scale
         boxes.append((bx, by, bx + w, by + h))
-        ax.annotate(str(i), pt, xytext=choice, textcoords="offset points", fontsize=8.5, fontweight="bold",
-                    color=INK, zorder=9)
+        ax.annotate(
+            str(i), pt, xytext=choice, textcoords="offset points", fontsize=8.5, fontweight="bold", color=INK, zorder=9
+        )
 
 
 def draw_remedies(d: RemedyFigure) -> Figure:
@@ -329,11 +466,27 @@ def draw_remedies(d: RemedyFigure) -> Figure:
     key: list[str] = []
     for i, p in enumerate(d.points, 1):
         ok = p.fits is not False
-        ax.plot([p.step_seconds], [_g(p.device_bytes)], ls="none", marker="o" if ok else "X", ms=9,
-                color=FITS if ok else MISSES, zorder=4)
+        ax.plot(
+            [p.step_seconds],
+            [_g(p.device_bytes)],
+            ls="none",
+            marker="o" if ok else "X",
+            ms=9,
+            color=FITS if ok else MISSES,
+            zorder=4,
+        )
         key += textwrap.wrap(f"{i}  {p.label}", 46, subsequent_indent="    ")
-    ax.text(1.02, 1.0, "\n".join(key), transform=ax.transAxes, va="top", ha="left", fontsize=8.5, color=INK,
-            linespacing=1.35)
+    ax.text(
+        1.02,
+        1.0,
+        "\n".join(key),
+        transform=ax.transAxes,
+        va="top",
+        ha="left",
+        fontsize=8.5,
+        color=INK,
+        linespacing=1.35,
+    )
     _gpu_lines(ax, d.capacity_bytes, d.usable_bytes, d.gpu)
     ax.plot([], [], ls="none", marker="o", color=FITS, label="fits")
     if any(p.fits is False for p in d.points):
@@ -358,23 +511,42 @@ def render(figs: Figures, fmt: str, *, dpi: int = 110) -> list[tuple[str, str, b
 
     out: list[tuple[str, str, bytes]] = []
     with style():
-        drawn = [("bill", "The bill: bytes per category at each phase's peak, with the GPU's capacity and usable "
-                  "memory.", lambda: draw_bill(figs.bill))]
+        drawn = [
+            (
+                "bill",
+                "The bill: bytes per category at each phase's peak, with the GPU's capacity and usable memory.",
+                lambda: draw_bill(figs.bill),
+            )
+        ]
         if figs.cliff is not None:
             cliff = figs.cliff
-            drawn.append(("cliff_grid", "The cliff: device total over micro-batch × sequence length, and where it "
-                          "stops fitting.", lambda: draw_cliff_grid(cliff)))
-            drawn.append(("cliff_curves", "Memory against batch and against length, beside the affine guess "
-                          "(a fixed cost plus a cost per unit) from the two smallest settings.",
-                          lambda: draw_cliff_curves(cliff)))
+            drawn.append(
+                (
+                    "cliff_grid",
+                    "The cliff: device total over micro-batch × sequence length, and where it stops fitting.",
+                    lambda: draw_cliff_grid(cliff),
+                )
+            )
+            drawn.append(
+                (
+                    "cliff_curves",
+                    "Memory against batch and against length, beside the affine guess "
+                    "(a fixed cost plus a cost per unit) from the two smallest settings.",
+                    lambda: draw_cliff_curves(cliff),
+                )
+            )
         if figs.timeline is not None:
             tl = figs.timeline
-            drawn.append(("timeline", "Live bytes across the traced step, by category, with the peak's op and "
-                          "module.", lambda: draw_timeline(tl)))
+            drawn.append(
+                (
+                    "timeline",
+                    "Live bytes across the traced step, by category, with the peak's op and module.",
+                    lambda: draw_timeline(tl),
+                )
+            )
         if figs.remedies is not None:
             rem = figs.remedies
-            drawn.append(("remedies", "Each remedy's device memory against its step time.",
-                          lambda: draw_remedies(rem)))
+            drawn.append(("remedies", "Each remedy's device memory against its step time.", lambda: draw_remedies(rem)))
         for stem, caption, draw in drawn:
             buf = io.BytesIO()
             fig = draw()

@@ -30,9 +30,7 @@ def render_ledger(ledger: Ledger, *, title: str | None = None) -> str:
         f" ({100 * ledger.trainable_params / max(1, ledger.params):.2f}%)"
     )
     lines.append("")
-    hdr = f"{'':<{_W}}" + "".join(
-        f"{(p.value + (' *' if p is peak else '')):>{_C}}" for p in phases
-    )
+    hdr = f"{'':<{_W}}" + "".join(f"{(p.value + (' *' if p is peak else '')):>{_C}}" for p in phases)
     lines.append(hdr)
     lines.append("-" * len(hdr))
     for cat in ledger.categories():

@@ -14,8 +14,11 @@ DEFAULT_HEADROOM = 0.08
 
 def check_headroom(headroom: float) -> float:
     """``headroom`` as a float in [0, 1), or the one-line error naming ``--headroom``."""
-    if isinstance(headroom, bool) or not isinstance(headroom, (int, float)) or not math.isfinite(headroom) or not (
-        0.0 <= headroom < 1.0
+    if (
+        isinstance(headroom, bool)
+        or not isinstance(headroom, (int, float))
+        or not math.isfinite(headroom)
+        or not (0.0 <= headroom < 1.0)
     ):
         raise VramledgerError(
             f"--headroom must be a fraction in [0, 1) (got {headroom!r}); e.g. --headroom {DEFAULT_HEADROOM:g}"

@@ -65,8 +65,13 @@ class Precision(str, enum.Enum):
         return self.compute
 
 
-_COMPUTE = {"fp32": DType.FP32, "bf16-mixed": DType.BF16, "bf16-true": DType.BF16, "fp16-mixed": DType.FP16,
-            "fp16-true": DType.FP16}
+_COMPUTE = {
+    "fp32": DType.FP32,
+    "bf16-mixed": DType.BF16,
+    "bf16-true": DType.BF16,
+    "fp16-mixed": DType.FP16,
+    "fp16-true": DType.FP16,
+}
 
 
 class Optimizer(str, enum.Enum):
@@ -338,11 +343,12 @@ class TrainSpec:
         if self.images < 0:
             raise VramledgerError(f"images per sample must be 0 or more (got {self.images}); e.g. --images 1")
         if self.image_size is not None and (
-            len(self.image_size) != 2 or any(isinstance(n, bool) or not isinstance(n, int) or n < 1
-                                             for n in self.image_size)
+            len(self.image_size) != 2
+            or any(isinstance(n, bool) or not isinstance(n, int) or n < 1 for n in self.image_size)
         ):
-            raise VramledgerError(f"image size must be two positive integers (got {self.image_size!r}); e.g. "
-                                  "--image-size 1024x768")
+            raise VramledgerError(
+                f"image size must be two positive integers (got {self.image_size!r}); e.g. --image-size 1024x768"
+            )
         for name in ("image_max_pixels", "image_min_pixels"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise VramledgerError(f"{name} must be a positive number of pixels (got {getattr(self, name)})")
@@ -362,9 +368,7 @@ class TrainSpec:
                 f"a PEFT config trains adapters: use --method lora or qlora (got --method {self.method.value})"
             )
         if self.attn is Attention.FLASH2 and self.precision is Precision.FP32:
-            raise VramledgerError(
-                "flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa"
-            )
+            raise VramledgerError("flash_attention_2 runs only in fp16/bf16; use --precision bf16-mixed or --attn sdpa")
 
     @property
     def adapters(self) -> bool:
@@ -406,8 +410,13 @@ class TrainSpec:
     @property
     def distributed(self) -> bool:
         """Several GPUs, or one of the multi-GPU engines (ZeRO, FSDP, offload) even on one."""
-        return (self.world_size > 1 or bool(self.zero_stage) or self.fsdp is not None or self.offload_optimizer
-                or self.offload_params)
+        return (
+            self.world_size > 1
+            or bool(self.zero_stage)
+            or self.fsdp is not None
+            or self.offload_optimizer
+            or self.offload_params
+        )
 
     @property
     def tokens(self) -> int:
@@ -428,9 +437,23 @@ ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "model_code": ModelCode,
 }
 """TrainSpec fields that take an Enum: a string naming one of its values is accepted (``method="lora"``)."""
-_INT_FIELDS = ("micro_batch", "seq_len", "grad_accum", "loss_chunk_tokens", "freeze_trainable_layers", "eval_batch",
-               "eval_seq_len", "eval_accumulation_steps", "eval_steps_total", "generation_max_new_tokens",
-               "world_size", "zero_stage", "images", "image_max_pixels", "image_min_pixels")
+_INT_FIELDS = (
+    "micro_batch",
+    "seq_len",
+    "grad_accum",
+    "loss_chunk_tokens",
+    "freeze_trainable_layers",
+    "eval_batch",
+    "eval_seq_len",
+    "eval_accumulation_steps",
+    "eval_steps_total",
+    "generation_max_new_tokens",
+    "world_size",
+    "zero_stage",
+    "images",
+    "image_max_pixels",
+    "image_min_pixels",
+)
 
 
 def _coerce_enums(spec: Any) -> None:

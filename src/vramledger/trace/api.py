@@ -36,10 +36,7 @@ def _apply_quantisation(result: TraceResult, quant: QuantSpec) -> list[Event]:
     new_bytes = {sid: quantised_weight_bytes(n, rows, quant) for sid, n, rows in result.quantised}
     if not new_bytes:
         return result.events
-    return [
-        dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e
-        for e in result.events
-    ]
+    return [dataclasses.replace(e, bytes=new_bytes[e.storage]) if e.storage in new_bytes else e for e in result.events]
 
 
 def _trace(
@@ -117,8 +114,9 @@ def trace_step_snapshot(
 ) -> tuple[Ledger, dict[str, Any]]:
     """:func:`trace_step` and, from the same trace, its memory snapshot in ``torch.cuda.memory._snapshot``'s
     format (trace/snapshot.py): pickle it to get what ``torch.cuda.memory._dump_snapshot`` writes."""
-    ledger, snap = _trace_ledger(model, train, gpu=gpu, headroom=headroom, config=config, alloc_conf=alloc_conf,
-                                 snapshot=True)
+    ledger, snap = _trace_ledger(
+        model, train, gpu=gpu, headroom=headroom, config=config, alloc_conf=alloc_conf, snapshot=True
+    )
     assert snap is not None
     return ledger, snap
 
@@ -178,8 +176,13 @@ def _trace_ledger(
         from vramledger.trace.snapshot import build_snapshot
 
         steps = tuple(events[i].step if i >= 0 else 1 for i in dev.origin)
-        snap = build_snapshot(dev, steps, conf=alloc_conf, capacity_bytes=obtainable_bytes(gpu),
-                              device_total_bytes=None if gpu is None else gpu.memory_bytes)
+        snap = build_snapshot(
+            dev,
+            steps,
+            conf=alloc_conf,
+            capacity_bytes=obtainable_bytes(gpu),
+            device_total_bytes=None if gpu is None else gpu.memory_bytes,
+        )
     return dataclasses.replace(ledger, verdict=verdict, advice=advice), snap
 
 

@@ -30,9 +30,7 @@ def _loss_region(module: str) -> bool:
     return module in ("", "base_model.model", "base_model") or last == "lm_head" or ".lm_head." in module
 
 
-def classify(
-    storages: dict[int, StorageInfo], *, vocab: int, seq_len: int, backward_start: dict[int, int]
-) -> None:
+def classify(storages: dict[int, StorageInfo], *, vocab: int, seq_len: int, backward_start: dict[int, int]) -> None:
     """Fill ``category`` of every storage in place. ``backward_start``: event index where each step's backward
     begins."""
     for info in storages.values():
@@ -48,12 +46,7 @@ def classify(
             info.category = Category.WEIGHTS.value
             continue
         shape = info.shape
-        if (
-            len(shape) == 4
-            and shape[-1] == seq_len
-            and shape[-2] == seq_len
-            and info.phase is not Phase.OPTIMIZER
-        ):
+        if len(shape) == 4 and shape[-1] == seq_len and shape[-2] == seq_len and info.phase is not Phase.OPTIMIZER:
             info.category = Category.ATTENTION_SCORES.value
             continue
         if info.phase in (Phase.FORWARD, Phase.BACKWARD) and (
@@ -63,9 +56,7 @@ def classify(
             continue
         if info.phase is Phase.FORWARD:
             alive_after = info.free_index < 0 or info.free_index >= backward_start.get(info.step, 0)
-            info.category = (
-                Category.ACTIVATIONS if alive_after and info.module else Category.TEMPORARIES
-            ).value
+            info.category = (Category.ACTIVATIONS if alive_after and info.module else Category.TEMPORARIES).value
             continue
         if info.phase is Phase.BACKWARD and info.in_recompute:
             info.category = Category.ACTIVATIONS.value

@@ -154,8 +154,16 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
     for i, e in enumerate(events):
         if i in positions:
             for size in sizes:
-                out.append(AllocEvent.alloc(next_ws, size, op=f"cuBLAS workspace (first {e.op})", module=e.module,
-                                            phase=e.phase, category=Category.WORKSPACE))
+                out.append(
+                    AllocEvent.alloc(
+                        next_ws,
+                        size,
+                        op=f"cuBLAS workspace (first {e.op})",
+                        module=e.module,
+                        phase=e.phase,
+                        category=Category.WORKSPACE,
+                    )
+                )
                 origin.append(-1)
                 next_ws += 1
         if e.category == "host":
@@ -166,8 +174,13 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
         else:
             out.append(AllocEvent.free(e.storage, op=e.op, module=e.module, phase=e.phase, category=cat))
         origin.append(i)
-    return DeviceEvents(events=tuple(out), origin=tuple(origin), workspace_at=tuple(positions),
-                        workspace_sizes=sizes, streams={e.storage: e.stream for e in events if e.stream})
+    return DeviceEvents(
+        events=tuple(out),
+        origin=tuple(origin),
+        workspace_at=tuple(positions),
+        workspace_sizes=sizes,
+        streams={e.storage: e.stream for e in events if e.stream},
+    )
 
 
 def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFAULT_CONF) -> dict[int, int]:
@@ -210,8 +223,9 @@ def replay_outcome(
     capacity = obtainable_bytes(gpu)
     if capacity is not None:
         capacity = max(capacity - outside_bytes, 0)
-    r = replay(dev.events, capacity_bytes=capacity, conf=conf,
-               device_total_bytes=None if gpu is None else gpu.memory_bytes)
+    r = replay(
+        dev.events, capacity_bytes=capacity, conf=conf, device_total_bytes=None if gpu is None else gpu.memory_bytes
+    )
     oom = None
     if r.oom is not None:
         o = r.oom
@@ -262,12 +276,35 @@ def device_lines(
             continue
         ws = dev.workspace_live(peaks[phase].index)
         if ws:
-            items.append(LineItem(category=Category.WORKSPACE, phase=phase, bytes=ws,
-                                  label="cuBLAS + cuBLASLt workspaces (not visible to the trace)",
-                                  source=WORKSPACE_SOURCE, basis=Basis.FORMULA))
+            items.append(
+                LineItem(
+                    category=Category.WORKSPACE,
+                    phase=phase,
+                    bytes=ws,
+                    label="cuBLAS + cuBLASLt workspaces (not visible to the trace)",
+                    source=WORKSPACE_SOURCE,
+                    basis=Basis.FORMULA,
+                )
+            )
         reserve = max(reserved[peaks[phase].index] - allocated[phase] - ws, 0)
-        items.append(LineItem(category=Category.ALLOCATOR_RESERVE, phase=phase, bytes=reserve, label=label,
-                              source=RESERVE_SOURCE, basis=Basis.FORMULA))
-        items.append(LineItem(category=Category.CUDA_CONTEXT, phase=phase, bytes=context, label="CUDA context",
-                              source=CONTEXT_SOURCE, basis=Basis.ASSUMPTION))
+        items.append(
+            LineItem(
+                category=Category.ALLOCATOR_RESERVE,
+                phase=phase,
+                bytes=reserve,
+                label=label,
+                source=RESERVE_SOURCE,
+                basis=Basis.FORMULA,
+            )
+        )
+        items.append(
+            LineItem(
+                category=Category.CUDA_CONTEXT,
+                phase=phase,
+                bytes=context,
+                label="CUDA context",
+                source=CONTEXT_SOURCE,
+                basis=Basis.ASSUMPTION,
+            )
+        )
     return items

@@ -90,9 +90,7 @@ class Recorder:
     def __init__(self) -> None:
         self.events: list[Event] = []
         self.storages: dict[int, StorageInfo] = {}
-        self._live: dict[
-            int, int
-        ] = {}  # StorageImpl address -> sid (addresses are unique among live storages)
+        self._live: dict[int, int] = {}  # StorageImpl address -> sid (addresses are unique among live storages)
         self._next_sid = 0
         self.phase = Phase.LOAD
         self.step = 0
@@ -204,9 +202,18 @@ class Recorder:
             self._live[key] = sid
             module, recompute = self.module_now()
             self.storages[sid] = StorageInfo(
-                sid=sid, bytes=round_block(after), phase=self.phase, step=self.step, module=module, op="resize_",
-                shape=(after,), dtype="uint8", alloc_index=len(self.events), in_recompute=recompute,
-                stream=self.stream, category=self.stream_categories.get(self.stream or "resize_", ""),
+                sid=sid,
+                bytes=round_block(after),
+                phase=self.phase,
+                step=self.step,
+                module=module,
+                op="resize_",
+                shape=(after,),
+                dtype="uint8",
+                alloc_index=len(self.events),
+                in_recompute=recompute,
+                stream=self.stream,
+                category=self.stream_categories.get(self.stream or "resize_", ""),
             )
             self.events.append(
                 Event("alloc", sid, round_block(after), self.phase, self.step, module, "resize_", stream=self.stream)

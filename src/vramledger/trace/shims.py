@@ -165,11 +165,7 @@ def autocast_as_cuda() -> Iterator[None]:
                 if isinstance(first, torch.Tensor) and first.is_floating_point():
                     kwargs = {**kwargs, "dtype": torch.float32}
             elif name in _PROMOTE:
-                floats = [
-                    t
-                    for t in (*args, *kwargs.values())
-                    if isinstance(t, torch.Tensor) and t.is_floating_point()
-                ]
+                floats = [t for t in (*args, *kwargs.values()) if isinstance(t, torch.Tensor) and t.is_floating_point()]
                 if floats:
                     wide = max((t.dtype for t in floats), key=lambda d: torch.finfo(d).bits)
                     args, kwargs = tree_map(lambda t: cast(t, wide, cacheable=False), (args, kwargs))
@@ -207,11 +203,7 @@ def cuda_sdpa_backend(q: Any, k: Any, v: Any, attn_mask: Any, dropout_p: float, 
     same_heads = q.shape[-3] == k.shape[-3] if q.dim() >= 3 else True
     if low and attn_mask is None and d <= 256 and d % 8 == 0 and v.shape[-1] == d:
         return "flash"
-    if (
-        q.dtype in (torch.float16, torch.bfloat16, torch.float32)
-        and same_heads
-        and d % (8 if low else 4) == 0
-    ):
+    if q.dtype in (torch.float16, torch.bfloat16, torch.float32) and same_heads and d % (8 if low else 4) == 0:
         return "efficient"
     _ = dropout_p, enable_gqa
     return "math"

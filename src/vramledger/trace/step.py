@@ -312,8 +312,7 @@ def _eval_forward(hf: Any, rec: Recorder, train: TrainSpec, shape: tuple[int, in
         out = hf(input_ids=input_ids, labels=labels, use_cache=not train.grad_ckpt)
     if train.precision.mixed:
         with torch.no_grad():
-            out = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v
-                   for k, v in out.items()}
+            out = {k: v.float() if isinstance(v, torch.Tensor) and v.is_floating_point() else v for k, v in out.items()}
     del out, input_ids, labels
     hf.train()
 
