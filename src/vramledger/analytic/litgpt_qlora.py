@@ -50,9 +50,6 @@ from vramledger.analytic.weights import lm_head_quantised
 from vramledger.ledger import Category, Phase
 from vramledger.specs import DType, ModelCode, ModelSpec, TrainSpec
 
-LITGPT_CODES = frozenset({ModelCode.LITGPT, ModelCode.LIT_GPT_2023})
-"""The model codes whose QLoRA ran under Lightning's BitsandbytesPrecision with bitsandbytes < 0.43.2."""
-
 SRC_DEQUANT = (
     "Lightning _Linear4bit.quantize .to(dtype=torch.half) → fp16 quant state; bitsandbytes 0.42.0 MatMul4Bit "
     "dequantize_4bit(B, state).to(A.dtype): fp16 copy + its compute-dtype cast"
@@ -65,7 +62,7 @@ SRC_RETAINED = (
 
 def lightning_quant_state(model_code: ModelCode) -> bool:
     """Whether the 4-bit weights were quantised by Lightning's ``_Linear4bit`` (an fp16 quantisation state)."""
-    return model_code in LITGPT_CODES
+    return model_code.litgpt
 
 
 def dequant_transient_bytes(numel: int, compute: DType, model_code: ModelCode) -> int:
@@ -78,7 +75,7 @@ def dequant_transient_bytes(numel: int, compute: DType, model_code: ModelCode) -
 
 def keeps_previous_graph(train: TrainSpec) -> bool:
     """Whether the previous micro-step's MatMul4Bit inputs are alive in the next forward (module docstring, 3)."""
-    return train.quant is not None and train.quant.bits == 4 and train.model_code in LITGPT_CODES
+    return train.quant is not None and train.quant.bits == 4 and train.model_code.litgpt
 
 
 def retained_inputs_bytes(m: ModelSpec, train: TrainSpec, tokens: int, *, embedding_trainable: bool) -> int:

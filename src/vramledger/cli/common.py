@@ -414,7 +414,7 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         lora = _lora_from_flags(args, base.lora)
         if lora is not None and lora is not base.lora:
             changes["lora"] = lora
-    litgpt = changes.get("model_code", base.model_code) is not ModelCode.TRANSFORMERS
+    litgpt = changes.get("model_code", base.model_code).litgpt
     if litgpt and method in (Method.LORA, Method.QLORA):
         lora = changes.get("lora", base.lora) or LoraSpec()  # LitGPT keeps adapters in the model dtype (no upcast)
         if lora.adapter_fp32:

@@ -20,6 +20,11 @@ class ModelCode(str, enum.Enum):
     RMSNorm computed in the input dtype (the fp32 upcast came with 6178c7cc, 2023-10-24)."""
 
     @property
+    def litgpt(self) -> bool:
+        """One of LitGPT's codes (their QLoRA ran under Lightning's BitsandbytesPrecision)."""
+        return self in (ModelCode.LITGPT, ModelCode.LIT_GPT_2023)
+
+    @property
     def matmul4bit_keeps_input(self) -> bool:
         """Whether bitsandbytes' ``MatMul4Bit`` keeps its input A for backward under this code's QLoRA.
 
@@ -28,4 +33,4 @@ class ModelCode(str, enum.Enum):
         (9e753741, #1270, "fix QLoRA mem bug: delete useless buffered activation"), and 0.50.2 keeps
         ``(None, B)``. The LitGPT codes ran pinned to bitsandbytes 0.41.1 / 0.42.0 (analytic/litgpt_qlora.py);
         transformers + PEFT runs today use a bitsandbytes after the fix."""
-        return self is not ModelCode.TRANSFORMERS
+        return self.litgpt
