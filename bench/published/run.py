@@ -367,6 +367,7 @@ class Summary:
     metric: str
     n: int
     median: float
+    median_abs: float
     mean_abs: float
     worst: float
     worst_row: int
@@ -389,6 +390,7 @@ def summarise(results: Iterable[Result]) -> list[Summary]:
                 metric=metric,
                 n=len(rs),
                 median=statistics.median(errs),
+                median_abs=statistics.median(abs(e) for e in errs),
                 mean_abs=statistics.fmean(abs(e) for e in errs),
                 worst=worst.error or 0.0,
                 worst_row=worst.row.row,
@@ -404,13 +406,14 @@ def _pct(x: float) -> str:
 
 def table_lines(results: list[Result], mapping: Mapping_, *, markdown: bool) -> list[str]:
     engine = results[0].engine if results else "estimate"
-    head = ["source", "metric", "rows", "median", "mean abs", "worst (row)", f"under {100 * UNDER:.0f}%"]
+    head = ["source", "metric", "rows", "median", "median abs", "mean abs", "worst (row)", f"under {100 * UNDER:.0f}%"]
     body = [
         [
             s.source,
             s.metric,
             str(s.n),
             _pct(s.median),
+            f"{100 * s.median_abs:.1f}%",
             f"{100 * s.mean_abs:.1f}%",
             f"{_pct(s.worst)} ({s.worst_row})",
             str(s.under),
