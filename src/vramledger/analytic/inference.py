@@ -141,7 +141,8 @@ def _generate_moments(m: ModelSpec, spec: InferSpec) -> list[tuple[str, list[Lin
     """The candidate peaks of ``generate`` beside the weights, each named, as its GENERATE line items:
 
     - the prefill's top layer: the cache after the prefill, one layer's working set and the largest decoder weight
-      dequantised (4-bit);
+      dequantised (4-bit); it also carries the last-token logits line ((c + 4)·B·V, a few MB), which this moment
+      has always counted although the first forward has made no logits yet;
     - the prefill's lm_head: the cache, the final norm's output (c·B·P·H) and the logits: of the last token, or of
       every prompt token before ``logits_to_keep`` (legacy), plus lm_head dequantised where it is 4-bit (LitGPT);
       the layer's working set is freed by then (``SRC_HEAD``);
