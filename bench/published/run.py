@@ -277,10 +277,6 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
 
         # the trace runs transformers' layers: LitGPT's own (model_code litgpt) are estimated only
         train = dataclasses.replace(train_spec(s), model_code=ModelCode.TRANSFORMERS)
-        if train.base_dtype is not None:
-            from vramledger.errors import VramledgerError
-
-            raise VramledgerError("trace: a frozen base loaded in another dtype (base_dtype) is not traced")
         paged = train.optimizer.value.startswith("paged")
         if paged:
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
