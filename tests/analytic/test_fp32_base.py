@@ -128,3 +128,51 @@ def test_fp32_minus_bf16_base_under_checkpointing_by_hand() -> None:
     # The top layer's recompute (in backward) casts one layer's seven frozen matrices again, beside its adapters'
     # cached copies: 60,817,408 + 44,032 × 16 elements in bf16. Not every layer's: that was the over-count.
     assert step_parts(m, fp32).recompute_cast_bytes == (LAYER_LINEARS + ALL_ADAPTERS) * CAST
+
+
+# PEFT's 70B guides (docs/source/accelerate/fsdp.md and deepspeed.md, examples/sft at peft aa2ca83ca): the script
+# loads Llama-2-70B with no torch_dtype, so in fp32, and trains LoRA r8 on all linears with --bf16 on 8 GPUs.
+PEFT_70B = TrainSpec(
+    method=Method.LORA,
+    lora=LoraSpec(rank=8, alpha=16, dropout=0.1),
+    micro_batch=8,
+    seq_len=2048,
+    grad_accum=4,
+    grad_ckpt=True,
+    packing=True,
+    world_size=8,
+)
+
+
+def test_fsdp_keeps_an_fp32_shard_and_casts_nothing() -> None:
+    # FSDP1 FULL_SHARD under accelerate's MixedPrecision(bf16): the flat parameters keep the dtype they were loaded
+    # in, so rank 0 holds 1/8 of the fp32 base; the units are all-gathered as bf16 copies, so autocast finds bf16
+    # weights and casts none, and everything but the shard is what a bf16 base gives.
+    from dataclasses import replace
+
+    from vramledger.specs import Sharding
+
+    m = resolve_model("llama-2-70b")
+    # Llama-2-70B: embedding and lm_head 32000 × 8192 each (untied); per layer q, o 8192², k, v 8192 × 1024, the MLP
+    # 3 × 8192 × 28672 and two norms; 80 layers and the final norm: 68,976,648,192 (the count on its model card).
+    per_layer = 2 * 8192**2 + 2 * 8192 * 1024 + 3 * 8192 * 28672 + 2 * 8192
+    n = 2 * 32000 * 8192 + 80 * per_layer + 8192
+    assert n == 68_976_648_192
+    fsdp = replace(PEFT_70B, fsdp=Sharding.FULL_SHARD, fsdp_version=1)
+    a, b = estimate(m, fsdp), estimate(m, replace(fsdp, base_dtype=DType.FP32))
+    for phase in (Phase.LOAD, Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER):
+        got = b.allocated(phase) - a.allocated(phase)
+        print(phase.value, f"expected {n * (4 - 2) // 8:,} got {got:,}")
+        assert got == n * (4 - 2) // 8
+    assert not [i.label for i in b.items if i.category is Category.WEIGHTS and "cast" in i.label]
+
+
+def test_zero3_init_makes_an_fp32_base_bf16() -> None:
+    # DeepSpeed ZeRO-3 under the HF Trainer: zero.Init creates every parameter in the config's dtype, bf16 here
+    # (runtime/zero/partition_parameters.py Init._set_dtype), whatever from_pretrained was asked for.
+    from dataclasses import replace
+
+    m = resolve_model("llama-2-70b")
+    zero3 = replace(PEFT_70B, zero_stage=3)
+    a, b = estimate(m, zero3), estimate(m, replace(zero3, base_dtype=DType.FP32))
+    assert [(i.label, i.phase, i.bytes) for i in b.items] == [(i.label, i.phase, i.bytes) for i in a.items]

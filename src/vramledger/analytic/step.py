@@ -32,7 +32,7 @@ from vramledger.analytic.activations import (
     rope_bytes_per_token,
     runs_eager,
 )
-from vramledger.analytic.distributed import add_buffers, rank_step_parts
+from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
@@ -433,7 +433,10 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    reserves = phase_reserves(m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()})
+    # The cache's block sizes follow the dtypes the step computes in (an engine's, under FSDP or DeepSpeed).
+    reserves = phase_reserves(
+        m, engine_dtypes(train), step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()}
+    )
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
