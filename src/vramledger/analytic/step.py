@@ -337,20 +337,14 @@ def _add_backward_persistent(
     forward (under checkpointing only lm_head's, outside the checkpoints); in the top layer's backward lm_head's
     is gone, and under checkpointing the top layer's recompute has made that layer's again."""
     add_persistent(mo, p, train, grads=grads, autocast=False, states=True)
-    if not top_layer:
-        casts, label = (
-            (p.head_cast_bytes, "lm_head's bf16 cast (outside checkpointing)")
-            if train.grad_ckpt
-            else (
-                p.autocast_copy_bytes,
-                "bf16 copies made by autocast",
-            )
-        )
+    if not top_layer and train.grad_ckpt:
+        _add_casts(mo, p.head_cast_bytes, "lm_head's bf16 cast (outside checkpointing)")
+    elif not top_layer:
+        _add_casts(mo, p.autocast_copy_bytes, "bf16 copies made by autocast")
     elif train.grad_ckpt:
-        casts, label = p.recompute_cast_bytes, "one layer's bf16 weight casts (recomputed)"
+        _add_casts(mo, p.recompute_cast_bytes, "one layer's bf16 weight casts (recomputed)")
     else:
-        casts, label = p.autocast_copy_bytes - p.head_cast_bytes, "bf16 copies made by autocast (lm_head's freed)"
-    _add_casts(mo, casts, label)
+        _add_casts(mo, p.autocast_copy_bytes - p.head_cast_bytes, "bf16 copies made by autocast (lm_head's freed)")
 
 
 def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
