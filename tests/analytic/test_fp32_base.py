@@ -176,3 +176,57 @@ def test_zero3_init_makes_an_fp32_base_bf16() -> None:
     zero3 = replace(PEFT_70B, zero_stage=3)
     a, b = estimate(m, zero3), estimate(m, replace(zero3, base_dtype=DType.FP32))
     assert [(i.label, i.phase, i.bytes) for i in b.items] == [(i.label, i.phase, i.bytes) for i in a.items]
+
+
+def test_fsdp1_trace_agrees_on_an_fp32_base() -> None:
+    # The real FullyShardedDataParallel on a fake process group (trace/distributed.py), rank 0 of 2, with the HF
+    # Trainer's wrap policy (PEFT's fsdp_auto_wrap_policy: every lora_A/lora_B in a unit of its own) and
+    # MixedPrecision(bf16), over a small Llama loaded in fp32 with fp32 adapters.
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from vramledger.specs import Sharding
+    from vramledger.trace import trace_step
+
+    h, inter, kv, vocab, layers, r = 512, 1376, 128, 8000, 2, 16
+    cfg = {
+        "model_type": "llama",
+        "hidden_size": h,
+        "intermediate_size": inter,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": layers,
+        "vocab_size": vocab,
+        "tie_word_embeddings": False,
+    }
+    model = model_spec_from_config(cfg, name="small-llama", source="test")
+    spec = TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=r),
+        micro_batch=1,
+        seq_len=128,
+        packing=True,
+        grad_ckpt=True,
+        base_dtype=DType.FP32,
+        world_size=2,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=1,
+    )
+    traced, analytic = trace_step(model, spec, config=cfg), estimate(model, spec)
+    # Base: embedding and lm_head V·H, per layer q, o H², k, v H·Dkv, MLP 3·H·I, two norms; final norm.
+    base = 2 * vocab * h + layers * (2 * h * h + 2 * h * kv + 3 * h * inter + 2 * h) + h
+    # Adapters: rank r on q, k, v, o, gate, up, down of every layer, A and B.
+    adapters = layers * r * ((h + h) + 2 * (h + kv) + (h + h) + 3 * (h + inter))
+    shard = (base + adapters) * 4 // 2  # fp32, half on rank 0
+    grads = adapters * 4 // 2  # the adapters' sharded fp32 gradients only: no frozen element in their units
+    t_load, a_load = traced.bytes_of(Category.WEIGHTS, Phase.LOAD), analytic.bytes_of(Category.WEIGHTS, Phase.LOAD)
+    t_grad = traced.bytes_of(Category.GRADIENTS, Phase.OPTIMIZER)
+    a_grad = analytic.bytes_of(Category.GRADIENTS, Phase.OPTIMIZER)
+    print(f"weights at load: hand {shard:,} trace {t_load:,} estimate {a_load:,}")
+    print(f"gradients in the step: hand {grads:,} trace {t_grad:,} estimate {a_grad:,}")
+    print(f"peak allocated: trace {traced.peak_allocated:,} estimate {analytic.peak_allocated:,}")
+    assert a_load == shard and abs(t_load - shard) <= 64 * 1024  # the trace rounds and pads each flat shard
+    assert a_grad == grads and abs(t_grad - grads) <= 64 * 1024
+    # No weight is cast (the all-gathered copies are bf16 already): the only bf16 copies the trace files as casts are
+    # MixedPrecision's buffer_dtype copies of the RoPE inv_freq buffers (2 × 32 elements, one 512 B block each).
+    assert _casts(traced, Phase.BACKWARD) <= 2 * 512
+    assert abs(analytic.peak_allocated - traced.peak_allocated) <= 0.01 * traced.peak_allocated
