@@ -101,6 +101,36 @@ def test_estimate_and_trace_agree_on_an_fp32_base(vocab: int, ckpt: bool, hand: 
     assert abs(analytic.peak_allocated - traced.peak_allocated) <= 0.01 * traced.peak_allocated
 
 
+@pytest.mark.parametrize("arch", ["phi3", "gpt2", "gemma2"])
+def test_other_layouts_without_checkpointing(arch: str) -> None:
+    # Fused qkv_proj / gate_up_proj (Phi-3), GPT-2's Conv1D layers and learned positions, Gemma 2's scaled embedding
+    # and soft-capped eager attention: the saved casts (and the uncast ones of layer 0) follow each layout. The small
+    # configs of the trace cross-check, LoRA r16 on every linear, without checkpointing.
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from tests.trace.test_crosscheck import CONFIGS
+    from vramledger.specs import Attention
+    from vramledger.trace import trace_step
+
+    cfg = CONFIGS[arch]
+    model = model_spec_from_config(cfg, name=f"tiny-{arch}", source="test")
+    spec = TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=R),
+        micro_batch=2,
+        seq_len=256,
+        packing=True,
+        base_dtype=DType.FP32,
+        attn=Attention.EAGER if model.attn_logit_softcapping else Attention.SDPA,
+    )
+    traced, analytic = trace_step(model, spec, config=cfg), estimate(model, spec)
+    t_casts, a_casts = _casts(traced, Phase.FORWARD), _casts(analytic, Phase.FORWARD)
+    print(f"casts at the loss: trace {t_casts:,} estimate {a_casts:,}")
+    print(f"peak allocated: trace {traced.peak_allocated:,} estimate {analytic.peak_allocated:,}")
+    assert abs(t_casts - a_casts) <= 64 * 1024
+    assert abs(analytic.peak_allocated - traced.peak_allocated) <= 0.01 * traced.peak_allocated
+
+
 def test_fp32_minus_bf16_base_under_checkpointing_by_hand() -> None:
     # Llama-3.2-1B, LoRA r16 on all linears, bf16 autocast, checkpointing, 1 × 1024 tokens: the base loaded in
     # fp32 against bf16. The backward peak is the log-softmax backward in both.
