@@ -117,8 +117,8 @@ def test_other_layouts_without_checkpointing(arch: str) -> None:
     spec = TrainSpec(
         method=Method.LORA,
         lora=LoraSpec(rank=R),
-        micro_batch=2,
-        seq_len=256,
+        micro_batch=1,
+        seq_len=128,
         packing=True,
         base_dtype=DType.FP32,
         attn=Attention.EAGER if model.attn_logit_softcapping else Attention.SDPA,
