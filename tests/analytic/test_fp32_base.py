@@ -131,6 +131,40 @@ def test_other_layouts_without_checkpointing(arch: str) -> None:
     assert abs(analytic.peak_allocated - traced.peak_allocated) <= 0.01 * traced.peak_allocated
 
 
+def test_litgpt_chunked_head_saves_a_cast_per_chunk() -> None:
+    # LitGPT's LoRA loop (lit-gpt 8641822, published row 70: bf16-mixed over an fp32 base) calls
+    # model(input_ids, lm_head_chunk_size=128), and GPT.forward runs lm_head on each 128-position chunk: every call
+    # casts the frozen fp32 head anew and autograd saves each cast (the chunk's input needs a gradient). The trace's
+    # chunked loss (trace/step.py chunked_loss) calls lm_head the same way, on transformers' layers.
+    pytest.importorskip("transformers")
+    pytest.importorskip("peft")
+    from dataclasses import replace
+
+    from vramledger.specs import Loss, ModelCode
+    from vramledger.trace import trace_step
+
+    model, cfg = _two_layers(V)
+    L, chunk = 384, 128
+    spec = TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=R, targets=("q_proj", "v_proj")),
+        micro_batch=1,
+        seq_len=L,
+        packing=True,
+        loss=Loss.CHUNKED,
+        loss_chunk_tokens=chunk,
+        base_dtype=DType.FP32,
+    )
+    litgpt = estimate(model, replace(spec, model_code=ModelCode.LIT_GPT_2023))
+    traced = trace_step(model, spec, config=cfg)
+    # 3 lm_head casts, then the decoder's as in the no-ckpt case above (q/k/v of layer 0 unsaved) and the adapters'.
+    hand = (L // chunk) * V * H * CAST + (Dq * H + 3 * H * I) * CAST + LAYER_LINEARS * CAST + 2 * QV_ADAPTERS * CAST
+    t_casts, a_casts = _casts(traced, Phase.FORWARD), _casts(litgpt, Phase.FORWARD)
+    print(f"casts at the loss: hand {hand:,} trace {t_casts:,} estimate (lit-gpt-2023) {a_casts:,}")
+    assert a_casts == hand
+    assert abs(t_casts - hand) <= 2**20
+
+
 def test_fp32_minus_bf16_base_under_checkpointing_by_hand() -> None:
     # Llama-3.2-1B, LoRA r16 on all linears, bf16 autocast, checkpointing, 1 × 1024 tokens: the base loaded in
     # fp32 against bf16. The backward peak is the log-softmax backward in both.

@@ -54,7 +54,7 @@ from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activation
 from vramledger.analytic.reserve import phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
-from vramledger.specs import Attention, DType, GPUSpec, Method, ModelSpec, TrainSpec
+from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec
 
 
 @lru_cache(maxsize=4096)
@@ -199,9 +199,12 @@ def _autocast_casts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Casts:
     cached = wb.trainable_matrix_params * c if fp32_trainable else 0
     layer_cached = sum(a.params for a in wb.adapted) * c if fp32_trainable else 0
     frozen_fp32 = train.quant is None and train.frozen_dtype is DType.FP32
-    # A frozen lm_head's cast is saved when its input needs a gradient: when anything trains below it.
+    # A frozen lm_head's cast is saved when its input needs a gradient: when anything trains below it; one per call
+    # of lm_head (a trainable head's copy is cached, one for every call).
     head_frozen = frozen_fp32 and not wb.head_trainable and (wb.trainable_layers > 0 or wb.embedding_trainable)
     head = m.vocab_size * m.hidden_size * c if (head_frozen or (wb.head_trainable and fp32_trainable)) else 0
+    if head_frozen:
+        head *= _head_calls(train)
     frozen_head = head if head_frozen else 0
     # The frozen matrices inside the trained layers (method freeze trains whole layers: its frozen matrices lie
     # below them, where no input needs a gradient).
@@ -213,6 +216,15 @@ def _autocast_casts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Casts:
         return _Casts(cached + frozen_head, head, layer * c + layer_cached)
     saved = decoder - _first_layer_uncast(m, train, wb) if decoder else 0
     return _Casts(cached + saved * c + frozen_head, head, 0)
+
+
+def _head_calls(train: TrainSpec) -> int:
+    """Calls of lm_head in one forward. LitGPT's finetune/lora.py runs ``model(input_ids, lm_head_chunk_size=128)``
+    and ``GPT.forward`` returns ``[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]`` (lit-gpt
+    8641822 and litgpt 43c44323 ``model.py``): one call per chunk of positions (finetune/full.py: one call)."""
+    if train.loss is Loss.CHUNKED and train.model_code.litgpt and train.method is not Method.FULL:
+        return -(-train.seq_len // max(1, train.loss_chunk_tokens))
+    return 1
 
 
 _GROUPS = ("attn_in", "attn_out", "mlp_in", "mlp_out")
