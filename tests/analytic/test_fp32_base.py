@@ -10,6 +10,8 @@ real transformers/PEFT step traced on fake tensors under ``torch.autocast`` (tra
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from vramledger.analytic import estimate
@@ -31,6 +33,9 @@ QV_ADAPTERS = R * (H + Dq) + R * (H + Dkv)
 ALL_ADAPTERS = R * ((H + Dq) + 2 * (H + Dkv) + (Dq + H) + 3 * (H + I))
 """LoRA A and B of all seven linears (rank 16) in one layer."""
 CAST = 2  # bf16 bytes per weight element
+QV = LoraSpec(rank=R, targets=("q_proj", "v_proj"))
+FP32_LORA = TrainSpec(method=Method.LORA, lora=QV, micro_batch=1, seq_len=128, packing=True, base_dtype=DType.FP32)
+"""LoRA r16 on q and v, bf16 autocast over a base loaded in fp32, one packed sequence of 128 tokens."""
 
 
 def _two_layers(vocab: int) -> tuple[ModelSpec, dict[str, object]]:
@@ -79,15 +84,7 @@ def test_estimate_and_trace_agree_on_an_fp32_base(vocab: int, ckpt: bool, hand: 
     from vramledger.trace import trace_step
 
     model, cfg = _two_layers(vocab)
-    spec = TrainSpec(
-        method=Method.LORA,
-        lora=LoraSpec(rank=R, targets=("q_proj", "v_proj")),
-        micro_batch=1,
-        seq_len=128,
-        packing=True,
-        grad_ckpt=ckpt,
-        base_dtype=DType.FP32,
-    )
+    spec = replace(FP32_LORA, grad_ckpt=ckpt)
     traced, analytic = trace_step(model, spec, config=cfg), estimate(model, spec)
     t_casts, a_casts = _casts(traced, Phase.BACKWARD), _casts(analytic, Phase.BACKWARD)
     print(f"casts: hand {hand:,} trace {t_casts:,} estimate {a_casts:,}")
@@ -114,15 +111,8 @@ def test_other_layouts_without_checkpointing(arch: str) -> None:
 
     cfg = CONFIGS[arch]
     model = model_spec_from_config(cfg, name=f"tiny-{arch}", source="test")
-    spec = TrainSpec(
-        method=Method.LORA,
-        lora=LoraSpec(rank=R),
-        micro_batch=1,
-        seq_len=128,
-        packing=True,
-        base_dtype=DType.FP32,
-        attn=Attention.EAGER if model.attn_logit_softcapping else Attention.SDPA,
-    )
+    attn = Attention.EAGER if model.attn_logit_softcapping else Attention.SDPA
+    spec = replace(FP32_LORA, lora=LoraSpec(rank=R), attn=attn)
     traced, analytic = trace_step(model, spec, config=cfg), estimate(model, spec)
     t_casts, a_casts = _casts(traced, Phase.FORWARD), _casts(analytic, Phase.FORWARD)
     print(f"casts at the loss: trace {t_casts:,} estimate {a_casts:,}")
@@ -138,23 +128,12 @@ def test_litgpt_chunked_head_saves_a_cast_per_chunk() -> None:
     # chunked loss (trace/step.py chunked_loss) calls lm_head the same way, on transformers' layers.
     pytest.importorskip("transformers")
     pytest.importorskip("peft")
-    from dataclasses import replace
-
     from vramledger.specs import Loss, ModelCode
     from vramledger.trace import trace_step
 
     model, cfg = _two_layers(V)
     L, chunk = 384, 128
-    spec = TrainSpec(
-        method=Method.LORA,
-        lora=LoraSpec(rank=R, targets=("q_proj", "v_proj")),
-        micro_batch=1,
-        seq_len=L,
-        packing=True,
-        loss=Loss.CHUNKED,
-        loss_chunk_tokens=chunk,
-        base_dtype=DType.FP32,
-    )
+    spec = replace(FP32_LORA, seq_len=L, loss=Loss.CHUNKED, loss_chunk_tokens=chunk)
     litgpt = estimate(model, replace(spec, model_code=ModelCode.LIT_GPT_2023))
     traced = trace_step(model, spec, config=cfg)
     # 3 lm_head casts, then the decoder's as in the no-ckpt case above (q/k/v of layer 0 unsaved) and the adapters'.
@@ -212,8 +191,6 @@ def test_fsdp_keeps_an_fp32_shard_and_casts_nothing() -> None:
     # FSDP1 FULL_SHARD under accelerate's MixedPrecision(bf16): the flat parameters keep the dtype they were loaded
     # in, so rank 0 holds 1/8 of the fp32 base; the units are all-gathered as bf16 copies, so autocast finds bf16
     # weights and casts none, and everything but the shard is what a bf16 base gives.
-    from dataclasses import replace
-
     from vramledger.specs import Sharding
 
     m = resolve_model("llama-2-70b")
@@ -234,8 +211,6 @@ def test_fsdp_keeps_an_fp32_shard_and_casts_nothing() -> None:
 def test_zero3_init_makes_an_fp32_base_bf16() -> None:
     # DeepSpeed ZeRO-3 under the HF Trainer: zero.Init creates every parameter in the config's dtype, bf16 here
     # (runtime/zero/partition_parameters.py Init._set_dtype), whatever from_pretrained was asked for.
-    from dataclasses import replace
-
     m = resolve_model("llama-2-70b")
     zero3 = replace(PEFT_70B, zero_stage=3)
     a, b = estimate(m, zero3), estimate(m, replace(zero3, base_dtype=DType.FP32))
@@ -263,14 +238,10 @@ def test_fsdp1_trace_agrees_on_an_fp32_base() -> None:
         "tie_word_embeddings": False,
     }
     model = model_spec_from_config(cfg, name="small-llama", source="test")
-    spec = TrainSpec(
-        method=Method.LORA,
+    spec = replace(
+        FP32_LORA,
         lora=LoraSpec(rank=r),
-        micro_batch=1,
-        seq_len=128,
-        packing=True,
         grad_ckpt=True,
-        base_dtype=DType.FP32,
         world_size=2,
         fsdp=Sharding.FULL_SHARD,
         fsdp_version=1,
