@@ -2,9 +2,13 @@
 
 For each config: trace two training steps on the fake process group (``vramledger.trace``, trace/distributed.py),
 and record rank 0's allocated bytes at each phase's peak and overall, with the analytic estimate for the same
-specs. tests/analytic/test_distributed_grid.py checks the estimate against the committed traces.
+specs; and the reserved bytes: the ledger's per phase (the replay read at each phase's peak moment, as the trace
+reports it), and the replay's own peak reserved with each stream's pool (trace/oom.py replays one caching-allocator
+pool per CUDA stream: the default stream, FSDP's all-gather and reduce-scatter streams). tests/analytic/
+test_distributed_grid.py and test_stream_pools.py check the estimate against the committed traces.
 
-Run:  nice python bench/distributed/run_grid.py              # traces what is missing from grid.jsonl (minutes)
+Run:  nice python bench/distributed/run_grid.py              # traces what is missing from grid.jsonl, or was
+                                                             # traced without the replay's pools (minutes)
       python bench/distributed/run_grid.py --analytic        # recompute only the analytic columns (instant)
       python bench/distributed/run_grid.py --only ID         # one config, printed, not saved
       python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
@@ -106,20 +110,67 @@ def _phases(ledger: Ledger) -> dict[str, Any]:
     }
 
 
+def _reserved(ledger: Ledger) -> dict[str, Any]:
+    """Reserved bytes at each phase's peak (allocated + the allocator-reserve line) and their maximum."""
+    return {
+        "peak_reserved": ledger.peak_reserved,
+        "reserved_by_phase": {p.value: ledger.reserved(p) for p in PHASES[1:] if p in ledger.phases},
+    }
+
+
 def analytic(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
     from vramledger.analytic import estimate
 
     m, t, _ = _specs(row)
     ledger = estimate(m, t)
-    return {"peak_allocated": ledger.peak_allocated, "phases": _phases(ledger)}
+    return {"peak_allocated": ledger.peak_allocated, "phases": _phases(ledger)} | _reserved(ledger)
+
+
+def pools(dev: Any) -> dict[str, Any]:
+    """The replay of trace/oom.py ``reserved_at`` (one ``CachingAllocatorModel`` per stream, default settings,
+    unlimited device) followed to its end: the peak of the summed reserved bytes (reserved never falls without
+    ``empty_cache``), each pool's reserved and peak allocated, and each pool's reserved at the end of step 1."""
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+
+    models: dict[str, CachingAllocatorModel] = {}
+    live: dict[int, Any] = {}
+    peak_total = 0
+    for ev in dev.events:
+        stream = dev.streams.get(ev.id, "") or "default"
+        model = models.setdefault(stream, CachingAllocatorModel())
+        if ev.kind is EventKind.ALLOC:
+            live[ev.id] = model.malloc(ev.size) if ev.size else None
+        elif ev.kind is EventKind.FREE:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                model.free(blk)
+        peak_total = max(peak_total, sum(m.reserved for m in models.values()))
+    return {
+        "peak_reserved": peak_total,
+        "pools": {
+            s: {"reserved": m.reserved, "peak_reserved": m.peak_reserved, "peak_allocated": m.peak_allocated}
+            for s, m in sorted(models.items())
+        },
+    }
 
 
 def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
+    from unittest import mock
+
+    import vramledger.trace.api as api
     from vramledger.trace import trace_step
 
     m, t, config = _specs(row)
     start = time.time()
-    with warnings.catch_warnings():
+    seen: list[Any] = []
+
+    def keep(*args: Any, **kwargs: Any) -> Any:  # the replay's input, as trace_step builds it
+        seen.append(api_device_events(*args, **kwargs))
+        return seen[-1]
+
+    api_device_events = api.device_events
+    with warnings.catch_warnings(), mock.patch.object(api, "device_events", keep):
         warnings.simplefilter("ignore")
         ledger = trace_step(m, t, config=config)
     return {
@@ -127,6 +178,8 @@ def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any
         "peak_allocated": ledger.peak_allocated,
         "phases": _phases(ledger),
         "versions": ledger.settings.get("versions", ""),
+        **_reserved(ledger),
+        "replay": pools(seen[-1]),
     }
 
 
@@ -141,8 +194,14 @@ def single_view(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str
     view = compute_view(t)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced_peak = trace_step(m, view, config=config).peak_allocated
-    return {"trace_peak_allocated": traced_peak, "analytic_peak_allocated": estimate(m, view).peak_allocated}
+        traced_ledger = trace_step(m, view, config=config)
+    ours = estimate(m, view)
+    return {
+        "trace_peak_allocated": traced_ledger.peak_allocated,
+        "analytic_peak_allocated": ours.peak_allocated,
+        "trace_peak_reserved": traced_ledger.peak_reserved,
+        "analytic_peak_reserved": ours.peak_reserved,
+    }
 
 
 def _load() -> dict[str, dict[str, Any]]:
@@ -172,14 +231,14 @@ def main() -> None:
     ap.add_argument("--analytic", action="store_true")
     ap.add_argument("--only")
     ap.add_argument("--table", action="store_true")
-    ap.add_argument("--views", action="store_true", help="add the single-GPU compute view of the LoRA rows")
+    ap.add_argument("--views", action="store_true", help="add each row's single-GPU compute view, traced and estimated")
     args = ap.parse_args()
     rows = _load()
     if args.views:
         cache: dict[str, dict[str, Any]] = {}
         for row in GRID:
             d = rows.get(_id(row))
-            if d is None or row[3] != "lora":
+            if d is None:
                 continue
             from vramledger.analytic.distributed import compute_view
 
@@ -200,9 +259,11 @@ def main() -> None:
             if rid in rows:
                 rows[rid]["analytic"] = analytic(row)
             continue
-        if rid in rows and not args.only:
-            continue
+        if rid in rows and not args.only and "replay" in rows[rid]["trace"]:
+            continue  # traced already, with the replay's pools
         d = {"id": rid, "trace": traced(row), "analytic": analytic(row)}
+        if "single_view" in rows.get(rid, {}):
+            d["single_view"] = rows[rid]["single_view"]
         t, a = d["trace"]["peak_allocated"], d["analytic"]["peak_allocated"]
         print(
             f"{rid}: trace {t / 2**30:.3f} GiB, estimate {a / 2**30:.3f} GiB ({100 * (a - t) / t:+.1f}%), "
