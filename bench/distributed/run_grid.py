@@ -70,6 +70,12 @@ GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
         ("lora", "bf16-true" if engine.startswith("fsdp1") else "bf16-mixed"),
     )
 ] + [("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True) for engine in ("fsdp2", "fsdp1", "ddp")]
+# Checkpointing on the mid model too (the reserve's layer-transient term changes with it).
+GRID += [
+    ("mid", engine, 8, method, "bf16-true" if engine == "fsdp1" and method == "lora" else "bf16-mixed", 1, 1024, True)
+    for engine in ("fsdp2", "fsdp1", "ddp")
+    for method in ("full", "lora")
+]
 
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
@@ -242,7 +248,7 @@ def main() -> None:
                 continue
             from vramledger.analytic.distributed import compute_view
 
-            key = repr(compute_view(_specs(row)[1]))
+            key = row[0] + repr(compute_view(_specs(row)[1]))  # the model and the view
             if key not in cache:
                 cache[key] = single_view(row)
             d["single_view"] = cache[key]

@@ -1,0 +1,144 @@
+"""The per-rank reserve under FSDP (analytic/stream_pools.py) against the allocator replay of the real FSDP2/FSDP1/DDP
+wrappers traced on the fake process group (bench/distributed/grid.jsonl, written by bench/distributed/run_grid.py:
+one caching-allocator pool per CUDA stream, trace/oom.py), and one pool derived by hand.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from functools import cache
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import pytest
+
+from vramledger.analytic import estimate
+from vramledger.analytic.step import step_parts
+from vramledger.analytic.stream_pools import side_pools
+from vramledger.catalog.hfconfig import model_spec_from_config
+from vramledger.specs import Method, Precision, Sharding, TrainSpec
+
+ROOT = Path(__file__).resolve().parents[2]
+GRID = ROOT / "bench" / "distributed" / "grid.jsonl"
+MiB = 2**20
+# Known misses of the whole reserved figure, strict xfails: config id -> cause.
+DEFAULT_POOL = (
+    "the default stream's pool: analytic/reserve.py's single-GPU model over the default stream's allocations "
+    "leaves {}% of the replay's default pool out for freeze (the side pools agree to the MiB; the single-GPU "
+    "freeze view itself is -5.4%), not yet explained"
+)
+KNOWN = {
+    "mid/fsdp2/w8/freeze/bf16-mixed/b1/L1024/nockpt": DEFAULT_POOL.format(15),
+    "mid/fsdp2-sgo/w8/freeze/bf16-mixed/b1/L1024/nockpt": DEFAULT_POOL.format(14),
+    "mid/fsdp1/w2/freeze/bf16-mixed/b1/L1024/nockpt": DEFAULT_POOL.format(14),
+    "mid/fsdp1/w8/freeze/bf16-mixed/b1/L1024/nockpt": DEFAULT_POOL.format(17),
+}
+
+
+@cache
+def _runner() -> ModuleType:
+    # loaded under its own name: bench/reserve has a run_grid.py too
+    path = ROOT / "bench" / "distributed" / "run_grid.py"
+    spec = importlib.util.spec_from_file_location("distributed_run_grid", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules["distributed_run_grid"] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _records(engines: tuple[str, ...]) -> list[dict[str, Any]]:
+    recs = [json.loads(line) for line in GRID.read_text().splitlines() if line.strip()]
+    return [r for r in recs if r["id"].split("/")[1] in engines]
+
+
+def _specs(rec: dict[str, Any]) -> tuple[Any, TrainSpec]:
+    run = _runner()
+    row = next(r for r in run.GRID if run._id(r) == rec["id"])
+    m, t, _ = run._specs(row)
+    return m, t
+
+
+FSDP = ("fsdp2", "fsdp2-sgo", "fsdp1")
+
+
+def test_the_grid_has_the_replays_pools_of_every_engine_with_and_without_checkpointing() -> None:
+    recs = _records((*FSDP, "ddp"))
+    assert len(recs) >= 35 and all("replay" in r["trace"] for r in recs)
+    kinds = {(r["id"].split("/")[1], r["id"].split("/")[3], r["id"].endswith("/ckpt")) for r in recs}
+    for engine in ("fsdp2", "fsdp1", "ddp"):
+        for method in ("full", "lora"):
+            assert {(engine, method, False), (engine, method, True)} <= kinds, (engine, method)
+    fsdp = [r for r in recs if r["id"].split("/")[1] in FSDP]
+    assert all(set(r["trace"]["replay"]["pools"]) == {"default", "all_gather", "reduce_scatter"} for r in fsdp)
+    assert all(set(r["trace"]["replay"]["pools"]) == {"default"} for r in recs if "/ddp/" in r["id"])
+
+
+@pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(FSDP)])
+def test_side_pools_match_the_replay(rec: dict[str, Any]) -> None:
+    """Each side stream's reserved bytes, modelled from the wrappers' allocation order, against the replay's pool of
+    that stream: the same to within one 2 MiB segment."""
+    m, t = _specs(rec)
+    got = side_pools(m, t, step_parts(m, t).weights)
+    pools = rec["trace"]["replay"]["pools"]
+    for name, ours in (("all_gather", got.all_gather), ("reduce_scatter", got.reduce_scatter)):
+        want = pools[name]["reserved"]
+        print(rec["id"], name, "estimate", ours, "replay", want)
+        assert abs(ours - want) <= 2 * MiB, name
+
+
+@pytest.mark.parametrize(
+    "rec",
+    [
+        pytest.param(r, id=r["id"], marks=pytest.mark.xfail(strict=True, reason=KNOWN[r["id"]]))
+        if r["id"] in KNOWN
+        else pytest.param(r, id=r["id"])
+        for r in _records(FSDP)
+    ],
+)
+def test_fsdp_peak_reserved_within_10_percent(rec: dict[str, Any]) -> None:
+    """Rank 0's peak reserved (default stream + side pools) against the replay's. Before the side pools were
+    modelled the estimate was 10-32% under on these configs; the rest is the default stream's pool."""
+    m, t = _specs(rec)
+    got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
+    print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")
+    assert abs(got - want) <= 0.10 * want
+
+
+@pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(("ddp",))])
+def test_ddp_reserve_adds_nothing_to_the_single_gpu_model(rec: dict[str, Any]) -> None:
+    """DDP allocates its buckets and reduces on the default stream (reducer.cpp): one pool, so the per-rank reserve
+    misses by what the single-GPU reserve misses on the same step, and by nothing more (within 1%)."""
+    m, t = _specs(rec)
+    one = rec["single_view"]
+    inherited = one["analytic_peak_reserved"] - one["trace_peak_reserved"]
+    got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
+    print(rec["id"], "estimate", got, "replay", want, "inherited", inherited)
+    assert abs(got - inherited - want) <= 0.01 * want
+
+
+def test_fsdp2_all_gather_pool_by_hand() -> None:
+    """FSDP2, 8 ranks, bf16-mixed, the grid's mid model (hidden 1024, MLP 2816, 16 query and 4 KV heads of 64,
+    vocabulary 32000, untied). Root unit E_root = 2·32000·1024 + 1024 = 65,537,024 elements; a layer
+    E_layer = 2·1024² + 2·1024·256 + 3·1024·2816 + 2·1024 = 11,274,240. Forward, in the copy-in stream:
+    the root's fp32 shards cast to bf16 (2·E_root/8 = 15.6 MiB → a 16 MiB segment, freed after the copy-in), its
+    output (2·E_root = 125.0 MiB → 126 MiB); layer 0's cast (2.7 MiB) splits the freed 16 MiB block, its output
+    (21.5 MiB) needs a new 22 MiB segment since the root's output is still kept; from layer 1 on the root's block
+    is free and serves every layer output. 16 + 126 + 22 = 164 MiB."""
+    run = _runner()
+    m = model_spec_from_config(run.MID, name="mid", source="test")
+    t = TrainSpec(
+        method=Method.FULL,
+        precision=Precision.BF16_MIXED,
+        micro_batch=1,
+        seq_len=1024,
+        world_size=8,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=2,
+    )
+    got = side_pools(m, t, step_parts(m, t).weights).all_gather
+    print("expected", 164 * MiB, "got", got)
+    assert got == 164 * MiB
