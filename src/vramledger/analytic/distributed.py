@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_no_sync import no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
 from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.rank import (
@@ -177,6 +177,10 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if kept:
         buffers.extend(kept)
         notes.append(NO_SYNC_NOTE)
+    kept = fsdp2_kept_buffers(train, wb, sharded_grad_bytes=grads_r)  # FSDP2 + accumulation (fsdp_no_sync.py)
+    if kept:
+        buffers.extend(kept)
+        notes.append(FSDP2_NOTE)
     return RankParts(
         engine=engine_name(train),
         ranks=ranks,
@@ -282,7 +286,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
-    if not root_trained or train.keeps_unsharded_grads:  # under no_sync: inside the kept gradients
+    if not root_trained or train.keeps_unsharded_grads or skips_gradient_sync(train):  # inside the kept gradients
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).

@@ -77,6 +77,7 @@ from vramledger.analytic.distributed import (
     fsdp_gathered_bytes,
     fsdp_layer_elements,
 )
+from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
 from vramledger.analytic.params import embedding_params, head_params
 from vramledger.analytic.parts import Moment, StepParts
 from vramledger.analytic.reserve import phase_reserves, replay_excess
@@ -306,8 +307,10 @@ def side_live(train: TrainSpec, mo: Moment) -> int:
     allocates."""
     labels = _ALL_GATHER_LABELS[train.fsdp_version]
     offload = train.offload_params or train.offload_optimizer
+    # Under accumulation without sync, forward and backward hold autograd's unsharded gradients (default stream).
+    unsharded = (train.keeps_unsharded_grads or skips_gradient_sync(train)) and mo.phase is not Phase.OPTIMIZER
     grads = sum(i.bytes for i in mo.items if i.category is Category.GRADIENTS and i.label == _SHARDED_GRADIENTS)
-    return (0 if offload else grads) + sum(i.bytes for i in mo.items if i.label in labels)
+    return (0 if offload or unsharded else grads) + sum(i.bytes for i in mo.items if i.label in labels)
 
 
 def pooled_phase_reserves(
