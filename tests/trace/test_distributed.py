@@ -95,6 +95,24 @@ def test_fsdp2_collectives_are_tagged_by_stream_and_resizes_recorded() -> None:
     assert not dist.is_initialized()
 
 
+def test_fsdp2_reduce_scatter_input_is_the_default_streams() -> None:
+    """torch 2.13 _fsdp_collectives.py ``foreach_reduce``: ``reduce_scatter_input`` (the unit's bf16 unsharded
+    gradients, r·E) is allocated and filled by ``foreach_reduce_scatter_copy_in`` before ``with
+    device_handle.stream(reduce_scatter_stream)``; only ``reduce_output`` (r·E/N) is the reduce-scatter stream's.
+    Tiny Llama, 4 ranks, pure bf16 (every dim divisible by 4, so no padding): a layer E = 2·128² + 2·64·128 +
+    3·128·352 + 2·128 = 184,576 elements; the root (embedding, final norm, lm_head) 2·1000·128 + 128 = 256,128.
+    Backward runs the layers last to first, then the root."""
+    events = trace_events(M, dataclasses.replace(BASE, world_size=4, fsdp=Sharding.FULL_SHARD), config=CFG)
+    layer, root = 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 352 + 2 * 128, 2 * 1000 * 128 + 128
+    units = [layer] * CFG["num_hidden_layers"] + [root]
+    step1 = [e for e in events if e.kind == "alloc" and e.step == 1 and e.phase is Phase.BACKWARD]
+    inputs = [e.bytes for e in step1 if not e.stream and e.op == "empty" and e.category == "gradients"]
+    outputs = [e.bytes for e in step1 if e.stream == "reduce_scatter"]
+    print("inputs", inputs, "outputs", outputs)
+    assert inputs == [round_block(2 * e) for e in units]
+    assert outputs == [round_block(2 * e // 4) for e in units]
+
+
 def test_fsdp_shards_shrink_the_step_and_estimate_agrees() -> None:
     from vramledger.analytic import estimate
 

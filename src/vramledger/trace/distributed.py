@@ -15,8 +15,9 @@ Three things the single-GPU recorder did not need (each gave wrong numbers witho
    (PyTorch's own MemTracker, torch/distributed/_tools/mem_tracker.py, patches it the same way);
 3. the all-gather and reduce-scatter buffers are allocated on FSDP's own CUDA streams, and the caching allocator
    never serves one stream's request from another stream's cached blocks: allocations inside
-   ``foreach_all_gather``/``foreach_reduce`` (FSDP1: ``_unshard``/``_reduce_grad``) carry their stream, and the
-   replay keeps one pool per stream (trace/oom.py ``reserved_at``).
+   ``foreach_all_gather`` and, after its ``foreach_reduce_scatter_copy_in``, ``foreach_reduce`` (FSDP1:
+   ``_unshard``/``_reduce_grad``) carry their stream, and the replay keeps one pool per stream (trace/oom.py
+   ``reserved_at``).
 
 Simplifications: DeepSpeed is not traced (its engine needs CUDA): ZeRO runs are estimated; CPU offload is not
 traced (on a CPU mesh host and device are the same memory). DDP's initial parameter broadcast is skipped
@@ -135,16 +136,40 @@ def _stream_of(
 
 
 @contextlib.contextmanager
+def _stream_after(rec: Recorder, module: Any, name: str, stream: str) -> Iterator[None]:
+    """After each call of ``module.name``, mark its second argument a gradient and set ``rec.stream`` to ``stream``
+    (the enclosing ``_stream_of`` restores it)."""
+    original = getattr(module, name)
+
+    def switched(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        rec.mark(args[1], Category.GRADIENTS.value)
+        rec.stream = stream
+        return out
+
+    setattr(module, name, switched)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
 def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
     """Tag FSDP's collective buffers with the stream they are allocated on."""
     with contextlib.ExitStack() as stack:
         if version == 2:
+            from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
             from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
 
             stack.enter_context(_stream_of(rec, pg, "foreach_all_gather", ALL_GATHER))
+            # foreach_reduce (torch 2.13) allocates and fills the reduce_scatter_input on the current stream and
+            # enters the reduce-scatter stream after foreach_reduce_scatter_copy_in: the input is the default
+            # stream's, the sharded gradient and its cast the reduce-scatter stream's.
             stack.enter_context(
-                _stream_of(rec, pg, "foreach_reduce", REDUCE_SCATTER, lambda _params, unsharded, *_a, **_k: unsharded)
+                _stream_of(rec, pg, "foreach_reduce", "", lambda _params, unsharded, *_a, **_k: unsharded)
             )
+            stack.enter_context(_stream_after(rec, coll, "foreach_reduce_scatter_copy_in", REDUCE_SCATTER))
         else:
             from torch.distributed.fsdp import _runtime_utils as ru
 
