@@ -11,6 +11,8 @@ Run:  nice python bench/distributed/run_grid.py              # traces what is mi
                                                              # traced without the replay's pools (minutes)
       python bench/distributed/run_grid.py --analytic        # recompute only the analytic columns (instant)
       python bench/distributed/run_grid.py --only ID         # one config, printed, not saved
+      nice python bench/distributed/run_grid.py --retrace /fsdp2   # trace again (and save) every config whose id
+                                                             # contains the text, after a change to the tracer
       python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
 Output: bench/distributed/grid.jsonl, one JSON object per config (bytes everywhere).
 """
@@ -236,6 +238,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--analytic", action="store_true")
     ap.add_argument("--only")
+    ap.add_argument("--retrace", metavar="TEXT", help="trace again every config whose id contains TEXT")
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--views", action="store_true", help="add each row's single-GPU compute view, traced and estimated")
     args = ap.parse_args()
@@ -265,7 +268,9 @@ def main() -> None:
             if rid in rows:
                 rows[rid]["analytic"] = analytic(row)
             continue
-        if rid in rows and not args.only and "replay" in rows[rid]["trace"]:
+        if args.retrace is not None and args.retrace not in rid:
+            continue
+        if rid in rows and not (args.only or args.retrace) and "replay" in rows[rid]["trace"]:
             continue  # traced already, with the replay's pools
         d = {"id": rid, "trace": traced(row), "analytic": analytic(row)}
         if "single_view" in rows.get(rid, {}):

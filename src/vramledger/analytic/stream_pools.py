@@ -33,10 +33,8 @@ FSDP2 (``fully_shard``)
   (``reduce_output``, r·t/N) and, where r ≠ b, its cast to b (``_to_dtype_if_needed``; the r copy is freed), which
   the parameter keeps as its ``.grad`` (``as_strided`` views) until ``zero_grad``. The ``reduce_scatter_input``
   (r·t, the unit's unsharded gradients copied in) is kept by ``comm_ctx.reduce_scatter_states`` until the next
-  unit's ``post_backward`` (``reduce_scatter_max_input_buffers`` = 1). torch 2.13 allocates it before entering the
-  reduce-scatter stream, i.e. on the default stream; the trace (trace/distributed.py) tags all of
-  ``foreach_reduce`` with the reduce-scatter stream, and this model follows the trace (one unit's r·t more in this
-  pool, r·t less in the default pool's reach).
+  unit's ``post_backward`` (``reduce_scatter_max_input_buffers`` = 1), but torch 2.13 allocates and fills it before
+  entering the reduce-scatter stream: it is the default stream's (and so in the trace, trace/distributed.py).
 - unsharded parameters: ``foreach_all_gather_copy_out`` allocates them on the default stream (the estimate's
   unsharded units stay in the default pool).
 
@@ -205,7 +203,7 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
     offload = train.offload_params or train.offload_optimizer
     gather = _fsdp1_all_gather if train.fsdp_version == 1 else _fsdp2_all_gather
     ag = gather(train, root, layers, u=u, n=n)
-    rs = _reduce_scatter(train, [*reversed(layers), root], r=r, b=b, n=n, offload=offload)
+    rs = _reduce_scatter([*reversed(layers), root], r=r, b=b, n=n, offload=offload)
     return SidePools(all_gather=ag, reduce_scatter=rs)
 
 
@@ -273,20 +271,15 @@ def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
     return ev.reserved()
 
 
-def _reduce_scatter(train: TrainSpec, order: list[Unit], *, r: int, b: int, n: int, offload: bool) -> int:
+def _reduce_scatter(order: list[Unit], *, r: int, b: int, n: int, offload: bool) -> int:
     """The reduce-scatter stream over two steps: each trainable unit's sharded gradient (and its cast), kept until
-    ``zero_grad``; FSDP2 (as traced) also one unit's ``reduce_scatter_input`` at a time."""
+    ``zero_grad``."""
     ev = _Events()
-    with_input = train.fsdp_version == 2
     for _ in range(2):
         kept: list[int] = []
-        prev_input = None
         for x in order:
             if not x.trainable:
                 continue
-            if with_input:
-                ev.free(prev_input)
-                prev_input = ev.alloc(r * x.trainable)
             out = ev.alloc(-(-r * x.trainable // n))
             if b != r:
                 cast = ev.alloc(-(-b * x.trainable // n))
@@ -296,7 +289,6 @@ def _reduce_scatter(train: TrainSpec, order: list[Unit], *, r: int, b: int, n: i
                 ev.free(out)
             else:
                 kept.append(out)
-        ev.free(prev_input)
         for i in kept:  # zero_grad(set_to_none=True)
             ev.free(i)
     return ev.reserved()
