@@ -17,8 +17,9 @@ import pytest
 
 from vramledger.analytic import estimate
 from vramledger.analytic.step import step_parts
-from vramledger.analytic.stream_pools import side_pools
+from vramledger.analytic.stream_pools import RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
 from vramledger.catalog.hfconfig import model_spec_from_config
+from vramledger.ledger import Category, Phase
 from vramledger.specs import Method, Precision, Sharding, TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,6 +89,37 @@ def test_side_pools_match_the_replay(rec: dict[str, Any]) -> None:
         want = pools[name]["reserved"]
         print(rec["id"], name, "estimate", ours, "replay", want)
         assert abs(ours - want) <= 2 * MiB, name
+
+
+@pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(("fsdp2",))])
+def test_fsdp2_ledger_line_of_the_side_pools_at_the_loss_is_the_replays(rec: dict[str, Any]) -> None:
+    """The estimate's own reserve line for the side pools, at the forward phase's peak (the loss): under FSDP2
+    FULL_SHARD nothing is live there in either pool (each all-gather output is freed once copied out, the
+    sharded gradients by step 1's ``zero_grad``), so the line is the replay's all-gather and reduce-scatter
+    pools' reserved bytes, within one 2 MiB segment each."""
+    m, t = _specs(rec)
+    ledger = estimate(m, t)
+    got = sum(i.bytes for i in ledger.items if i.phase is Phase.FORWARD and i.label == SIDE_POOLS_LABEL)
+    pools = rec["trace"]["replay"]["pools"]
+    want = pools["all_gather"]["reserved"] + pools["reduce_scatter"]["reserved"]
+    print(rec["id"], "ledger line", got, "replay", want)
+    assert abs(got - want) <= 2 * 2 * MiB
+
+
+def test_no_side_pool_line_without_sharding() -> None:
+    """Pure bf16 NO_SHARD allocates nothing on a side stream: FSDP1 all-reduces the flat gradient in place
+    (_runtime_utils.py ``_reduce_grad_no_shard``: ``dist.all_reduce(flat_param.grad)``) and casts nothing
+    (``_cast_grad_to_param_dtype`` only where the gradient's dtype is not the parameter's); FSDP at one rank is
+    NO_SHARD. One reserve line per phase, as for DDP, and none labelled as the side pools'."""
+    run = _runner()
+    m = model_spec_from_config(run.MID, name="mid", source="test")
+    for t in (
+        TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=8, fsdp=Sharding.NO_SHARD),
+        TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=1, fsdp=Sharding.FULL_SHARD),
+    ):
+        lines = [i for i in estimate(m, t).items if i.category is Category.ALLOCATOR_RESERVE]
+        assert lines and all(i.label == RESERVE_LABEL for i in lines)
+        assert len({i.phase for i in lines}) == len(lines)
 
 
 @pytest.mark.parametrize(

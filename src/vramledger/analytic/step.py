@@ -49,7 +49,7 @@ from vramledger.analytic.overhead import (
 from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves
-from vramledger.analytic.stream_pools import pooled_phase_reserves
+from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
@@ -353,23 +353,26 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
+    p = step_parts(m, train, gpu)
     if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
-        reserves = pooled_phase_reserves(m, train, step_parts(m, train, gpu), mos)
+        reserves = pooled_phase_reserves(m, train, p, mos)
     else:
-        reserves = phase_reserves(m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()})
+        totals = {ph: mo.total for ph, mo in mos.items()}
+        reserves = {
+            ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in phase_reserves(m, train, p, totals).items()
+        }
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
-        if phase in reserves:
-            n, source, basis = reserves[phase]
+        for r in reserves.get(phase, ()):
             items.append(
                 LineItem(
                     category=Category.ALLOCATOR_RESERVE,
                     phase=phase,
-                    bytes=n,
-                    label="cached, not allocated",
-                    source=source,
-                    basis=basis,
+                    bytes=r.bytes,
+                    label=r.label,
+                    source=r.source,
+                    basis=r.basis,
                 )
             )
         items.append(

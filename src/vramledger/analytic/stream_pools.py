@@ -65,6 +65,7 @@ Checked against the per-stream replay of the traces in bench/distributed/grid.js
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from vramledger.analytic.distributed import (
     ALL_GATHER_BUFFER_LABEL,
@@ -90,6 +91,10 @@ SOURCE = (
     "stream cannot use, replayed through the allocator model on top of the default stream's reserve "
     "(analytic/stream_pools.py); not yet measured on a GPU"
 )
+
+RESERVE_LABEL = "cached, not allocated"
+DEFAULT_POOL_LABEL = "default stream's pool: cached, not allocated"
+SIDE_POOLS_LABEL = "FSDP's all-gather and reduce-scatter streams' pools: cached, not allocated"
 
 # The estimate's buffers that a side stream allocates: FSDP1 unshards on its unshard stream; FSDP2 copies the
 # parameters out on the default stream, and only the all-gather output kept at the loss under SHARD_GRAD_OP is its.
@@ -191,9 +196,17 @@ def _ranks(train: TrainSpec) -> int:
     return train.world_size
 
 
+def has_side_pools(train: TrainSpec) -> bool:
+    """Whether FSDP allocates on side streams: a sharding FSDP over two ranks or more. NO_SHARD all-reduces the
+    gradients in place (FSDP1 _runtime_utils.py ``_reduce_grad_no_shard``; FSDP2 has no NO_SHARD), but under a
+    mixed-precision policy with fp32 parameters ``_cast_grad_to_param_dtype`` makes their fp32 copy on the
+    post-backward stream: not modelled (nor tagged by the trace)."""
+    return train.fsdp is not None and train.fsdp is not Sharding.NO_SHARD and train.world_size >= 2
+
+
 def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
     """Reserved bytes of the all-gather and reduce-scatter pools after two steps (no side pool: zeros)."""
-    if train.fsdp is None or train.fsdp is Sharding.NO_SHARD or train.world_size < 2:
+    if not has_side_pools(train):
         return SidePools(all_gather=0, reduce_scatter=0)
     root, layers = units(m, train, wb)
     u = fsdp_gathered_bytes(train, wb)
@@ -296,7 +309,9 @@ def _reduce_scatter(order: list[Unit], *, r: int, b: int, n: int, offload: bool)
 
 def side_live(train: TrainSpec, mo: Moment) -> int:
     """Bytes of ``mo`` that live in a side pool: the rank's sharded gradients and the buffers a side stream
-    allocates."""
+    allocates (none where there is no side pool)."""
+    if not has_side_pools(train):
+        return 0
     labels = _ALL_GATHER_LABELS[train.fsdp_version]
     offload = train.offload_params or train.offload_optimizer
     # Under accumulation without sync, forward and backward hold autograd's unsharded gradients (default stream).
@@ -305,18 +320,32 @@ def side_live(train: TrainSpec, mo: Moment) -> int:
     return (0 if offload or unsharded else grads) + sum(i.bytes for i in mo.items if i.label in labels)
 
 
+class ReserveLine(NamedTuple):
+    """One ALLOCATOR_RESERVE line of a phase."""
+
+    bytes: int
+    label: str
+    source: str
+    basis: Basis
+
+
 def pooled_phase_reserves(
     m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment]
-) -> dict[Phase, tuple[int, str, Basis]]:
-    """The ALLOCATOR_RESERVE line of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
-    default stream holds, plus the side pools' reserved bytes less what of them is live at the phase's peak."""
+) -> dict[Phase, list[ReserveLine]]:
+    """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
+    default stream holds, and the side pools' reserved bytes less what of them is live at the phase's peak."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
     base = phase_reserves(m, train, p, {ph: mo.total - off[ph] for ph, mo in moments.items()})
     pools = side_pools(m, train, p.weights).total
-    out: dict[Phase, tuple[int, str, Basis]] = {}
+    out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
-        if basis is Basis.FORMULA:
-            out[ph] = (max(n + pools - off[ph], 0), SOURCE, Basis.FORMULA)
-        else:  # a phase reserve.py leaves to its stated assumption (evaluation), as it does
-            out[ph] = (n, source, basis)
+        if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
+            out[ph] = [ReserveLine(n, RESERVE_LABEL, source, basis)]
+            continue
+        # The side pools hold at least what is live in them (never less over the grid nor over 606 configs of an
+        # 8B model: full/LoRA/QLoRA/freeze, FSDP1/2, every sharding, offload, 2-64 ranks, accumulation).
+        out[ph] = [
+            ReserveLine(n, DEFAULT_POOL_LABEL, source, basis),
+            ReserveLine(max(pools - off[ph], 0), SIDE_POOLS_LABEL, SOURCE, Basis.FORMULA),
+        ]
     return out
