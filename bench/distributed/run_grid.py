@@ -14,6 +14,7 @@ Run:  nice python bench/distributed/run_grid.py              # traces what is mi
       nice python bench/distributed/run_grid.py --retrace /fsdp2   # trace again (and save) every config whose id
                                                              # contains the text, after a change to the tracer
       python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
+      python bench/distributed/run_grid.py --reserved        # its reserved table (rank 0, side pools apart)
 Output: bench/distributed/grid.jsonl, one JSON object per config (bytes everywhere).
 """
 
@@ -234,12 +235,40 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
+    """Rank 0's peak reserved, the estimate against the trace's replay, and the side-stream pools apart (FSDP's
+    all-gather + reduce-scatter pools: the replay's against analytic/stream_pools.py ``side_pools``)."""
+    from vramledger.analytic import estimate
+    from vramledger.analytic.step import step_parts
+    from vramledger.analytic.stream_pools import side_pools
+
+    lines = [
+        "| config | trace reserved | estimate | error | side pools: trace | estimate |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in GRID:
+        d = rows.get(_id(r))
+        if d is None:
+            continue
+        m, t, _ = _specs(r)
+        want, got = d["trace"]["peak_reserved"], estimate(m, t).peak_reserved
+        pools = d["trace"]["replay"]["pools"]
+        side_want = sum(p["reserved"] for s, p in pools.items() if s != "default")
+        side_got = side_pools(m, t, step_parts(m, t).weights).total
+        lines.append(
+            f"| {d['id']} | {want / 2**20:,.0f} MiB | {got / 2**20:,.0f} MiB | {100 * (got - want) / want:+.1f}% "
+            f"| {side_want / 2**20:,.0f} MiB | {side_got / 2**20:,.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--analytic", action="store_true")
     ap.add_argument("--only")
     ap.add_argument("--retrace", metavar="TEXT", help="trace again every config whose id contains TEXT")
     ap.add_argument("--table", action="store_true")
+    ap.add_argument("--reserved", action="store_true", help="the reserved table of docs/distributed.md")
     ap.add_argument("--views", action="store_true", help="add each row's single-GPU compute view, traced and estimated")
     args = ap.parse_args()
     rows = _load()
@@ -259,6 +288,9 @@ def main() -> None:
         return
     if args.table:
         print(table(rows))
+        return
+    if args.reserved:
+        print(reserved_table(rows))
         return
     for row in GRID:
         rid = _id(row)
