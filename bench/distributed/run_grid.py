@@ -15,6 +15,7 @@ Run:  nice python bench/distributed/run_grid.py              # traces what is mi
                                                              # contains the text, after a change to the tracer
       python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
       python bench/distributed/run_grid.py --reserved        # its reserved table (rank 0, side pools apart)
+      python bench/distributed/run_grid.py --causes ID       # where one config's default-stream excess sits
 Output: bench/distributed/grid.jsonl, one JSON object per config (bytes everywhere).
 """
 
@@ -262,6 +263,56 @@ def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> list[str]:
+    """The default stream's pool at step 2's peak allocated, in the replay of the trace: the segments step 2 had to
+    make (what step 1's cache could not serve) and what lives then in the segments step 1's logits chain made."""
+    from collections import Counter
+
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+    from vramledger.trace import trace_events
+    from vramledger.trace.oom import device_events
+
+    m, t, config = _specs(row)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        events = trace_events(m, t, config=config)
+    dev = device_events(events, None)
+    pool = CachingAllocatorModel()
+    live: dict[int, Any] = {}
+    what: dict[int, str] = {}
+    logits_segments: set[int] = set()
+    made: Counter[str] = Counter()
+    peak: tuple[int, Counter[str]] = (0, Counter())
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        if dev.streams.get(ev.id, ""):
+            continue  # a side stream's pool
+        step = events[src].step if src >= 0 else 1
+        if ev.kind is EventKind.ALLOC:
+            before = pool.reserved
+            live[ev.id] = blk = pool.malloc(ev.size) if ev.size else None
+            cat = ev.category.value if ev.category else ""
+            what[ev.id] = f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} ({cat}) {ev.size / 2**20:.1f} MiB"
+            if blk is not None and pool.reserved > before:
+                if step == 1 and cat == "logits_loss":
+                    logits_segments.add(blk.seg)
+                if step == 2:
+                    made[what[ev.id]] += pool.reserved - before
+        else:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                pool.free(blk)
+        if step == 2 and pool.allocated > peak[0]:
+            tenants = Counter(what[i] for i, b in live.items() if b is not None and b.seg in logits_segments)
+            peak = (pool.allocated, tenants)
+    out = [
+        f"default pool: reserved {pool.reserved / 2**20:,.0f} MiB, step 2's peak allocated {peak[0] / 2**20:,.1f} MiB"
+    ]
+    out += [f"  made in step 2: {n / 2**20:,.0f} MiB for {k}" for k, n in made.most_common() if n > 2 * 2**20]
+    out += [f"  in step 1's logits segments at that peak: {n} x {k}" for k, n in peak[1].most_common()]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--analytic", action="store_true")
@@ -269,6 +320,7 @@ def main() -> None:
     ap.add_argument("--retrace", metavar="TEXT", help="trace again every config whose id contains TEXT")
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--reserved", action="store_true", help="the reserved table of docs/distributed.md")
+    ap.add_argument("--causes", metavar="ID", help="trace one config and print where its default pool's excess sits")
     ap.add_argument("--views", action="store_true", help="add each row's single-GPU compute view, traced and estimated")
     args = ap.parse_args()
     rows = _load()
@@ -291,6 +343,9 @@ def main() -> None:
         return
     if args.reserved:
         print(reserved_table(rows))
+        return
+    if args.causes:
+        print("\n".join(default_pool_causes(next(r for r in GRID if _id(r) == args.causes))))
         return
     for row in GRID:
         rid = _id(row)
