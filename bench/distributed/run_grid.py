@@ -137,30 +137,24 @@ def analytic(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, A
 
 
 def pools(dev: Any) -> dict[str, Any]:
-    """The replay of trace/oom.py ``reserved_at`` (one ``CachingAllocatorModel`` per stream, default settings,
+    """The replay of trace/oom.py ``stream_pools`` (one ``CachingAllocatorModel`` per stream, default settings,
     unlimited device) followed to its end: the peak of the summed reserved bytes (reserved never falls without
-    ``empty_cache``), each pool's reserved and peak allocated, and each pool's reserved at the end of step 1."""
-    from vramledger.allocator.model import CachingAllocatorModel
-    from vramledger.allocator.replay import EventKind
+    ``empty_cache``), and each pool's reserved, peak reserved and peak allocated."""
+    from vramledger.trace.oom import stream_pools
 
-    models: dict[str, CachingAllocatorModel] = {}
-    live: dict[int, Any] = {}
     peak_total = 0
-    for ev in dev.events:
-        stream = dev.streams.get(ev.id, "") or "default"
-        model = models.setdefault(stream, CachingAllocatorModel())
-        if ev.kind is EventKind.ALLOC:
-            live[ev.id] = model.malloc(ev.size) if ev.size else None
-        elif ev.kind is EventKind.FREE:
-            blk = live.pop(ev.id)
-            if blk is not None:
-                model.free(blk)
+    models: dict[str, Any] = {}
+    for models in stream_pools(dev):
         peak_total = max(peak_total, sum(m.reserved for m in models.values()))
     return {
         "peak_reserved": peak_total,
         "pools": {
-            s: {"reserved": m.reserved, "peak_reserved": m.peak_reserved, "peak_allocated": m.peak_allocated}
-            for s, m in sorted(models.items())
+            s or "default": {
+                "reserved": m.reserved,
+                "peak_reserved": m.peak_reserved,
+                "peak_allocated": m.peak_allocated,
+            }
+            for s, m in sorted(models.items(), key=lambda kv: kv[0] or "default")
         },
     }
 

@@ -10,6 +10,7 @@ from vramledger.analytic import estimate
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Category, Phase
 from vramledger.specs import LoraSpec, Method, Precision, Sharding, TrainSpec
+from vramledger.trace.distributed import fake_process_group
 
 L2_7B = resolve_model("llama-2-7b")
 L8B = resolve_model("llama-3.1-8b")
@@ -119,19 +120,9 @@ def test_fsdp2_lora_keeps_only_the_adapters_gradients() -> None:
     assert got == 2 * adapters
 
 
-def test_real_fsdp2_keeps_unsharded_gradients_without_gradient_sync() -> None:
-    """The fact the FSDP2 model rests on, on PyTorch's ``fully_shard`` (rank 0 of 4 on the fake process group, a
-    ``cpu`` mesh, bf16 parameters): two accumulating micro-steps with ``set_requires_gradient_sync(False)`` leave
-    each trainable parameter's unsharded gradient on its unsharded parameter, none on the frozen ones and no sharded
-    gradient; the synchronising micro-step reduce-scatters them into local shards of 1/4 and drops the unsharded."""
-    torch = pytest.importorskip("torch")
-    import torch.distributed as dist
+def _adapter_block(h: int, r: int) -> type:
+    """A unit mixing a frozen h×h base with trainable rank-r adapters (LoRA's shape)."""
     from torch import nn
-    from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import fully_shard
-    from torch.testing._internal.distributed.fake_pg import FakeStore
-
-    h, r, world = 64, 4, 4
 
     class Block(nn.Module):
         def __init__(self) -> None:
@@ -142,10 +133,23 @@ def test_real_fsdp2_keeps_unsharded_gradients_without_gradient_sync() -> None:
         def forward(self, x):  # type: ignore[no-untyped-def]
             return self.base(x) + self.b(self.a(x))
 
-    if dist.is_initialized():
-        pytest.skip("a process group already exists in this process")
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world)
-    try:
+    return Block
+
+
+def test_real_fsdp2_keeps_unsharded_gradients_without_gradient_sync() -> None:
+    """The fact the FSDP2 model rests on, on PyTorch's ``fully_shard`` (rank 0 of 4 on the fake process group, a
+    ``cpu`` mesh, bf16 parameters): two accumulating micro-steps with ``set_requires_gradient_sync(False)`` leave
+    each trainable parameter's unsharded gradient on its unsharded parameter, none on the frozen ones and no sharded
+    gradient; the synchronising micro-step reduce-scatters them into local shards of 1/4 and drops the unsharded."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    h, r, world = 64, 4, 4
+    Block = _adapter_block(h, r)  # noqa: N806
+
+    with fake_process_group(world):
         model = nn.Sequential(nn.Linear(h, h, bias=False), Block(), Block()).to(torch.bfloat16)
         mesh = init_device_mesh("cpu", (world,))
         for block in model[1:]:
@@ -170,8 +174,6 @@ def test_real_fsdp2_keeps_unsharded_gradients_without_gradient_sync() -> None:
         shards = sorted(fp.sharded_param.grad.to_local().numel() for fp in params if fp.sharded_param.grad is not None)
         print("after the sync:", unsharded(), shards)
         assert unsharded() == [] and shards == sorted(n // world for n in trainable)
-    finally:
-        dist.destroy_process_group()
 
 
 def test_real_fsdp1_keeps_unsharded_flat_gradients_inside_no_sync() -> None:
@@ -188,15 +190,7 @@ def test_real_fsdp1_keeps_unsharded_flat_gradients_inside_no_sync() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     h, r, world = 64, 4, 4
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.base = nn.Linear(h, h, bias=False).requires_grad_(False)
-            self.a, self.b = nn.Linear(h, r, bias=False), nn.Linear(r, h, bias=False)
-
-        def forward(self, x):  # type: ignore[no-untyped-def]
-            return self.base(x) + self.b(self.a(x))
+    Block = _adapter_block(h, r)  # noqa: N806
 
     class Net(nn.Module):
         def __init__(self) -> None:

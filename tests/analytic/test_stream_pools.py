@@ -5,16 +5,11 @@ one caching-allocator pool per CUDA stream, trace/oom.py), and one pool derived 
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
-from functools import cache
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.analytic._distributed_grid import records, runner, specs
 from vramledger.analytic import estimate
 from vramledger.analytic.step import step_parts
 from vramledger.analytic.stream_pools import RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
@@ -22,8 +17,6 @@ from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
 from vramledger.specs import Method, Precision, Sharding, TrainSpec
 
-ROOT = Path(__file__).resolve().parents[2]
-GRID = ROOT / "bench" / "distributed" / "grid.jsonl"
 MiB = 2**20
 # Known misses of the whole reserved figure, strict xfails: config id -> cause.
 DEFAULT_POOL = (
@@ -44,28 +37,8 @@ KNOWN = {
 }
 
 
-@cache
-def _runner() -> ModuleType:
-    # loaded under its own name: bench/reserve has a run_grid.py too
-    path = ROOT / "bench" / "distributed" / "run_grid.py"
-    spec = importlib.util.spec_from_file_location("distributed_run_grid", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["distributed_run_grid"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def _records(engines: tuple[str, ...]) -> list[dict[str, Any]]:
-    recs = [json.loads(line) for line in GRID.read_text().splitlines() if line.strip()]
-    return [r for r in recs if r["id"].split("/")[1] in engines]
-
-
-def _specs(rec: dict[str, Any]) -> tuple[Any, TrainSpec]:
-    run = _runner()
-    row = next(r for r in run.GRID if run._id(r) == rec["id"])
-    m, t, _ = run._specs(row)
-    return m, t
+    return [r for r in records() if r["id"].split("/")[1] in engines]
 
 
 FSDP = ("fsdp2", "fsdp2-sgo", "fsdp1")
@@ -87,7 +60,7 @@ def test_the_grid_has_the_replays_pools_of_every_engine_with_and_without_checkpo
 def test_side_pools_match_the_replay(rec: dict[str, Any]) -> None:
     """Each side stream's reserved bytes, modelled from the wrappers' allocation order, against the replay's pool of
     that stream: the same to within one 2 MiB segment."""
-    m, t = _specs(rec)
+    m, t = specs(rec)
     got = side_pools(m, t, step_parts(m, t).weights)
     pools = rec["trace"]["replay"]["pools"]
     for name, ours in (("all_gather", got.all_gather), ("reduce_scatter", got.reduce_scatter)):
@@ -102,7 +75,7 @@ def test_fsdp2_ledger_line_of_the_side_pools_at_the_loss_is_the_replays(rec: dic
     FULL_SHARD nothing is live there in either pool (each all-gather output is freed once copied out, the
     sharded gradients by step 1's ``zero_grad``), so the line is the replay's all-gather and reduce-scatter
     pools' reserved bytes, within one 2 MiB segment each."""
-    m, t = _specs(rec)
+    m, t = specs(rec)
     ledger = estimate(m, t)
     got = sum(i.bytes for i in ledger.items if i.phase is Phase.FORWARD and i.label == SIDE_POOLS_LABEL)
     pools = rec["trace"]["replay"]["pools"]
@@ -116,7 +89,7 @@ def test_no_side_pool_line_without_sharding() -> None:
     (_runtime_utils.py ``_reduce_grad_no_shard``: ``dist.all_reduce(flat_param.grad)``) and casts nothing
     (``_cast_grad_to_param_dtype`` only where the gradient's dtype is not the parameter's); FSDP at one rank is
     NO_SHARD. One reserve line per phase, as for DDP, and none labelled as the side pools'."""
-    run = _runner()
+    run = runner()
     m = model_spec_from_config(run.MID, name="mid", source="test")
     for t in (
         TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=8, fsdp=Sharding.NO_SHARD),
@@ -139,7 +112,7 @@ def test_no_side_pool_line_without_sharding() -> None:
 def test_fsdp_peak_reserved_within_10_percent(rec: dict[str, Any]) -> None:
     """Rank 0's peak reserved (default stream + side pools) against the replay's. Before the side pools were
     modelled the estimate was 10-32% under on these configs; the rest is the default stream's pool."""
-    m, t = _specs(rec)
+    m, t = specs(rec)
     got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
     print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")
     assert abs(got - want) <= 0.10 * want
@@ -149,7 +122,7 @@ def test_fsdp_peak_reserved_within_10_percent(rec: dict[str, Any]) -> None:
 def test_ddp_reserve_adds_nothing_to_the_single_gpu_model(rec: dict[str, Any]) -> None:
     """DDP allocates its buckets and reduces on the default stream (reducer.cpp): one pool, so the per-rank reserve
     misses by what the single-GPU reserve misses on the same step, and by nothing more (within 1%)."""
-    m, t = _specs(rec)
+    m, t = specs(rec)
     one = rec["single_view"]
     inherited = one["analytic_peak_reserved"] - one["trace_peak_reserved"]
     got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
@@ -165,7 +138,7 @@ def test_fsdp2_all_gather_pool_by_hand() -> None:
     output (2·E_root = 125.0 MiB → 126 MiB); layer 0's cast (2.7 MiB) splits the freed 16 MiB block, its output
     (21.5 MiB) needs a new 22 MiB segment since the root's output is still kept; from layer 1 on the root's block
     is free and serves every layer output. 16 + 126 + 22 = 164 MiB."""
-    run = _runner()
+    run = runner()
     m = model_spec_from_config(run.MID, name="mid", source="test")
     t = TrainSpec(
         method=Method.FULL,
