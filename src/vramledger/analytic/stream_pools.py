@@ -39,13 +39,15 @@ FSDP2 (``fully_shard``)
   unsharded units stay in the default pool).
 
 FSDP1 (``FullyShardedDataParallel``)
-- all-gather pool (``_unshard_stream``, with the ``_pre_unshard_stream``): _runtime_utils.py ``_unshard`` runs
-  ``handle.pre_unshard()`` (_flat_param.py ``_use_low_precision_shard``: the u·E/N ``_mp_shard``, also the
-  host-to-device copy under ``CPUOffload``) and ``handle.unshard()`` (``_alloc_padded_unsharded_flat_param``: the
-  whole unit, u·E) inside those streams: here the **unsharded parameters themselves** live in a side pool. The
-  trace tags the whole ``_unshard`` with one stream, and so does this model. Forward frees each layer after its
-  forward (``_post_forward_reshard``), keeps the root; backward prefetches one unit ahead (``BACKWARD_PRE``), so two
-  layers are unsharded at once; a root without trainable parameters is never resharded (analytic/distributed.py).
+- all-gather pool (``_unshard_stream``): _runtime_utils.py ``_unshard`` runs ``handle.unshard()``
+  (``_alloc_padded_unsharded_flat_param``: the whole unit, u·E) inside that stream: here the **unsharded parameters
+  themselves** live in a side pool. Forward frees each layer after its forward (``_post_forward_reshard``), keeps
+  the root; backward prefetches one unit ahead (``BACKWARD_PRE``), so two layers are unsharded at once; a root
+  without trainable parameters is never resharded (analytic/distributed.py).
+- pre-unshard pool (``_pre_unshard_stream``, a stream of its own: _runtime_utils.py ``_init_streams``): ``_unshard``
+  runs ``handle.pre_unshard()`` there first (_flat_param.py ``_use_low_precision_shard``: the u·E/N ``_mp_shard``,
+  "allocated in the pre-unshard stream"; also the host-to-device copy under ``CPUOffload``), freed by
+  ``post_unshard`` once the unit is gathered.
 - reduce-scatter pool (``_post_backward_stream``): ``_post_backward_hook`` runs ``_reduce_grad`` there:
   ``_get_reduce_scatter_tensors`` allocates the new sharded gradient (r·E/N: FSDP1 reduces the whole flat
   gradient of a unit with any trainable parameter, ``use_orig_params=True``) and ``_cast_grad_to_param_dtype`` its
@@ -87,7 +89,7 @@ from vramledger.specs import ModelSpec, Sharding, TrainSpec
 SOURCE = (
     "caching allocator (CUDACachingAllocator.cpp): one block pool per CUDA stream; FSDP's all-gather "
     "(FSDP2 copy-in stream: the cast shards and all_gather_output; FSDP1 unshard stream: the unsharded flat "
-    "parameters) and reduce-scatter streams (the sharded gradients and their casts) keep segments the default "
+    "parameters, and its pre-unshard stream: their low-precision shards) and reduce-scatter streams (the sharded gradients and their casts) keep segments the default "
     "stream cannot use, replayed through the allocator model on top of the default stream's reserve "
     "(analytic/stream_pools.py); not yet measured on a GPU"
 )
@@ -126,10 +128,12 @@ class SidePools:
 
     all_gather: int
     reduce_scatter: int
+    pre_unshard: int = 0
+    """FSDP1's pre-unshard stream (FSDP2 casts inside its all-gather stream)."""
 
     @property
     def total(self) -> int:
-        return self.all_gather + self.reduce_scatter
+        return self.all_gather + self.pre_unshard + self.reduce_scatter
 
 
 class _Events:
@@ -199,8 +203,9 @@ def _ranks(train: TrainSpec) -> int:
 def has_side_pools(train: TrainSpec) -> bool:
     """Whether FSDP allocates on side streams: a sharding FSDP over two ranks or more. NO_SHARD all-reduces the
     gradients in place (FSDP1 _runtime_utils.py ``_reduce_grad_no_shard``; FSDP2 has no NO_SHARD), but under a
-    mixed-precision policy with fp32 parameters ``_cast_grad_to_param_dtype`` makes their fp32 copy on the
-    post-backward stream: not modelled (nor tagged by the trace)."""
+    mixed-precision policy with fp32 parameters it casts each unit to bf16 on the pre-unshard stream and
+    ``_cast_grad_to_param_dtype`` copies the gradients back to fp32 on the post-backward stream: traced
+    (tests/trace/test_distributed.py), not modelled here."""
     return train.fsdp is not None and train.fsdp is not Sharding.NO_SHARD and train.world_size >= 2
 
 
@@ -214,10 +219,12 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
     r = train.precision.compute.bytes if train.precision.mixed else b
     n = _ranks(train)
     offload = train.offload_params or train.offload_optimizer
-    gather = _fsdp1_all_gather if train.fsdp_version == 1 else _fsdp2_all_gather
-    ag = gather(train, root, layers, u=u, n=n)
+    if train.fsdp_version == 1:
+        ag, pre = _fsdp1_all_gather(train, root, layers, u=u, n=n)
+    else:
+        ag, pre = _fsdp2_all_gather(train, root, layers, u=u, n=n), 0
     rs = _reduce_scatter([*reversed(layers), root], r=r, b=b, n=n, offload=offload)
-    return SidePools(all_gather=ag, reduce_scatter=rs)
+    return SidePools(all_gather=ag, pre_unshard=pre, reduce_scatter=rs)
 
 
 def _fsdp2_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> int:
@@ -245,16 +252,17 @@ def _fsdp2_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
     return ev.reserved()
 
 
-def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> int:
-    """FSDP1's unshard (and pre-unshard) streams over two steps: the unsharded flat parameters themselves."""
-    ev = _Events()
+def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> tuple[int, int]:
+    """FSDP1's unshard and pre-unshard streams over two steps: the unsharded flat parameters themselves, and the
+    low-precision (or host-copied) shards they are gathered from."""
+    ev, pre = _Events(), _Events()
     kept_root = not root.trainable  # a frozen root is never resharded in backward (analytic/distributed.py)
     sgo = train.fsdp is Sharding.SHARD_GRAD_OP
 
     def unshard(x: Unit) -> int:
-        low = ev.alloc(x.host_copy or -(-u * x.cast // n)) if (x.cast or x.host_copy) else None
+        low = pre.alloc(x.host_copy or -(-u * x.cast // n)) if (x.cast or x.host_copy) else None
         flat = ev.alloc(u * x.elements)
-        ev.free(low)
+        pre.free(low)
         return flat
 
     root_flat: int | None = None
@@ -281,7 +289,7 @@ def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
         if not kept_root:
             ev.free(root_flat)
             root_flat = None
-    return ev.reserved()
+    return ev.reserved(), pre.reserved()
 
 
 def _reduce_scatter(order: list[Unit], *, r: int, b: int, n: int, offload: bool) -> int:

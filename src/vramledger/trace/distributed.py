@@ -16,8 +16,8 @@ Three things the single-GPU recorder did not need (each gave wrong numbers witho
 3. the all-gather and reduce-scatter buffers are allocated on FSDP's own CUDA streams, and the caching allocator
    never serves one stream's request from another stream's cached blocks: allocations inside
    ``foreach_all_gather`` and, after its ``foreach_reduce_scatter_copy_in``, ``foreach_reduce`` (FSDP1:
-   ``_unshard``/``_reduce_grad``) carry their stream, and the replay keeps one pool per stream (trace/oom.py
-   ``reserved_at``).
+   ``_unshard``, within it ``FlatParamHandle.pre_unshard``, and ``_reduce_grad``/``_reduce_grad_no_shard``)
+   carry their stream, and the replay keeps one pool per stream (trace/oom.py ``stream_pools``).
 
 Simplifications: DeepSpeed is not traced (its engine needs CUDA): ZeRO runs are estimated; CPU offload is not
 traced (on a CPU mesh host and device are the same memory). DDP's initial parameter broadcast is skipped
@@ -37,7 +37,10 @@ from vramledger.specs import ModelSpec, Sharding, TrainSpec
 from vramledger.trace.recorder import Recorder
 
 ALL_GATHER = "all_gather"
+PRE_UNSHARD = "pre_unshard"
+"""FSDP1's pre-unshard stream: the mixed-precision cast of a unit's shard (``_mp_shard``) and CPU offload's copy."""
 REDUCE_SCATTER = "reduce_scatter"
+"""FSDP2's reduce-scatter stream; FSDP1's post-backward stream."""
 
 
 def wrapper_settings(train: TrainSpec) -> dict[str, object]:
@@ -172,11 +175,18 @@ def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
             stack.enter_context(_stream_after(rec, coll, "foreach_reduce_scatter_copy_in", REDUCE_SCATTER))
         else:
             from torch.distributed.fsdp import _runtime_utils as ru
+            from torch.distributed.fsdp._flat_param import FlatParamHandle
 
+            # _runtime_utils.py _unshard: handle.pre_unshard() under the pre-unshard stream (_flat_param.py
+            # _use_low_precision_shard: "_mp_shard is allocated in the pre-unshard stream"), handle.unshard() under
+            # the unshard stream; _post_backward_hook reduces (and NO_SHARD casts back to the parameter's dtype)
+            # under the post-backward stream.
             stack.enter_context(_stream_of(rec, ru, "_unshard", ALL_GATHER))
-            stack.enter_context(
-                _stream_of(rec, ru, "_reduce_grad", REDUCE_SCATTER, lambda _state, handle: [handle.flat_param.grad])
-            )
+            stack.enter_context(_stream_of(rec, FlatParamHandle, "pre_unshard", PRE_UNSHARD))
+            for reduce in ("_reduce_grad", "_reduce_grad_no_shard"):
+                stack.enter_context(
+                    _stream_of(rec, ru, reduce, REDUCE_SCATTER, lambda _state, handle: [handle.flat_param.grad])
+                )
         yield
 
 
@@ -320,6 +330,7 @@ def data_parallel(hf: Any, m: ModelSpec, train: TrainSpec, rec: Recorder) -> Ite
     check_traceable(train)
     rec.stream_categories = {
         ALL_GATHER: Category.WEIGHTS.value,
+        PRE_UNSHARD: Category.WEIGHTS.value,
         REDUCE_SCATTER: Category.GRADIENTS.value,
         "resize_": Category.WEIGHTS.value,
     }
