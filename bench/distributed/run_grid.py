@@ -53,19 +53,20 @@ MID = {
     "max_position_embeddings": 8192,
 }
 
-# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
+# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp / fsdp2-hsdp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
 ENGINES: dict[str, dict[str, Any]] = {
     "fsdp2": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 2},
     "fsdp2-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 2},
     "fsdp1": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 1},
     "ddp": {},
+    "fsdp2-hsdp": {"fsdp": Sharding.HYBRID_SHARD, "fsdp_version": 2, "gpus_per_node": 4},
 }
 # (model, engine, world, method, precision, batch, seq, grad_ckpt). One unpadded sequence per micro-batch, so that
 # the single-GPU lines the engines start from are exact (a padded batch adds the analytic mask terms); FSDP1 cannot
 # flatten fp32 adapters with a bf16 base (a real run fails too), so its LoRA rows are pure bf16.
 GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
     ("mid", engine, world, method, precision, 1, 1024, False)
-    for engine in ENGINES
+    for engine in ("fsdp2", "fsdp2-sgo", "fsdp1", "ddp")
     for world in (2, 8)
     for method, precision in (
         ("full", "bf16-true"),
@@ -74,6 +75,9 @@ GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
         ("lora", "bf16-true" if engine.startswith("fsdp1") else "bf16-mixed"),
     )
 ] + [("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True) for engine in ("fsdp2", "fsdp1", "ddp")]
+# HSDP: FSDP2 sharding over 4 GPUs per node, replicated over 2 nodes (the gradients all-reduced on a stream of
+# their own).
+GRID += [("mid", "fsdp2-hsdp", 8, method, "bf16-mixed", 1, 1024, False) for method in ("full", "lora")]
 # Checkpointing on the mid model too (the reserve's layer-transient term changes with it).
 GRID += [
     ("mid", engine, 8, method, "bf16-true" if engine == "fsdp1" and method == "lora" else "bf16-mixed", 1, 1024, True)

@@ -41,7 +41,7 @@ def _records(engines: tuple[str, ...]) -> list[dict[str, Any]]:
     return [r for r in records() if r["id"].split("/")[1] in engines]
 
 
-FSDP = ("fsdp2", "fsdp2-sgo", "fsdp1")
+FSDP = ("fsdp2", "fsdp2-sgo", "fsdp1", "fsdp2-hsdp")
 
 
 def test_the_grid_has_the_replays_pools_of_every_engine_with_and_without_checkpointing() -> None:
@@ -53,7 +53,11 @@ def test_the_grid_has_the_replays_pools_of_every_engine_with_and_without_checkpo
             assert {(engine, method, False), (engine, method, True)} <= kinds, (engine, method)
     fsdp = [r for r in recs if r["id"].split("/")[1] in FSDP]
     side = {"default", "all_gather", "reduce_scatter"}
-    assert all(set(r["trace"]["replay"]["pools"]) - {"pre_unshard"} == side for r in fsdp)
+    assert all(set(r["trace"]["replay"]["pools"]) - {"pre_unshard", "all_reduce"} == side for r in fsdp)
+    # FSDP2's HSDP casts the gradients back on its all-reduce stream
+    assert {r["id"] for r in fsdp if "all_reduce" in r["trace"]["replay"]["pools"]} == {
+        r["id"] for r in fsdp if "/fsdp2-hsdp/" in r["id"]
+    }
     # FSDP1's pre-unshard stream casts fp32 shards: only where a mixed-precision policy meets fp32 parameters
     assert {r["id"] for r in fsdp if "pre_unshard" in r["trace"]["replay"]["pools"]} == {
         r["id"] for r in fsdp if "/fsdp1/" in r["id"] and "/bf16-mixed/" in r["id"]
@@ -72,6 +76,7 @@ def test_side_pools_match_the_replay(rec: dict[str, Any]) -> None:
         ("all_gather", got.all_gather),
         ("pre_unshard", got.pre_unshard),
         ("reduce_scatter", got.reduce_scatter),
+        ("all_reduce", got.all_reduce),
     ):
         want = pools.get(name, {"reserved": 0})["reserved"]
         print(rec["id"], name, "estimate", ours, "replay", want)

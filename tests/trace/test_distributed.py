@@ -141,6 +141,25 @@ def test_fsdp1_streams_under_mixed_precision(sharding: Sharding) -> None:
     assert got == want
 
 
+def test_fsdp2_hsdp_casts_on_the_all_reduce_stream() -> None:
+    """FSDP2 HSDP (torch 2.13 _fsdp_collectives.py ``foreach_reduce`` with a replicate group): ``reduce_output``
+    (bf16, 2·E/N) on the reduce-scatter stream, then ``post_reduce_stream = all_reduce_stream``, so the fp32 cast
+    (``_to_dtype_if_needed``, 4·E/N) is the all-reduce stream's. Tiny Llama on 4 ranks, 2 per node (N = 2)."""
+    from collections import Counter
+
+    t = dataclasses.replace(
+        BASE, precision=Precision.BF16_MIXED, world_size=4, gpus_per_node=2, fsdp=Sharding.HYBRID_SHARD
+    )
+    events = trace_events(M, t, config=CFG)
+    layer, root = 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 352 + 2 * 128, 2 * 1000 * 128 + 128
+    streams = ("reduce_scatter", "all_reduce")
+    got = Counter((e.stream, e.bytes) for e in events if e.kind == "alloc" and e.step == 1 and e.stream in streams)
+    want = Counter({("reduce_scatter", round_block(2 * layer // 2)): 2, ("reduce_scatter", round_block(root)): 1})
+    want += Counter({("all_reduce", round_block(4 * layer // 2)): 2, ("all_reduce", round_block(2 * root)): 1})
+    print("got", sorted(got.items()), "want", sorted(want.items()))
+    assert got == want
+
+
 def test_fsdp_shards_shrink_the_step_and_estimate_agrees() -> None:
     from vramledger.analytic import estimate
 

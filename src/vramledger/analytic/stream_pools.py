@@ -35,6 +35,11 @@ FSDP2 (``fully_shard``)
   (r·t, the unit's unsharded gradients copied in) is kept by ``comm_ctx.reduce_scatter_states`` until the next
   unit's ``post_backward`` (``reduce_scatter_max_input_buffers`` = 1), but torch 2.13 allocates and fills it before
   entering the reduce-scatter stream: it is the default stream's (and so in the trace, trace/distributed.py).
+- all-reduce pool (HSDP: ``comm_ctx.all_reduce_stream``): with a replicate group ``foreach_reduce`` all-reduces
+  ``reduce_output`` on the all-reduce stream and makes that its ``post_reduce_stream``, so the cast to b is
+  allocated there (kept until ``zero_grad``); the r buffer stays referenced by the group's ``_all_reduce_state``
+  ("keeps the buffer off the caching allocator's free list") until ``finalize_backward``: every unit's r·t/N
+  is live in the reduce-scatter pool at the end of backward.
 - unsharded parameters: ``foreach_all_gather_copy_out`` allocates them on the default stream (the estimate's
   unsharded units stay in the default pool).
 
@@ -89,8 +94,9 @@ from vramledger.specs import ModelSpec, Sharding, TrainSpec
 SOURCE = (
     "caching allocator (CUDACachingAllocator.cpp): one block pool per CUDA stream; FSDP's all-gather "
     "(FSDP2 copy-in stream: the cast shards and all_gather_output; FSDP1 unshard stream: the unsharded flat "
-    "parameters, and its pre-unshard stream: their low-precision shards) and reduce-scatter streams (the sharded gradients and their casts) keep segments the default "
-    "stream cannot use, replayed through the allocator model on top of the default stream's reserve "
+    "parameters, and its pre-unshard stream: their low-precision shards) and reduce-scatter streams (the sharded "
+    "gradients and their casts; under HSDP the casts on an all-reduce stream) keep segments the default stream "
+    "cannot use, replayed through the allocator model on top of the default stream's reserve "
     "(analytic/stream_pools.py); not yet measured on a GPU"
 )
 
@@ -130,10 +136,12 @@ class SidePools:
     reduce_scatter: int
     pre_unshard: int = 0
     """FSDP1's pre-unshard stream (FSDP2 casts inside its all-gather stream)."""
+    all_reduce: int = 0
+    """FSDP2's all-reduce stream under HSDP."""
 
     @property
     def total(self) -> int:
-        return self.all_gather + self.pre_unshard + self.reduce_scatter
+        return self.all_gather + self.pre_unshard + self.reduce_scatter + self.all_reduce
 
 
 class _Events:
@@ -223,8 +231,9 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
         ag, pre = _fsdp1_all_gather(train, root, layers, u=u, n=n)
     else:
         ag, pre = _fsdp2_all_gather(train, root, layers, u=u, n=n), 0
-    rs = _reduce_scatter([*reversed(layers), root], r=r, b=b, n=n, offload=offload)
-    return SidePools(all_gather=ag, pre_unshard=pre, reduce_scatter=rs)
+    hsdp = train.fsdp is Sharding.HYBRID_SHARD and train.fsdp_version == 2
+    rs, ar = _reduce_scatter([*reversed(layers), root], r=r, b=b, n=n, offload=offload, hsdp=hsdp)
+    return SidePools(all_gather=ag, pre_unshard=pre, reduce_scatter=rs, all_reduce=ar)
 
 
 def _fsdp2_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> int:
@@ -292,27 +301,35 @@ def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
     return ev.reserved(), pre.reserved()
 
 
-def _reduce_scatter(order: list[Unit], *, r: int, b: int, n: int, offload: bool) -> int:
-    """The reduce-scatter stream over two steps: each trainable unit's sharded gradient (and its cast), kept until
-    ``zero_grad``."""
-    ev = _Events()
+def _reduce_scatter(order: list[Unit], *, r: int, b: int, n: int, offload: bool, hsdp: bool) -> tuple[int, int]:
+    """The reduce-scatter (and, under FSDP2's HSDP, all-reduce) streams over two steps: each trainable unit's
+    sharded gradient and its cast, kept until ``zero_grad``; under HSDP the cast in the all-reduce pool and the r
+    buffer held until the end of backward."""
+    ev, ar = _Events(), _Events()
     for _ in range(2):
-        kept: list[int] = []
+        kept: list[tuple[_Events, int]] = []
+        held: list[int] = []
         for x in order:
             if not x.trainable:
                 continue
-            out = ev.alloc(-(-r * x.trainable // n))
+            out, pool = ev.alloc(-(-r * x.trainable // n)), ev
             if b != r:
-                cast = ev.alloc(-(-b * x.trainable // n))
-                ev.free(out)
+                pool = ar if hsdp else ev
+                cast = pool.alloc(-(-b * x.trainable // n))
+                if hsdp:
+                    held.append(out)  # _all_reduce_state, until finalize_backward
+                else:
+                    ev.free(out)
                 out = cast
             if offload:  # copied to the host at once (FSDP1 _offload_grad, FSDP2 new_sharded_grad.to("cpu"))
-                ev.free(out)
+                pool.free(out)
             else:
-                kept.append(out)
-        for i in kept:  # zero_grad(set_to_none=True)
+                kept.append((pool, out))
+        for i in held:
             ev.free(i)
-    return ev.reserved()
+        for pool, i in kept:  # zero_grad(set_to_none=True)
+            pool.free(i)
+    return ev.reserved(), ar.reserved()
 
 
 def side_live(train: TrainSpec, mo: Moment) -> int:

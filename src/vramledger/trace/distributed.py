@@ -15,9 +15,10 @@ Three things the single-GPU recorder did not need (each gave wrong numbers witho
    (PyTorch's own MemTracker, torch/distributed/_tools/mem_tracker.py, patches it the same way);
 3. the all-gather and reduce-scatter buffers are allocated on FSDP's own CUDA streams, and the caching allocator
    never serves one stream's request from another stream's cached blocks: allocations inside
-   ``foreach_all_gather`` and, after its ``foreach_reduce_scatter_copy_in``, ``foreach_reduce`` (FSDP1:
-   ``_unshard``, within it ``FlatParamHandle.pre_unshard``, and ``_reduce_grad``/``_reduce_grad_no_shard``)
-   carry their stream, and the replay keeps one pool per stream (trace/oom.py ``stream_pools``).
+   ``foreach_all_gather`` and, after its ``foreach_reduce_scatter_copy_in``, ``foreach_reduce`` (HSDP's cast on
+   the all-reduce stream; FSDP1: ``_unshard``, within it ``FlatParamHandle.pre_unshard``, and
+   ``_reduce_grad``/``_reduce_grad_no_shard``) carry their stream, and the replay keeps one pool per stream
+   (trace/oom.py ``stream_pools``).
 
 Simplifications: DeepSpeed is not traced (its engine needs CUDA): ZeRO runs are estimated; CPU offload is not
 traced (on a CPU mesh host and device are the same memory). DDP's initial parameter broadcast is skipped
@@ -41,6 +42,8 @@ PRE_UNSHARD = "pre_unshard"
 """FSDP1's pre-unshard stream: the mixed-precision cast of a unit's shard (``_mp_shard``) and CPU offload's copy."""
 REDUCE_SCATTER = "reduce_scatter"
 """FSDP2's reduce-scatter stream; FSDP1's post-backward stream."""
+ALL_REDUCE = "all_reduce"
+"""FSDP2's all-reduce stream (HSDP, or an all-reduce hook): where the sharded gradient is cast back."""
 
 
 def wrapper_settings(train: TrainSpec) -> dict[str, object]:
@@ -158,6 +161,39 @@ def _stream_after(rec: Recorder, module: Any, name: str, stream: str) -> Iterato
 
 
 @contextlib.contextmanager
+def _fsdp2_post_reduce(rec: Recorder, pg: Any, coll: Any) -> Iterator[None]:
+    """FSDP2's ``foreach_reduce`` casts the sharded gradient back (``_to_dtype_if_needed``) on its
+    ``post_reduce_stream``: the reduce-scatter stream, but the all-reduce stream where the gradients are
+    all-reduced (HSDP's replicate group) or an all-reduce hook runs; set ``rec.stream`` to it before the cast (the
+    enclosing ``_stream_of`` restores it)."""
+    import inspect
+
+    arguments = inspect.signature(coll.foreach_reduce).bind
+    reduce, cast = pg.foreach_reduce, coll._to_dtype_if_needed
+    post: list[str] = []
+
+    def reduce_(*args: Any, **kwargs: Any) -> Any:
+        a = arguments(*args, **kwargs).arguments
+        all_reduced = a["all_reduce_group"] is not None and a["all_reduce_grads"]
+        post.append(ALL_REDUCE if all_reduced or a.get("all_reduce_hook") is not None else REDUCE_SCATTER)
+        try:
+            return reduce(*args, **kwargs)
+        finally:
+            post.pop()
+
+    def cast_(*args: Any, **kwargs: Any) -> Any:
+        if post:
+            rec.stream = post[-1]
+        return cast(*args, **kwargs)
+
+    pg.foreach_reduce, coll._to_dtype_if_needed = reduce_, cast_
+    try:
+        yield
+    finally:
+        pg.foreach_reduce, coll._to_dtype_if_needed = reduce, cast
+
+
+@contextlib.contextmanager
 def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
     """Tag FSDP's collective buffers with the stream they are allocated on."""
     with contextlib.ExitStack() as stack:
@@ -173,6 +209,7 @@ def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
                 _stream_of(rec, pg, "foreach_reduce", "", lambda _params, unsharded, *_a, **_k: unsharded)
             )
             stack.enter_context(_stream_after(rec, coll, "foreach_reduce_scatter_copy_in", REDUCE_SCATTER))
+            stack.enter_context(_fsdp2_post_reduce(rec, pg, coll))
         else:
             from torch.distributed.fsdp import _runtime_utils as ru
             from torch.distributed.fsdp._flat_param import FlatParamHandle
@@ -331,6 +368,7 @@ def data_parallel(hf: Any, m: ModelSpec, train: TrainSpec, rec: Recorder) -> Ite
     rec.stream_categories = {
         ALL_GATHER: Category.WEIGHTS.value,
         PRE_UNSHARD: Category.WEIGHTS.value,
+        ALL_REDUCE: Category.GRADIENTS.value,
         REDUCE_SCATTER: Category.GRADIENTS.value,
         "resize_": Category.WEIGHTS.value,
     }
