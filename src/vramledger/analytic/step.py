@@ -52,6 +52,7 @@ from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves
+from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec
@@ -444,23 +445,26 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    # The cache's block sizes follow the dtypes the step computes in (an engine's, under FSDP or DeepSpeed).
-    reserves = phase_reserves(
-        m, engine_dtypes(train), step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()}
-    )
+    p = step_parts(m, train, gpu)
+    if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
+        reserves = pooled_phase_reserves(m, train, p, mos)
+    else:
+        # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
+        totals = {ph: mo.total for ph, mo in mos.items()}
+        reserved = phase_reserves(m, engine_dtypes(train), p, totals)
+        reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
-        if phase in reserves:
-            n, source, basis = reserves[phase]
+        for r in reserves.get(phase, ()):
             items.append(
                 LineItem(
                     category=Category.ALLOCATOR_RESERVE,
                     phase=phase,
-                    bytes=n,
-                    label="cached, not allocated",
-                    source=source,
-                    basis=basis,
+                    bytes=r.bytes,
+                    label=r.label,
+                    source=r.source,
+                    basis=r.basis,
                 )
             )
         items.append(
