@@ -132,7 +132,9 @@ def test_trl_lora() -> None:
     assert t.lora == LoraSpec(rank=32, alpha=16.0, targets=("q_proj", "v_proj"), dropout=0.05)
     assert t.precision is Precision.BF16_MIXED  # base_config.py: bf16 = not fp16
     assert t.grad_ckpt is True  # base_config.py gradient_checkpointing=True
-    assert t.loss is Loss.CHUNKED and t.loss_chunk_tokens == 256  # sft_config.py chunked_nll, 256-token chunks
+    # No loss_type: sft_config.py __post_init__ sets chunked_nll (without use_liger_kernel), 256-token chunks, each
+    # checkpointed (sft_trainer.py _chunked_cross_entropy_loss): its own kind, not torchtune's chunked loss.
+    assert t.loss is Loss.CHUNKED_NLL and t.loss_chunk_tokens == 256
     assert t.seq_len == 1024  # sft_config.py max_length=1024
     assert t.packing is True and t.micro_batch == 2 and t.grad_accum == 8
     assert t.eval_batch == 8  # eval_strategy steps + TrainingArguments per_device_eval_batch_size=8

@@ -194,7 +194,7 @@ def _loss(r: Reader) -> None:
             raise VramledgerError(
                 f"{r.source}: loss_type chunked_nll is not compatible with use_liger_kernel (sft_trainer.py); drop one"
             )
-        r.set("loss", Loss.CHUNKED, lprov)
+        r.set("loss", Loss.CHUNKED_NLL, lprov)
         r.set(
             "loss_chunk_tokens",
             TRL_CHUNK_TOKENS,

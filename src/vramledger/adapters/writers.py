@@ -107,7 +107,7 @@ def to_llamafactory(model: str, t: TrainSpec) -> dict[str, Any]:
     }
     if t.loss is Loss.FUSED:
         out["enable_liger_kernel"] = True
-    elif t.loss is Loss.CHUNKED:
+    elif t.loss in (Loss.CHUNKED, Loss.CHUNKED_NLL):
         raise _no("a chunked loss", "llamafactory", "use --loss fused (Liger) or standard")
     _eval_hf(out, t, "llamafactory")
     ds = _deepspeed(t)
@@ -179,7 +179,7 @@ def to_trl(model: str, t: TrainSpec) -> dict[str, Any]:
     }
     if t.loss is Loss.FUSED:
         out |= {"use_liger_kernel": True, "loss_type": "nll"}
-    elif t.loss is Loss.CHUNKED:
+    elif t.loss in (Loss.CHUNKED, Loss.CHUNKED_NLL):
         out["loss_type"] = "chunked_nll"
     else:
         out["loss_type"] = "nll"
@@ -249,7 +249,7 @@ def to_axolotl(model: str, t: TrainSpec) -> dict[str, Any]:
             "plugins": ["axolotl.integrations.liger.LigerPlugin"],
             "liger_fused_linear_cross_entropy": True,
         }
-    elif t.loss is Loss.CHUNKED:
+    elif t.loss in (Loss.CHUNKED, Loss.CHUNKED_NLL):
         raise _no("a chunked loss", "axolotl", "use --loss fused (Liger) or standard")
     if t.eval_batch is not None:
         out |= {"val_set_size": 0.05, "eval_batch_size": t.eval_batch}
@@ -274,7 +274,7 @@ def write_config(model: str, train: TrainSpec, fmt: str) -> tuple[dict[str, Any]
         out = to_llamafactory(model, train)
     elif fmt == "trl":
         out = to_trl(model, train)
-        if train.loss is Loss.CHUNKED and train.loss_chunk_tokens != _TRL_CHUNK:
+        if train.loss in (Loss.CHUNKED, Loss.CHUNKED_NLL) and train.loss_chunk_tokens != _TRL_CHUNK:
             notes.append(f"TRL's chunked_nll uses chunks of {_TRL_CHUNK} tokens (not {train.loss_chunk_tokens})")
     elif fmt == "axolotl":
         out = to_axolotl(model, train)

@@ -25,6 +25,21 @@ Legend: T = B·L tokens, V vocabulary, H hidden, c compute-dtype bytes.
   backward every chunk's 4·V·chunk gradients run first (the engine takes the ready node of highest sequence
   number); full.py's ``split`` then ``cat``s them (4·V·T) and ``slice_backward`` writes a zero-padded copy
   (4·V·T): 12·V·T with the list. The compute-dtype gradient (c·V·T) reaches lm_head beside the list.
+- TRL's ``chunked_nll`` (SFTTrainer's default loss; trl f2cd577 ``trl/trainer/sft_trainer.py``
+  ``_chunked_cross_entropy_loss`` l. 117-234, ``_chunk`` l. 99-114, ``_CHUNKED_LM_HEAD_CHUNK_SIZE = 256``): the
+  patched forward (``_patch_chunked_ce_lm_head``) runs the decoder alone, so lm_head is never called and no full
+  logits exist. The hidden states are sorted (``hidden[order]``, a copy of r·H·T, the checkpoints' inputs until
+  the last chunk's backward) and each chunk of k tokens runs ``_chunk`` under ``torch.utils.checkpoint``
+  (non-reentrant): ``h.float() @ w.float().t()`` — ``w.float()`` is a 4·V·H copy of a head that is not fp32, and
+  under autocast the matmul casts it again (c·V·H, not a leaf: never cached) and writes the logits in the compute
+  dtype (l = c; l = 4 without autocast) — then ``log_softmax`` (4·k·V), ``nll_loss``, and the entropy metric
+  ``-(log_p.exp() * log_p).sum(-1)`` (two more 4·k·V): (l + 12)·k·V at once. Nothing is kept: the checkpoint
+  stores no saved tensor. Backward recomputes the chunk with mm's saved weight (the cast, or the fp32 copy) and
+  the log-softmax (the entropy's saved tensors are not stored: ``SFTTrainer.compute_loss`` drops the outputs
+  before backward, and the recompute keeps only tensors whose holders are alive), then writes the 4·k·V
+  gradients of ``nll_loss`` and ``log_softmax``; the hidden states' gradient gathers in an r·H·T buffer beside
+  one chunk's zero-padded slice gradient. A trained head's weight gradient (l·V·H per chunk) meets the
+  chunk's logits gradient. Traced on CPU tensors in tests/analytic/test_trl_chunked_nll.py.
 - Fused linear cross-entropy (Liger ``LigerFusedLinearCrossEntropyFunction``): logits exist a chunk at a time;
   the gradient of the hidden states (c·H·T) is computed in forward and kept; chunk size
   ⌈T / ⌈V/H⌉⌉ tokens, each chunk holding c·V logits and fp32 softmax and gradient (≈ 10·V bytes per token).
@@ -72,6 +87,8 @@ def logits_bytes(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
             head_grad_moment=kept,
             source="Liger fused linear cross-entropy: chunk ⌈T/⌈V/H⌉⌉ tokens × (c+8)·V bytes; grad of hidden kept",
         )
+    if train.loss is Loss.CHUNKED_NLL:
+        return _trl_chunked_nll(m, train, tokens)
     if train.loss is Loss.CHUNKED and train.model_code.litgpt:
         return _litgpt_chunked(m, train, tokens)
     if train.loss is Loss.CHUNKED:
@@ -115,4 +132,35 @@ def _litgpt_chunked(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
         backward_peak=(8 * V * tokens) if whole_head else 4 * V * tokens + 8 * V * chunk,
         head_grad_moment=(4 * V * tokens if whole_head else 0) + c * V * tokens,
         source="LitGPT chunked_cross_entropy on Fabric's fp32 logits (convert_output); the fp32 list counted apart",
+    )
+
+
+def _trl_chunked_nll(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
+    """TRL's ``chunked_nll``: one checkpointed chunk's matmul and loss at a time (module docstring)."""
+    from vramledger.analytic.activations import residual_bytes
+    from vramledger.analytic.weights import weight_budget
+
+    wb = weight_budget(m, train)
+    V, H, c, mixed = m.vocab_size, m.hidden_size, train.precision.compute.bytes, train.precision.mixed
+    kV = min(tokens, train.loss_chunk_tokens) * V  # TRL rounds the target tokens up to whole chunks
+    kH = min(tokens, train.loss_chunk_tokens) * H
+    logit = c if mixed else 4
+    head = (train.precision.trainable if wb.head_trainable else train.frozen_dtype).bytes
+    head32 = 4 * V * H if head != 4 else 0  # w.float(): a copy unless the head is fp32
+    cast = c * V * H if mixed else 0  # autocast's cast of w.float() for the matmul
+    head_saved = cast if mixed else head32  # mm saves its weight for the hidden states' gradient
+    r = residual_bytes(train, wb)
+    hidden = r * H * tokens  # hidden[order]
+    grad_hidden = 2 * r * H * tokens  # the gathered gradient and one chunk's zero-padded slice gradient
+    matmul = head32 + cast + (4 if r != 4 else 0) * kH + (c if mixed else 0) * kH + logit * kV
+    chunk = (logit + 12) * kV  # logits, log-softmax, exp and the entropy's product
+    grads = head_saved + 12 * kV  # the log-softmax with nll_loss's and log_softmax's gradients
+    weight_grad = head_saved + logit * kV + logit * V * H if wb.head_trainable else 0
+    backward = hidden + grad_hidden + max(matmul, head_saved + chunk, grads, weight_grad)
+    return LogitsBytes(
+        forward_peak=hidden + max(matmul, chunk),
+        saved=hidden,
+        backward_peak=backward,
+        head_grad_moment=backward,
+        source="TRL chunked_nll: each chunk's lm_head matmul and loss checkpointed; w.float() and its cast per chunk",
     )

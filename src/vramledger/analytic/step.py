@@ -164,6 +164,8 @@ def _head_input(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[int, 
     """lm_head's saved input as (bytes filed with the logits, bytes filed with the activations): under AMP
     lm_head saves its own bf16 cast (the trace files it with the logits); in pure precision it saves the final
     norm's output itself, an activation."""
+    if train.loss is Loss.CHUNKED_NLL:  # TRL calls no lm_head: each chunk's matmul is checkpointed (logits.py)
+        return (0, 0)
     head_input = head_input_bytes_per_token(m, train, wb) * train.tokens
     return (head_input, 0) if train.precision.mixed else (0, head_input)
 
@@ -202,7 +204,13 @@ def _autocast_casts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Casts:
     frozen_fp32 = train.quant is None and train.frozen_dtype is DType.FP32
     # A frozen lm_head's cast is saved when its input needs a gradient: when anything trains below it; one per call
     # of lm_head (a trainable head's copy is cached, one for every call).
-    head_frozen = frozen_fp32 and not wb.head_trainable and (wb.trainable_layers > 0 or wb.embedding_trainable)
+    # TRL's chunked_nll makes it per checkpointed chunk, counted with the logits (logits.py).
+    head_frozen = (
+        frozen_fp32
+        and not wb.head_trainable
+        and (wb.trainable_layers > 0 or wb.embedding_trainable)
+        and train.loss is not Loss.CHUNKED_NLL
+    )
     head = m.vocab_size * m.hidden_size * c if (head_frozen or (wb.head_trainable and fp32_trainable)) else 0
     if head_frozen:
         head *= _head_calls(train)

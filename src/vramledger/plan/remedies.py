@@ -186,7 +186,12 @@ def grad_ckpt_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
 
 
 def loss_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
-    after = {Loss.STANDARD: (Loss.CHUNKED, Loss.FUSED), Loss.CHUNKED: (Loss.FUSED,), Loss.FUSED: ()}[t.loss]
+    after = {
+        Loss.STANDARD: (Loss.CHUNKED, Loss.FUSED),
+        Loss.CHUNKED: (Loss.FUSED,),
+        Loss.CHUNKED_NLL: (Loss.FUSED,),
+        Loss.FUSED: (),
+    }[t.loss]
     return [_v(m, t, "loss", "loss", t.loss.value, x.value, loss=x) for x in after]
 
 

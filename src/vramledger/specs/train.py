@@ -103,7 +103,11 @@ class Loss(str, enum.Enum):
     FUSED = "fused"
     """Fused linear cross-entropy (Liger ``LigerFusedLinearCrossEntropyLoss``): logits never materialised whole."""
     CHUNKED = "chunked"
-    """Logits and loss computed in chunks of tokens (e.g. TRL's chunked loss, LitGPT's ``chunked_cross_entropy``)."""
+    """Logits and loss computed in chunks of tokens, each chunk's log-softmax kept (torchtune's
+    ``CEWithChunkedOutputLoss``, LitGPT's ``chunked_cross_entropy``)."""
+    CHUNKED_NLL = "chunked_nll"
+    """TRL's ``loss_type: chunked_nll`` (SFTTrainer's default): lm_head and the loss per chunk of tokens, each chunk
+    under ``torch.utils.checkpoint``, so nothing of a chunk's logits is kept from forward into backward."""
 
 
 class EvalLogits(str, enum.Enum):
@@ -210,7 +214,7 @@ class TrainSpec:
     attn: Attention = Attention.SDPA
     loss: Loss = Loss.STANDARD
     loss_chunk_tokens: int = 1024
-    """Tokens per chunk for ``Loss.CHUNKED``."""
+    """Tokens per chunk for ``Loss.CHUNKED`` and ``Loss.CHUNKED_NLL``."""
     lora: LoraSpec | None = None
     """Adapter settings (method lora/qlora); defaults applied when None."""
     quant: QuantSpec | None = None

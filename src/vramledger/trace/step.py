@@ -44,6 +44,11 @@ def _check_supported(train: TrainSpec) -> None:
             "trace: --loss fused needs Liger's kernels, which trace does not run; "
             "use --loss standard or chunked, or `vramledger estimate`"
         )
+    if train.loss is Loss.CHUNKED_NLL:
+        raise VramledgerError(
+            "trace: --loss chunked_nll (TRL's checkpointed chunks) is not traced yet; "
+            "use `vramledger estimate`, or trace with --loss chunked or standard"
+        )
     if train.distributed:
         from vramledger.trace.distributed import check_traceable
 
