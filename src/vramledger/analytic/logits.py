@@ -30,16 +30,18 @@ Legend: T = B·L tokens, V vocabulary, H hidden, c compute-dtype bytes.
   patched forward (``_patch_chunked_ce_lm_head``) runs the decoder alone, so lm_head is never called and no full
   logits exist. The hidden states are sorted (``hidden[order]``, a copy of r·H·T, the checkpoints' inputs until
   the last chunk's backward) and each chunk of k tokens runs ``_chunk`` under ``torch.utils.checkpoint``
-  (non-reentrant): ``h.float() @ w.float().t()`` — ``w.float()`` is a 4·V·H copy of a head that is not fp32, and
-  under autocast the matmul casts it again (c·V·H, not a leaf: never cached) and writes the logits in the compute
-  dtype (l = c; l = 4 without autocast) — then ``log_softmax`` (4·k·V), ``nll_loss``, and the entropy metric
-  ``-(log_p.exp() * log_p).sum(-1)`` (two more 4·k·V): (l + 12)·k·V at once. Nothing is kept: the checkpoint
-  stores no saved tensor. Backward recomputes the chunk with mm's saved weight (the cast, or the fp32 copy) and
-  the log-softmax (the entropy's saved tensors are not stored: ``SFTTrainer.compute_loss`` drops the outputs
-  before backward, and the recompute keeps only tensors whose holders are alive), then writes the 4·k·V
-  gradients of ``nll_loss`` and ``log_softmax``; the hidden states' gradient gathers in an r·H·T buffer beside
-  one chunk's zero-padded slice gradient. A trained head's weight gradient (l·V·H per chunk) meets the
-  chunk's logits gradient. Traced on CPU tensors in tests/analytic/test_trl_chunked_nll.py.
+  (non-reentrant): ``h.float() @ w.float().t()`` — ``w.float()`` is a 4·V·H copy of a head that is not fp32,
+  and under autocast the matmul casts ``w.float().t()`` again (c·V·H; a view, never cached) and writes the logits
+  in the compute dtype (l = c; l = 4 without autocast) — then ``log_softmax`` (4·k·V), ``nll_loss``, and the
+  entropy metric ``-(log_p.exp() * log_p).sum(-1)`` (two more 4·k·V): (l + 12)·k·V at once. Nothing is kept: the
+  checkpoint stores no saved tensor. Backward recomputes the chunk, keeping mm's saved weight (the cast, or the
+  fp32 copy) and the log-softmax (not the entropy's saved tensors: ``SFTTrainer.compute_loss`` drops the outputs
+  before backward, and a recompute stores only tensors whose holders are alive), then writes the 4·k·V gradients
+  of ``nll_loss`` and ``log_softmax``. The chunks' zero-padded slice gradients of the sorted hidden states are
+  summed in place in one r·H·T buffer. A trained head's weight gradient (l·V·H per chunk, then cast to the head's
+  dtype) is summed in place into the engine's input buffer of the head's AccumulateGrad (head·V·H), alive from
+  the first chunk's backward to the last; with an fp32 head the first sum is out of place (three head·V·H at
+  once). Traced on CPU tensors: tests/analytic/test_trl_chunked_nll.py.
 - Fused linear cross-entropy (Liger ``LigerFusedLinearCrossEntropyFunction``): logits exist a chunk at a time;
   the gradient of the hidden states (c·H·T) is computed in forward and kept; chunk size
   ⌈T / ⌈V/H⌉⌉ tokens, each chunk holding c·V logits and fp32 softmax and gradient (≈ 10·V bytes per token).
@@ -151,12 +153,22 @@ def _trl_chunked_nll(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes
     head_saved = cast if mixed else head32  # mm saves its weight for the hidden states' gradient
     r = residual_bytes(train, wb)
     hidden = r * H * tokens  # hidden[order]
-    grad_hidden = 2 * r * H * tokens  # the gathered gradient and one chunk's zero-padded slice gradient
+    grad_hidden = r * H * tokens  # the chunks' zero-padded slice gradients, summed in place
     matmul = head32 + cast + (4 if r != 4 else 0) * kH + (c if mixed else 0) * kH + logit * kV
     chunk = (logit + 12) * kV  # logits, log-softmax, exp and the entropy's product
     grads = head_saved + 12 * kV  # the log-softmax with nll_loss's and log_softmax's gradients
-    weight_grad = head_saved + logit * kV + logit * V * H if wb.head_trainable else 0
-    backward = hidden + grad_hidden + max(matmul, head_saved + chunk, grads, weight_grad)
+    # A trained head: mm's weight gradient (l·V·H) and its cast to the head's dtype, summed in place into the
+    # autograd engine's input buffer of the head's AccumulateGrad (head·V·H), alive from the first chunk's backward
+    # to the last (the head's gradient itself is counted with the gradients).
+    buffer = head * V * H if wb.head_trainable else 0
+    # mm's backward beside its saved weight and the logits' gradient; then the cast, once mm's saved are freed.
+    # A trained head's mm also saves its input (k·H in the matmul's dtype) and writes its gradient.
+    weight_grad = max(head_saved + logit * kV + 2 * logit * kH, (head * V * H if head != logit else 0)) + logit * V * H
+    moments = (matmul, head_saved + chunk, grads, weight_grad if wb.head_trainable else 0)
+    # An fp32 head (w.float() is w itself): the engine's first sum of two chunks' gradients is out of place
+    # (aten::add, then add_ for the later chunks: torch.profiler on plain CPU tensors shows the same), three at once.
+    first_sum = 3 * buffer if head == 4 else 0
+    backward = hidden + grad_hidden + max(buffer + max(moments), first_sum)
     return LogitsBytes(
         forward_peak=hidden + max(matmul, chunk),
         saved=hidden,

@@ -160,7 +160,7 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     ck.add_argument("--grad-ckpt", dest="grad_ckpt", action="store_true", default=None, help="gradient checkpointing")
     ck.add_argument("--no-grad-ckpt", dest="grad_ckpt", action="store_false", help="no gradient checkpointing")
     g.add_argument("--attn", type=name, help="eager | sdpa | flash_attention_2 (default sdpa)")
-    g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked (default standard)")
+    g.add_argument("--loss", type=name, help="standard | fused (Liger) | chunked | chunked_nll (default standard)")
     g.add_argument(
         "--packing",
         action="store_true",
