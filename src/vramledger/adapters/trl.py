@@ -12,9 +12,7 @@ from vramledger.adapters import hf
 from vramledger.adapters._base import Reader
 from vramledger.errors import VramledgerError
 from vramledger.specs import DType, LoraSpec, Loss, Method, QuantSpec
-
-TRL_CHUNK_TOKENS = 256
-"""``trl/trainer/sft_trainer.py`` ``_CHUNKED_LM_HEAD_CHUNK_SIZE = 256`` (tokens per chunk of the chunked_nll loss)."""
+from vramledger.specs.train import TRL_CHUNK_TOKENS
 
 # PEFT's default target_modules when lora_target_modules is unset (peft 0.21 utils/constants.py
 # TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING): q_proj, v_proj for llama, mistral, mixtral, gemma*, qwen2/3.

@@ -10,9 +10,9 @@ from typing import Any
 
 from vramledger.errors import VramledgerError
 from vramledger.specs import Attention, Loss, Method, Precision, TrainSpec
+from vramledger.specs.train import TRL_CHUNK_TOKENS
 
 TARGETS = ("llamafactory", "trl", "axolotl")
-_TRL_CHUNK = 256  # trl/trainer/sft_trainer.py _CHUNKED_LM_HEAD_CHUNK_SIZE
 
 
 def _deepspeed(t: TrainSpec) -> dict[str, Any] | None:
@@ -274,8 +274,8 @@ def write_config(model: str, train: TrainSpec, fmt: str) -> tuple[dict[str, Any]
         out = to_llamafactory(model, train)
     elif fmt == "trl":
         out = to_trl(model, train)
-        if train.loss in (Loss.CHUNKED, Loss.CHUNKED_NLL) and train.loss_chunk_tokens != _TRL_CHUNK:
-            notes.append(f"TRL's chunked_nll uses chunks of {_TRL_CHUNK} tokens (not {train.loss_chunk_tokens})")
+        if train.loss is Loss.CHUNKED and train.loss_chunk_tokens != TRL_CHUNK_TOKENS:
+            notes.append(f"TRL's chunked_nll uses chunks of {TRL_CHUNK_TOKENS} tokens (not {train.loss_chunk_tokens})")
     elif fmt == "axolotl":
         out = to_axolotl(model, train)
     else:

@@ -52,6 +52,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from vramledger.specs import Loss, Method, ModelSpec, TrainSpec
+from vramledger.specs.train import TRL_CHUNK_TOKENS
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -144,8 +145,8 @@ def _trl_chunked_nll(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes
 
     wb = weight_budget(m, train)
     V, H, c, mixed = m.vocab_size, m.hidden_size, train.precision.compute.bytes, train.precision.mixed
-    kV = min(tokens, train.loss_chunk_tokens) * V  # TRL rounds the target tokens up to whole chunks
-    kH = min(tokens, train.loss_chunk_tokens) * H
+    k = min(tokens, TRL_CHUNK_TOKENS)  # TRL rounds the target tokens up to whole chunks
+    kV, kH = k * V, k * H
     logit = c if mixed else 4
     head = (train.precision.trainable if wb.head_trainable else train.frozen_dtype).bytes
     head32 = 4 * V * H if head != 4 else 0  # w.float(): a copy unless the head is fp32

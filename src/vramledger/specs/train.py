@@ -110,6 +110,11 @@ class Loss(str, enum.Enum):
     under ``torch.utils.checkpoint``, so nothing of a chunk's logits is kept from forward into backward."""
 
 
+TRL_CHUNK_TOKENS = 256
+"""trl ``trl/trainer/sft_trainer.py`` ``_CHUNKED_LM_HEAD_CHUNK_SIZE = 256``: the tokens per chunk of
+``Loss.CHUNKED_NLL``, a constant (no setting of TRL's changes it)."""
+
+
 class EvalLogits(str, enum.Enum):
     """What the HF Trainer's eval loop keeps of each eval batch's logits (trainer.py ``evaluation_loop``)."""
 
@@ -214,7 +219,7 @@ class TrainSpec:
     attn: Attention = Attention.SDPA
     loss: Loss = Loss.STANDARD
     loss_chunk_tokens: int = 1024
-    """Tokens per chunk for ``Loss.CHUNKED`` and ``Loss.CHUNKED_NLL``."""
+    """Tokens per chunk for ``Loss.CHUNKED`` (``Loss.CHUNKED_NLL`` uses TRL's fixed ``TRL_CHUNK_TOKENS``)."""
     lora: LoraSpec | None = None
     """Adapter settings (method lora/qlora); defaults applied when None."""
     quant: QuantSpec | None = None
