@@ -236,11 +236,3 @@ def test_peak_is_one_chunk_not_the_sequence() -> None:
     assert 0 <= grown < 4 * 2 * H * (4096 - 1024)
     k = 256
     assert logits_bytes(M, long, long.tokens).forward_peak == 2 * H * 4096 + 16 * k * V
-
-
-def test_trace_refuses_it_rather_than_run_another_loss() -> None:
-    from vramledger.errors import VramledgerError
-    from vramledger.trace.api import trace_step
-
-    with pytest.raises(VramledgerError, match="chunked_nll .* is not traced yet; use `vramledger estimate`"):
-        trace_step(M, _train(Precision.BF16_MIXED))

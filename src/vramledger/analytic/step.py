@@ -200,6 +200,8 @@ def _autocast_casts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Casts:
     c = train.precision.compute.bytes
     fp32_trainable = wb.trainable_dtype.bytes == 4
     cached = wb.trainable_matrix_params * c if fp32_trainable else 0
+    if cached and wb.head_trainable and train.loss is Loss.CHUNKED_NLL:
+        cached -= wb.lm_head_weight_numel * c  # TRL casts w.float().t(), a view: never cached (logits.py)
     layer_cached = sum(a.params for a in wb.adapted) * c if fp32_trainable else 0
     frozen_fp32 = train.quant is None and train.frozen_dtype is DType.FP32
     # A frozen lm_head's cast is saved when its input needs a gradient: when anything trains below it; one per call

@@ -44,11 +44,6 @@ def _check_supported(train: TrainSpec) -> None:
             "trace: --loss fused needs Liger's kernels, which trace does not run; "
             "use --loss standard or chunked, or `vramledger estimate`"
         )
-    if train.loss is Loss.CHUNKED_NLL:
-        raise VramledgerError(
-            "trace: --loss chunked_nll (TRL's checkpointed chunks) is not traced yet; "
-            "use `vramledger estimate`, or trace with --loss chunked or standard"
-        )
     if train.distributed:
         from vramledger.trace.distributed import check_traceable
 
@@ -248,6 +243,10 @@ def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:
     with amp:
         if train.loss is Loss.CHUNKED:
             out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b))}
+        elif train.loss is Loss.CHUNKED_NLL:
+            from vramledger.trace.trl_loss import trl_chunked_nll
+
+            out = {"loss": trl_chunked_nll(hf, input_ids, labels)}
         else:
             out = run(input_ids=input_ids, labels=labels, use_cache=False, **images)
     if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context

@@ -39,10 +39,10 @@ _CONSTANT_LIMIT = 1 << 26
 def check_traceable(model: ModelSpec, train: TrainSpec) -> None:
     """Refuse, before any model is built, images the traced step cannot feed (the chunked loss runs the decoder
     alone)."""
-    if train.images and train.loss is Loss.CHUNKED:
+    if train.images and train.loss in (Loss.CHUNKED, Loss.CHUNKED_NLL):
         raise VramledgerError(
-            "trace --images with --loss chunked: the chunked loss runs the decoder alone (trace/step.py "
-            "chunked_loss), without the vision tower; use --loss standard, or `vramledger estimate`"
+            f"trace --images with --loss {train.loss.value}: the chunked loss runs the decoder alone (trace/step.py "
+            "chunked_loss, trace/trl_loss.py), without the vision tower; use --loss standard, or `vramledger estimate`"
         )
 
 
