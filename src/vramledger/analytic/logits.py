@@ -50,6 +50,7 @@ Legend: T = B·L tokens, V vocabulary, H hidden, c compute-dtype bytes.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from vramledger.specs import Loss, Method, ModelSpec, TrainSpec
 from vramledger.specs.train import TRL_CHUNK_TOKENS
@@ -138,41 +139,89 @@ def _litgpt_chunked(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
     )
 
 
-def _trl_chunked_nll(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
-    """TRL's ``chunked_nll``: one checkpointed chunk's matmul and loss at a time (module docstring)."""
+class TrlChunk(NamedTuple):
+    """The tensors of TRL's ``chunked_nll`` (module docstring), in bytes: l is the logits' dtype, r the residual's."""
+
+    chunks: int
+    hidden: int
+    """``hidden[order]``: r·H·T, until the last chunk's backward (and the chunks' summed slice gradients, as big)."""
+    h_up: int
+    """``h.float()`` (4·k·H unless r = 4) and autocast's cast of it (c·k·H)."""
+    head32: int
+    """``w.float()``: a 4·V·H copy unless the head is fp32."""
+    cast: int
+    """Autocast's c·V·H cast of ``w.float().t()`` (a view: never cached)."""
+    head_saved: int
+    """What mm saves of the head for the hidden states' gradient: the cast, or ``w.float()``."""
+    logits: int
+    """l·k·V."""
+    fp32: int
+    """4·k·V: the log-softmax, ``exp``, the entropy's product, each gradient; log_softmax's upcast under autocast."""
+    upcast: int
+    grad_cast: int
+    """The logits' gradient cast back to the compute dtype under autocast (c·k·V)."""
+    grad_h: int
+    """mm's gradient of the chunk's hidden states (l·k·H)."""
+    weight_grad: int
+    """A trained head: mm's l·V·H weight gradient."""
+    weight_cast: int
+    """A trained head: its cast to the head's dtype (0 when the same)."""
+    buffer: int
+    """A trained head: the engine's input buffer summing the chunks' gradients (head dtype·V·H)."""
+    first_sum_out_of_place: bool
+    """An fp32 head: the first sum of two chunks' gradients is out of place."""
+
+
+def trl_chunk(m: ModelSpec, train: TrainSpec, tokens: int) -> TrlChunk:
+    """The sizes of TRL's ``chunked_nll`` tensors (module docstring), for the logits terms and the reserve's chain."""
     from vramledger.analytic.activations import residual_bytes
     from vramledger.analytic.weights import weight_budget
 
     wb = weight_budget(m, train)
     V, H, c, mixed = m.vocab_size, m.hidden_size, train.precision.compute.bytes, train.precision.mixed
     k = min(tokens, TRL_CHUNK_TOKENS)  # TRL rounds the target tokens up to whole chunks
-    kV, kH = k * V, k * H
     logit = c if mixed else 4
     head = (train.precision.trainable if wb.head_trainable else train.frozen_dtype).bytes
-    head32 = 4 * V * H if head != 4 else 0  # w.float(): a copy unless the head is fp32
-    cast = c * V * H if mixed else 0  # autocast's cast of w.float() for the matmul
-    head_saved = cast if mixed else head32  # mm saves its weight for the hidden states' gradient
+    head32 = 4 * V * H if head != 4 else 0
+    cast = c * V * H if mixed else 0
     r = residual_bytes(train, wb)
-    hidden = r * H * tokens  # hidden[order]
-    grad_hidden = r * H * tokens  # the chunks' zero-padded slice gradients, summed in place
-    matmul = head32 + cast + (4 if r != 4 else 0) * kH + (c if mixed else 0) * kH + logit * kV
-    chunk = (logit + 12) * kV  # logits, log-softmax, exp and the entropy's product
-    grads = head_saved + 12 * kV  # the log-softmax with nll_loss's and log_softmax's gradients
-    # A trained head: mm's weight gradient (l·V·H) and its cast to the head's dtype, summed in place into the
-    # autograd engine's input buffer of the head's AccumulateGrad (head·V·H), alive from the first chunk's backward
-    # to the last (the head's gradient itself is counted with the gradients).
-    buffer = head * V * H if wb.head_trainable else 0
-    # mm's backward beside its saved weight and the logits' gradient; then the cast, once mm's saved are freed.
-    # A trained head's mm also saves its input (k·H in the matmul's dtype) and writes its gradient.
-    weight_grad = max(head_saved + logit * kV + 2 * logit * kH, (head * V * H if head != logit else 0)) + logit * V * H
-    moments = (matmul, head_saved + chunk, grads, weight_grad if wb.head_trainable else 0)
+    trained = wb.head_trainable
+    return TrlChunk(
+        chunks=-(-tokens // k),
+        hidden=r * H * tokens,
+        h_up=((4 if r != 4 else 0) + (c if mixed else 0)) * k * H,
+        head32=head32,
+        cast=cast,
+        head_saved=cast if mixed else head32,
+        logits=logit * k * V,
+        fp32=4 * k * V,
+        upcast=4 * k * V if mixed else 0,
+        grad_cast=c * k * V if mixed else 0,
+        grad_h=logit * k * H,
+        weight_grad=logit * V * H if trained else 0,
+        weight_cast=head * V * H if trained and head != logit else 0,
+        buffer=head * V * H if trained else 0,
+        first_sum_out_of_place=trained and head == 4,
+    )
+
+
+def _trl_chunked_nll(m: ModelSpec, train: TrainSpec, tokens: int) -> LogitsBytes:
+    """TRL's ``chunked_nll``: one checkpointed chunk's matmul and loss at a time (module docstring)."""
+    t = trl_chunk(m, train, tokens)
+    matmul = t.head32 + t.cast + t.h_up + t.logits
+    chunk = t.logits + 3 * t.fp32  # logits, log-softmax, exp and the entropy's product
+    grads = t.head_saved + 3 * t.fp32  # the log-softmax with nll_loss's and log_softmax's gradients
+    # mm's backward beside its saved weight, the logits' gradient, its saved input and the input's gradient; then
+    # the cast to the head's dtype, once mm's saved are freed.
+    weight_grad = max(t.head_saved + t.logits + 2 * t.grad_h, t.weight_cast) + t.weight_grad if t.buffer else 0
+    moments = (matmul, t.head_saved + chunk, grads, weight_grad)
     # An fp32 head (w.float() is w itself): the engine's first sum of two chunks' gradients is out of place
     # (aten::add, then add_ for the later chunks: torch.profiler on plain CPU tensors shows the same), three at once.
-    first_sum = 3 * buffer if head == 4 else 0
-    backward = hidden + grad_hidden + max(buffer + max(moments), first_sum)
+    first_sum = 3 * t.buffer if t.first_sum_out_of_place else 0
+    backward = 2 * t.hidden + max(t.buffer + max(moments), first_sum)
     return LogitsBytes(
-        forward_peak=hidden + max(matmul, chunk),
-        saved=hidden,
+        forward_peak=t.hidden + max(matmul, chunk),
+        saved=t.hidden,
         backward_peak=backward,
         head_grad_moment=backward,
         source="TRL chunked_nll: each chunk's lm_head matmul and loss checkpointed; w.float() and its cast per chunk",

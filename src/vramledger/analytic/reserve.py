@@ -39,7 +39,7 @@ from functools import lru_cache
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
-from vramledger.analytic.logits import LogitsBytes, logits_bytes
+from vramledger.analytic.logits import LogitsBytes, TrlChunk, logits_bytes, trl_chunk
 from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
 from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import layer_linears
@@ -207,6 +207,8 @@ def _loss_chain(seq: _Events, m: ModelSpec, train: TrainSpec, lg: LogitsBytes, h
     the logits' gradient that lm_head's backward reads."""
     T, V = train.tokens, m.vocab_size
     c = train.precision.compute.bytes
+    if train.loss is Loss.CHUNKED_NLL:
+        return _trl_chain(seq, trl_chunk(m, train, T), hidden)
     if train.loss is Loss.STANDARD:
         # transformers ForCausalLMLoss: logits (c·V·T) → .float() (4·V·T) → log_softmax (4·V·T, saved);
         # the upcast and the logits die before backward (the Trainer keeps only the loss).
@@ -239,6 +241,75 @@ def _loss_chain(seq: _Events, m: ModelSpec, train: TrainSpec, lg: LogitsBytes, h
         g3 = seq.alloc(max(lg.head_grad_moment - (lg.backward_peak - lg.saved), 0))
         seq.free(tb)
     return g3
+
+
+def _trl_chain(seq: _Events, t: TrlChunk, hidden: int) -> int:
+    """TRL's ``chunked_nll`` (analytic/logits.py), block by block: two chunks' forwards, then two chunks'
+    recomputes and backwards (the allocator's cache is made by then); returns the hidden states' gradient."""
+    rounds = min(t.chunks, 2)
+    kept = seq.alloc(t.hidden)  # hidden[order]
+    for _ in range(rounds):
+        w, logits, lsm = _trl_chunk_forward(seq, t, keep_head=False)
+        seq.free(lsm)
+        seq.free(logits)
+    seq.free(hidden)
+    grad_hidden = buffer = None
+    for _ in range(rounds):
+        w, logits, lsm = _trl_chunk_forward(seq, t, keep_head=True)
+        seq.free(logits)
+        g1, g2 = seq.alloc(t.fp32), seq.alloc(t.fp32)  # nll_loss_backward, _log_softmax_backward_data
+        seq.free(lsm)
+        seq.free(g1)
+        g16 = seq.alloc(t.grad_cast)
+        seq.free(g2)
+        gw, gh = seq.alloc(t.weight_grad), seq.alloc(t.grad_h)
+        seq.free(w)
+        seq.free(g16)
+        if t.weight_grad:
+            wc = seq.alloc(t.weight_cast) if t.weight_cast else gw
+            if wc != gw:
+                seq.free(gw)
+            if buffer is None:
+                buffer = wc
+            elif t.first_sum_out_of_place and rounds == 2:
+                total = seq.alloc(t.buffer)
+                seq.free(buffer)
+                seq.free(wc)
+                buffer = total
+            else:
+                seq.free(wc)
+        part = seq.alloc(t.hidden)  # slice_backward's zero-padded gradient, summed in place after the first
+        seq.free(gh)
+        if grad_hidden is None:
+            grad_hidden = part
+        else:
+            seq.free(part)
+    seq.free(kept)
+    if buffer is not None:
+        seq.free(buffer)  # AccumulateGrad: the head's gradient (counted with the gradients) takes it
+    assert grad_hidden is not None
+    return grad_hidden
+
+
+def _trl_chunk_forward(seq: _Events, t: TrlChunk, *, keep_head: bool) -> tuple[int, int, int]:
+    """One chunk's ``_chunk``: the matmul's copies, the logits, log_softmax, the entropy's two temporaries. In the
+    recompute (``keep_head``) mm's saved head stays; returns (saved head, logits, log-softmax)."""
+    up = seq.alloc(t.h_up)
+    w32 = seq.alloc(t.head32)
+    cast = seq.alloc(t.cast)
+    logits = seq.alloc(t.logits)
+    seq.free(up)
+    saved = cast if t.cast else w32
+    for block in (w32, cast):
+        if not (keep_head and block == saved):
+            seq.free(block)
+    upcast = seq.alloc(t.upcast)
+    lsm = seq.alloc(t.fp32)
+    seq.free(upcast)
+    e, prod = seq.alloc(t.fp32), seq.alloc(t.fp32)
+    seq.free(e)
+    seq.free(prod)
+    return (saved if keep_head else 0), logits, lsm
 
 
 def reserve_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
