@@ -400,6 +400,69 @@ def table(recs: list[dict[str, Any]]) -> str:
     return "\n".join(rows)
 
 
+def mechanisms(cid: str) -> str:
+    """The switching mechanisms the estimate applies to the config (analytic/reserve.py ``_switching``)."""
+    from vramledger.analytic.reserve import _switching
+    from vramledger.analytic.step import step_parts
+
+    model, train, _ = run_grid.specs(_rows()[cid])
+    on = _switching(model, train, step_parts(model, train))
+    return "+".join(name for name, f in on._asdict().items() if f is not None) or "none"
+
+
+def kept_bytes(rec: dict[str, Any]) -> int:
+    """The most any measured order leaves free at its last longest step's peak in segments shorter steps made."""
+    out = 0
+    for name, r in rec["runs"].items():
+        longest = f"L{max(rec['sets'][name])}"
+        for x in r.values():
+            by = x["free_at_last_longest_peak_by_length"]
+            out = max(out, sum(v for k, v in by.items() if k not in (longest, "L0", "?")))
+    return out
+
+
+def summary(recs: list[dict[str, Any]]) -> str:
+    """Per config: the single shape at L, the most any length ≤ L reserves on its own, the run that begins with
+    its longest batch, the run that begins with the length ≤ L reserving the most, the worst order measured, and
+    the bytes shorter steps' segments still hold free at the last longest step's peak; then per mechanism, how
+    many runs reserve more than the single shape."""
+    rows = [
+        "| config | mechanisms (estimate) | single at L GiB | most any ℓ ≤ L alone | run, L first | "
+        "run, that ℓ first (L if none) | worst order | kept free at the last L peak GiB |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    by: dict[str, list[dict[str, Any]]] = {}
+    for rec in recs:
+        ref, mech = rec["reference"], mechanisms(rec["id"])
+        by.setdefault(mech, []).append(rec)
+        single = ref["single"]
+        first = rec["runs"]["grid"]["long_first"]["peak_reserved"]
+
+        def pct(x: int, single: int = single) -> str:
+            return f"{_gib(x)} ({x / single - 1:+.1%})"
+
+        rows.append(
+            f"| {rec['id']} | {mech} | {_gib(single)} | {pct(ref['envelope_fine'])} | {pct(first)} | "
+            f"{pct(ref['run'])} | {pct(ref['worst'])} | {_gib(kept_bytes(rec))} |"
+        )
+    rows += [
+        "",
+        "| mechanisms | configs | most any ℓ ≤ L alone > single at L (+1%) | run, that ℓ first > single (+1%) | "
+        "worst order > single (+1%) | segments of shorter steps kept free (≥ 64 MiB) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for mech, group in sorted(by.items()):
+
+        def count(key: str, group: list[dict[str, Any]] = group) -> int:
+            return sum(r["reference"][key] > 1.01 * r["reference"]["single"] for r in group)
+
+        kept = sum(kept_bytes(r) >= 64 * 2**20 for r in group)
+        rows.append(
+            f"| {mech} | {len(group)} | {count('envelope_fine')} | {count('run')} | {count('worst')} | {kept} |"
+        )
+    return "\n".join(rows)
+
+
 def checks_table(recs: list[dict[str, Any]]) -> str:
     rows = ["| config | length | traced replay GiB | templates GiB | equal |", "|---|---:|---:|---:|---|"]
     for rec in recs:
@@ -433,6 +496,8 @@ def main() -> None:
         return
     if args.table:
         recs = [done[c] for c in (*CONFIGS, *HELD) if c in done]
+        print(summary(recs))
+        print()
         print(checks_table(recs))
         print()
         print(table(recs))
