@@ -48,7 +48,7 @@ from vramledger.analytic.overhead import (
 )
 from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
-from vramledger.analytic.reserve import phase_reserves
+from vramledger.analytic.reserve import phase_reserves, training_peaks
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
@@ -347,12 +347,20 @@ def _optimizer_moment(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
+@lru_cache(maxsize=4096)
+def _peaks_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[StepParts, int, int, int]:
+    """The step at another shape, for the reserve of a run with dynamic padding (``reserve.held_reserved``)."""
+    return (step_parts(m, train, gpu), *training_peaks({ph: mo.total for ph, mo in moments(m, train, gpu).items()}))
+
+
 def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[tuple[LineItem, ...], dict[Phase, str]]:
     """Line items for every phase, including the allocator reserve and the CUDA context."""
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    reserves = phase_reserves(m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()})
+    reserves = phase_reserves(
+        m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()}, lambda t: _peaks_at(m, t, gpu)
+    )
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
