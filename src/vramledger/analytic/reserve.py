@@ -17,9 +17,11 @@ reserves more than it allocates where blocks freed earlier are too small for a l
   where they fit.
 
 The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
-and every term grows with batch and length, as the planner's searches need. The replay shows three more places
+and never falls as batch or length grows, as the planner's searches need. The replay shows three more places
 (the backward thread's cuBLAS workspace in a logits block, activation blocks too small for the optimizer, a tied
-embedding's gradient) that switch off as the shape grows; they are left out (docs/reserve.md).
+embedding's gradient) that switch off as the shape grows: a packed run's estimate leaves them out, and a run with
+dynamic padding, which keeps the segments of every shorter shape it meets, is estimated at the largest
+single-shape reserve over those shapes, these included (``held_reserved``; docs/reserve.md "Runs").
 ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
 quantities (``parts.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
@@ -58,7 +60,8 @@ RESERVE_SOURCE = (
     "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
     "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again, "
     "and foreach temporaries' blocks too small for the activations; LoRA's small pool; reserved stays at the "
-    "step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
+    "step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments of shorter "
+    "batches kept (analytic/reserve.py); not yet measured on a GPU"
 )
 
 Seq = tuple[tuple[int, int], ...]
