@@ -466,8 +466,33 @@ optimizer's peak (analytic/step.py)."""
 
 def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     """The largest single-shape reserve, the switching mechanisms included, over the shapes ≤ (B, L) where they
-    are on (0 where none is on anywhere); each set's upper edge is enough (see above)."""
-    p = at(train)[0]
+    are on (0 where none is on anywhere); each set's upper edge is enough (see above). Beyond the largest
+    micro-batch and length where a mechanism is on nothing changes, so the figure is computed (and cached) for
+    (B, L) capped there: the planner asks for many shapes past the edge."""
+    regions = _regions(m, train, at(train)[0])
+    if not regions:
+        return 0
+    B = max((pts[-1][0] for _, pts in regions if pts), default=1)
+    L = max((pts[0][1] for _, pts in regions if pts), default=1)
+    return _held_capped(m, replace(train, micro_batch=min(B, train.micro_batch), seq_len=min(L, train.seq_len)), at)
+
+
+@lru_cache(maxsize=4096)
+def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    best = 0
+    for which, points in _regions(m, train, at(train)[0]):
+        # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
+        edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
+        for b, ell in edge:
+            t = replace(train, micro_batch=b, seq_len=ell)
+            pt, loss, step, opt = at(t)
+            best = max(best, _single_shape(m, t, pt, loss, step, opt, which))
+    return best
+
+
+def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switching, list[tuple[int, int]]]]:
+    """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
+    shapes ≤ (B, L) where it is on (``_largest_on``)."""
     on = _switching(m, train, p)
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
     if on.workspace is not None:
@@ -479,13 +504,7 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
         if on.activations is not None:
             both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
             regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
-    best = 0
-    for which, region in regions:
-        for b, ell in _largest_on(train.micro_batch, train.seq_len, region):
-            t = replace(train, micro_batch=b, seq_len=ell)
-            pt, loss, step, opt = at(t)
-            best = max(best, _single_shape(m, t, pt, loss, step, opt, which))
-    return best
+    return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
 
 
 class _Predicates(NamedTuple):

@@ -15,6 +15,7 @@ Gradients are absent in forward unless gradient accumulation keeps them across m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -347,6 +348,17 @@ def _optimizer_moment(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
+@dataclass(frozen=True)
+class _ShapePeaks:
+    """``reserve.ShapePeaks`` for one model and GPU; hashable, so the reserve can cache on it."""
+
+    m: ModelSpec
+    gpu: GPUSpec | None
+
+    def __call__(self, train: TrainSpec) -> tuple[StepParts, int, int, int]:
+        return _peaks_at(self.m, train, self.gpu)
+
+
 @lru_cache(maxsize=4096)
 def _peaks_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[StepParts, int, int, int]:
     """The step at another shape, for the reserve of a run with dynamic padding (``reserve.held_reserved``)."""
@@ -359,7 +371,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
     reserves = phase_reserves(
-        m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()}, lambda t: _peaks_at(m, t, gpu)
+        m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()}, _ShapePeaks(m, gpu)
     )
     for phase, mo in mos.items():
         names[phase] = mo.name
