@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_no_sync import no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
 from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.rank import (
@@ -65,6 +65,12 @@ FSDP_ROOT_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root unit is not resharded after forward "
     "(FSDP1 _runtime_utils.py _post_forward_reshard likewise)"
 )
+# Labels of the buffers that analytic/stream_pools.py places in a side stream's pool.
+ROOT_UNSHARDED_LABEL = "root unit unsharded (embeddings, final norm, output layer)"
+LAYER_UNSHARDED_LABEL = "one decoder layer unsharded"
+LAYERS_UNSHARDED_LABEL = "every decoder layer unsharded (kept from forward to backward)"
+ALL_GATHER_BUFFER_LABEL = "one more layer-sized all-gather buffer (traced, unexplained)"
+OFFLOAD_COPY_LABEL = "host-to-device copy of one unit's shard"
 FSDP_RS_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one unit's unsharded gradients and its "
     "reduce_scatter_input"
@@ -131,8 +137,8 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if strategy is Sharding.NO_SHARD:  # all-reduces each unit's gradients in place: DDP without the buckets
         return _replicated(train, one)
     mixed = train.precision.mixed
-    u = _fsdp_gathered_bytes(train, wb)
-    layer = _fsdp_layer_elements(m, train, wb, u)
+    u = fsdp_gathered_bytes(train, wb)
+    layer = fsdp_layer_elements(m, train, wb, u)
     root = embedding_params(m) + head_params(m)
     buffers = [
         _fsdp_root_buffer(train, wb, root, u),
@@ -171,6 +177,10 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if kept:
         buffers.extend(kept)
         notes.append(NO_SYNC_NOTE)
+    kept = fsdp2_kept_buffers(train, wb, sharded_grad_bytes=grads_r)  # FSDP2 + accumulation (fsdp_no_sync.py)
+    if kept:
+        buffers.extend(kept)
+        notes.append(FSDP2_NOTE)
     return RankParts(
         engine=engine_name(train),
         ranks=ranks,
@@ -189,7 +199,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     )
 
 
-def _fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+def fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     """u of the legend: bytes per element of the all-gathered parameters."""
     mixed = train.precision.mixed
     u = train.precision.compute.bytes if mixed else wb.trainable_dtype.bytes
@@ -200,7 +210,7 @@ def _fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     return u
 
 
-def _fsdp_layer_elements(m: ModelSpec, train: TrainSpec, wb: WeightBudget, u: int) -> int:
+def fsdp_layer_elements(m: ModelSpec, train: TrainSpec, wb: WeightBudget, u: int) -> int:
     """Elements of one decoder layer's unit as all-gathered, in u-byte elements. A bitsandbytes 4-bit base
     all-gathers its packed codes: bitsandbytes 0.43 ``functional.quantize_4bit(..., quant_storage=...)`` stores the
     n/2 bytes of n 4-bit codes as n/(2·u) elements of the storage dtype (PEFT's FSDP-QLoRA guide: "32/4 = 8 4-bit
@@ -221,7 +231,7 @@ def _fsdp_root_buffer(train: TrainSpec, wb: WeightBudget, root: int, u: int) -> 
     # a frozen root (LoRA, freeze) the root stays unsharded through the optimizer step (the traces).
     stuck = train.fsdp_version == 1 and not (wb.embedding_trainable or wb.head_trainable)
     return Buffer(
-        label="root unit unsharded (embeddings, final norm, output layer)",
+        label=ROOT_UNSHARDED_LABEL,
         category=Category.WEIGHTS,
         bytes=root * u,
         phases=ALL_PHASES if stuck else FWD_BWD,
@@ -235,7 +245,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
     if strategy is Sharding.SHARD_GRAD_OP:
         buffers.append(
             Buffer(
-                label="every decoder layer unsharded (kept from forward to backward)",
+                label=LAYERS_UNSHARDED_LABEL,
                 category=Category.WEIGHTS,
                 bytes=m.num_layers * layer * u,
                 phases=FWD_BWD,
@@ -246,7 +256,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
         # layer-sized all-gather buffer is live; gone by the backward peak.
         buffers.append(
             Buffer(
-                label="one more layer-sized all-gather buffer (traced, unexplained)",
+                label=ALL_GATHER_BUFFER_LABEL,
                 category=Category.WEIGHTS,
                 bytes=layer * u,
                 phases=frozenset((Phase.FORWARD,)),
@@ -261,7 +271,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
         # peaks only when the loss is small; not modelled.
         buffers.append(
             Buffer(
-                label="one decoder layer unsharded",
+                label=LAYER_UNSHARDED_LABEL,
                 category=Category.WEIGHTS,
                 bytes=layer * u,
                 phases=FWD_BWD if train.fsdp_version == 2 else frozenset((Phase.BACKWARD,)),
@@ -276,7 +286,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
-    if not root_trained or train.keeps_unsharded_grads:  # under no_sync: inside the kept gradients
+    if not root_trained or train.keeps_unsharded_grads or skips_gradient_sync(train):  # inside the kept gradients
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
@@ -295,7 +305,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
 def _fsdp_offload_buffer(layer: int, u: int, ranks: int) -> Buffer:
     """Under CPU offload, one unit's shard copied to the GPU for its all-gather."""
     return Buffer(
-        label="host-to-device copy of one unit's shard",
+        label=OFFLOAD_COPY_LABEL,
         category=Category.TEMPORARIES,
         bytes=share(layer * u, ranks),
         phases=FWD_BWD,
@@ -319,6 +329,7 @@ _ACTIVATION_FIELDS = (
     "logits_saved",
     "logits_backward",
     "logits_head",
+    "kept_logits_bytes",
     "final_hidden_bytes",
     "layer_backward_temp",
     "dora_temp",

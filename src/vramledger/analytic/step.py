@@ -35,10 +35,11 @@ from vramledger.analytic.activations import (
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+from vramledger.analytic.litgpt_loop import convert_output_moment
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
-from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.logits import litgpt_kept_logits_bytes, logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
 from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
@@ -50,6 +51,7 @@ from vramledger.analytic.overhead import (
 from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves, training_peaks
+from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
@@ -91,6 +93,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         logits_saved=lg.saved + head_logits,
         logits_backward=lg.backward_peak + head_logits,
         logits_head=lg.head_grad_moment + head_logits,
+        kept_logits_bytes=litgpt_kept_logits_bytes(m, train),
         final_hidden_bytes=final_hidden_live_bytes_per_token(m, train, wb) * train.tokens,
         head_cast_bytes=_head_cast_bytes(m, train, wb),
         layer_backward_temp=_layer_backward_temp(m, train, wb),
@@ -261,8 +264,11 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
         "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
         "QLoRA dequantised weight",
     )
-    litgpt = next_forward_moment(m, train, p, grads=grads_prev)
-    return max((fwd, fwd_layer) + ((litgpt,) if litgpt else ()), key=lambda mo: mo.total)
+    litgpt = (
+        next_forward_moment(m, train, p, grads=grads_prev),
+        convert_output_moment(m, train, p, grads=grads_prev),  # analytic/litgpt_loop.py
+    )
+    return max((fwd, fwd_layer, *(mo for mo in litgpt if mo)), key=lambda mo: mo.total)
 
 
 def _add_backward_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int) -> None:
@@ -370,22 +376,27 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
-    reserves = phase_reserves(
-        m, train, step_parts(m, train, gpu), {ph: mo.total for ph, mo in mos.items()}, _ShapePeaks(m, gpu)
-    )
+    p = step_parts(m, train, gpu)
+    if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
+        reserves = pooled_phase_reserves(m, train, p, mos)
+    else:
+        totals = {ph: mo.total for ph, mo in mos.items()}
+        reserves = {
+            ph: [ReserveLine(n, RESERVE_LABEL, s, b)]
+            for ph, (n, s, b) in phase_reserves(m, train, p, totals, _ShapePeaks(m, gpu)).items()
+        }
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
-        if phase in reserves:
-            n, source, basis = reserves[phase]
+        for r in reserves.get(phase, ()):
             items.append(
                 LineItem(
                     category=Category.ALLOCATOR_RESERVE,
                     phase=phase,
-                    bytes=n,
-                    label="cached, not allocated",
-                    source=source,
-                    basis=basis,
+                    bytes=r.bytes,
+                    label=r.label,
+                    source=r.source,
+                    basis=r.basis,
                 )
             )
         items.append(
