@@ -44,7 +44,7 @@ SETUP_KEYS = {
     "offload_params", "model_code", "legacy_bitsandbytes", "quant", "untie_embeddings", "prompt", "new_tokens",
     "cache", "base_dtype", "metric", "gpu",
 }  # fmt: skip
-ROW_KEYS = SETUP_KEYS | {"row", "profile", "csv_model", "csv_value", "judgement"}
+ROW_KEYS = SETUP_KEYS | {"row", "profile", "csv_model", "csv_value", "judgement", "reading"}
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True, slots=True)
@@ -126,7 +126,7 @@ def load_mapping(path: Path = MAPPING, csv_rows: list[dict[str, str]] | None = N
                 judgement=entry["judgement"],
                 source=short_source(rec["source"]),
                 metric=metric,
-                measured_gb=None if metric == "oom" else float(rec["value_gb"]),
+                measured_gb=None if metric == "oom" else _measured_gb(n, rec, entry.get("reading")),
             )
         )
     unexpressible: list[tuple[int, str]] = []
@@ -140,6 +140,16 @@ def load_mapping(path: Path = MAPPING, csv_rows: list[dict[str, str]] | None = N
     if missing:
         raise ValueError(f"mapping: CSV rows {missing} are neither mapped nor listed as unexpressible")
     return Mapping_(rows=tuple(rows), unexpressible=tuple(unexpressible))
+
+
+def _measured_gb(n: int, rec: Mapping[str, str], reading: Mapping[str, Any] | None) -> float:
+    """The row's figure in decimal GB: the CSV's value, or, where the source read a percentage off a monitor and
+    converted it with the card's nominal size, that percentage of the card's real total (``reading``)."""
+    if reading is None:
+        return float(rec["value_gb"])
+    if set(reading) != {"percent", "total_bytes"}:
+        raise ValueError(f"mapping row {n}: reading takes percent and total_bytes (got {sorted(reading)})")
+    return float(reading["percent"]) / 100 * int(reading["total_bytes"]) / 1e9
 
 
 # -- setups -------------------------------------------------------------------------------------------------------

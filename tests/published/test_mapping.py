@@ -108,3 +108,27 @@ def test_distributed_settings_reach_the_estimate() -> None:
     assert params == 1_100_048_384
     added = (rows[146].predicted_gb - rows[149].predicted_gb) * 1e9
     assert added == pytest.approx(2 * params, rel=1e-6)
+
+
+def test_a_percent_reading_is_what_the_source_converted_with_a_nominal_80_gb() -> None:
+    """PEFT's guides print '64 GB (80%)' and '72-80 GB (90-98%)': GB = percent × a nominal 80 GB, so the reading
+    is the percentage (W&B's NVML used / total), and the mapping compares with that share of the card's NVML total.
+    Checked against the CSV's own quotation of each source, row by row."""
+    import re
+
+    import yaml
+
+    csv_rows = run.read_csv()
+    entries = [e for e in yaml.safe_load((BENCH / "mapping.yaml").read_text())["rows"] if "reading" in e]
+    assert {e["row"] for e in entries} == {162, 164}
+    for e in entries:
+        quoted = re.search(r"(\d+)(?:-(\d+))? GB \((\d+)(?:-(\d+))?%\)", csv_rows[e["row"] - 1]["notes"])
+        assert quoted, e["row"]
+        gb = [float(g) for g in quoted.group(1, 2) if g]
+        pct = [float(p) for p in quoted.group(3, 4) if p]
+        assert math.isclose(gb[0], pct[0] / 100 * 80)  # the lower figure is the nominal conversion
+        assert e["reading"]["percent"] == pct[0]  # the training level, not the save spike at the top
+        # NVML's total of an H100 80GB HBM3, 81,559 MiB (nvidia-smi), not torch's total_memory
+        assert e["reading"]["total_bytes"] == 81_559 * 2**20
+    by_row = {r.row: r for r in run.load_mapping().rows}
+    assert math.isclose(by_row[162].measured_gb or 0, 0.80 * 81_559 * 2**20 / 1e9)

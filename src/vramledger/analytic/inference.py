@@ -10,7 +10,8 @@ the compute dtype (``torch_dtype=bfloat16``) or bitsandbytes-quantised, ``num_be
   fp32 (l. 3247): (c + 4)·B·V, not B·P·V;
 - the cache is what ``evaluation.kv_cache_bytes`` derives from cache_utils.py (``DynamicCache`` by default, static
   with ``cache_implementation="static"``); ``cache=CacheKind.LEGACY`` models the tuple cache of transformers
-  < 4.36 instead (``analytic/kv_cache.py``: twice the cache during a decode step, full prefill logits);
+  < 4.36 instead (``analytic/kv_cache.py``: twice the cache during a decode step, full prefill logits), and with
+  it those releases' per-layer rotary cos/sin tables of Llama and Mistral (``analytic/rotary_buffers.py``);
 - one cuBLAS workspace (no autograd thread), the allocator reserve and the CUDA context as for training.
 """
 
@@ -35,6 +36,8 @@ from vramledger.analytic.overhead import (
     cuda_context_bytes,
 )
 from vramledger.analytic.params import count_params
+from vramledger.analytic.rotary_buffers import SOURCE as SRC_ROTARY
+from vramledger.analytic.rotary_buffers import legacy_rotary_bytes
 from vramledger.errors import VramledgerError
 from vramledger.ledger import Basis, Category, Ledger, LineItem, Phase, make_verdict
 from vramledger.specs import Attention, DType, GPUSpec, Method, ModelCode, ModelSpec, Precision, QuantSpec, TrainSpec
@@ -102,19 +105,21 @@ def _quantised_train(spec: InferSpec) -> TrainSpec:
     return replace(spec.as_train, method=Method.QLORA, quant=spec.quant, model_code=spec.model_code)
 
 
-def dequant_bytes(m: ModelSpec, spec: InferSpec) -> int:
+def dequant_bytes(m: ModelSpec, spec: InferSpec, *, head: bool) -> int:
     """A 4-bit weight dequantised for one matmul of more than one token (bitsandbytes ``matmul_4bit`` takes the
     ``gemv_4bit`` path only for a single token: ``A.numel() == A.shape[-1]``; otherwise ``MatMul4Bit`` runs
-    ``dequantize_4bit(B, state).to(A.dtype)``): the largest quantised weight, lm_head when it is quantised."""
+    ``dequantize_4bit(B, state).to(A.dtype)``): lm_head's when ``head`` (0 unless it is quantised), else the
+    largest quantised weight of a decoder layer."""
     if spec.quant is None or spec.quant.bits != 4:
         return 0
     from vramledger.analytic.litgpt_qlora import dequant_transient_bytes
     from vramledger.analytic.weights import lm_head_quantised, weight_budget
 
     t = _quantised_train(spec)
-    n = weight_budget(m, t).largest_frozen_matrix_numel
-    if lm_head_quantised(t):
-        n = max(n, m.vocab_size * m.hidden_size)
+    if head:
+        n = m.vocab_size * m.hidden_size if lm_head_quantised(t) else 0
+    else:
+        n = weight_budget(m, t).largest_frozen_matrix_numel
     return dequant_transient_bytes(n, spec.dtype, spec.model_code)
 
 
@@ -125,31 +130,108 @@ def _item(cat: Category, n: int, label: str, source: str, basis: Basis = Basis.F
     return LineItem(category=cat, phase=Phase.GENERATE, bytes=n, label=label, source=source, basis=basis)
 
 
+SRC_LOGITS = "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)"
+SRC_HEAD = (
+    "LlamaForCausalLM.forward: lm_head runs on the final norm's output after self.model(...) returns, when the "
+    "last layer's working set and the 4-D mask (locals of the decoder's forward) are freed"
+)
+
+
+def _generate_moments(m: ModelSpec, spec: InferSpec) -> list[tuple[str, list[LineItem]]]:
+    """The candidate peaks of ``generate`` beside the weights, each named, as its GENERATE line items:
+
+    - the prefill's top layer: the cache after the prefill, one layer's working set and the largest decoder weight
+      dequantised (4-bit); it also carries the last-token logits line ((c + 4)·B·V, a few MB), which this moment
+      has always counted although the first forward has made no logits yet;
+    - the prefill's lm_head: the cache, the final norm's output (c·B·P·H) and the logits: of the last token, or of
+      every prompt token before ``logits_to_keep`` (legacy), plus lm_head dequantised where it is 4-bit (LitGPT);
+      the layer's working set is freed by then (``SRC_HEAD``);
+    - the end of the last decode step: the whole cache, what the cache kind holds beside it
+      (``kv_cache.decode_step_extra``), the last logits and, with a batch, a dequantised weight.
+    """
+    train = spec.as_train
+    c = spec.dtype.bytes
+    B, P, N = spec.batch, spec.prompt, spec.new_tokens
+    legacy = spec.cache is CacheKind.LEGACY
+    kv = kv_cache_bytes(m, batch=B, prompt=P, new_tokens=N, dtype_bytes=c, static=spec.cache is CacheKind.STATIC)
+    tok, sq = layer_working_set(m, train, batch=B, length=P, resid=c)
+    mask = mask_bytes(train, batch=B, length=P)
+    logits = (c + 4) * B * m.vocab_size
+    step_extra = decode_step_extra(
+        spec.cache, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N, cached=P + N - 1
+    )
+    dq_layer, dq_head = (dequant_bytes(m, spec, head=h) if B * P > 1 else 0 for h in (False, True))
+    dq_decode = max(dequant_bytes(m, spec, head=h) for h in (False, True)) if B > 1 else 0
+    cache_kind = spec.cache.display
+    after_prefill = _item(Category.KV_CACHE, kv.after_prefill, f"KV cache after the prefill ({cache_kind})", SRC_CACHE)
+    last_logits = _item(Category.LOGITS_LOSS, logits, "last-token logits and their fp32 copy", SRC_LOGITS)
+    dq_label = "4-bit weight dequantised for the prompt's matmul"
+    top_layer = [
+        after_prefill,
+        _item(Category.TEMPORARIES, tok, "one layer's working set", "analytic/evaluation.py layer_working_set"),
+        _item(
+            Category.ATTENTION_SCORES,
+            sq + mask,
+            "attention mask / length² tensors",
+            "masking_utils create_causal_mask; eager_attention_forward",
+        ),
+        last_logits,
+        *([_item(Category.TEMPORARIES, dq_layer, dq_label, SRC_DEQUANT)] if dq_layer else []),
+    ]
+    prompt_logits = _item(
+        Category.LOGITS_LOSS,
+        logits * prefill_logits_tokens(spec.cache, P),
+        "logits of every prompt token and their fp32 copy",
+        SRC_LEGACY_LOGITS,
+    )
+    head = [
+        after_prefill,
+        _item(Category.TEMPORARIES, c * B * P * m.hidden_size, "final norm's output (lm_head's input)", SRC_HEAD),
+        prompt_logits if legacy else last_logits,
+        *(
+            [_item(Category.TEMPORARIES, dq_head, "lm_head dequantised for the prompt's matmul", SRC_DEQUANT)]
+            if dq_head
+            else []
+        ),
+    ]
+    end = [
+        _item(Category.KV_CACHE, kv.at_end, f"KV cache of {P}+{N}-1 tokens ({cache_kind})", SRC_CACHE),
+        _item(
+            Category.TEMPORARIES,
+            step_extra,
+            "the previous step's cache tuple, alive while the new one is built"
+            if legacy
+            else "one layer's K/V being re-concatenated",
+            SRC_LEGACY if legacy else "cache_utils.py DynamicLayer.update torch.cat",
+        ),
+        *(
+            [_item(Category.TEMPORARIES, dq_decode, "4-bit weight dequantised for the batch's matmul", SRC_DEQUANT)]
+            if dq_decode
+            else []
+        ),
+        last_logits,
+    ]
+    return [
+        (f"prefill of {B}×{P} prompt tokens (top layer)", top_layer),
+        (f"prefill of {B}×{P} prompt tokens (lm_head)", head),
+        (f"last of {N} decode steps", end),
+    ]
+
+
 def infer_ledger(
     m: ModelSpec, spec: InferSpec, *, gpu: GPUSpec | None = None, headroom: float = DEFAULT_HEADROOM
 ) -> Ledger:
     """The ledger of one ``generate`` call: Phase.LOAD (weights) and Phase.GENERATE (its peak moment)."""
-    train = spec.as_train
     c = spec.dtype.bytes
-    B, P, N = spec.batch, spec.prompt, spec.new_tokens
     w = weight_bytes(m, spec)
-    static = spec.cache is CacheKind.STATIC
-    kv = kv_cache_bytes(m, batch=B, prompt=P, new_tokens=N, dtype_bytes=c, static=static)
-    tok, sq = layer_working_set(m, train, batch=B, length=P, resid=c)
-    mask = mask_bytes(train, batch=B, length=P)
-    logits = (c + 4) * B * m.vocab_size
-    prefill_logits = logits * prefill_logits_tokens(spec.cache, P)
+    rotary = legacy_rotary_bytes(m, c) if spec.cache is CacheKind.LEGACY else 0
     ws = cublas_workspace_bytes(gpu) // 2  # one handle: no autograd thread
-    step_extra = decode_step_extra(
-        spec.cache, at_end=kv.at_end, per_layer_step=kv.per_layer_step, new_tokens=N, cached=P + N - 1
-    )
-    dq_prefill = dequant_bytes(m, spec) if B * P > 1 else 0
-    dq_decode = dequant_bytes(m, spec) if B > 1 else 0
-    prefill = kv.after_prefill + tok + sq + mask + prefill_logits + dq_prefill
-    end = kv.at_end + step_extra + logits + dq_decode
     w_src = "Σ parameters × dtype bytes (analytic/params.py); bitsandbytes storage (analytic/weights.py)"
+    rot_label = "rotary cos/sin tables of every layer (transformers < 4.36)"
+    rot_load = [LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=rotary, label=rot_label, source=SRC_ROTARY)]
     items: list[LineItem] = [
         LineItem(category=Category.WEIGHTS, phase=Phase.LOAD, bytes=w, label="weights", source=w_src),
+        *(rot_load if rotary else []),
         LineItem(
             category=Category.CUDA_CONTEXT,
             phase=Phase.LOAD,
@@ -159,60 +241,11 @@ def infer_ledger(
             basis=Basis.ASSUMPTION,
         ),
         _item(Category.WEIGHTS, w, "weights", w_src),
+        *([_item(Category.WEIGHTS, rotary, rot_label, SRC_ROTARY)] if rotary else []),
         _item(Category.WORKSPACE, ws, "cuBLAS workspace", "torch CublasHandlePool.cpp getChosenWorkspaceSize"),
     ]
-    cache_kind = spec.cache.display
-    legacy = spec.cache is CacheKind.LEGACY
-    if prefill >= end:
-        moment = f"prefill of {B}×{P} prompt tokens (top layer)"
-        items += [
-            _item(Category.KV_CACHE, kv.after_prefill, f"KV cache after the prefill ({cache_kind})", SRC_CACHE),
-            _item(Category.TEMPORARIES, tok, "one layer's working set", "analytic/evaluation.py layer_working_set"),
-            _item(
-                Category.ATTENTION_SCORES,
-                sq + mask,
-                "attention mask / length² tensors",
-                "masking_utils create_causal_mask; eager_attention_forward",
-            ),
-        ]
-        if legacy:
-            items.append(
-                _item(
-                    Category.LOGITS_LOSS,
-                    prefill_logits - logits,
-                    "logits of every prompt token (fp32)",
-                    SRC_LEGACY_LOGITS,
-                )
-            )
-        if dq_prefill:
-            items.append(
-                _item(Category.TEMPORARIES, dq_prefill, "4-bit weight dequantised for the prompt's matmul", SRC_DEQUANT)
-            )
-    else:
-        moment = f"last of {N} decode steps"
-        items += [
-            _item(Category.KV_CACHE, kv.at_end, f"KV cache of {P}+{N}-1 tokens ({cache_kind})", SRC_CACHE),
-            _item(
-                Category.TEMPORARIES,
-                step_extra,
-                "the previous step's cache tuple, alive while the new one is built"
-                if legacy
-                else "one layer's K/V being re-concatenated",
-                SRC_LEGACY if legacy else "cache_utils.py DynamicLayer.update torch.cat",
-            ),
-        ]
-        if dq_decode:
-            items.append(
-                _item(Category.TEMPORARIES, dq_decode, "4-bit weight dequantised for the batch's matmul", SRC_DEQUANT)
-            )
-    items.append(
-        _item(
-            Category.LOGITS_LOSS,
-            logits,
-            "last-token logits and their fp32 copy",
-            "generation/utils.py l. 2954 logits_to_keep=1, l. 3247 .to(float32)",
-        )
-    )
+    moment, peak_items = max(_generate_moments(m, spec), key=lambda mo: sum(i.bytes for i in mo[1]))
+    items += peak_items
     allocated = sum(i.bytes for i in items if i.phase is Phase.GENERATE)
     items += [
         _item(
@@ -234,9 +267,9 @@ def infer_ledger(
         settings=MappingProxyType(
             {
                 "mode": "infer",
-                "batch": B,
-                "prompt": P,
-                "new_tokens": N,
+                "batch": spec.batch,
+                "prompt": spec.prompt,
+                "new_tokens": spec.new_tokens,
                 "dtype": spec.dtype.value,
                 "cache": spec.cache.value,
                 "attn": spec.attn.value,
