@@ -136,6 +136,16 @@ class LiveBytes:
         self._mode.__exit__(*exc)
         self._mode = None
 
+    def forget(self, t: Any) -> None:
+        """Stop counting ``t``'s storage (a tensor a CUDA run keeps on the host, e.g. a non-fused optimizer's
+        ``step`` counter)."""
+        self._free(t.untyped_storage()._cdata)
+
+    def restart_peak(self) -> None:
+        """Make what is live now the peak (the set-up before the measured steps is not measured)."""
+        self.peak = self.now
+        self._at_peak = dict(self._live)
+
     def largest(self, n: int = 12) -> list[tuple[int, str]]:
         """The ``n`` largest groups of tensors live at the peak: (bytes, "op shape dtype")."""
         groups: collections.Counter[str] = collections.Counter()

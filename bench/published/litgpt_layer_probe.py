@@ -22,6 +22,7 @@ from typing import Any
 
 from litgpt_fake import extract  # bench/published/litgpt_fake.py
 
+
 def saved_bytes(out: Any, exclude: set[int]) -> int:
     """Bytes of the distinct storages the autograd graph behind ``out`` keeps for backward."""
     import torch
