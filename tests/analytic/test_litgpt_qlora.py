@@ -10,8 +10,8 @@ import torch
 
 from vramledger.analytic import estimate
 from vramledger.analytic.inference import InferSpec, infer_ledger
-from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, retained_inputs_bytes
-from vramledger.analytic.step import moments
+from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment, retained_inputs_bytes
+from vramledger.analytic.step import moments, step_parts
 from vramledger.analytic.weights import quantised_bytes, weight_budget
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Phase
@@ -162,18 +162,24 @@ def test_previous_inputs_by_hand() -> None:
 
 def test_next_forward_moment_lines_by_hand() -> None:
     t = _qlora(ModelCode.LITGPT)
-    fwd = moments(LLAMA, t)[Phase.FORWARD]
+    p = step_parts(LLAMA, t)
+    fwd = next_forward_moment(LLAMA, t, p, grads=p.grad_bytes)  # accumulation (4): the gradients are kept
+    assert fwd is not None
     T = t.tokens
 
     def line(label: str) -> int:
         return sum(i.bytes for i in fwd.items if i.label.startswith(label))
 
     print(fwd.name, [(i.label, i.bytes) for i in fwd.items])
-    assert "previous micro-step" in fwd.name
     assert line("previous micro-step's inputs") == retained_inputs_bytes(LLAMA, t, T, embedding_trainable=False)
     assert line("logits chunks of this micro-step") == 2 * V * T
-    assert line("previous micro-step's logits") == 2 * V * T
+    # the previous micro-step's logits: the fp32 list of Fabric's convert_output (tests/analytic/test_litgpt_loop.py)
+    assert line("LitGPT's fp32 logits") == 4 * V * T
     assert line("lm_head dequantised") == (2 + 2) * V * H
+    # A moment later convert_output holds this micro-step's bf16 logits and their fp32 copy instead of the head.
+    forward = moments(LLAMA, t)[Phase.FORWARD]
+    assert "convert_output" in forward.name
+    assert forward.total - fwd.total == (2 + 4) * V * T - 2 * V * T - (2 + 2) * V * H
 
 
 def test_transformers_qlora_is_unchanged() -> None:

@@ -319,6 +319,7 @@ _ACTIVATION_FIELDS = (
     "logits_saved",
     "logits_backward",
     "logits_head",
+    "kept_logits_bytes",
     "final_hidden_bytes",
     "layer_backward_temp",
     "dora_temp",

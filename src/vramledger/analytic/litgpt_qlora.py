@@ -31,11 +31,13 @@ Applies to ``model_code`` litgpt (litgpt 43c44323..00af8b0d: ``lightning==2.3.0.
    the saved inputs of ``analytic/activations.py`` ``quantised_inputs_bytes``.
 
 The moment this adds: lm_head's last chunk in the next micro-step's forward, with that micro-step's activations, its
-logits (c·V·T), the previous micro-step's logits (c·V·T, still in the list), the previous inputs (3) and lm_head
-dequantised (2). lm_head's backward (the same dequantised head, without the previous micro-step's tensors) is
-smaller, and the loss's moments do not hold the dequantised head, so no other moment changes. The steady state is
-modelled as everywhere in analytic/: the previous micro-step had the same shape (under dynamic padding it may
-have been shorter; lit-gpt 8641822 runs the longest sample first, so there the step after it is the case).
+logits (c·V·T), the previous micro-step's logits (4·V·T, the fp32 list of analytic/logits.py, still bound), the previous
+inputs (3) and lm_head dequantised (2). A moment later Fabric's ``convert_output`` makes this micro-step's fp32 list
+(4·V·T) with lm_head's dequantised weight gone (analytic/litgpt_loop.py). lm_head's backward (the same dequantised head,
+without the previous micro-step's tensors) is smaller, and the loss's moments do not hold the dequantised head, so no
+other moment changes. The steady state is modelled as everywhere in analytic/: the previous micro-step had the same
+shape (under dynamic padding it may have been shorter; lit-gpt 8641822 runs the longest sample first, so there the step
+after it is the case).
 
 Checked on CPU: a function that keeps ``ctx.tensors = (A, B)`` keeps A alive after backward until the output list
 is dropped, one that uses ``save_for_backward`` does not (tests/analytic/test_litgpt_qlora.py).
@@ -120,13 +122,9 @@ def next_forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts, *, grads: 
         retained_inputs_bytes(m, train, T, embedding_trainable=p.weights.embedding_trainable),
         SRC_RETAINED,
     )
+    # The previous micro-step's logits (LitGPT's `logits`, fp32 after Fabric's convert_output) are in
+    # add_persistent: StepParts.kept_logits_bytes.
     mo.add(Category.LOGITS_LOSS, "logits chunks of this micro-step", logits, "litgpt GPT.forward lm_head_chunk_size")
-    mo.add(
-        Category.LOGITS_LOSS,
-        "previous micro-step's logits (LitGPT's `logits` list)",
-        logits,
-        "litgpt finetune/lora.py: `logits` is rebound only when model() returns",
-    )
     mo.add(
         Category.TEMPORARIES,
         "lm_head dequantised (fp16 + compute-dtype cast)",

@@ -47,6 +47,9 @@ class StepParts:
     logits_saved: int
     logits_backward: int
     logits_head: int
+    kept_logits_bytes: int = 0
+    """LitGPT's fp32 ``logits`` list, alive at every moment after the first micro-step's loss (analytic/logits.py
+    ``litgpt_kept_logits_bytes``); not part of the ``logits_*`` fields."""
     final_hidden_bytes: int
     """The final hidden state, alive during the loss (a temporary)."""
     head_cast_bytes: int
@@ -103,6 +106,8 @@ SOURCES = {
     "autocast": "torch autocast_mode.cpp cached_cast: bf16 copy of each fp32 leaf weight, kept while autograd needs it",
     "acts": "per-layer saved tensors (analytic/activations.py: LlamaRMSNorm, sdpa_attention_forward, LlamaMLP, PEFT)",
     "ckpt": "torch.utils.checkpoint (non-reentrant): each layer keeps only its input hidden state",
+    "kept_logits": "Lightning Fabric convert_output casts the output to fp32; litgpt finetune/lora.py l. 276 "
+    "`logits = model(...)` is rebound only when the next forward returns",
 }
 """The sources of the lines every moment shares."""
 
@@ -136,6 +141,13 @@ def add_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int, au
         mo.add(Category.MANAGED_MEMORY, "paged optimizer states", p.paged_state_bytes, PAGED_SOURCE)
     if grads:
         mo.add(Category.GRADIENTS, "gradients", grads, SOURCES["grads"])
+    if p.kept_logits_bytes:
+        mo.add(
+            Category.LOGITS_LOSS,
+            "LitGPT's fp32 logits, kept until the next forward returns",
+            p.kept_logits_bytes,
+            SOURCES["kept_logits"],
+        )
     mo.add(
         Category.WORKSPACE,
         "cuBLAS workspaces",

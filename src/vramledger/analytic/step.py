@@ -34,10 +34,11 @@ from vramledger.analytic.activations import (
 from vramledger.analytic.distributed import add_buffers, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+from vramledger.analytic.litgpt_loop import convert_output_moment
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
-from vramledger.analytic.logits import logits_bytes
+from vramledger.analytic.logits import litgpt_kept_logits_bytes, logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
 from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
@@ -90,6 +91,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         logits_saved=lg.saved + head_logits,
         logits_backward=lg.backward_peak + head_logits,
         logits_head=lg.head_grad_moment + head_logits,
+        kept_logits_bytes=litgpt_kept_logits_bytes(m, train),
         final_hidden_bytes=final_hidden_live_bytes_per_token(m, train, wb) * train.tokens,
         head_cast_bytes=_head_cast_bytes(m, train, wb),
         layer_backward_temp=_layer_backward_temp(m, train, wb),
@@ -260,8 +262,11 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
         "eager pre-softmax scores c·nh·L² per sequence; DoRA weight norm (in² + 4·in·out fp32); "
         "QLoRA dequantised weight",
     )
-    litgpt = next_forward_moment(m, train, p, grads=grads_prev)
-    return max((fwd, fwd_layer) + ((litgpt,) if litgpt else ()), key=lambda mo: mo.total)
+    litgpt = (
+        next_forward_moment(m, train, p, grads=grads_prev),
+        convert_output_moment(m, train, p, grads=grads_prev),  # analytic/litgpt_loop.py
+    )
+    return max((fwd, fwd_layer, *(mo for mo in litgpt if mo)), key=lambda mo: mo.total)
 
 
 def _add_backward_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int) -> None:
