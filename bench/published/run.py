@@ -546,6 +546,34 @@ def skipped_lines(engine: str, skipped: Mapping[int, str], *, markdown: bool) ->
     return head + _grid(["rows", "why not", "row ids"], body, markdown=markdown)
 
 
+def longest_first_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: bool) -> list[str]:
+    """LitGPT's rows whose script runs its longest sample first (litgpt_trace.py ``Script.longest_first``): the first
+    micro-step's peak (the trace table's figure: the only micro-step at that length, nothing of a previous one alive)
+    beside the steady state at that length, which such a run never reaches (an upper bound)."""
+    rows = [r for _, r in sorted(records.items()) if r["traced"] and r["longest_first"] and r["measured_gb"]]
+    if not rows:
+        return []
+    body = []
+    first_errs, steady_errs = [], []
+    for rec in rows:
+        m, first, steady = rec["measured_gb"], rec["first_step_peak_bytes"] / 1e9, rec["steady_peak_bytes"] / 1e9
+        first_errs.append(first / m - 1)
+        steady_errs.append(steady / m - 1)
+        s = rec["setup"]
+        method = s["method"] + (f" {s['quant']}" if s.get("quant") else "")
+        body.append(
+            [str(rec["row"]), str(s["model"]), method, f"{m:.2f}", f"{first:.2f}", _pct(first_errs[-1]),
+             f"{steady:.2f}", _pct(steady_errs[-1])]
+        )  # fmt: skip
+    head = ["row", "model", "method", "measured GB", "first micro-step GB", "error", "steady state GB", "error"]
+    title = (
+        f"trace, LitGPT scripts that run their longest sample first: {len(rows)} rows; median |error| first "
+        f"micro-step {100 * statistics.median(abs(e) for e in first_errs):.1f}%, steady state "
+        f"{100 * statistics.median(abs(e) for e in steady_errs):.1f}%"
+    )
+    return [title, *[""] * markdown] + _grid(head, body, markdown=markdown)
+
+
 def row_lines(results: list[Result], *, markdown: bool) -> list[str]:
     head = ["row", "source", "model", "metric", "measured GB", "predicted GB", "error"]
     body = []
@@ -612,6 +640,8 @@ def main(argv: list[str] | None = None) -> int:
             out += table_lines(extra, mapping, markdown=args.markdown, title=title) + [""]
             if args.rows:
                 out += row_lines(extra, markdown=args.markdown) + [""]
+        if engine == "trace" and (first := longest_first_lines(read_litgpt_trace(), markdown=args.markdown)):
+            out += first + [""]
     out += unexpressible_lines(mapping, markdown=args.markdown)
     sys.stdout.write("\n".join(out) + "\n")
     return 0
