@@ -2,12 +2,20 @@
 
 For each config: trace two training steps on the fake process group (``vramledger.trace``, trace/distributed.py),
 and record rank 0's allocated bytes at each phase's peak and overall, with the analytic estimate for the same
-specs. tests/analytic/test_distributed_grid.py checks the estimate against the committed traces.
+specs; and the reserved bytes: the ledger's per phase (the replay read at each phase's peak moment, as the trace
+reports it), and the replay's own peak reserved with each stream's pool (trace/oom.py replays one caching-allocator
+pool per CUDA stream: the default stream, FSDP's all-gather and reduce-scatter streams). tests/analytic/
+test_distributed_grid.py and test_stream_pools.py check the estimate against the committed traces.
 
-Run:  nice python bench/distributed/run_grid.py              # traces what is missing from grid.jsonl (minutes)
+Run:  nice python bench/distributed/run_grid.py              # traces what is missing from grid.jsonl, or was
+                                                             # traced without the replay's pools (minutes)
       python bench/distributed/run_grid.py --analytic        # recompute only the analytic columns (instant)
       python bench/distributed/run_grid.py --only ID         # one config, printed, not saved
+      nice python bench/distributed/run_grid.py --retrace /fsdp2   # trace again (and save) every config whose id
+                                                             # contains the text, after a change to the tracer
       python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
+      python bench/distributed/run_grid.py --reserved        # its reserved table (rank 0, side pools apart)
+      python bench/distributed/run_grid.py --causes ID       # where one config's default-stream excess sits
 Output: bench/distributed/grid.jsonl, one JSON object per config (bytes everywhere).
 """
 
@@ -45,19 +53,20 @@ MID = {
     "max_position_embeddings": 8192,
 }
 
-# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
+# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp / fsdp2-hsdp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
 ENGINES: dict[str, dict[str, Any]] = {
     "fsdp2": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 2},
     "fsdp2-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 2},
     "fsdp1": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 1},
     "ddp": {},
+    "fsdp2-hsdp": {"fsdp": Sharding.HYBRID_SHARD, "fsdp_version": 2, "gpus_per_node": 4},
 }
 # (model, engine, world, method, precision, batch, seq, grad_ckpt). One unpadded sequence per micro-batch, so that
 # the single-GPU lines the engines start from are exact (a padded batch adds the analytic mask terms); FSDP1 cannot
 # flatten fp32 adapters with a bf16 base (a real run fails too), so its LoRA rows are pure bf16.
 GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
     ("mid", engine, world, method, precision, 1, 1024, False)
-    for engine in ENGINES
+    for engine in ("fsdp2", "fsdp2-sgo", "fsdp1", "ddp")
     for world in (2, 8)
     for method, precision in (
         ("full", "bf16-true"),
@@ -66,6 +75,15 @@ GRID: list[tuple[str, str, int, str, str, int, int, bool]] = [
         ("lora", "bf16-true" if engine.startswith("fsdp1") else "bf16-mixed"),
     )
 ] + [("llama-3.2-1b", engine, 8, "full", "bf16-mixed", 1, 1024, True) for engine in ("fsdp2", "fsdp1", "ddp")]
+# HSDP: FSDP2 sharding over 4 GPUs per node, replicated over 2 nodes (the gradients all-reduced on a stream of
+# their own).
+GRID += [("mid", "fsdp2-hsdp", 8, method, "bf16-mixed", 1, 1024, False) for method in ("full", "lora")]
+# Checkpointing on the mid model too (the reserve's layer-transient term changes with it).
+GRID += [
+    ("mid", engine, 8, method, "bf16-true" if engine == "fsdp1" and method == "lora" else "bf16-mixed", 1, 1024, True)
+    for engine in ("fsdp2", "fsdp1", "ddp")
+    for method in ("full", "lora")
+]
 
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
@@ -106,20 +124,61 @@ def _phases(ledger: Ledger) -> dict[str, Any]:
     }
 
 
+def _reserved(ledger: Ledger) -> dict[str, Any]:
+    """Reserved bytes at each phase's peak (allocated + the allocator-reserve line) and their maximum."""
+    return {
+        "peak_reserved": ledger.peak_reserved,
+        "reserved_by_phase": {p.value: ledger.reserved(p) for p in PHASES[1:] if p in ledger.phases},
+    }
+
+
 def analytic(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
     from vramledger.analytic import estimate
 
     m, t, _ = _specs(row)
     ledger = estimate(m, t)
-    return {"peak_allocated": ledger.peak_allocated, "phases": _phases(ledger)}
+    return {"peak_allocated": ledger.peak_allocated, "phases": _phases(ledger)} | _reserved(ledger)
+
+
+def pools(dev: Any) -> dict[str, Any]:
+    """The replay of trace/oom.py ``stream_pools`` (one ``CachingAllocatorModel`` per stream, default settings,
+    unlimited device) followed to its end: the peak of the summed reserved bytes (reserved never falls without
+    ``empty_cache``), and each pool's reserved, peak reserved and peak allocated."""
+    from vramledger.trace.oom import stream_pools
+
+    peak_total = 0
+    models: dict[str, Any] = {}
+    for models in stream_pools(dev):
+        peak_total = max(peak_total, sum(m.reserved for m in models.values()))
+    return {
+        "peak_reserved": peak_total,
+        "pools": {
+            s or "default": {
+                "reserved": m.reserved,
+                "peak_reserved": m.peak_reserved,
+                "peak_allocated": m.peak_allocated,
+            }
+            for s, m in sorted(models.items(), key=lambda kv: kv[0] or "default")
+        },
+    }
 
 
 def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
+    from unittest import mock
+
+    import vramledger.trace.api as api
     from vramledger.trace import trace_step
 
     m, t, config = _specs(row)
     start = time.time()
-    with warnings.catch_warnings():
+    seen: list[Any] = []
+
+    def keep(*args: Any, **kwargs: Any) -> Any:  # the replay's input, as trace_step builds it
+        seen.append(api_device_events(*args, **kwargs))
+        return seen[-1]
+
+    api_device_events = api.device_events
+    with warnings.catch_warnings(), mock.patch.object(api, "device_events", keep):
         warnings.simplefilter("ignore")
         ledger = trace_step(m, t, config=config)
     return {
@@ -127,6 +186,8 @@ def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any
         "peak_allocated": ledger.peak_allocated,
         "phases": _phases(ledger),
         "versions": ledger.settings.get("versions", ""),
+        **_reserved(ledger),
+        "replay": pools(seen[-1]),
     }
 
 
@@ -141,8 +202,14 @@ def single_view(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str
     view = compute_view(t)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        traced_peak = trace_step(m, view, config=config).peak_allocated
-    return {"trace_peak_allocated": traced_peak, "analytic_peak_allocated": estimate(m, view).peak_allocated}
+        traced_ledger = trace_step(m, view, config=config)
+    ours = estimate(m, view)
+    return {
+        "trace_peak_allocated": traced_ledger.peak_allocated,
+        "analytic_peak_allocated": ours.peak_allocated,
+        "trace_peak_reserved": traced_ledger.peak_reserved,
+        "analytic_peak_reserved": ours.peak_reserved,
+    }
 
 
 def _load() -> dict[str, dict[str, Any]]:
@@ -167,23 +234,103 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
+    """Rank 0's peak reserved, the estimate against the trace's replay, and the side-stream pools apart (FSDP's
+    all-gather + reduce-scatter pools: the replay's against analytic/stream_pools.py ``side_pools``)."""
+    from vramledger.analytic import estimate
+    from vramledger.analytic.step import step_parts
+    from vramledger.analytic.stream_pools import side_pools
+
+    lines = [
+        "| config | trace reserved | estimate | error | side pools: trace | estimate |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for r in GRID:
+        d = rows.get(_id(r))
+        if d is None:
+            continue
+        m, t, _ = _specs(r)
+        want, got = d["trace"]["peak_reserved"], estimate(m, t).peak_reserved
+        pools = d["trace"]["replay"]["pools"]
+        side_want = sum(p["reserved"] for s, p in pools.items() if s != "default")
+        side_got = side_pools(m, t, step_parts(m, t).weights).total
+        lines.append(
+            f"| {d['id']} | {want / 2**20:,.0f} MiB | {got / 2**20:,.0f} MiB | {100 * (got - want) / want:+.1f}% "
+            f"| {side_want / 2**20:,.0f} MiB | {side_got / 2**20:,.0f} MiB |"
+        )
+    return "\n".join(lines)
+
+
+def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> list[str]:
+    """The default stream's pool at step 2's peak allocated, in the replay of the trace: the segments step 2 had to
+    make (what step 1's cache could not serve) and what lives then in the segments step 1's logits chain made."""
+    from collections import Counter
+
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+    from vramledger.trace import trace_events
+    from vramledger.trace.oom import device_events
+
+    m, t, config = _specs(row)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        events = trace_events(m, t, config=config)
+    dev = device_events(events, None)
+    pool = CachingAllocatorModel()
+    live: dict[int, Any] = {}
+    what: dict[int, str] = {}
+    logits_segments: set[int] = set()
+    made: Counter[str] = Counter()
+    peak: tuple[int, Counter[str]] = (0, Counter())
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        if dev.streams.get(ev.id, ""):
+            continue  # a side stream's pool
+        step = events[src].step if src >= 0 else 1
+        if ev.kind is EventKind.ALLOC:
+            before = pool.reserved
+            live[ev.id] = blk = pool.malloc(ev.size) if ev.size else None
+            cat = ev.category.value if ev.category else ""
+            what[ev.id] = f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} ({cat}) {ev.size / 2**20:.1f} MiB"
+            if blk is not None and pool.reserved > before:
+                if step == 1 and cat == "logits_loss":
+                    logits_segments.add(blk.seg)
+                if step == 2:
+                    made[what[ev.id]] += pool.reserved - before
+        else:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                pool.free(blk)
+        if step == 2 and pool.allocated > peak[0]:
+            tenants = Counter(what[i] for i, b in live.items() if b is not None and b.seg in logits_segments)
+            peak = (pool.allocated, tenants)
+    out = [
+        f"default pool: reserved {pool.reserved / 2**20:,.0f} MiB, step 2's peak allocated {peak[0] / 2**20:,.1f} MiB"
+    ]
+    out += [f"  made in step 2: {n / 2**20:,.0f} MiB for {k}" for k, n in made.most_common() if n > 2 * 2**20]
+    out += [f"  in step 1's logits segments at that peak: {n} x {k}" for k, n in peak[1].most_common()]
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--analytic", action="store_true")
     ap.add_argument("--only")
+    ap.add_argument("--retrace", metavar="TEXT", help="trace again every config whose id contains TEXT")
     ap.add_argument("--table", action="store_true")
-    ap.add_argument("--views", action="store_true", help="add the single-GPU compute view of the LoRA rows")
+    ap.add_argument("--reserved", action="store_true", help="the reserved table of docs/distributed.md")
+    ap.add_argument("--causes", metavar="ID", help="trace one config and print where its default pool's excess sits")
+    ap.add_argument("--views", action="store_true", help="add each row's single-GPU compute view, traced and estimated")
     args = ap.parse_args()
     rows = _load()
     if args.views:
         cache: dict[str, dict[str, Any]] = {}
         for row in GRID:
             d = rows.get(_id(row))
-            if d is None or row[3] != "lora":
+            if d is None:
                 continue
             from vramledger.analytic.distributed import compute_view
 
-            key = repr(compute_view(_specs(row)[1]))
+            key = row[0] + repr(compute_view(_specs(row)[1]))  # the model and the view
             if key not in cache:
                 cache[key] = single_view(row)
             d["single_view"] = cache[key]
@@ -191,6 +338,12 @@ def main() -> None:
         return
     if args.table:
         print(table(rows))
+        return
+    if args.reserved:
+        print(reserved_table(rows))
+        return
+    if args.causes:
+        print("\n".join(default_pool_causes(next(r for r in GRID if _id(r) == args.causes))))
         return
     for row in GRID:
         rid = _id(row)
@@ -200,9 +353,13 @@ def main() -> None:
             if rid in rows:
                 rows[rid]["analytic"] = analytic(row)
             continue
-        if rid in rows and not args.only:
+        if args.retrace is not None and args.retrace not in rid:
             continue
+        if rid in rows and not (args.only or args.retrace) and "replay" in rows[rid]["trace"]:
+            continue  # traced already, with the replay's pools
         d = {"id": rid, "trace": traced(row), "analytic": analytic(row)}
+        if "single_view" in rows.get(rid, {}):
+            d["single_view"] = rows[rid]["single_view"]
         t, a = d["trace"]["peak_allocated"], d["analytic"]["peak_allocated"]
         print(
             f"{rid}: trace {t / 2**30:.3f} GiB, estimate {a / 2**30:.3f} GiB ({100 * (a - t) / t:+.1f}%), "

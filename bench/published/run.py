@@ -10,7 +10,7 @@ when its device total exceeds the GPU's capacity.
   PYTHONPATH=src python bench/published/run.py                 # estimate every row (a few seconds)
   PYTHONPATH=src python bench/published/run.py --markdown      # the tables as Markdown (docs/published.md)
   PYTHONPATH=src python bench/published/run.py --rows          # one line per row: measured, predicted, error
-  PYTHONPATH=src python bench/published/run.py --trace --markdown  # also the trace table (seconds: LitGPT's rows
+  PYTHONPATH=src python bench/published/run.py --trace --markdown  # also the trace table (2 min; LitGPT's rows
                                                                    # are read from litgpt_trace.jsonl)
   nice -n 10 env PYTHONPATH=src python bench/published/litgpt_trace.py --redo   # re-trace LitGPT's rows (~15 min)
 
@@ -291,8 +291,6 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
         train = train_spec(s)
         if train.model_code.litgpt:  # `vramledger trace` runs transformers' layers, not LitGPT's
             raise VramledgerError("trace: LitGPT's own code is traced by litgpt_trace.py (read by run())")
-        if train.base_dtype is not None:
-            raise VramledgerError("trace: a frozen base loaded in another dtype (base_dtype) is not traced")
         paged = train.optimizer.value.startswith("paged")
         if paged:
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:

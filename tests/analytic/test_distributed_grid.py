@@ -4,21 +4,14 @@
 
 from __future__ import annotations
 
-import importlib.util
-import json
-import sys
-from functools import cache
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
 
+from tests.analytic._distributed_grid import records, specs
 from vramledger.analytic import estimate
 from vramledger.ledger import Category, Phase
 
-ROOT = Path(__file__).resolve().parents[2]
-GRID = ROOT / "bench" / "distributed" / "grid.jsonl"
 PER_RANK = (Category.WEIGHTS, Category.GRADIENTS, Category.OPTIMIZER_STATE, Category.MASTER_WEIGHTS)
 # Known misses, kept visible as strict xfails (test name, config id) -> what the trace shows that we do not model.
 KNOWN = {
@@ -30,40 +23,21 @@ KNOWN = {
 }
 
 
-@cache
-def _runner() -> ModuleType:
-    # loaded under its own name: bench/reserve has a run_grid.py too
-    path = ROOT / "bench" / "distributed" / "run_grid.py"
-    spec = importlib.util.spec_from_file_location("distributed_run_grid", path)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules["distributed_run_grid"] = mod
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def _records() -> list[dict[str, Any]]:
-    return [json.loads(line) for line in GRID.read_text().splitlines() if line.strip()]
-
-
 def _cases(test: str) -> list[Any]:
     return [
         pytest.param(r, id=r["id"], marks=pytest.mark.xfail(strict=True, reason=KNOWN[(test, r["id"])]))
         if (test, r["id"]) in KNOWN
         else pytest.param(r, id=r["id"])
-        for r in _records()
+        for r in records()
     ]
 
 
 def _ledger(rec: dict[str, Any]):  # type: ignore[no-untyped-def]  # noqa: ANN202
-    run = _runner()
-    row = next(r for r in run.GRID if run._id(r) == rec["id"])
-    m, t, _ = run._specs(row)
-    return estimate(m, t)
+    return estimate(*specs(rec))
 
 
 def test_the_grid_covers_thirty_configurations_of_every_engine() -> None:
-    recs = _records()
+    recs = records()
     assert len(recs) >= 30
     engines = {r["id"].split("/")[1] for r in recs}
     assert engines >= {"fsdp2", "fsdp2-sgo", "fsdp1", "ddp"}

@@ -1,5 +1,8 @@
-"""FSDP1 under gradient accumulation keeps unsharded gradients (``no_sync``): hand derivations of the estimate, and
-the fact it rests on checked on PyTorch's own FSDP1 running on a fake process group."""
+"""FSDP under gradient accumulation keeps unsharded gradients (FSDP1's ``no_sync``, FSDP2's
+``set_requires_gradient_sync(False)``): hand derivations of the estimate, and the facts it rests on checked on
+PyTorch's own FSDP1 and FSDP2 running on a fake process group."""
+
+from dataclasses import replace
 
 import pytest
 
@@ -7,6 +10,7 @@ from vramledger.analytic import estimate
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Category, Phase
 from vramledger.specs import LoraSpec, Method, Precision, Sharding, TrainSpec
+from vramledger.trace.distributed import fake_process_group
 
 L2_7B = resolve_model("llama-2-7b")
 L8B = resolve_model("llama-3.1-8b")
@@ -87,11 +91,89 @@ def test_full_fine_tuning_under_no_sync_keeps_the_whole_model_gradient() -> None
     assert ledger.peak_allocated > 24e9
 
 
-def test_fsdp2_is_unchanged() -> None:
-    # FSDP2's set_requires_gradient_sync(False) is not modelled: the sharded gradient, as before
+def test_fsdp2_without_gradient_sync_keeps_every_trainable_gradient_unsharded() -> None:
+    # FSDP2 + accumulation: set_requires_gradient_sync(False) on the accumulating micro-steps keeps each trainable
+    # parameter's unsharded gradient (bf16 here) until the synchronising one: 2·P in forward and backward, the shard
+    # at the optimizer step; no root concatenation line (parameters are not views of a flat one).
     t = TrainSpec(method=Method.FULL, precision=Precision.BF16, grad_accum=4, world_size=4, fsdp=Sharding.FULL_SHARD)
     assert t.fsdp_version == 2
-    assert _grads(estimate(L8B, t), Phase.FORWARD) == -(-2 * P8B // 4)
+    ledger = estimate(L8B, t)
+    print("gradients in forward:", _grads(ledger, Phase.FORWARD), "expected", 2 * P8B)
+    assert _grads(ledger, Phase.FORWARD) == 2 * P8B
+    assert _grads(ledger, Phase.BACKWARD) == 2 * P8B
+    assert _grads(ledger, Phase.OPTIMIZER) == -(-2 * P8B // 4)
+    assert not any(i.label.startswith("root unit's") for i in ledger.items)
+    assert any(n.startswith("FSDP2 with gradient accumulation") for n in ledger.warnings)
+    # without accumulation nothing is kept: the shard, as before
+    one = estimate(L8B, TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=4, fsdp=Sharding.FULL_SHARD))
+    assert _grads(one, Phase.FORWARD) == 0
+
+
+def test_fsdp2_lora_keeps_only_the_adapters_gradients() -> None:
+    # The LitGPT LoRA step of the test above under FSDP2: one gradient per trainable parameter, so only the adapters'
+    # (32 layers x q and v x r·(H + H), bf16), where FSDP1's whole units keep 12.96 GB.
+    H, r = 4096, 8
+    adapters = 32 * 2 * r * (H + H)
+    t = replace(_litgpt_lora(64), fsdp_version=2)
+    got = _grads(estimate(L2_7B, t), Phase.FORWARD)
+    print("gradients per rank in forward:", got, "expected", 2 * adapters)
+    assert got == 2 * adapters
+
+
+def _adapter_block(h: int, r: int) -> type:
+    """A unit mixing a frozen h×h base with trainable rank-r adapters (LoRA's shape)."""
+    from torch import nn
+
+    class Block(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.base = nn.Linear(h, h, bias=False).requires_grad_(False)
+            self.a, self.b = nn.Linear(h, r, bias=False), nn.Linear(r, h, bias=False)
+
+        def forward(self, x):  # type: ignore[no-untyped-def]
+            return self.base(x) + self.b(self.a(x))
+
+    return Block
+
+
+def test_real_fsdp2_keeps_unsharded_gradients_without_gradient_sync() -> None:
+    """The fact the FSDP2 model rests on, on PyTorch's ``fully_shard`` (rank 0 of 4 on the fake process group, a
+    ``cpu`` mesh, bf16 parameters): two accumulating micro-steps with ``set_requires_gradient_sync(False)`` leave
+    each trainable parameter's unsharded gradient on its unsharded parameter, none on the frozen ones and no sharded
+    gradient; the synchronising micro-step reduce-scatters them into local shards of 1/4 and drops the unsharded."""
+    torch = pytest.importorskip("torch")
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    h, r, world = 64, 4, 4
+    Block = _adapter_block(h, r)  # noqa: N806
+
+    with fake_process_group(world):
+        model = nn.Sequential(nn.Linear(h, h, bias=False), Block(), Block()).to(torch.bfloat16)
+        mesh = init_device_mesh("cpu", (world,))
+        for block in model[1:]:
+            fully_shard(block, mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        groups = [m._get_fsdp_state()._fsdp_param_group for m in model.modules() if hasattr(m, "_get_fsdp_state")]
+        params = [fp for g in groups if g is not None for fp in g.fsdp_params]
+
+        def unsharded() -> list[int]:
+            return sorted(fp._unsharded_param.grad.numel() for fp in params if fp._unsharded_param.grad is not None)
+
+        x = torch.randn(2, h, dtype=torch.bfloat16)
+        model.set_requires_gradient_sync(False)
+        for _ in range(2):
+            model(x).sum().backward()
+        trainable = sorted([h * h] + [h * r, r * h] * 2)  # the root's linear and both blocks' adapters
+        print("kept unsharded:", unsharded(), "expected", trainable)
+        assert unsharded() == trainable
+        assert all(fp.sharded_param.grad is None for fp in params)
+        model.set_requires_gradient_sync(True)
+        model(x).sum().backward()
+        shards = sorted(fp.sharded_param.grad.to_local().numel() for fp in params if fp.sharded_param.grad is not None)
+        print("after the sync:", unsharded(), shards)
+        assert unsharded() == [] and shards == sorted(n // world for n in trainable)
 
 
 def test_real_fsdp1_keeps_unsharded_flat_gradients_inside_no_sync() -> None:
@@ -108,15 +190,7 @@ def test_real_fsdp1_keeps_unsharded_flat_gradients_inside_no_sync() -> None:
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
     h, r, world = 64, 4, 4
-
-    class Block(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.base = nn.Linear(h, h, bias=False).requires_grad_(False)
-            self.a, self.b = nn.Linear(h, r, bias=False), nn.Linear(r, h, bias=False)
-
-        def forward(self, x):  # type: ignore[no-untyped-def]
-            return self.base(x) + self.b(self.a(x))
+    Block = _adapter_block(h, r)  # noqa: N806
 
     class Net(nn.Module):
         def __init__(self) -> None:

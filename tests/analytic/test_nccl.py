@@ -125,6 +125,22 @@ def test_hybrid_shard_groups() -> None:
     assert len(process_groups(dataclasses.replace(hybrid, world_size=8))) == 2
 
 
+def test_a100_40gb_pcie_is_a_pcie_node_by_hand() -> None:
+    # A100-PCIE-40GB cards talk over PCIe (NVLink bridges pair two cards at most): graph/search.cc settles on one
+    # ring at 20 GB/s over a PCIe Gen4 x16 path, doubled by connect.cc ncclTopoPostset to 2 collective channels
+    # (2 p2p channels). Write mode (read mode needs NVLink, paths.cc ncclTopoCheckP2p): 2 + 10 MiB per ring pair.
+    structures = GRANULE * (2 + 3 * 2)  # devCommSetup 2, initChannel 3 per channel; no NVLS before sm90
+    ring = 2 * (up(MEM_ALIGN, CUDA_IPC_MIN) + up(MEM_ALIGN + LL + LL128 + DEFAULT_BUFFSIZE, CUDA_IPC_MIN))
+    pcie, sxm = resolve_gpu("NVIDIA A100-PCIE-40GB"), resolve_gpu("NVIDIA A100-SXM4-40GB")
+    (c,) = nccl_bill(FSDP8, pcie).communicators
+    print("expected", (structures + ring) / MiB, "MiB; got", c.total / MiB, "MiB")
+    assert (c.structures, c.ring, c.nvls) == (structures, ring, 0)
+    assert c.total == 40 * MiB
+    # the same 40 GiB card (nvidia-smi: 40536MiB on both), on an NVSwitch board when it is the SXM4 part
+    assert pcie.key == "a100-40gb-pcie" and pcie.memory_bytes == sxm.memory_bytes == 40536 * MiB
+    assert nccl_bill(FSDP8, sxm).communicators[0].total == 484 * MiB
+
+
 def test_geforce_cards_keep_the_buffers_in_host_memory() -> None:
     # No peer access: the SHM transport (shm.cc) keeps the protocol buffers in host shared memory; 2 channels.
     (c,) = nccl_bill(FSDP8, resolve_gpu("rtx-4090")).communicators

@@ -95,6 +95,71 @@ def test_fsdp2_collectives_are_tagged_by_stream_and_resizes_recorded() -> None:
     assert not dist.is_initialized()
 
 
+def test_fsdp2_reduce_scatter_input_is_the_default_streams() -> None:
+    """torch 2.13 _fsdp_collectives.py ``foreach_reduce``: ``reduce_scatter_input`` (the unit's bf16 unsharded
+    gradients, r·E) is allocated and filled by ``foreach_reduce_scatter_copy_in`` before ``with
+    device_handle.stream(reduce_scatter_stream)``; only ``reduce_output`` (r·E/N) is the reduce-scatter stream's.
+    Tiny Llama, 4 ranks, pure bf16 (every dim divisible by 4, so no padding): a layer E = 2·128² + 2·64·128 +
+    3·128·352 + 2·128 = 184,576 elements; the root (embedding, final norm, lm_head) 2·1000·128 + 128 = 256,128.
+    Backward runs the layers last to first, then the root."""
+    events = trace_events(M, dataclasses.replace(BASE, world_size=4, fsdp=Sharding.FULL_SHARD), config=CFG)
+    layer, root = 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 352 + 2 * 128, 2 * 1000 * 128 + 128
+    units = [layer] * CFG["num_hidden_layers"] + [root]
+    step1 = [e for e in events if e.kind == "alloc" and e.step == 1 and e.phase is Phase.BACKWARD]
+    inputs = [e.bytes for e in step1 if not e.stream and e.op == "empty" and e.category == "gradients"]
+    outputs = [e.bytes for e in step1 if e.stream == "reduce_scatter"]
+    print("inputs", inputs, "outputs", outputs)
+    assert inputs == [round_block(2 * e) for e in units]
+    assert outputs == [round_block(2 * e // 4) for e in units]
+
+
+@pytest.mark.parametrize("sharding", [Sharding.FULL_SHARD, Sharding.NO_SHARD], ids=["full_shard", "no_shard"])
+def test_fsdp1_streams_under_mixed_precision(sharding: Sharding) -> None:
+    """FSDP1 has three streams of its own (_runtime_utils.py ``_init_streams``): ``_unshard`` casts each unit's
+    fp32 shard to bf16 on the pre-unshard stream (_flat_param.py ``_use_low_precision_shard``, 2·E/N), gathers on
+    the unshard stream (2·E), and ``_post_backward_hook`` reduces on the post-backward stream: FULL_SHARD the bf16
+    shard (2·E/N) and its fp32 cast, NO_SHARD (nothing gathered, N = 1 for the cast) only the fp32 cast of the whole
+    gradient (``_cast_grad_to_param_dtype``, 4·E). Tiny Llama at 2 ranks, step 1's forward then backward: the root
+    (E = 256,128) and the two layers (E = 184,576) forward; backward from the last layer, the root last."""
+    from collections import Counter
+
+    t = dataclasses.replace(BASE, precision=Precision.BF16_MIXED, world_size=2, fsdp=sharding, fsdp_version=1)
+    events = trace_events(M, t, config=CFG)
+    layer, root = 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 352 + 2 * 128, 2 * 1000 * 128 + 128
+    n = 2 if sharding is Sharding.FULL_SHARD else 1
+    got = Counter((e.stream, e.bytes) for e in events if e.kind == "alloc" and e.step == 1 and e.stream)
+    want: Counter[tuple[str, int]] = Counter()
+    # each layer is cast (and gathered) for its forward and again for its backward; the root is not resharded
+    # after forward under FULL_SHARD (the root FSDP instance), while NO_SHARD frees its bf16 copy after forward
+    for e, times in ((root, 1 if n > 1 else 2), (layer, 2), (layer, 2)):
+        want["pre_unshard", round_block(2 * e // n)] += times
+        if n > 1:
+            want["all_gather", round_block(2 * e)] += times
+            want["reduce_scatter", round_block(2 * e // n)] += 1  # the bf16 shard, then its fp32 cast
+        want["reduce_scatter", round_block(4 * e // n)] += 1
+    print("got", sorted(got.items()), "want", sorted(want.items()))
+    assert got == want
+
+
+def test_fsdp2_hsdp_casts_on_the_all_reduce_stream() -> None:
+    """FSDP2 HSDP (torch 2.13 _fsdp_collectives.py ``foreach_reduce`` with a replicate group): ``reduce_output``
+    (bf16, 2·E/N) on the reduce-scatter stream, then ``post_reduce_stream = all_reduce_stream``, so the fp32 cast
+    (``_to_dtype_if_needed``, 4·E/N) is the all-reduce stream's. Tiny Llama on 4 ranks, 2 per node (N = 2)."""
+    from collections import Counter
+
+    t = dataclasses.replace(
+        BASE, precision=Precision.BF16_MIXED, world_size=4, gpus_per_node=2, fsdp=Sharding.HYBRID_SHARD
+    )
+    events = trace_events(M, t, config=CFG)
+    layer, root = 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 352 + 2 * 128, 2 * 1000 * 128 + 128
+    streams = ("reduce_scatter", "all_reduce")
+    got = Counter((e.stream, e.bytes) for e in events if e.kind == "alloc" and e.step == 1 and e.stream in streams)
+    want = Counter({("reduce_scatter", round_block(2 * layer // 2)): 2, ("reduce_scatter", round_block(root)): 1})
+    want += Counter({("all_reduce", round_block(4 * layer // 2)): 2, ("all_reduce", round_block(2 * root)): 1})
+    print("got", sorted(got.items()), "want", sorted(want.items()))
+    assert got == want
+
+
 def test_fsdp_shards_shrink_the_step_and_estimate_agrees() -> None:
     from vramledger.analytic import estimate
 

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_no_sync import no_sync_buffers
 from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
 from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.rank import (
@@ -51,7 +51,7 @@ from vramledger.analytic.zero import deepspeed_estimate, zero_rank_parts
 from vramledger.ledger import Category, Phase
 from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Precision, Sharding, TrainSpec
 
-__all__ = ["Buffer", "add_buffers", "compute_view", "rank_step_parts", "single_gpu_spec"]
+__all__ = ["Buffer", "add_buffers", "compute_view", "engine_dtypes", "rank_step_parts", "single_gpu_spec"]
 
 DDP_SOURCE = (
     "torch/nn/parallel/distributed.py DistributedDataParallel (bucket_cap_mb=25, gradient_as_bucket_view=False): "
@@ -65,6 +65,12 @@ FSDP_ROOT_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root unit is not resharded after forward "
     "(FSDP1 _runtime_utils.py _post_forward_reshard likewise)"
 )
+# Labels of the buffers that analytic/stream_pools.py places in a side stream's pool.
+ROOT_UNSHARDED_LABEL = "root unit unsharded (embeddings, final norm, output layer)"
+LAYER_UNSHARDED_LABEL = "one decoder layer unsharded"
+LAYERS_UNSHARDED_LABEL = "every decoder layer unsharded (kept from forward to backward)"
+ALL_GATHER_BUFFER_LABEL = "one more layer-sized all-gather buffer (traced, unexplained)"
+OFFLOAD_COPY_LABEL = "host-to-device copy of one unit's shard"
 FSDP_RS_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one unit's unsharded gradients and its "
     "reduce_scatter_input"
@@ -131,8 +137,8 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if strategy is Sharding.NO_SHARD:  # all-reduces each unit's gradients in place: DDP without the buckets
         return _replicated(train, one)
     mixed = train.precision.mixed
-    u = _fsdp_gathered_bytes(train, wb)
-    layer = _fsdp_layer_elements(m, train, wb, u)
+    u = fsdp_gathered_bytes(train, wb)
+    layer = fsdp_layer_elements(m, train, wb, u)
     root = embedding_params(m) + head_params(m)
     buffers = [
         _fsdp_root_buffer(train, wb, root, u),
@@ -144,9 +150,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     qstate = quant_state_bytes(m, train)  # bitsandbytes' QuantState: whole on every rank (analytic/quant_state.py)
     frozen_r, trainable_r = share(one.frozen - qstate, ranks) + qstate, share(one.trainable, ranks)
     grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
-    whole_units = (
-        train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype
-    )
+    whole_units = train.adapters and adapters_in_layer_units(train, wb)
     if whole_units:
         # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
         # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1). Only
@@ -171,6 +175,10 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if kept:
         buffers.extend(kept)
         notes.append(NO_SYNC_NOTE)
+    kept = fsdp2_kept_buffers(train, wb, sharded_grad_bytes=grads_r)  # FSDP2 + accumulation (fsdp_no_sync.py)
+    if kept:
+        buffers.extend(kept)
+        notes.append(FSDP2_NOTE)
     return RankParts(
         engine=engine_name(train),
         ranks=ranks,
@@ -189,7 +197,22 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     )
 
 
-def _fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
+def adapters_in_layer_units(train: TrainSpec, wb: WeightBudget) -> bool:
+    """Whether FSDP1 flattens the adapters with their decoder layer's frozen weights into one flat parameter: only
+    when they share its dtype (``use_orig_params=True``, e.g. LitGPT, torchtune; _flat_param.py
+    ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype"). fp32 adapters over a bf16 base
+    cannot, and a base loaded in a dtype of its own (``base_dtype``: TRL's fp32 default) is the HF Trainer's path,
+    which wraps every LoRA leaf in a unit of its own whatever its dtype (transformers distributed/fsdp.py
+    ``update_fsdp_plugin_peft`` → PEFT ``fsdp_auto_wrap_policy``'s ``lambda_policy_fn``)."""
+    return (
+        train.fsdp_version == 1
+        and train.quant is None
+        and train.base_dtype is None
+        and wb.trainable_dtype is train.frozen_dtype
+    )
+
+
+def fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     """u of the legend: bytes per element of the all-gathered parameters."""
     mixed = train.precision.mixed
     u = train.precision.compute.bytes if mixed else wb.trainable_dtype.bytes
@@ -200,7 +223,7 @@ def _fsdp_gathered_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     return u
 
 
-def _fsdp_layer_elements(m: ModelSpec, train: TrainSpec, wb: WeightBudget, u: int) -> int:
+def fsdp_layer_elements(m: ModelSpec, train: TrainSpec, wb: WeightBudget, u: int) -> int:
     """Elements of one decoder layer's unit as all-gathered, in u-byte elements. A bitsandbytes 4-bit base
     all-gathers its packed codes: bitsandbytes 0.43 ``functional.quantize_4bit(..., quant_storage=...)`` stores the
     n/2 bytes of n 4-bit codes as n/(2·u) elements of the storage dtype (PEFT's FSDP-QLoRA guide: "32/4 = 8 4-bit
@@ -221,7 +244,7 @@ def _fsdp_root_buffer(train: TrainSpec, wb: WeightBudget, root: int, u: int) -> 
     # a frozen root (LoRA, freeze) the root stays unsharded through the optimizer step (the traces).
     stuck = train.fsdp_version == 1 and not (wb.embedding_trainable or wb.head_trainable)
     return Buffer(
-        label="root unit unsharded (embeddings, final norm, output layer)",
+        label=ROOT_UNSHARDED_LABEL,
         category=Category.WEIGHTS,
         bytes=root * u,
         phases=ALL_PHASES if stuck else FWD_BWD,
@@ -235,7 +258,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
     if strategy is Sharding.SHARD_GRAD_OP:
         buffers.append(
             Buffer(
-                label="every decoder layer unsharded (kept from forward to backward)",
+                label=LAYERS_UNSHARDED_LABEL,
                 category=Category.WEIGHTS,
                 bytes=m.num_layers * layer * u,
                 phases=FWD_BWD,
@@ -246,7 +269,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
         # layer-sized all-gather buffer is live; gone by the backward peak.
         buffers.append(
             Buffer(
-                label="one more layer-sized all-gather buffer (traced, unexplained)",
+                label=ALL_GATHER_BUFFER_LABEL,
                 category=Category.WEIGHTS,
                 bytes=layer * u,
                 phases=frozenset((Phase.FORWARD,)),
@@ -261,7 +284,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
         # peaks only when the loss is small; not modelled.
         buffers.append(
             Buffer(
-                label="one decoder layer unsharded",
+                label=LAYER_UNSHARDED_LABEL,
                 category=Category.WEIGHTS,
                 bytes=layer * u,
                 phases=FWD_BWD if train.fsdp_version == 2 else frozenset((Phase.BACKWARD,)),
@@ -276,7 +299,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
-    if not root_trained or train.keeps_unsharded_grads:  # under no_sync: inside the kept gradients
+    if not root_trained or train.keeps_unsharded_grads or skips_gradient_sync(train):  # inside the kept gradients
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
@@ -295,7 +318,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
 def _fsdp_offload_buffer(layer: int, u: int, ranks: int) -> Buffer:
     """Under CPU offload, one unit's shard copied to the GPU for its all-gather."""
     return Buffer(
-        label="host-to-device copy of one unit's shard",
+        label=OFFLOAD_COPY_LABEL,
         category=Category.TEMPORARIES,
         bytes=share(layer * u, ranks),
         phases=FWD_BWD,
@@ -336,6 +359,16 @@ def _engine_casts(train: TrainSpec) -> bool:
     return train.precision.mixed and (train.fsdp is not None or train.zero_stage > 0)
 
 
+def engine_dtypes(train: TrainSpec) -> TrainSpec:
+    """``train`` with a base loaded in another dtype (``base_dtype``) used in the compute dtype, as an engine that
+    casts the whole model (``_engine_casts``) uses it: FSDP's ``MixedPrecision`` / ``MixedPrecisionPolicy``
+    all-gathers the fp32 shards as ``param_dtype`` copies (FSDP1 _flat_param.py ``_use_low_precision_shard``, FSDP2
+    _fsdp_param.py ``init_all_gather_outputs``), so the embedding's output and the residual stream are in the
+    compute dtype; DeepSpeed's engine or zero.Init casts the parameters themselves (runtime/zero/
+    partition_parameters.py ``Init._set_dtype``). Otherwise ``train`` itself."""
+    return replace(train, base_dtype=None) if _engine_casts(train) else train
+
+
 def compute_view(train: TrainSpec) -> TrainSpec:
     """The single-GPU step whose activations rank 0 has: under an engine that casts the whole model
     (``_engine_casts``), pure precision with the adapters in the compute dtype too (FSDP's policy casts them with
@@ -345,7 +378,7 @@ def compute_view(train: TrainSpec) -> TrainSpec:
         return one
     pure = Precision.BF16 if train.precision.compute is DType.BF16 else Precision.FP16
     lora = replace(one.lora, adapter_fp32=False) if one.lora is not None else None
-    return replace(one, precision=pure, lora=lora)
+    return replace(engine_dtypes(one), precision=pure, lora=lora)
 
 
 def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, single: Callable[..., Any]) -> Any:
@@ -355,7 +388,9 @@ def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, sing
     p = single(m, one, gpu)
     if _engine_casts(train):
         act = single(m, compute_view(train), gpu)
-        p = replace(p, head_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
+        # The engine's weights are in the compute dtype when they are used: autocast casts none of them, in forward
+        # or in a checkpointed layer's recompute.
+        p = replace(p, head_cast_bytes=0, recompute_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
     rp = rank_parts(m, train, p.weights, SingleLines.of(p))
     return replace(
         p,

@@ -44,9 +44,26 @@ before accumulation"), so the buffer here is the rest. Seen on PyTorch's FSDP1 w
 the memory profiler's autograd temporaries at the peak of a ``no_sync`` micro-step are 2·u·E_root
 (tests/analytic/test_fsdp_no_sync.py).
 
-Not modelled: FSDP2's ``set_requires_gradient_sync(False)`` (accelerate's FSDP2 path), which keeps unsharded
-gradients of the trainable parameters alone; the same split-and-concatenate transient of a decoder layer's unit
-(2·u·E_layer inside that layer's backward, below the activations it frees).
+FSDP2 under gradient accumulation: ``FSDPModule.set_requires_gradient_sync(False)``, FSDP2's ``no_sync``, is what
+accelerate's ``Accelerator.no_sync`` calls for FSDP2 (accelerate 16cb6eb ``accelerator.py`` l. 1165-1170, inside
+``accumulate`` on every micro-step but the synchronising one) and what the HF Trainer's loop enters for every
+micro-batch but the last (transformers 5.23 ``trainer.py`` l. 1896-1908; its ``_defer_fsdp_gradient_reduction``
+does the same for a model sharded at load time). In torch 2.13 it sets ``reduce_grads = False`` on every parameter
+group (fsdp/_fully_shard/_fully_shard.py l. 413-435), and ``FSDPParamGroup.post_backward`` then reshards the
+parameters and returns before ``foreach_reduce`` (_fsdp_param_group.py: ``if not self.reduce_grads: ... return``):
+the unsharded parameter's ``.grad`` outlives its resharded data, and the next micro-steps' autograd accumulates into
+it (or, when the policy's ``reduce_dtype`` differs from the parameter dtype, into ``unsharded_accumulated_grad``, a
+copy in the reduce dtype: ``_fsdp_param.py`` ``to_accumulated_grad_if_needed`` / ``accumulate_unsharded_grad_if_
+needed``). FSDP2 keeps one gradient per parameter, and frozen parameters have none, so, unlike FSDP1's flat units,
+
+    kept = g · P_trainable     g: bytes of the reduce dtype (the compute dtype under a mixed-precision policy)
+
+from the first accumulating micro-step's backward until the synchronising micro-step reduce-scatters each unit's
+gradients (which frees them) - no whole units, no root concatenation. Checked on PyTorch's FSDP2 itself on a fake
+process group (tests/analytic/test_fsdp_no_sync.py).
+
+Not modelled: the same split-and-concatenate transient of an FSDP1 decoder layer's unit (2·u·E_layer inside that
+layer's backward, below the activations it frees).
 """
 
 from __future__ import annotations
@@ -65,6 +82,17 @@ ROOT_SOURCE = (
     "torch fsdp flat_param.py _use_unsharded_views (parameters as split views of the flat parameter): "
     "SplitWithSizesBackward0 holds every view's gradient until the embedding's, then cat into one unit-sized "
     "gradient that AccumulateGrad adds into the kept one"
+)
+FSDP2_SOURCE = (
+    "torch fsdp/_fully_shard FSDPModule.set_requires_gradient_sync(False) (accelerate's no_sync for FSDP2, the HF "
+    "Trainer's accumulating micro-steps): FSDPParamGroup.post_backward returns before foreach_reduce, each trainable "
+    "parameter keeps its unsharded gradient until the synchronising micro-step"
+)
+FSDP2_NOTE = (
+    "FSDP2 with gradient accumulation: accelerate and the HF Trainer call set_requires_gradient_sync(False) on the "
+    "accumulating micro-steps, so every rank keeps the unsharded gradients of the trainable parameters between "
+    "optimizer steps; GradientAccumulationPlugin(sync_each_batch=True) avoids it at the cost of a reduce-scatter per "
+    "micro-step"
 )
 NOTE = (
     "FSDP1 with gradient accumulation: the micro-steps run inside no_sync (Fabric's no_backward_sync, accelerate's "
@@ -145,3 +173,42 @@ def no_sync_buffers(
             )
         )
     return tuple(out)
+
+
+def skips_gradient_sync(train: TrainSpec) -> bool:
+    """FSDP2 sharding under gradient accumulation: the accumulating micro-steps run with
+    ``set_requires_gradient_sync(False)`` (module docstring)."""
+    return (
+        train.fsdp is not None
+        and train.fsdp.shards_params
+        and train.fsdp_version == 2
+        and train.grad_accum > 1
+        and train.world_size > 1
+    )
+
+
+def fsdp2_kept_buffers(train: TrainSpec, wb: WeightBudget, *, sharded_grad_bytes: int) -> tuple[Buffer, ...]:
+    """FSDP2 under accumulation: the trainable parameters' unsharded gradients beyond the rank's sharded gradient,
+    live in forward and backward (module docstring); none without accumulation or under FSDP1.
+
+    >>> from vramledger.specs import Method, Precision, Sharding, TrainSpec
+    >>> skips_gradient_sync(TrainSpec(method=Method.FULL, precision=Precision.BF16, world_size=2,
+    ...     fsdp=Sharding.FULL_SHARD, fsdp_version=2, grad_accum=4))
+    True
+    """
+    if not skips_gradient_sync(train):
+        return ()
+    g = train.precision.compute.bytes if train.precision.mixed else wb.trainable_dtype.bytes
+    kept = g * wb.trainable_params
+    if kept <= sharded_grad_bytes:
+        return ()
+    return (
+        Buffer(
+            label="unsharded gradients kept across accumulation micro-steps (FSDP2 without gradient sync), beyond "
+            "the shard",
+            category=Category.GRADIENTS,
+            bytes=kept - sharded_grad_bytes,
+            phases=FWD_BWD,
+            source=FSDP2_SOURCE,
+        ),
+    )

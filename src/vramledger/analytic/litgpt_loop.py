@@ -21,9 +21,9 @@ The steady state is modelled: the first micro-step of a run has no previous list
 
 from __future__ import annotations
 
-from vramledger.analytic.litgpt_qlora import SRC_RETAINED, retained_inputs_bytes
-from vramledger.analytic.parts import Moment, StepParts, add_activations, add_persistent
-from vramledger.ledger import Category, Phase
+from vramledger.analytic.litgpt_qlora import end_of_next_forward
+from vramledger.analytic.parts import Moment, StepParts
+from vramledger.ledger import Category
 from vramledger.specs import ModelSpec, TrainSpec
 
 SRC_CONVERT = (
@@ -39,15 +39,8 @@ def convert_output_moment(m: ModelSpec, train: TrainSpec, p: StepParts, *, grads
         return None
     c = train.precision.compute.bytes
     T, V = train.tokens, m.vocab_size
-    mo = Moment(name="Fabric's convert_output: this micro-step's logits cast to fp32 (LitGPT)", phase=Phase.FORWARD)
-    add_persistent(mo, p, train, grads=grads, autocast=True, states=True)
-    add_activations(mo, p, train)
-    mo.add(
-        Category.ACTIVATIONS,
-        "previous micro-step's inputs kept by MatMul4Bit",
-        retained_inputs_bytes(m, train, T, embedding_trainable=p.weights.embedding_trainable),
-        SRC_RETAINED,
-    )
+    name = "Fabric's convert_output: this micro-step's logits cast to fp32 (LitGPT)"
+    mo = end_of_next_forward(m, train, p, name=name, grads=grads)
     mo.add(Category.LOGITS_LOSS, "this micro-step's logits (compute dtype)", c * V * T if c != 4 else 0, SRC_CONVERT)
     mo.add(Category.LOGITS_LOSS, "their fp32 copy", 4 * V * T, SRC_CONVERT)
     return mo

@@ -105,23 +105,29 @@ def head_dequant_bytes(m: ModelSpec, train: TrainSpec) -> int:
     return dequant_transient_bytes(m.vocab_size * m.hidden_size, train.precision.compute, train.model_code)
 
 
-def next_forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts, *, grads: int) -> Moment | None:
-    """lm_head's last chunk in the next micro-step's forward, beside the previous micro-step's graph (module
-    docstring); None when the run keeps no previous graph."""
-    if not keeps_previous_graph(train):
-        return None
-    c = train.precision.compute.bytes
-    T = train.tokens
-    logits = c * m.vocab_size * T
-    mo = Moment(name="lm_head's last chunk, the previous micro-step's graph alive (LitGPT QLoRA)", phase=Phase.FORWARD)
+def end_of_next_forward(m: ModelSpec, train: TrainSpec, p: StepParts, *, name: str, grads: int) -> Moment:
+    """A moment at the end of the next micro-step's forward: what lives through the step, every saved activation,
+    and the previous micro-step's MatMul4Bit inputs where they are kept (0 elsewhere)."""
+    mo = Moment(name=name, phase=Phase.FORWARD)
     add_persistent(mo, p, train, grads=grads, autocast=True, states=True)
     add_activations(mo, p, train)
     mo.add(
         Category.ACTIVATIONS,
         "previous micro-step's inputs kept by MatMul4Bit",
-        retained_inputs_bytes(m, train, T, embedding_trainable=p.weights.embedding_trainable),
+        retained_inputs_bytes(m, train, train.tokens, embedding_trainable=p.weights.embedding_trainable),
         SRC_RETAINED,
     )
+    return mo
+
+
+def next_forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts, *, grads: int) -> Moment | None:
+    """lm_head's last chunk in the next micro-step's forward, beside the previous micro-step's graph (module
+    docstring); None when the run keeps no previous graph."""
+    if not keeps_previous_graph(train):
+        return None
+    logits = train.precision.compute.bytes * m.vocab_size * train.tokens
+    name = "lm_head's last chunk, the previous micro-step's graph alive (LitGPT QLoRA)"
+    mo = end_of_next_forward(m, train, p, name=name, grads=grads)
     # The previous micro-step's logits (LitGPT's `logits`, fp32 after Fabric's convert_output) are in
     # add_persistent: StepParts.kept_logits_bytes.
     mo.add(Category.LOGITS_LOSS, "logits chunks of this micro-step", logits, "litgpt GPT.forward lm_head_chunk_size")

@@ -15,8 +15,10 @@ Three things the single-GPU recorder did not need (each gave wrong numbers witho
    (PyTorch's own MemTracker, torch/distributed/_tools/mem_tracker.py, patches it the same way);
 3. the all-gather and reduce-scatter buffers are allocated on FSDP's own CUDA streams, and the caching allocator
    never serves one stream's request from another stream's cached blocks: allocations inside
-   ``foreach_all_gather``/``foreach_reduce`` (FSDP1: ``_unshard``/``_reduce_grad``) carry their stream, and the
-   replay keeps one pool per stream (trace/oom.py ``reserved_at``).
+   ``foreach_all_gather`` and, after its ``foreach_reduce_scatter_copy_in``, ``foreach_reduce`` (HSDP's cast on
+   the all-reduce stream; FSDP1: ``_unshard``, within it ``FlatParamHandle.pre_unshard``, and
+   ``_reduce_grad``/``_reduce_grad_no_shard``) carry their stream, and the replay keeps one pool per stream
+   (trace/oom.py ``stream_pools``).
 
 Simplifications: DeepSpeed is not traced (its engine needs CUDA): ZeRO runs are estimated; CPU offload is not
 traced (on a CPU mesh host and device are the same memory). DDP's initial parameter broadcast is skipped
@@ -36,7 +38,12 @@ from vramledger.specs import ModelSpec, Sharding, TrainSpec
 from vramledger.trace.recorder import Recorder
 
 ALL_GATHER = "all_gather"
+PRE_UNSHARD = "pre_unshard"
+"""FSDP1's pre-unshard stream: the mixed-precision cast of a unit's shard (``_mp_shard``) and CPU offload's copy."""
 REDUCE_SCATTER = "reduce_scatter"
+"""FSDP2's reduce-scatter stream; FSDP1's post-backward stream."""
+ALL_REDUCE = "all_reduce"
+"""FSDP2's all-reduce stream (HSDP, or an all-reduce hook): where the sharded gradient is cast back."""
 
 
 def wrapper_settings(train: TrainSpec) -> dict[str, object]:
@@ -135,23 +142,88 @@ def _stream_of(
 
 
 @contextlib.contextmanager
+def _stream_after(rec: Recorder, module: Any, name: str, stream: str) -> Iterator[None]:
+    """After each call of ``module.name``, mark its second argument a gradient and set ``rec.stream`` to ``stream``
+    (the enclosing ``_stream_of`` restores it)."""
+    original = getattr(module, name)
+
+    def switched(*args: Any, **kwargs: Any) -> Any:
+        out = original(*args, **kwargs)
+        rec.mark(args[1], Category.GRADIENTS.value)
+        rec.stream = stream
+        return out
+
+    setattr(module, name, switched)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+@contextlib.contextmanager
+def _fsdp2_post_reduce(rec: Recorder, pg: Any, coll: Any) -> Iterator[None]:
+    """FSDP2's ``foreach_reduce`` casts the sharded gradient back (``_to_dtype_if_needed``) on its
+    ``post_reduce_stream``: the reduce-scatter stream, but the all-reduce stream where the gradients are
+    all-reduced (HSDP's replicate group) or an all-reduce hook runs; set ``rec.stream`` to it before the cast (the
+    enclosing ``_stream_of`` restores it)."""
+    import inspect
+
+    arguments = inspect.signature(coll.foreach_reduce).bind
+    reduce, cast = pg.foreach_reduce, coll._to_dtype_if_needed
+    post: list[str] = []
+
+    def reduce_(*args: Any, **kwargs: Any) -> Any:
+        a = arguments(*args, **kwargs).arguments
+        all_reduced = a["all_reduce_group"] is not None and a["all_reduce_grads"]
+        post.append(ALL_REDUCE if all_reduced or a.get("all_reduce_hook") is not None else REDUCE_SCATTER)
+        try:
+            return reduce(*args, **kwargs)
+        finally:
+            post.pop()
+
+    def cast_(*args: Any, **kwargs: Any) -> Any:
+        if post:
+            rec.stream = post[-1]
+        return cast(*args, **kwargs)
+
+    pg.foreach_reduce, coll._to_dtype_if_needed = reduce_, cast_
+    try:
+        yield
+    finally:
+        pg.foreach_reduce, coll._to_dtype_if_needed = reduce, cast
+
+
+@contextlib.contextmanager
 def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
     """Tag FSDP's collective buffers with the stream they are allocated on."""
     with contextlib.ExitStack() as stack:
         if version == 2:
+            from torch.distributed.fsdp._fully_shard import _fsdp_collectives as coll
             from torch.distributed.fsdp._fully_shard import _fsdp_param_group as pg
 
             stack.enter_context(_stream_of(rec, pg, "foreach_all_gather", ALL_GATHER))
+            # foreach_reduce (torch 2.13) allocates and fills the reduce_scatter_input on the current stream and
+            # enters the reduce-scatter stream after foreach_reduce_scatter_copy_in: the input is the default
+            # stream's, the sharded gradient and its cast the reduce-scatter stream's.
             stack.enter_context(
-                _stream_of(rec, pg, "foreach_reduce", REDUCE_SCATTER, lambda _params, unsharded, *_a, **_k: unsharded)
+                _stream_of(rec, pg, "foreach_reduce", "", lambda _params, unsharded, *_a, **_k: unsharded)
             )
+            stack.enter_context(_stream_after(rec, coll, "foreach_reduce_scatter_copy_in", REDUCE_SCATTER))
+            stack.enter_context(_fsdp2_post_reduce(rec, pg, coll))
         else:
             from torch.distributed.fsdp import _runtime_utils as ru
+            from torch.distributed.fsdp._flat_param import FlatParamHandle
 
+            # _runtime_utils.py _unshard: handle.pre_unshard() under the pre-unshard stream (_flat_param.py
+            # _use_low_precision_shard: "_mp_shard is allocated in the pre-unshard stream"), handle.unshard() under
+            # the unshard stream; _post_backward_hook reduces (and NO_SHARD casts back to the parameter's dtype)
+            # under the post-backward stream.
             stack.enter_context(_stream_of(rec, ru, "_unshard", ALL_GATHER))
-            stack.enter_context(
-                _stream_of(rec, ru, "_reduce_grad", REDUCE_SCATTER, lambda _state, handle: [handle.flat_param.grad])
-            )
+            stack.enter_context(_stream_of(rec, FlatParamHandle, "pre_unshard", PRE_UNSHARD))
+            for reduce in ("_reduce_grad", "_reduce_grad_no_shard"):
+                stack.enter_context(
+                    _stream_of(rec, ru, reduce, REDUCE_SCATTER, lambda _state, handle: [handle.flat_param.grad])
+                )
         yield
 
 
@@ -213,8 +285,9 @@ def _fsdp2(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
 
 
 def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
-    """accelerate's FSDP1 path: ``FullyShardedDataParallel`` with a transformer-layer wrap policy,
-    ``use_orig_params=True`` (what PEFT needs), and the compute dtype as ``MixedPrecision``."""
+    """accelerate's FSDP1 path: ``FullyShardedDataParallel`` with a transformer-layer wrap policy (PEFT's, which
+    adds a unit per LoRA leaf, on the HF Trainer's path), ``use_orig_params=True`` (what PEFT needs), and the compute
+    dtype as ``MixedPrecision``."""
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -242,9 +315,17 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
             f"{' and '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))} (fp32 adapters over a bf16 "
             "base): a real run fails the same way; use --fsdp-version 2, or --precision bf16-true"
         )
+    policy: Any = ModuleWrapPolicy(classes)
+    if train.base_dtype is not None and train.adapters:
+        # The HF Trainer's path (a base loaded in a dtype of its own, TRL's fp32 default): transformers
+        # distributed/fsdp.py update_fsdp_plugin_peft sets PEFT's fsdp_auto_wrap_policy, which wraps each leaf with a
+        # trainable weight (lora_A, lora_B) in a unit of its own beside the decoder layers (analytic/distributed.py).
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(hf)
     return FullyShardedDataParallel(
         hf,
-        auto_wrap_policy=ModuleWrapPolicy(classes),
+        auto_wrap_policy=policy,
         sharding_strategy=strategy,
         mixed_precision=mp,
         device_id=torch.device("cpu"),
@@ -295,6 +376,8 @@ def data_parallel(hf: Any, m: ModelSpec, train: TrainSpec, rec: Recorder) -> Ite
     check_traceable(train)
     rec.stream_categories = {
         ALL_GATHER: Category.WEIGHTS.value,
+        PRE_UNSHARD: Category.WEIGHTS.value,
+        ALL_REDUCE: Category.GRADIENTS.value,
         REDUCE_SCATTER: Category.GRADIENTS.value,
         "resize_": Category.WEIGHTS.value,
     }

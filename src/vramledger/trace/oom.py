@@ -19,7 +19,7 @@ OOM point.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -183,18 +183,16 @@ def device_events(events: Sequence[Event], gpu: GPUSpec | None) -> DeviceEvents:
     )
 
 
-def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFAULT_CONF) -> dict[int, int]:
-    """Reserved memory right after each trace event in ``indices``, on a device without a capacity limit.
+def stream_pools(dev: DeviceEvents, conf: AllocatorConf = DEFAULT_CONF) -> Iterator[dict[str, CachingAllocatorModel]]:
+    """Replay ``dev`` with one caching-allocator pool per stream (``""`` the default stream), on a device without a
+    capacity limit: yields the pools after each event, in the order of ``dev.events``.
 
-    The same rules as :func:`vramledger.allocator.replay.replay` (``malloc``/``free`` of
-    ``CachingAllocatorModel``), with reserved read after the events asked for.
+    One pool per stream: CUDACachingAllocator.cpp never serves a request from a block cached for another stream
+    (get_free_block searches BlockPool keys that include the stream); a block returns to its own stream's pool.
     """
-    # One pool per stream: CUDACachingAllocator.cpp never serves a request from a block cached for another
-    # stream (get_free_block searches BlockPool keys that include the stream).
     models: dict[str, CachingAllocatorModel] = {}
     live: dict[int, Any] = {}
-    out: dict[int, int] = {}
-    for ev, src in zip(dev.events, dev.origin, strict=True):
+    for ev in dev.events:
         stream = dev.streams.get(ev.id, "")
         if stream not in models:
             models[stream] = CachingAllocatorModel(conf)
@@ -205,9 +203,20 @@ def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFA
             blk = live.pop(ev.id)
             if blk is not None:
                 model.free(blk)
-        if src in indices:
-            out[src] = sum(m.reserved for m in models.values())
-    return out
+        yield models
+
+
+def reserved_at(dev: DeviceEvents, indices: set[int], conf: AllocatorConf = DEFAULT_CONF) -> dict[int, int]:
+    """Reserved memory (every stream's pool) right after each trace event in ``indices``.
+
+    The same rules as :func:`vramledger.allocator.replay.replay` (``malloc``/``free`` of
+    ``CachingAllocatorModel``), with reserved read after the events asked for.
+    """
+    return {
+        src: sum(m.reserved for m in models.values())
+        for src, models in zip(dev.origin, stream_pools(dev, conf), strict=True)
+        if src in indices
+    }
 
 
 def replay_outcome(
