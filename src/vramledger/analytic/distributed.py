@@ -51,7 +51,7 @@ from vramledger.analytic.zero import deepspeed_estimate, zero_rank_parts
 from vramledger.ledger import Category, Phase
 from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Precision, Sharding, TrainSpec
 
-__all__ = ["Buffer", "add_buffers", "compute_view", "rank_step_parts", "single_gpu_spec"]
+__all__ = ["Buffer", "add_buffers", "compute_view", "engine_dtypes", "rank_step_parts", "single_gpu_spec"]
 
 DDP_SOURCE = (
     "torch/nn/parallel/distributed.py DistributedDataParallel (bucket_cap_mb=25, gradient_as_bucket_view=False): "
@@ -150,9 +150,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     qstate = quant_state_bytes(m, train)  # bitsandbytes' QuantState: whole on every rank (analytic/quant_state.py)
     frozen_r, trainable_r = share(one.frozen - qstate, ranks) + qstate, share(one.trainable, ranks)
     grads_r, states_r, temp_r = share(one.grads, ranks), share(one.states, ranks), share(one.step_temp, ranks)
-    whole_units = (
-        train.fsdp_version == 1 and train.adapters and train.quant is None and wb.trainable_dtype is train.frozen_dtype
-    )
+    whole_units = train.adapters and adapters_in_layer_units(train, wb)
     if whole_units:
         # FSDP1's gradient is one flat tensor per unit, frozen elements included (_flat_param.py: flat_param.grad
         # has the flat parameter's shape): every adapted layer's whole shard (the traces of LoRA under FSDP1). Only
@@ -196,6 +194,21 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         sharded=("weights", "gradients", "optimizer state"),
         replicated=("activations", "logits", "one or two unsharded layers at a time"),
         notes=tuple(notes),
+    )
+
+
+def adapters_in_layer_units(train: TrainSpec, wb: WeightBudget) -> bool:
+    """Whether FSDP1 flattens the adapters with their decoder layer's frozen weights into one flat parameter: only
+    when they share its dtype (``use_orig_params=True``, e.g. LitGPT, torchtune; _flat_param.py
+    ``_validate_tensors_to_flatten``: "Must flatten tensors with uniform dtype"). fp32 adapters over a bf16 base
+    cannot, and a base loaded in a dtype of its own (``base_dtype``: TRL's fp32 default) is the HF Trainer's path,
+    which wraps every LoRA leaf in a unit of its own whatever its dtype (transformers distributed/fsdp.py
+    ``update_fsdp_plugin_peft`` → PEFT ``fsdp_auto_wrap_policy``'s ``lambda_policy_fn``)."""
+    return (
+        train.fsdp_version == 1
+        and train.quant is None
+        and train.base_dtype is None
+        and wb.trainable_dtype is train.frozen_dtype
     )
 
 
@@ -346,6 +359,16 @@ def _engine_casts(train: TrainSpec) -> bool:
     return train.precision.mixed and (train.fsdp is not None or train.zero_stage > 0)
 
 
+def engine_dtypes(train: TrainSpec) -> TrainSpec:
+    """``train`` with a base loaded in another dtype (``base_dtype``) used in the compute dtype, as an engine that
+    casts the whole model (``_engine_casts``) uses it: FSDP's ``MixedPrecision`` / ``MixedPrecisionPolicy``
+    all-gathers the fp32 shards as ``param_dtype`` copies (FSDP1 _flat_param.py ``_use_low_precision_shard``, FSDP2
+    _fsdp_param.py ``init_all_gather_outputs``), so the embedding's output and the residual stream are in the
+    compute dtype; DeepSpeed's engine or zero.Init casts the parameters themselves (runtime/zero/
+    partition_parameters.py ``Init._set_dtype``). Otherwise ``train`` itself."""
+    return replace(train, base_dtype=None) if _engine_casts(train) else train
+
+
 def compute_view(train: TrainSpec) -> TrainSpec:
     """The single-GPU step whose activations rank 0 has: under an engine that casts the whole model
     (``_engine_casts``), pure precision with the adapters in the compute dtype too (FSDP's policy casts them with
@@ -355,7 +378,7 @@ def compute_view(train: TrainSpec) -> TrainSpec:
         return one
     pure = Precision.BF16 if train.precision.compute is DType.BF16 else Precision.FP16
     lora = replace(one.lora, adapter_fp32=False) if one.lora is not None else None
-    return replace(one, precision=pure, lora=lora)
+    return replace(engine_dtypes(one), precision=pure, lora=lora)
 
 
 def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, single: Callable[..., Any]) -> Any:
@@ -365,7 +388,9 @@ def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, sing
     p = single(m, one, gpu)
     if _engine_casts(train):
         act = single(m, compute_view(train), gpu)
-        p = replace(p, head_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
+        # The engine's weights are in the compute dtype when they are used: autocast casts none of them, in forward
+        # or in a checkpointed layer's recompute.
+        p = replace(p, head_cast_bytes=0, recompute_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
     rp = rank_parts(m, train, p.weights, SingleLines.of(p))
     return replace(
         p,

@@ -27,6 +27,9 @@ class StepParts:
     master_bytes: int
     grad_bytes: int
     autocast_copy_bytes: int
+    """Autocast's bf16/fp16 weight copies alive when forward ends: the trainable fp32 matrices' cached copies and, for
+    a frozen base loaded in fp32, the frozen casts autograd saved (all but the first layer's inputs without
+    checkpointing, lm_head's alone under it): analytic/step.py ``_autocast_casts``."""
     state_bytes: int
     paged_state_bytes: int
     """Paged optimizer states: CUDA managed memory (analytic/paged.py), not part of ``state_bytes``."""
@@ -53,7 +56,10 @@ class StepParts:
     final_hidden_bytes: int
     """The final hidden state, alive during the loss (a temporary)."""
     head_cast_bytes: int
-    """lm_head's bf16 weight cast under AMP: saved by autograd even under checkpointing (lm_head is outside it)."""
+    """lm_head's bf16 weight cast under AMP (a trainable fp32 head, or a frozen head loaded in fp32): saved by
+    autograd even under checkpointing (lm_head is outside it), freed by lm_head's backward."""
+    recompute_cast_bytes: int = 0
+    """Under checkpointing, the bf16 weight casts one trained layer's recompute saves again in backward."""
     layer_backward_temp: int
     dora_temp: int
     forward_layer_temp: int

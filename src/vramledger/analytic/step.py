@@ -20,6 +20,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from vramledger.analytic.activations import (
+    _INPUT_OF,
     checkpoint_input_bytes_per_token,
     checkpoint_reused_bytes_per_token,
     dora_transient_bytes,
@@ -32,7 +33,7 @@ from vramledger.analytic.activations import (
     rope_bytes_per_token,
     runs_eager,
 )
-from vramledger.analytic.distributed import add_buffers, rank_step_parts
+from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
 from vramledger.analytic.litgpt_loop import convert_output_moment
@@ -49,12 +50,13 @@ from vramledger.analytic.overhead import (
     cuda_context_bytes,
 )
 from vramledger.analytic.paged import split_paged_states
+from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
 from vramledger.analytic.reserve import phase_reserves, training_peaks
 from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
-from vramledger.specs import Attention, DType, GPUSpec, ModelSpec, TrainSpec
+from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec
 
 
 @lru_cache(maxsize=4096)
@@ -70,6 +72,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
     head_logits, head_saved = _head_input(m, train, wb)
     opt = optimizer_bytes(m, train, wb)
     states, step_temp = opt.states, opt.step_temporaries
+    casts = _autocast_casts(m, train, wb)
     paged_states, states = split_paged_states(m, train, wb, states, opt.paged)  # analytic/paged.py
     # Each gradient in its parameter's dtype; one at a time under optimizer-in-backward (analytic/loop.py).
     grads, step_temp = optimizer_in_backward(train, wb, wb.trainable_bytes, step_temp)
@@ -79,7 +82,8 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         trainable_bytes=wb.trainable_bytes,
         master_bytes=0,
         grad_bytes=grads,
-        autocast_copy_bytes=_autocast_copy_bytes(train, wb),
+        autocast_copy_bytes=casts.forward_end,
+        recompute_cast_bytes=casts.recompute,
         state_bytes=states,
         paged_state_bytes=paged_states,
         step_temp_bytes=step_temp,
@@ -95,7 +99,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         logits_head=lg.head_grad_moment + head_logits,
         kept_logits_bytes=litgpt_kept_logits_bytes(m, train),
         final_hidden_bytes=final_hidden_live_bytes_per_token(m, train, wb) * train.tokens,
-        head_cast_bytes=_head_cast_bytes(m, train, wb),
+        head_cast_bytes=casts.head,
         layer_backward_temp=_layer_backward_temp(m, train, wb),
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb) + _eager_scores_bytes(m, train, wb, c),
@@ -165,21 +169,90 @@ def _head_input(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[int, 
     return (head_input, 0) if train.precision.mixed else (0, head_input)
 
 
-def _autocast_copy_bytes(train: TrainSpec, wb: WeightBudget) -> int:
-    """Under AMP, trainable fp32 matrices get a bf16 copy in the autocast cache (and saved by autograd)."""
-    copies = wb.trainable_matrix_params * 2 if (train.precision.mixed and wb.trainable_dtype.bytes == 4) else 0
-    if train.precision.mixed and train.quant is None and train.frozen_dtype is DType.FP32:
-        # Frozen fp32 weights are cast to bf16 at every use (autocast caches only leaves that require grad) and
-        # each cast is saved by autograd for the input's gradient: a bf16 copy of every frozen matrix.
-        copies += wb.frozen_matrix_params * 2
-    return copies
+class _Casts(NamedTuple):
+    """Autocast's low-precision weight copies alive at the moments of the step (the ``StepParts`` fields)."""
+
+    forward_end: int
+    """``autocast_copy_bytes``: alive when forward ends, in the loss."""
+    head: int
+    """``head_cast_bytes``: lm_head's cast, part of ``forward_end``, freed by lm_head's backward."""
+    recompute: int
+    """``recompute_cast_bytes``: made again by one checkpointed layer's recompute in backward."""
 
 
-def _head_cast_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """lm_head's bf16 weight cast under AMP when it trains in fp32 (see ``StepParts.head_cast_bytes``)."""
-    if wb.head_trainable and train.precision.mixed and wb.trainable_dtype.bytes == 4:
-        return m.vocab_size * m.hidden_size * 2
-    return 0
+# torch autocast_mode.cpp ``cached_cast``: a floating argument of a lower-precision op (linear, matmul) is cast to
+# the autocast dtype; only leaves that require grad (trainable fp32 weights) are cached, until the outermost autocast
+# exits (autocast_mode.py ``__exit__``: ``clear_autocast_cache``). Every other cast, a frozen fp32 weight's among
+# them, is made at each use and lives as long as autograd keeps it: ``mm`` saves its weight for the input's gradient
+# only when the input requires grad (derivatives.yaml ``mm``: ``mat2`` saved for ``self``'s gradient). Embedding
+# lookups are on none of autocast's lists: an fp32 embedding is read as it is, never cast.
+# Under checkpointing a decoder layer's forward keeps no saved tensor (torch/utils/checkpoint.py: non-reentrant
+# ``_checkpoint_hook.pack_hook`` returns an empty ``_Holder``; reentrant ``CheckpointFunction.forward`` runs under
+# ``torch.no_grad()``), so its casts die after their matmul; backward's recompute runs under the forward's autocast
+# state (``recompute_fn`` / ``CheckpointFunction.backward``: ``torch.amp.autocast(**device_autocast_kwargs)``) and
+# saves one layer's casts again until that layer's backward has used them. lm_head is outside the checkpoints.
+def _autocast_casts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Casts:
+    """The bf16/fp16 weight copies autocast makes: the trainable fp32 matrices' cached copies, and with a frozen base
+    loaded in fp32 (``base_dtype``) the casts autograd saves of the frozen matrices (traced: trace/build.py)."""
+    if not train.precision.mixed:
+        return _Casts(0, 0, 0)
+    c = train.precision.compute.bytes
+    fp32_trainable = wb.trainable_dtype.bytes == 4
+    cached = wb.trainable_matrix_params * c if fp32_trainable else 0
+    layer_cached = sum(a.params for a in wb.adapted) * c if fp32_trainable else 0
+    frozen_fp32 = train.quant is None and train.frozen_dtype is DType.FP32
+    # A frozen lm_head's cast is saved when its input needs a gradient: when anything trains below it; one per call
+    # of lm_head (a trainable head's copy is cached, one for every call).
+    head_frozen = frozen_fp32 and not wb.head_trainable and (wb.trainable_layers > 0 or wb.embedding_trainable)
+    head = m.vocab_size * m.hidden_size * c if (head_frozen or (wb.head_trainable and fp32_trainable)) else 0
+    if head_frozen:
+        head *= _head_calls(train)
+    frozen_head = head if head_frozen else 0
+    # The frozen matrices inside the trained layers (method freeze trains whole layers: its frozen matrices lie
+    # below them, where no input needs a gradient).
+    decoder = 0
+    if frozen_fp32 and train.method is not Method.FREEZE:
+        decoder = max(wb.frozen_matrix_params - wb.lm_head_weight_numel, 0)
+    if train.grad_ckpt:
+        layer = -(-decoder // wb.trainable_layers) if wb.trainable_layers else 0
+        return _Casts(cached + frozen_head, head, layer * c + layer_cached)
+    saved = decoder - _first_layer_uncast(m, train, wb) if decoder else 0
+    return _Casts(cached + saved * c + frozen_head, head, 0)
+
+
+def _head_calls(train: TrainSpec) -> int:
+    """Calls of lm_head in one forward. LitGPT's finetune/lora.py runs ``model(input_ids, lm_head_chunk_size=128)``
+    and ``GPT.forward`` returns ``[self.lm_head(x_i) for x_i in x.split(lm_head_chunk_size, dim=1)]`` (lit-gpt
+    8641822 and litgpt 43c44323 ``model.py``): one call per chunk of positions (finetune/full.py: one call)."""
+    if train.loss is Loss.CHUNKED and train.model_code.litgpt and train.method is not Method.FULL:
+        return -(-train.seq_len // max(1, train.loss_chunk_tokens))
+    return 1
+
+
+_GROUPS = ("attn_in", "attn_out", "mlp_in", "mlp_out")
+"""The inputs of a decoder layer's linears, in the order the layer reads them (activations.py ``_INPUT_OF``)."""
+
+
+def _first_layer_uncast(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Frozen weight elements of the first decoder layer whose casts autograd does not save because their input needs
+    no gradient. With a frozen embedding the hidden states entering layer 0 carry none (without checkpointing; under
+    it transformers calls ``enable_input_require_grads``) until an adapter's output joins them: q/k/v read such a
+    tensor, o_proj too unless q/k/v are adapted, and so on down the layer."""
+    if wb.embedding_trainable or wb.norms_trainable or train.grad_ckpt or not wb.trainable_layers:
+        return 0
+    linears = [lin for lin in layer_linears(m) if not lin.layers]
+    if any(name not in _INPUT_OF for name in {lin.name for lin in linears} | {a.linear.name for a in wb.adapted}):
+        return 0  # a layout whose data flow we do not know: every cast counted as saved
+    # Another PEFT method (no LoRA linears listed): its trained weights are taken to reach the attention's output.
+    adapted = {_INPUT_OF[a.linear.name] for a in wb.adapted} if wb.adapted else {"attn_in"}
+    unsaved = 0
+    for group in _GROUPS:
+        unsaved += sum(
+            lin.per_layer * lin.in_features * lin.out_features for lin in linears if _INPUT_OF[lin.name] == group
+        )
+        if group in adapted:  # the group's output, and so every later input, needs a gradient
+            break
+    return unsaved
 
 
 def _eager_scores_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, per_element: int) -> int:
@@ -255,7 +328,8 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
         "transformers CausalLM forward computes the loss while BaseModelOutputWithPast.last_hidden_state lives",
     )
     fwd_layer = Moment(name="inside the last decoder layer's forward", phase=Phase.FORWARD)
-    add_persistent(fwd_layer, p, train, grads=grads_prev, autocast=True, states=True)
+    add_persistent(fwd_layer, p, train, grads=grads_prev, autocast=False, states=True)
+    _add_casts(fwd_layer, p.autocast_copy_bytes - p.head_cast_bytes, "bf16 copies made by autocast (lm_head's not yet)")
     add_activations(fwd_layer, p, train)
     fwd_layer.add(
         Category.TEMPORARIES,
@@ -271,12 +345,25 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
     return max((fwd, fwd_layer, *(mo for mo in litgpt if mo)), key=lambda mo: mo.total)
 
 
-def _add_backward_persistent(mo: Moment, p: StepParts, train: TrainSpec, *, grads: int) -> None:
-    """What lives through backward. Non-reentrant checkpointing saves no casted weights: the autocast cache dies
-    when forward's autocast exits, and only lm_head's cast (outside the checkpoints) stays saved."""
-    add_persistent(mo, p, train, grads=grads, autocast=not train.grad_ckpt, states=True)
-    if train.grad_ckpt:
-        mo.add(Category.WEIGHTS, "lm_head's bf16 cast (outside checkpointing)", p.head_cast_bytes, SOURCES["autocast"])
+def _add_casts(mo: Moment, n: int, label: str) -> None:
+    mo.add(Category.WEIGHTS, label, n, SOURCES["autocast"])
+
+
+def _add_backward_persistent(
+    mo: Moment, p: StepParts, train: TrainSpec, *, grads: int, top_layer: bool = False
+) -> None:
+    """What lives through backward, with the autocast copies still saved: in the loss's backward every one saved in
+    forward (under checkpointing only lm_head's, outside the checkpoints); in the top layer's backward lm_head's
+    is gone, and under checkpointing the top layer's recompute has made that layer's again."""
+    add_persistent(mo, p, train, grads=grads, autocast=False, states=True)
+    if not top_layer and train.grad_ckpt:
+        _add_casts(mo, p.head_cast_bytes, "lm_head's bf16 cast (outside checkpointing)")
+    elif not top_layer:
+        _add_casts(mo, p.autocast_copy_bytes, "bf16 copies made by autocast")
+    elif train.grad_ckpt:
+        _add_casts(mo, p.recompute_cast_bytes, "one layer's bf16 weight casts (recomputed)")
+    else:
+        _add_casts(mo, p.autocast_copy_bytes - p.head_cast_bytes, "bf16 copies made by autocast (lm_head's freed)")
 
 
 def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
@@ -296,7 +383,7 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
     head_grad = 0
     if p.weights.head_trainable and train.grad_accum <= 1:
         head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    _add_backward_persistent(mo, p, train, grads=_previous_grads(train, p) + head_grad)
+    _add_backward_persistent(mo, p, train, grads=_previous_grads(train, p) + head_grad, top_layer=True)
     add_activations(mo, p, train)
     if train.grad_ckpt and p.weights.trainable_layers:
         # The recompute reads the checkpointed input (counted above), so its saved set is recompute_bytes.
@@ -380,11 +467,14 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
         reserves = pooled_phase_reserves(m, train, p, mos)
     else:
+        # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
         totals = {ph: mo.total for ph, mo in mos.items()}
-        reserves = {
-            ph: [ReserveLine(n, RESERVE_LABEL, s, b)]
-            for ph, (n, s, b) in phase_reserves(m, train, p, totals, _ShapePeaks(m, gpu)).items()
-        }
+        engine = engine_dtypes(train)
+        # a run with dynamic padding: the reserve of the shorter shapes it meets (reserve.held_reserved), for the
+        # step as it is (an engine's casts leave the single shape's form)
+        at = _ShapePeaks(m, gpu) if engine is train else None
+        reserved = phase_reserves(m, engine, p, totals, at)
+        reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)

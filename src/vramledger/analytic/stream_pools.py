@@ -80,6 +80,8 @@ from vramledger.analytic.distributed import (
     LAYERS_UNSHARDED_LABEL,
     OFFLOAD_COPY_LABEL,
     ROOT_UNSHARDED_LABEL,
+    adapters_in_layer_units,
+    engine_dtypes,
     fsdp_gathered_bytes,
     fsdp_layer_elements,
 )
@@ -179,9 +181,7 @@ def units(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[Unit, list[
     # FSDP1 flattens a unit into one tensor of one dtype: a whole unit trains when any of it does (full, freeze, or
     # adapters in the base dtype: analytic/distributed.py's whole units); fp32 adapters over another base dtype are
     # wrapped in units of their own (PEFT's fsdp_auto_wrap_policy), counted here with their layer.
-    flat_units = train.fsdp_version == 1 and (
-        not train.adapters or (train.quant is None and wb.trainable_dtype is train.frozen_dtype)
-    )
+    flat_units = train.fsdp_version == 1 and (not train.adapters or adapters_in_layer_units(train, wb))
 
     def unit(elements: int, trainable: int) -> Unit:
         frozen = elements - trainable
@@ -360,7 +360,9 @@ def pooled_phase_reserves(
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
     default stream holds, and the side pools' reserved bytes less what of them is live at the phase's peak."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
-    base = phase_reserves(m, train, p, {ph: mo.total - off[ph] for ph, mo in moments.items()})
+    # The default stream's blocks follow the engine's compute dtypes; the side pools the dtypes as loaded (an fp32
+    # base's shards are cast there before their all-gather).
+    base = phase_reserves(m, engine_dtypes(train), p, {ph: mo.total - off[ph] for ph, mo in moments.items()})
     pools = side_pools(m, train, p.weights).total
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():

@@ -51,7 +51,11 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
         warnings.append(
             "flash_attention_2 traced as SDPA's flash backend (same saved tensors; flash-attn is CUDA-only)"
         )
-    frozen_dt = torch_dtype(train.precision.frozen)
+    # The dtype the checkpoint is loaded in (``from_pretrained(dtype=...)``): the compute dtype, or ``base_dtype``
+    # (TRL's default float32 under bf16 autocast). PEFT then makes each adapter in its base layer's dtype
+    # (tuners_utils.py ``_move_adapter_to_device_of_base_layer``) and, with ``autocast_adapter_dtype``, upcasts
+    # bf16/fp16 adapters to fp32 (``cast_adapter_dtype``): an fp32 base gets fp32 adapters either way.
+    frozen_dt = torch_dtype(train.frozen_dtype)
     trainable_dt = torch_dtype(train.precision.trainable)
     with torch.device("meta"):
         try:
@@ -101,7 +105,7 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     if train.method is Method.QLORA:
         warnings.append(
             "bitsandbytes quantised layers do not run on fake tensors: the base was traced in "
-            f"{train.precision.frozen.value} and its quantised weight bytes replaced by the analytic figure"
+            f"{train.frozen_dtype.value} and its quantised weight bytes replaced by the analytic figure"
         )
     return hf, warnings
 

@@ -285,8 +285,9 @@ def _fsdp2(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
 
 
 def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
-    """accelerate's FSDP1 path: ``FullyShardedDataParallel`` with a transformer-layer wrap policy,
-    ``use_orig_params=True`` (what PEFT needs), and the compute dtype as ``MixedPrecision``."""
+    """accelerate's FSDP1 path: ``FullyShardedDataParallel`` with a transformer-layer wrap policy (PEFT's, which
+    adds a unit per LoRA leaf, on the HF Trainer's path), ``use_orig_params=True`` (what PEFT needs), and the compute
+    dtype as ``MixedPrecision``."""
     import torch
     from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision, ShardingStrategy
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
@@ -314,9 +315,17 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
             f"{' and '.join(sorted(str(d).removeprefix('torch.') for d in dtypes))} (fp32 adapters over a bf16 "
             "base): a real run fails the same way; use --fsdp-version 2, or --precision bf16-true"
         )
+    policy: Any = ModuleWrapPolicy(classes)
+    if train.base_dtype is not None and train.adapters:
+        # The HF Trainer's path (a base loaded in a dtype of its own, TRL's fp32 default): transformers
+        # distributed/fsdp.py update_fsdp_plugin_peft sets PEFT's fsdp_auto_wrap_policy, which wraps each leaf with a
+        # trainable weight (lora_A, lora_B) in a unit of its own beside the decoder layers (analytic/distributed.py).
+        from peft.utils.other import fsdp_auto_wrap_policy
+
+        policy = fsdp_auto_wrap_policy(hf)
     return FullyShardedDataParallel(
         hf,
-        auto_wrap_policy=ModuleWrapPolicy(classes),
+        auto_wrap_policy=policy,
         sharding_strategy=strategy,
         mixed_precision=mp,
         device_id=torch.device("cpu"),
