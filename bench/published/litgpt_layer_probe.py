@@ -15,45 +15,12 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-_UTILS = """
-def find_multiple(n, k):
-    return n if n % k == 0 else n + k - (n % k)
-
-
-def map_old_state_dict_weights(state_dict, mapping, prefix):
-    for old, new in mapping.items():
-        if prefix + old in state_dict:
-            state_dict[prefix + new] = state_dict.pop(prefix + old)
-    return state_dict
-"""
-
-
-def _extract(checkout: Path, commit: str, into: Path) -> str:
-    """Write the package at ``commit`` into ``into``; returns its name (``litgpt``, or ``lit_gpt`` before 2024-03)."""
-    names = subprocess.run(
-        ["git", "-C", str(checkout), "ls-tree", "--name-only", commit], check=True, capture_output=True, text=True
-    ).stdout.split()
-    package = "litgpt" if "litgpt" in names else "lit_gpt"
-    pkg = into / package
-    pkg.mkdir()
-    for name in ("model.py", "config.py", "lora.py", "rmsnorm.py"):
-        show = subprocess.run(
-            ["git", "-C", str(checkout), "show", f"{commit}:{package}/{name}"], capture_output=True, text=True
-        )
-        if show.returncode == 0:
-            text = show.stdout.replace("from lightning_utilities.core.imports import RequirementCache", "")
-            text = text.replace('bool(RequirementCache("flash-attn>=2.0.0.post1"))', "False")  # no flash-attn
-            (pkg / name).write_text(text)
-    init = f"from {package}.model import GPT\nfrom {package}.config import Config\n"
-    (pkg / "__init__.py").write_text(init)
-    (pkg / "utils.py").write_text("from typing import Dict, Mapping\n" + _UTILS)
-    return package
+from litgpt_fake import extract  # bench/published/litgpt_fake.py
 
 
 def saved_bytes(out: Any, exclude: set[int]) -> int:
@@ -236,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--commit", default="43c44323", help="the LitGPT commit to read (default: 43c44323)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        package = _extract(args.checkout, args.commit, Path(tmp))
+        package = extract(args.checkout, args.commit, Path(tmp))
         code = "litgpt" if package == "litgpt" else "lit-gpt-2023"
         sys.path.insert(0, tmp)
         print(

@@ -23,13 +23,14 @@ largest tensors, beside the measured figure and vramledger's estimate of row 149
 from __future__ import annotations
 
 import argparse
-import collections
 import sys
 import tempfile
-import weakref
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+from litgpt_fake import LiveBytes, extract  # noqa: E402  bench/published/litgpt_fake.py
 
 
 def replay(package: str, *, batch: int, accum: int) -> tuple[int, list[tuple[int, str]]]:
@@ -38,40 +39,12 @@ def replay(package: str, *, batch: int, accum: int) -> tuple[int, list[tuple[int
 
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-    from torch.utils._pytree import tree_leaves
 
     from vramledger.trace.shims import sdpa_as_cuda
 
     model_mod = importlib.import_module(f"{package}.model")
     config_mod = importlib.import_module(f"{package}.config")
-    live: dict[int, tuple[int, str]] = {}
-    now = {"bytes": 0, "peak": 0}
-    at_peak: dict[int, tuple[int, str]] = {}
-
-    def free(key: int) -> None:
-        now["bytes"] -= live.pop(key)[0]
-
-    class Count(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-            out = func(*args, **(kwargs or {}))
-            for t in tree_leaves(out):
-                if not isinstance(t, torch.Tensor):
-                    continue
-                storage = t.untyped_storage()
-                if storage._cdata in live:
-                    continue
-                n = -(-storage.nbytes() // 512) * 512
-                live[storage._cdata] = (n, f"{func._overloadpacket.__name__} {tuple(t.shape)} {t.dtype}")
-                now["bytes"] += n
-                weakref.finalize(storage, free, storage._cdata)
-                if now["bytes"] > now["peak"]:
-                    now["peak"] = now["bytes"]
-                    at_peak.clear()
-                    at_peak.update(live)
-            return out
-
-    with FakeTensorMode(), sdpa_as_cuda(), Count():
+    with FakeTensorMode(), sdpa_as_cuda(), LiveBytes() as live:
         config = config_mod.Config.from_name("tiny-llama-1.1b")
         torch.set_default_dtype(torch.bfloat16)  # fabric.init_module under bf16-true
         model = model_mod.GPT(config)
@@ -92,14 +65,10 @@ def replay(package: str, *, batch: int, accum: int) -> tuple[int, list[tuple[int
         loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)), targets.reshape(-1))
         del logits  # forward_and_loss returns the loss only
         (loss / accum).backward()
-    groups: collections.Counter[str] = collections.Counter()
-    for n, what in at_peak.values():
-        groups[what] += n
-    return now["peak"], [(n, what) for what, n in groups.most_common(12)]
+    return live.peak, live.largest(12)
 
 
 def estimate_row(row: int) -> float:
-    sys.path.insert(0, str(HERE))
     import run  # bench/published/run.py
 
     (r,) = [r for r in run.load_mapping().rows if r.row == row]
@@ -109,8 +78,6 @@ def estimate_row(row: int) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from litgpt_layer_probe import _extract  # bench/published/litgpt_layer_probe.py
-
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkout", type=Path, help="a git checkout of Lightning-AI/litgpt")
     ap.add_argument("--commit", default="101e31d2", help="the LitGPT commit to read (default: 101e31d2)")
@@ -118,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--accum", type=int, default=128, help="micro-steps per optimizer step (512 // 4 on 1 GPU)")
     args = ap.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
-        package = _extract(args.checkout, args.commit, Path(tmp))
+        package = extract(args.checkout, args.commit, Path(tmp))
         sys.path.insert(0, tmp)
         peak, largest = replay(package, batch=args.batch, accum=args.accum)
     print(f"{package} {args.commit}: TinyLlama 1.1B pretraining step, micro-batch {args.batch}, accum {args.accum}")
@@ -130,5 +97,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(HERE))
     raise SystemExit(main())

@@ -10,7 +10,9 @@ when its device total exceeds the GPU's capacity.
   PYTHONPATH=src python bench/published/run.py                 # estimate every row (a few seconds)
   PYTHONPATH=src python bench/published/run.py --markdown      # the tables as Markdown (docs/published.md)
   PYTHONPATH=src python bench/published/run.py --rows          # one line per row: measured, predicted, error
-  nice -n 10 PYTHONPATH=src python bench/published/run.py --trace   # also trace the training rows (CPU, ~15 min)
+  PYTHONPATH=src python bench/published/run.py --trace --markdown  # also the trace table (2 min; LitGPT's rows
+                                                                   # are read from litgpt_trace.jsonl)
+  nice -n 10 env PYTHONPATH=src python bench/published/litgpt_trace.py --redo   # re-trace LitGPT's rows (~15 min)
 
 Errors are signed: (predicted − measured) / measured; an under-estimate is negative.
 """
@@ -20,6 +22,7 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import json
 import re
 import statistics
 import sys
@@ -33,6 +36,8 @@ import yaml
 HERE = Path(__file__).resolve().parent
 CSV_PATH = HERE / "published_memory.csv"
 MAPPING = HERE / "mapping.yaml"
+LITGPT_TRACE = HERE / "litgpt_trace.jsonl"
+"""LitGPT's own training step traced at each LitGPT row's commit (written by litgpt_trace.py, read by ``--trace``)."""
 UNDER = -0.03
 """An under-estimate beyond −3% is the failure that matters: it fits on paper and OOMs on the GPU."""
 
@@ -140,6 +145,13 @@ def load_mapping(path: Path = MAPPING, csv_rows: list[dict[str, str]] | None = N
     if missing:
         raise ValueError(f"mapping: CSV rows {missing} are neither mapped nor listed as unexpressible")
     return Mapping_(rows=tuple(rows), unexpressible=tuple(unexpressible))
+
+
+def read_litgpt_trace(path: Path = LITGPT_TRACE) -> dict[int, dict[str, Any]]:
+    """litgpt_trace.py's records by row ({} when the file is absent)."""
+    if not path.exists():
+        return {}
+    return {int(obj["row"]): obj for obj in map(json.loads, path.read_text().splitlines()) if obj}
 
 
 def _measured_gb(n: int, rec: Mapping[str, str], reading: Mapping[str, Any] | None) -> float:
@@ -272,11 +284,13 @@ def predict(row: Row, engine: str = "estimate") -> Prediction | None:
 
         ledger = estimate(m, train_spec(s), gpu=gpu)
     else:
-        from vramledger.specs import ModelCode, Optimizer
+        from vramledger.errors import VramledgerError
+        from vramledger.specs import Optimizer
         from vramledger.trace.api import trace_step
 
-        # the trace runs transformers' layers: LitGPT's own (model_code litgpt) are estimated only
-        train = dataclasses.replace(train_spec(s), model_code=ModelCode.TRANSFORMERS)
+        train = train_spec(s)
+        if train.model_code.litgpt:  # `vramledger trace` runs transformers' layers, not LitGPT's
+            raise VramledgerError("trace: LitGPT's own code is traced by litgpt_trace.py (read by run())")
         paged = train.optimizer.value.startswith("paged")
         if paged:
             # bitsandbytes does not run on fake tensors, and paged states are outside the allocator anyway:
@@ -336,13 +350,76 @@ class Result:
     oom_agrees: bool | None
 
 
+def _is_litgpt(setup: Mapping[str, Any]) -> bool:
+    from vramledger.specs import ModelCode
+
+    return ModelCode(setup.get("model_code", "transformers")).litgpt
+
+
+def litgpt_trace_result(row: Row, rec: Mapping[str, Any] | None) -> Result | str:
+    """The trace of a LitGPT row: LitGPT's own step at the row's commit, read from litgpt_trace.jsonl (never traced
+    here), or why there is none. The replay counts allocated bytes only, so an ``oom`` row agrees when its allocated
+    peak alone, a lower bound of the device total, exceeds the GPU's capacity."""
+    from vramledger.catalog import resolve_gpu
+
+    if rec is None:
+        return f"trace: not in {LITGPT_TRACE.name} (run litgpt_trace.py)"
+    if not rec["traced"]:
+        return f"trace: {rec['reason']}"
+    stale = sorted(k for k, v in rec["setup"].items() if row.setup.get(k) != v)
+    if stale:
+        return f"trace: {LITGPT_TRACE.name} is stale (setup changed: run litgpt_trace.py --redo --only ROW)"
+    gb = rec["peak_bytes"] / 1e9
+    if row.metric == "oom":
+        agrees = rec["peak_bytes"] > resolve_gpu(row.setup["gpu"]).memory_bytes
+        return Result(row=row, engine="trace", predicted_gb=gb, error=None, oom_agrees=agrees)
+    if row.metric != "allocated":
+        return f"trace: LitGPT's step is counted in allocated bytes, not {row.metric}"
+    assert row.measured_gb
+    return Result(row=row, engine="trace", predicted_gb=gb, error=gb / row.measured_gb - 1, oom_agrees=None)
+
+
+def litgpt_extra_results(mapping: Mapping_, records: Mapping[int, Mapping[str, Any]] | None = None) -> list[Result]:
+    """The traced LitGPT rows that mapping.yaml lists as not expressible by the estimate (LitGPT's model families
+    and adapters it lacks), compared with the CSV's figure."""
+    records = read_litgpt_trace() if records is None else records
+    csv_rows = read_csv()
+    mapped = {r.row for r in mapping.rows}
+    out = []
+    for n, rec in sorted(records.items()):
+        if n in mapped or not rec["traced"]:
+            continue
+        value = csv_rows[n - 1]["value_gb"]
+        row = Row(
+            row=n,
+            setup=rec["setup"],
+            judgement="not expressible by the estimate; traced with LitGPT's own code (litgpt_trace.py)",
+            source=short_source(csv_rows[n - 1]["source"]),
+            metric=rec["setup"]["metric"],
+            measured_gb=float(value) if value else None,
+        )
+        result = litgpt_trace_result(row, rec)
+        assert isinstance(result, Result), (n, result)
+        out.append(result)
+    return out
+
+
 def run(mapping: Mapping_, engine: str = "estimate", skipped: dict[int, str] | None = None) -> list[Result]:
-    """Predict every row; rows the engine cannot run go into ``skipped`` (row → reason)."""
+    """Predict every row; rows the engine cannot run go into ``skipped`` (row → reason). ``trace`` reads LitGPT's
+    rows from litgpt_trace.jsonl and traces the others with ``vramledger trace`` (transformers + PEFT)."""
     from vramledger.errors import VramledgerError
 
     out = []
     seen: dict[str, Prediction | None] = {}
+    litgpt = read_litgpt_trace() if engine == "trace" else {}
     for row in mapping.rows:
+        if engine == "trace" and _is_litgpt(row.setup):
+            result = litgpt_trace_result(row, litgpt.get(row.row))
+            if isinstance(result, Result):
+                out.append(result)
+            elif skipped is not None:
+                skipped[row.row] = result
+            continue
         key = repr(sorted(row.setup.items()))  # rows with the same setup (e.g. 109 and 111) are predicted once
         try:
             p = seen[key] if key in seen else predict(row, engine)
@@ -354,7 +431,7 @@ def run(mapping: Mapping_, engine: str = "estimate", skipped: dict[int, str] | N
             continue
         if p is None:
             if skipped is not None:
-                skipped[row.row] = f"{engine}: inference rows are estimated only"
+                skipped[row.row] = f"{engine}: inference row (the step replayed here is training)"
             continue
         gb = predicted_gb(row, p)
         if engine != "estimate":  # slow engines report as they go
@@ -410,7 +487,14 @@ def _pct(x: float) -> str:
     return f"{100 * x:+.1f}%"
 
 
-def table_lines(results: list[Result], mapping: Mapping_, *, markdown: bool) -> list[str]:
+OOM_BASIS = {
+    "estimate": "device total",
+    "trace": "peak (LitGPT's step: its allocated peak alone, a lower bound of the device total)",
+}
+"""What an ``oom`` row's prediction is compared with the GPU's capacity on, per engine."""
+
+
+def table_lines(results: list[Result], mapping: Mapping_, *, markdown: bool, title: str | None = None) -> list[str]:
     engine = results[0].engine if results else "estimate"
     head = ["source", "metric", "rows", "median", "median abs", "mean abs", "worst (row)", f"under {100 * UNDER:.0f}%"]
     body = [
@@ -427,12 +511,12 @@ def table_lines(results: list[Result], mapping: Mapping_, *, markdown: bool) -> 
         for s in summarise(results)
     ]
     ooms = [r for r in results if r.oom_agrees is not None]
-    lines = [f"{engine}: {sum(r.error is not None for r in results)} rows with a value, {len(ooms)} OOM rows"]
+    lines = [f"{title or engine}: {sum(r.error is not None for r in results)} rows with a value, {len(ooms)} OOM rows"]
     lines += [""] * markdown + _grid(head, body, markdown=markdown)
     if ooms:
         lines.append("")
         lines.append(
-            f"OOM rows where the {engine} device total exceeds the GPU's capacity: "
+            f"OOM rows where the {engine} {OOM_BASIS[engine]} exceeds the GPU's capacity: "
             f"{sum(bool(r.oom_agrees) for r in ooms)} of {len(ooms)}"
             + "".join(f"; row {r.row.row} predicted {r.predicted_gb:.1f} GB" for r in ooms if not r.oom_agrees)
         )
@@ -448,6 +532,44 @@ def unexpressible_lines(mapping: Mapping_, *, markdown: bool) -> list[str]:
     return [f"not expressible: {len(mapping.unexpressible)} rows", *[""] * markdown] + _grid(
         ["rows", "missing feature", "row ids"], body, markdown=markdown
     )
+
+
+def skipped_lines(engine: str, skipped: Mapping[int, str], *, markdown: bool) -> list[str]:
+    """The rows an engine did not run, counted by reason."""
+    by_reason: dict[str, list[int]] = defaultdict(list)
+    for n, why in skipped.items():
+        by_reason[why.removeprefix(f"{engine}: ")].append(n)
+    body = [[str(len(ns)), why, _ranges(ns)] for why, ns in sorted(by_reason.items(), key=lambda kv: -len(kv[1]))]
+    head = [f"{engine}: {len(skipped)} rows not run", *[""] * markdown]
+    return head + _grid(["rows", "why not", "row ids"], body, markdown=markdown)
+
+
+def longest_first_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: bool) -> list[str]:
+    """LitGPT's rows whose script runs its longest sample first (litgpt_trace.py ``Script.longest_first``): the first
+    micro-step's peak (the trace table's figure: the only micro-step at that length, nothing of a previous one alive)
+    beside the steady state at that length, which such a run never reaches (an upper bound)."""
+    rows = [r for _, r in sorted(records.items()) if r["traced"] and r["longest_first"] and r["measured_gb"]]
+    if not rows:
+        return []
+    body = []
+    first_errs, steady_errs = [], []
+    for rec in rows:
+        m, first, steady = rec["measured_gb"], rec["first_step_peak_bytes"] / 1e9, rec["steady_peak_bytes"] / 1e9
+        first_errs.append(first / m - 1)
+        steady_errs.append(steady / m - 1)
+        s = rec["setup"]
+        method = s["method"] + (f" {s['quant']}" if s.get("quant") else "")
+        body.append(
+            [str(rec["row"]), str(s["model"]), method, f"{m:.2f}", f"{first:.2f}", _pct(first_errs[-1]),
+             f"{steady:.2f}", _pct(steady_errs[-1])]
+        )  # fmt: skip
+    head = ["row", "model", "method", "measured GB", "first micro-step GB", "error", "steady state GB", "error"]
+    title = (
+        f"trace, LitGPT scripts that run their longest sample first: {len(rows)} rows; median |error| first "
+        f"micro-step {100 * statistics.median(abs(e) for e in first_errs):.1f}%, steady state "
+        f"{100 * statistics.median(abs(e) for e in steady_errs):.1f}%"
+    )
+    return [title, *[""] * markdown] + _grid(head, body, markdown=markdown)
 
 
 def row_lines(results: list[Result], *, markdown: bool) -> list[str]:
@@ -492,7 +614,11 @@ def _grid(head: list[str], body: list[list[str]], *, markdown: bool) -> list[str
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--trace", action="store_true", help="also trace the training rows (slow: minutes on CPU)")
+    ap.add_argument(
+        "--trace",
+        action="store_true",
+        help="also the trace: LitGPT's rows from litgpt_trace.jsonl, the others traced (transformers + PEFT)",
+    )
     ap.add_argument("--markdown", action="store_true", help="Markdown tables (for docs/published.md)")
     ap.add_argument("--rows", action="store_true", help="one line per row")
     args = ap.parse_args(argv)
@@ -504,14 +630,16 @@ def main(argv: list[str] | None = None) -> int:
         results = run(mapping, engine, skipped)
         out += table_lines(results, mapping, markdown=args.markdown) + [""]
         if skipped:
-            reasons = Counter(skipped.values())
-            out += [
-                f"{engine}: {len(skipped)} rows not run: "
-                + "; ".join(f"{why} ({n})" for why, n in reasons.most_common()),
-                "",
-            ]
+            out += skipped_lines(engine, skipped, markdown=args.markdown) + [""]
         if args.rows:
             out += row_lines(results, markdown=args.markdown) + [""]
+        if engine == "trace" and (extra := litgpt_extra_results(mapping)):
+            title = "trace, LitGPT rows the estimate cannot express"
+            out += table_lines(extra, mapping, markdown=args.markdown, title=title) + [""]
+            if args.rows:
+                out += row_lines(extra, markdown=args.markdown) + [""]
+        if engine == "trace" and (first := longest_first_lines(read_litgpt_trace(), markdown=args.markdown)):
+            out += first + [""]
     out += unexpressible_lines(mapping, markdown=args.markdown)
     sys.stdout.write("\n".join(out) + "\n")
     return 0

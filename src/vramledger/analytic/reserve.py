@@ -17,9 +17,11 @@ reserves more than it allocates where blocks freed earlier are too small for a l
   where they fit.
 
 The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
-and every term grows with batch and length, as the planner's searches need. The replay shows three more places
+and never falls as batch or length grows, as the planner's searches need. The replay shows three more places
 (the backward thread's cuBLAS workspace in a logits block, activation blocks too small for the optimizer, a tied
-embedding's gradient) that switch off as the shape grows; they are left out (docs/reserve.md).
+embedding's gradient) that switch off as the shape grows: a packed run's estimate leaves them out, and a run with
+dynamic padding, which keeps the segments of every shorter shape it meets, is estimated at the largest
+single-shape reserve over those shapes, these included (``held_reserved``; docs/reserve.md "Runs").
 ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
 quantities (``parts.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
@@ -34,7 +36,10 @@ bytes, b trainable-parameter bytes.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
 from functools import lru_cache
+from typing import NamedTuple
 
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
@@ -55,7 +60,8 @@ RESERVE_SOURCE = (
     "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
     "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again, "
     "and foreach temporaries' blocks too small for the activations; LoRA's small pool; reserved stays at the "
-    "step's peak from step 2 on (analytic/reserve.py); not yet measured on a GPU"
+    "step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments of shorter "
+    "batches kept (analytic/reserve.py); not yet measured on a GPU"
 )
 
 Seq = tuple[tuple[int, int], ...]
@@ -342,8 +348,15 @@ def small_pool_excess(train: TrainSpec, p: StepParts) -> int:
 _TRAIN_PHASES = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
 
+def training_peaks(allocated: dict[Phase, int]) -> tuple[int, int, int]:
+    """Allocated bytes at the loss's peak (forward or backward), the step's peak and the optimizer's peak."""
+    peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
+    loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
+    return loss_peak, peak, allocated.get(Phase.OPTIMIZER, peak)
+
+
 def phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int]
+    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int], at: ShapePeaks | None = None
 ) -> dict[Phase, tuple[int, str, Basis]]:
     """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
 
@@ -353,10 +366,8 @@ def phase_reserves(
     and generation run after training steps, so they hold at least that cache; where they allocate more, the
     stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
     """
-    peak = max((allocated[ph] for ph in _TRAIN_PHASES if ph in allocated), default=0)
-    loss_peak = max(allocated.get(Phase.FORWARD, 0), allocated.get(Phase.BACKWARD, 0))
-    opt_peak = allocated.get(Phase.OPTIMIZER, peak)
-    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak) if peak else 0
+    loss_peak, peak, opt_peak = training_peaks(allocated)
+    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak, at) if peak else 0
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
         if ph is Phase.LOAD:
@@ -415,46 +426,278 @@ def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
 
 
 def peak_reserved(
-    m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, step_peak: int, opt_peak: int | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    loss_peak: int,
+    step_peak: int,
+    opt_peak: int | None = None,
+    at: ShapePeaks | None = None,
 ) -> int:
-    """Peak reserved of a steady-state step, in closed form, from the caching allocator's rules; never falls as
-    batch or length grows (the planner's searches need that).
+    """Peak reserved of a run at (B, L), in closed form, from the caching allocator's rules; never falls as batch
+    or length grows (the planner's searches need that).
 
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
-    phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``).
+    phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``); ``at``: the
+    same peaks of the step at another shape (``StepParts`` and allocated bytes), for a run with dynamic padding.
+    A packed run (``train.packing``), or a call without ``at``, gets the single shape's reserve without the
+    mechanisms that switch off as the shape grows (``_single_shape``); a run with dynamic padding meets every
+    shape up to (B, L) and keeps the segments each made, so it gets the largest single-shape reserve, those
+    mechanisms included, over the shapes it meets (``held_reserved``).
+    """
+    opt_peak = step_peak if opt_peak is None else opt_peak
+    single = _single_shape(m, train, p, loss_peak, step_peak, opt_peak, _NONE)
+    if train.packing or at is None:
+        return single
+    return max(single, held_reserved(m, train, at))
+
+
+def _single_shape(
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    loss_peak: int,
+    step_peak: int,
+    opt_peak: int,
+    on: Switching,
+) -> int:
+    """Peak reserved of a steady-state step at one shape: the largest of these lower bounds.
+
     CUDACachingAllocator.cpp never releases a segment during training and serves a request only from a cached
     block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
-    segments made so far, and the step's peak is the largest of these lower bounds:
+    segments made so far:
 
     1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``, less
        the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
        activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
-       own segments, which no activation fits (``_temporaries_unused_by_activations``);
+       own segments, which no activation fits (``_temporaries_unused_by_activations``); with adapters, plus an
+       fp32 logits block lost to the backward thread's cuBLAS workspace (``on.workspace``, ``_workspace_lost``);
     2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
        after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
        at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
        (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
        step 2 makes it again: reserved = max(R1, ``opt_peak``) + the fp32 logits bytes the states can take
-       (``_relaid_bytes``).
-    Terms 1's temporaries and 2 are for trained base weights (full, freeze), whose per-parameter tensors are
+       (``_relaid_bytes``);
+    3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
+       the optimizer fits (``on.activations``, ``_activations_unused``);
+    4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``_tied_gradient_block``).
+    Terms 1's temporaries and 2 to 4 are for trained base weights (full, freeze), whose per-parameter tensors are
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
-    (``small_pool_excess``) are added on top. Mechanisms the replay shows that switch off as the shape grows
-    (docs/reserve.md) are left out: with them reserved would fall where a longer sequence makes blocks usable.
+    (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``_NONE``: left out).
     """
-    opt_peak = step_peak if opt_peak is None else opt_peak
     stranded = stranded_bytes(m, train, p)
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
-        return max(step_peak, loss_peak + stranded) + small_pool_excess(train, p)
+        lost = _workspace_lost(m, train, p) if on.workspace else 0
+        return max(step_peak, loss_peak + stranded + lost) + small_pool_excess(train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(_states_in_logits(m, train, p, r1, stranded), hole)
-    return max(
-        step_peak,
-        loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
-        max(r1, opt_peak) + _relaid_bytes(m, train, p),
-    ) + small_pool_excess(train, p)
+    return (
+        max(
+            step_peak,
+            loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
+            max(r1, opt_peak) + _relaid_bytes(m, train, p),
+            opt_peak + (_activations_unused(p) if on.activations else 0),
+        )
+        + small_pool_excess(train, p)
+        + (_tied_gradient_block(p) if on.tied else 0)
+    )
+
+
+# Three mechanisms the replay shows switch OFF as the shape grows: a longer batch brings a block large enough
+# for what was stranded (the backward thread's cuBLAS workspace in an fp32 logits block, adapters; activation
+# blocks too small for the optimizer, full without checkpointing; a tied embedding's gradient block, full). A
+# single shape's reserve therefore falls from one length to the next. A run with dynamic padding meets shorter
+# batches too, and the allocator never gives their segments back: replayed through one allocator, a run whose
+# first steps are at a shorter length reserves at least what that length reserves on its own, and every longer
+# step adds its own segments on top (bench/reserve/runs.jsonl, docs/reserve.md "Runs"; Llama-3.2-3B full,
+# bf16-true, 4 × 768: 39.9 GiB when two steps at 648 tokens come first, 34.7 GiB for 768 alone). So the estimate
+# of such a run is the largest single-shape reserve, these mechanisms included, over the shapes ≤ (B, L): the
+# shorter batches of B sequences and the last, partial batch of an epoch (fewer sequences). Each mechanism is on
+# over a set of shapes closed downwards, and what it adds grows inside that set, so the largest is at a shape on
+# the set's upper edge (``_largest_on``); the set grows with (B, L), so the estimate never falls.
+
+
+class Switching(NamedTuple):
+    """Which of the mechanisms that switch off as the shape grows are counted."""
+
+    workspace: bool = False
+    activations: bool = False
+    tied: bool = False
+
+
+_NONE = Switching()
+
+ShapePeaks = Callable[[TrainSpec], tuple[StepParts, int, int, int]]
+"""The step at another shape: its ``StepParts``, and allocated bytes at the loss's peak, the step's peak and the
+optimizer's peak (analytic/step.py)."""
+
+
+def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    """The largest single-shape reserve, the switching mechanisms included, over the shapes ≤ (B, L) where they
+    are on (0 where none is on anywhere); each set's upper edge is enough (see above). Beyond the largest
+    micro-batch and length where a mechanism is on nothing changes, so the figure is computed (and cached) for
+    (B, L) capped there: the planner asks for many shapes past the edge."""
+    regions = _regions(m, train, at(train)[0])
+    if not regions:
+        return 0
+    B = max((pts[-1][0] for _, pts in regions if pts), default=1)
+    L = max((pts[0][1] for _, pts in regions if pts), default=1)
+    return _held_capped(m, replace(train, micro_batch=min(B, train.micro_batch), seq_len=min(L, train.seq_len)), at)
+
+
+@lru_cache(maxsize=4096)
+def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    best = 0
+    for which, points in _regions(m, train, at(train)[0]):
+        # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
+        edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
+        for b, ell in edge:
+            t = replace(train, micro_batch=b, seq_len=ell)
+            pt, loss, step, opt = at(t)
+            best = max(best, _single_shape(m, t, pt, loss, step, opt, which))
+    return best
+
+
+def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switching, list[tuple[int, int]]]]:
+    """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
+    shapes ≤ (B, L) where it is on (``_largest_on``)."""
+    on = _switching(m, train, p)
+    regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
+    if on.workspace is not None:
+        regions.append((Switching(workspace=True), on.workspace))
+    if on.activations is not None:
+        regions.append((Switching(activations=True), on.activations))
+    if on.tied is not None:
+        regions.append((Switching(tied=True), on.tied))
+        if on.activations is not None:
+            both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
+            regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
+    return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+
+
+class _Predicates(NamedTuple):
+    workspace: Callable[[int, int], bool] | None
+    activations: Callable[[int, int], bool] | None
+    tied: Callable[[int, int], bool] | None
+
+
+def _switching(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
+    """For each switching mechanism that applies to the setup, whether it is on at (b, ℓ) (None: it never is)."""
+    wb = p.weights
+    c, bw = train.precision.compute.bytes, wb.trainable_dtype.bytes
+    standard = train.loss is Loss.STANDARD and c != 4 and wb.trainable_layers
+    adapters = train.adapters or wb.largest_trainable_numel * bw <= K_SMALL_SIZE
+    workspace = activations = tied = None
+    if adapters and train.adapters and standard:
+        ws = cublas_workspace_block(p)
+        per_token = max(_workspace_rivals_per_token(m, train, p))
+        # eager's scores ∝ b·ℓ², DoRA's weight norm constant (StepParts.forward_layer_temp)
+        scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
+
+        def workspace(b: int, ell: int) -> bool:
+            layer_temp = p.dora_temp + scores * b * ell * ell // (B * L * L)
+            return max(per_token * b * ell, layer_temp) < ws and softmax32(b, ell) <= ws
+
+        def softmax32(b: int, ell: int) -> int:
+            """Eager's fp32 softmax, freed once cast back (transformers ``eager_attention_forward``:
+            ``softmax(attn_weights, dtype=torch.float32).to(query.dtype)``): 4·nh·ℓ² per sequence. One exactly the
+            workspace's size does not take it in the replay (Llama-3.2-1B LoRA eager 1 × 512: 32 MiB)."""
+            return 4 * m.num_heads * b * ell * ell if train.attn is Attention.EAGER else 0
+
+    if not adapters and wb.trainable_layers and not train.grad_ckpt:
+        # c·I·T < b·H·I ⟺ c·T < b·H (_activations_unused)
+        def activations(b: int, ell: int) -> bool:
+            return c * b * ell < bw * m.hidden_size
+
+    tied_states = m.tie_word_embeddings and wb.embedding_trainable and p.state_bytes >= p.grad_bytes
+    if not adapters and standard and tied_states:
+        # 4·V·T < V·H·b ⟺ 4·T < H·b (_tied_gradient_block)
+        def tied(b: int, ell: int) -> bool:
+            return 4 * b * ell < bw * m.hidden_size
+
+    return _Predicates(workspace, activations, tied)
+
+
+def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+    """For each micro-batch b ≤ B, the longest length ℓ ≤ L with ``on(b, ℓ)`` (``on`` holds on every smaller
+    shape where it holds; micro-batches where it holds at no length are left out)."""
+    out = []
+    for b in range(1, B + 1):
+        if not on(b, 1):
+            break
+        lo, hi = 1, L
+        while lo < hi:  # the largest ℓ with on(b, ℓ)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if on(b, mid) else (lo, mid - 1)
+        out.append((b, lo))
+    return out
+
+
+def cublas_workspace_block(p: StepParts) -> int:
+    """One handle's cuBLAS workspace: the one large-pool block each thread's first matmul allocates. ``p`` holds
+    both threads' cuBLAS + cuBLASLt workspaces (analytic/overhead.py ``cublas_workspace_bytes``); the architecture
+    whose figures add up to it gives the cuBLAS one (catalog/device_overhead.json)."""
+    from vramledger.catalog.device_overhead import device_overhead, known_archs
+
+    for arch in ("hopper", *known_archs()):
+        ov = device_overhead(arch)
+        if sum(ov.workspace_sizes()) == p.workspace_bytes:
+            return ov.cublas_workspace.bytes
+    return device_overhead("hopper").cublas_workspace.bytes
+
+
+def _workspace_rivals_per_token(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[int]:
+    """Bytes per token of the blocks forward frees that could take the backward thread's workspace instead of a
+    logits block: the fp32 norm intermediates (4·H), PEFT's fp32 casts of an adapted layer's input (4·in, with
+    fp32 adapters), under checkpointing a layer's c·I MLP intermediates."""
+    wb = p.weights
+    out = [4 * m.hidden_size]
+    if wb.trainable_dtype.bytes == 4:
+        out.append(4 * max((a.linear.in_features for a in wb.adapted), default=0))
+    if train.grad_ckpt:
+        out.append(train.precision.compute.bytes * _decoder_mlp_width(m))
+    return out
+
+
+def _workspace_lost(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Adapters: an fp32 logits block lost to the backward thread's cuBLAS workspace, cached at the loss's peak.
+
+    torch CublasHandlePool.cpp ``getCurrentCUDABlasHandle`` gives the autograd engine's thread its own handle,
+    whose workspace (``getChosenWorkspaceSize``: 32 MiB on Hopper) is allocated through the caching allocator at
+    that thread's first matmul (step 1's backward) and never freed. Best fit puts it in the smallest free block
+    that holds it. With adapters the blocks freed in forward are PEFT's fp32 casts of an adapted layer's input
+    (``lora.Linear.forward`` ``_cast_input_dtype``: 4·in·T), the fp32 norm intermediates (4·H·T), eager's
+    scores, DoRA's weight norm and, under checkpointing, a layer's c·I·T MLP intermediates; when all are smaller
+    than the workspace (``_switching``) it lands in a freed fp32 copy of the logits (4·V·T), and from step 2 on
+    backward makes one more 4·V·T block: 4·V·T − workspace more is cached at the loss's peak (the replay shows it
+    in every LoRA config where the rule applies: bench/reserve/replay_causes.jsonl).
+    """
+    return max(4 * m.vocab_size * train.tokens - cublas_workspace_block(p), 0)
+
+
+def _activations_unused(p: StepParts) -> int:
+    """Full fine-tuning without checkpointing where c·I·T < b·H·I (``_switching``): every activation block is
+    smaller than a decoder matrix's gradient, state or foreach temporary (b·H·I), so ``optimizer.step()`` makes
+    its own segments and the saved activations' stay cached at its peak (bench/reserve/replay_causes.jsonl)."""
+    return p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
+
+
+def _tied_gradient_block(p: StepParts) -> int:
+    """A V·H gradient block step 2 makes again for a tied embedding (full fine-tuning), where 4·V·T < V·H·b.
+
+    With tied weights backward holds three V·H tensors at once: lm_head's gradient (already in ``.grad``), the
+    embedding's (``embedding_dense_backward``) and their sum (AccumulateGrad's out-of-place ``add``). After step 1
+    the two freed ones are exactly the size of the embedding's states, which ``_init_group`` creates first (the
+    embedding is the first parameter), so best fit puts the states there. Step 2's backward then finds two V·H
+    blocks (the sum's, freed by ``zero_grad``, and the foreach temporary's of step 1's optimizer) and, where the
+    freed fp32 logits blocks are smaller than V·H, nothing else: it makes one more (the replay shows the ``add``
+    block made in step 2). Not seen with an fp32 compute dtype (Llama-3.2-1B fp32 in the grid: the replay makes
+    no such block; why is not known), so not applied there (``_switching``).
+    """
+    return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
 
 
 def _decoder_mlp_width(m: ModelSpec) -> int:

@@ -15,6 +15,7 @@ Gradients are absent in forward unless gradient accumulation keeps them across m
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -51,7 +52,7 @@ from vramledger.analytic.overhead import (
 from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
-from vramledger.analytic.reserve import phase_reserves
+from vramledger.analytic.reserve import phase_reserves, training_peaks
 from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
@@ -450,6 +451,23 @@ def _optimizer_moment(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
+@dataclass(frozen=True)
+class _ShapePeaks:
+    """``reserve.ShapePeaks`` for one model and GPU; hashable, so the reserve can cache on it."""
+
+    m: ModelSpec
+    gpu: GPUSpec | None
+
+    def __call__(self, train: TrainSpec) -> tuple[StepParts, int, int, int]:
+        return _peaks_at(self.m, train, self.gpu)
+
+
+@lru_cache(maxsize=4096)
+def _peaks_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[StepParts, int, int, int]:
+    """The step at another shape, for the reserve of a run with dynamic padding (``reserve.held_reserved``)."""
+    return (step_parts(m, train, gpu), *training_peaks({ph: mo.total for ph, mo in moments(m, train, gpu).items()}))
+
+
 def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[tuple[LineItem, ...], dict[Phase, str]]:
     """Line items for every phase, including the allocator reserve and the CUDA context."""
     items: list[LineItem] = []
@@ -461,7 +479,11 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     else:
         # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
         totals = {ph: mo.total for ph, mo in mos.items()}
-        reserved = phase_reserves(m, engine_dtypes(train), p, totals)
+        engine = engine_dtypes(train)
+        # a run with dynamic padding: the reserve of the shorter shapes it meets (reserve.held_reserved), for the
+        # step as it is (an engine's casts leave the single shape's form)
+        at = _ShapePeaks(m, gpu) if engine is train else None
+        reserved = phase_reserves(m, engine, p, totals, at)
         reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
     for phase, mo in mos.items():
         names[phase] = mo.name
