@@ -136,6 +136,12 @@ class Verdict:
     fits: bool
     margin_bytes: int
     """usable − device total: positive when it fits, negative by how much it misses."""
+    without_cache_bytes: int = 0
+    """The device total less the allocator's cache (reserved − allocated) at each phase's peak, the largest over the
+    phases: what must fit once the caching allocator has freed its cache. Before it raises out of memory it does
+    (torch c10/cuda/CUDACachingAllocator.cpp ``malloc``: ``release_cached_blocks`` then a retry, counted in
+    ``num_alloc_retries``), so a step whose device total is over but whose figure here is under may still run, more
+    slowly, and fragmentation inside live segments can still fail it. 0 when not computed."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -200,6 +206,11 @@ class Ledger:
     def device_total(self) -> int:
         return max((self.device(p) for p in self.phases), default=0)
 
+    @property
+    def device_total_without_cache(self) -> int:
+        """The device total with no allocator cache at any phase (``Verdict.without_cache_bytes``)."""
+        return max((self.device(p) - self.bytes_of(Category.ALLOCATOR_RESERVE, p) for p in self.phases), default=0)
+
     def categories(self) -> tuple[Category, ...]:
         seen = {i.category for i in self.items}
         return tuple(c for c in Category if c in seen)
@@ -210,8 +221,11 @@ class Ledger:
         return replace(self, items=tuple(items))
 
 
-def make_verdict(device_total: int, gpu_name: str, capacity: int, headroom_fraction: float) -> Verdict:
-    """Compare a device total with a GPU's capacity less the headroom."""
+def make_verdict(
+    device_total: int, gpu_name: str, capacity: int, headroom_fraction: float, *, without_cache: int = 0
+) -> Verdict:
+    """Compare a device total with a GPU's capacity less the headroom (``without_cache``: the same total with no
+    allocator cache, ``Ledger.device_total_without_cache``)."""
     usable = int(capacity * (1.0 - headroom_fraction))
     return Verdict(
         gpu=gpu_name,
@@ -221,4 +235,5 @@ def make_verdict(device_total: int, gpu_name: str, capacity: int, headroom_fract
         device_total_bytes=device_total,
         fits=device_total <= usable,
         margin_bytes=usable - device_total,
+        without_cache_bytes=without_cache,
     )

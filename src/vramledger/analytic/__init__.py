@@ -92,7 +92,13 @@ def estimate(
     )
     verdict = None
     if gpu is not None:
-        verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
+        verdict = make_verdict(
+            ledger.device_total,
+            gpu.name,
+            gpu.memory_bytes,
+            headroom,
+            without_cache=ledger.device_total_without_cache,
+        )
     advice = eval_advice(ledger, model, lm, parts) or advice_sentence(ledger, lm)
     return replace(ledger, verdict=verdict, advice=advice)
 

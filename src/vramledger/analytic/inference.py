@@ -279,7 +279,17 @@ def infer_ledger(
     )
     from dataclasses import replace
 
-    verdict = None if gpu is None else make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
+    verdict = (
+        None
+        if gpu is None
+        else make_verdict(
+            ledger.device_total,
+            gpu.name,
+            gpu.memory_bytes,
+            headroom,
+            without_cache=ledger.device_total_without_cache,
+        )
+    )
     cache = ledger.bytes_of(Category.KV_CACHE, Phase.GENERATE)
     advice = (
         f"The KV cache ({fmt_bytes(cache)}) "

@@ -28,6 +28,7 @@ def ledger_to_dict(ledger: Ledger) -> dict[str, Any]:
             "headroom_fraction": v.headroom_fraction,
             "usable_bytes": v.usable_bytes,
             "margin_bytes": v.margin_bytes,
+            "without_cache_bytes": v.without_cache_bytes,
         },
         "phases": {
             p.value: {

@@ -169,7 +169,13 @@ def _trace_ledger(
     advice = advice_sentence(ledger, train)  # the estimate's wording and remedy (vramledger.advice)
     verdict = None
     if gpu is not None:
-        verdict = make_verdict(ledger.device_total, gpu.name, gpu.memory_bytes, headroom)
+        verdict = make_verdict(
+            ledger.device_total,
+            gpu.name,
+            gpu.memory_bytes,
+            headroom,
+            without_cache=ledger.device_total_without_cache,
+        )
     snap = None
     if snapshot:
         from vramledger.analytic.overhead import obtainable_bytes
