@@ -41,6 +41,18 @@ Generation (transformers 5.23 ``generation/utils.py`` and ``cache_utils.py``):
   layer at the first update; ``StaticSlidingWindowLayer`` min(W, S) (l. 525-527). Batch × ``num_beams`` rows.
 - GQA/MQA: the cache holds kv_heads heads (``repeat_kv`` copies are transient, inside attention).
 - MLA (DeepSeek-V2/V3 compressed latents) is not modelled: the catalog has no MLA model.
+
+TRL's ``chunked_nll`` (``Loss.CHUNKED_NLL``; trl f2cd577 ``trl/trainer/sft_trainer.py``): ``prediction_step``
+passes the labels, so the patched forward (``_patch_chunked_ce_lm_head._chunked_ce_forward``, l. 270-374) runs
+its chunked path in eval too: the decoder with ``use_cache=False`` (l. 293, 309; ``SFTTrainer.compute_loss`` also
+sets ``inputs["use_cache"] = False``, l. 1710): no KV cache; then ``_chunked_cross_entropy_loss`` (l. 117-234),
+whose ``torch.utils.checkpoint`` under ``no_grad`` just runs ``_chunk``: one chunk's logits, fp32 log-softmax and
+entropy at a time, as in the training forward (analytic/logits.py ``_trl_chunked_nll`` ``forward_peak``). It
+returns ``logits=None`` (l. 364): with ``compute_metrics`` the Trainer keeps, per eval batch, the labels and the
+output's other tensors (``prediction_step`` l. 3268: ``ModelOutput.items()`` skips None), three 0-d metrics
+(``num_correct_tokens`` fp32, ``entropy_sum`` fp32, ``num_valid_tokens`` int64) that ``nested_concat`` turns into
+1-D tensors (``atleast_1d``); ``preprocess_logits_for_metrics`` receives those, not logits.
+Traced on CPU tensors: tests/analytic/test_trl_eval.py.
 """
 
 from __future__ import annotations
@@ -62,6 +74,10 @@ SRC_KEPT = (
     "logits and labels on the GPU; moved to CPU only every eval_accumulation_steps"
 )
 SRC_CONCAT = "trainer_pt_utils.py torch_pad_and_concatenate l. 80-95: torch.cat((kept, new)) holds kept, new and result"
+SRC_TRL_EVAL = "trl f2cd577 sft_trainer.py _chunked_ce_forward l. 293-309 (use_cache=False), l. 364 (logits=None)"
+TRL_EVAL_METRICS = 4 + 4 + 8
+"""Bytes per eval batch of the kept 0-d metrics of TRL's chunked output: num_correct_tokens, entropy_sum (fp32),
+num_valid_tokens (int64) (module docstring)."""
 SRC_CACHE = (
     "cache_utils.py DynamicLayer.update (cat, S tokens), DynamicSlidingWindowLayer.update (view of the cat: P after "
     "prefill, min(S, W) after), StaticLayer (max_cache_len = P+N-1 preallocated): 2·B·kv_heads·head_dim·tokens·bytes"
@@ -201,6 +217,13 @@ def eval_shape(m: ModelSpec, train: TrainSpec) -> EvalShape:
         per = 8 * B * L + labels  # torch.argmax returns int64
     else:
         per = 0
+    if per and train.loss is Loss.CHUNKED_NLL:
+        # TRL's chunked forward returns logits=None: only the labels and three scalar metrics are kept.
+        per = TRL_EVAL_METRICS + labels
+        warnings.append(
+            "eval: TRL's chunked_nll returns no logits in eval (logits=None): compute_metrics and "
+            "preprocess_logits_for_metrics get only its scalar metrics; the labels are kept (" + SRC_TRL_EVAL + ")"
+        )
     if train.predict_with_generate:
         # Seq2SeqTrainer.prediction_step returns the generated ids (padded to max_length) instead of logits.
         per = 8 * B * (L + max(train.generation_max_new_tokens, 1)) + labels
@@ -224,7 +247,7 @@ def eval_shape(m: ModelSpec, train: TrainSpec) -> EvalShape:
         steps_kept=k,
         kept_per_step=per,
         logits_kept_dtype=dt,
-        use_cache=not train.grad_ckpt,
+        use_cache=not train.grad_ckpt and train.loss is not Loss.CHUNKED_NLL,  # TRL: use_cache=False
         warnings=tuple(warnings),
     )
 
@@ -239,7 +262,7 @@ def eval_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
             "eval: predict_with_generate without max_new_tokens: generation counted for its prefill only; "
             "give --max-new-tokens N"
         )
-    if not train.grad_ckpt:
+    if eval_shape(m, train).use_cache:
         out.append(
             "eval: counted the KV cache the eval forward builds (config.use_cache, on unless the script turned it "
             "off; LLaMA-Factory turns it off with gradient checkpointing)"
@@ -279,7 +302,8 @@ def _eval_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s:
     """The eval forward's peak: at the loss, in the top decoder layer, or in the concatenation of kept predictions."""
     B, L = sh.batch, sh.length
     c = train.precision.compute.bytes
-    # Eval forward (the loss needs labels: the standard loss, or Liger's fused one when no logits are kept).
+    # Eval forward (the loss needs labels: the standard loss, or Liger's fused one when no logits are kept; TRL's
+    # chunked_nll whatever is kept: its forward takes the chunked path whenever labels are given).
     cache = 0
     if sh.use_cache:
         cache = kv_cache_bytes(m, batch=B, prompt=L, new_tokens=1, dtype_bytes=c, key_bytes=s).after_prefill
@@ -308,7 +332,9 @@ def _eval_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s:
     a.add(Category.ACTIVATIONS, "last hidden state", s * m.hidden_size * B * L, "LlamaForCausalLM.forward")
     a.add(
         Category.LOGITS_LOSS,
-        "eval logits, fp32 copy, log-softmax",
+        "eval loss: one chunk's logits at a time (TRL chunked_nll)"
+        if train.loss is Loss.CHUNKED_NLL
+        else "eval logits, fp32 copy, log-softmax",
         lg.forward_peak,
         f"{TRAINER} prediction_step l. 3239-3268 (no_grad) + analytic/logits.py ({lg.source})",
     )
