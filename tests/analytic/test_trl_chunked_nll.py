@@ -150,10 +150,12 @@ def _chunked_cross_entropy_loss(
     return loss, correct, entropy_sum, n_valid_tensor
 
 
-def _peak_live_bytes(train: TrainSpec, m: ModelSpec = M) -> int:
+def _peak_live_bytes(train: TrainSpec, m: ModelSpec = M, *, evaluating: bool = False) -> int:
     """One training step's loss as SFTTrainer runs it: ``_chunked_cross_entropy_loss`` on the decoder's hidden
     states, inside the (autocast) forward; ``compute_loss`` returns only the loss (the outputs, with the entropy and
-    accuracy tensors, are dropped before ``loss.backward()``). Every tensor an op makes inside is recorded."""
+    accuracy tensors, are dropped before ``loss.backward()``). Every tensor an op makes inside is recorded.
+    ``evaluating``: the Trainer's ``prediction_step`` instead: the same call under ``torch.no_grad()`` (transformers
+    5.23 trainer.py l. 3239), no backward, no gradients (None after ``zero_grad(set_to_none=True)``)."""
     torch.manual_seed(0)
     mixed = train.precision.mixed
     full = train.method is Method.FULL
@@ -167,16 +169,18 @@ def _peak_live_bytes(train: TrainSpec, m: ModelSpec = M) -> int:
         w = torch.randn(V, m.hidden_size, dtype=head_dtype).requires_grad_(full)
         hidden = torch.randn(train.micro_batch, train.seq_len, m.hidden_size, dtype=hidden_dtype).requires_grad_(True)
         labels = torch.randint(0, V, (train.micro_batch, train.seq_len))
-        if w.requires_grad:  # the head's gradient as a second micro-batch finds it (accumulated in place)
+        # the head's gradient as a second micro-batch finds it (accumulated in place)
+        if w.requires_grad and not evaluating:
             w.grad = torch.zeros_like(w)
 
         def compute_loss() -> torch.Tensor:
-            with amp:
+            with amp, torch.no_grad() if evaluating else contextlib.nullcontext():
                 loss, correct, entropy_sum, n_valid = _chunked_cross_entropy_loss(hidden, w, 256, labels=labels)
             return loss
 
         loss = compute_loss()
-        _backward(loss)  # loss.backward(), with the recomputes under the shims (trace/step.py)
+        if not evaluating:
+            _backward(loss)  # loss.backward(), with the recomputes under the shims (trace/step.py)
         del loss
     # The step's other lines, left out: the head (a weight), the final hidden states (final_hidden_bytes) and a
     # trained head's gradient (grad_bytes). Made under the recorder (a view of an unseen storage would count as new).
