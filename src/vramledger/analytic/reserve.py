@@ -397,7 +397,8 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
       layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
       with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
       larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
-      transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split);
+    - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
     """
     wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
@@ -436,8 +437,13 @@ def trl_stranded_bytes(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
     caching allocator and never freed); best fit puts the workspace in the smallest freed block that holds it,
     forward's l·k·V logits block, and from then on each chunk's logits are cut from an fp32 4·k·V block and one
     more fp32 block is made per recompute (bench/reserve/ causes: the segments step 1's backward makes are
-    ``_log_softmax``, ``mul``, ``mul``, each 4·k·V). Constant in T beyond one chunk (k = 256 tokens), so the
-    estimate never falls as the shape grows; counted whatever else forward freed (a layer's transient larger
+    ``_log_softmax``, ``mul``, ``mul``, each 4·k·V). TRL's targets are B·(L−1) tokens (``labels[..., 1:]``), so
+    the last chunk is shorter; backward recomputes it first (the engine runs the latest chunk's node first), and
+    the segments it makes (rounded to 2 MiB, ``round_size``) can be too small for a full chunk's 4·k·V requests.
+    Not monotone in L: the figure swings between about one and two fp32 chunk blocks with the last chunk's size
+    (B·(L−1) mod 256), as the allocator model does on the chain (not yet checked on traces at many lengths); the
+    planner's searches see that swing. Counted
+    whatever else forward freed (a layer's transient larger
     than the workspace would take it instead: an over-estimate of at most one fp32 chunk block there).
     """
     t = trl_chunk(m, train, train.tokens)
