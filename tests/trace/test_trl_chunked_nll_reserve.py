@@ -18,17 +18,9 @@ from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.specs import DType, Loss, Method, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
 
-CFG = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 128256,
-    "max_position_embeddings": 1024,
-    "tie_word_embeddings": False,
-}
+from tests.trace.test_trl_chunked_nll_trace import CFG as TRACE_CFG  # noqa: E402
+
+CFG = {**TRACE_CFG, "vocab_size": 128256}  # test_trl_chunked_nll_trace.py's Llama, Llama-3's vocabulary
 # (precision, base dtype, micro-batch, length); 2 × 512 has a shorter last chunk (2·511 − 3·256 = 254 tokens)
 CASES = {
     "bf16-true 2x512": (Precision.BF16, None, 2, 512),
