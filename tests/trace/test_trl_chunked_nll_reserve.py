@@ -13,12 +13,11 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from tests.trace.test_trl_chunked_nll_trace import CFG as TRACE_CFG  # noqa: E402
 from vramledger.analytic import estimate  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.specs import DType, Loss, Method, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
-
-from tests.trace.test_trl_chunked_nll_trace import CFG as TRACE_CFG  # noqa: E402
 
 CFG = {**TRACE_CFG, "vocab_size": 128256}  # test_trl_chunked_nll_trace.py's Llama, Llama-3's vocabulary
 # (precision, base dtype, micro-batch, length); 2 × 512 has a shorter last chunk (2·511 − 3·256 = 254 tokens)
