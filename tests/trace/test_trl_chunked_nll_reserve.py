@@ -32,7 +32,11 @@ CASES = {
         None,
         2,
         512,
-        marks=pytest.mark.xfail(strict=True, reason="estimate 3.6% under the replay: cause not yet found"),
+        marks=pytest.mark.xfail(
+            strict=True,
+            reason="3.6% under: besides the chain's blocks the replay has 20 MiB free in forward _to_copy segments "
+            "(layer transients in kLargeBuffer segments), not modelled for a chunked loss",
+        ),
     ),
 }
 
