@@ -51,6 +51,7 @@ from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.ledger import Basis, Phase
 from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs.train import TRL_CHUNK_TOKENS
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
 _CHUNKS = 48
@@ -249,19 +250,23 @@ def _loss_chain(seq: _Events, m: ModelSpec, train: TrainSpec, lg: LogitsBytes, h
     return g3
 
 
-def _trl_chain(seq: _Events, t: TrlChunk, hidden: int) -> int:
+def _trl_chain(seq: _Events, t: TrlChunk, hidden: int, workspace: int = 0, last: TrlChunk | None = None) -> int:
     """TRL's ``chunked_nll`` (analytic/logits.py), block by block: two chunks' forwards, then two chunks'
-    recomputes and backwards (the allocator's cache is made by then); returns the hidden states' gradient."""
+    recomputes and backwards (the allocator's cache is made by then); returns the hidden states' gradient.
+    ``workspace``: the backward thread's cuBLAS workspace, made at the first recompute's matmul (0: counted
+    elsewhere, as ``step_sequence`` does). ``last``: the last chunk's sizes where it is shorter (None: as ``t``);
+    forward runs it last, backward first."""
     rounds = min(t.chunks, 2)
+    order = [t] * rounds if last is None or rounds < 2 else [t, last]
     kept = seq.alloc(t.hidden)  # hidden[order]
-    for _ in range(rounds):
-        w, logits, lsm = _trl_chunk_forward(seq, t, keep_head=False)
+    for ti in order:
+        w, logits, lsm = _trl_chunk_forward(seq, ti, keep_head=False)
         seq.free(lsm)
         seq.free(logits)
     seq.free(hidden)
     grad_hidden = buffer = None
-    for _ in range(rounds):
-        w, logits, lsm = _trl_chunk_forward(seq, t, keep_head=True)
+    for i, t in enumerate(reversed(order)):
+        w, logits, lsm = _trl_chunk_forward(seq, t, keep_head=True, workspace=workspace if i == 0 else 0)
         seq.free(logits)
         g1, g2 = seq.alloc(t.fp32), seq.alloc(t.fp32)  # nll_loss_backward, _log_softmax_backward_data
         seq.free(lsm)
@@ -297,12 +302,14 @@ def _trl_chain(seq: _Events, t: TrlChunk, hidden: int) -> int:
     return grad_hidden
 
 
-def _trl_chunk_forward(seq: _Events, t: TrlChunk, *, keep_head: bool) -> tuple[int, int, int]:
+def _trl_chunk_forward(seq: _Events, t: TrlChunk, *, keep_head: bool, workspace: int = 0) -> tuple[int, int, int]:
     """One chunk's ``_chunk``: the matmul's copies, the logits, log_softmax, the entropy's two temporaries. In the
-    recompute (``keep_head``) mm's saved head stays; returns (saved head, logits, log-softmax)."""
+    recompute (``keep_head``) mm's saved head stays; ``workspace`` (never freed) is made by the matmul before its
+    output; returns (saved head, logits, log-softmax)."""
     up = seq.alloc(t.h_up)
     w32 = seq.alloc(t.head32)
     cast = seq.alloc(t.cast)
+    seq.alloc(workspace)
     logits = seq.alloc(t.logits)
     seq.free(up)
     saved = cast if t.cast else w32
@@ -390,7 +397,8 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
       layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
       with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
       larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
-      transients made before the loss; backward's reuse the freed logits blocks (split, should_split).
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split);
+    - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
     """
     wb = p.weights
     T, B, L = train.tokens, train.micro_batch, train.seq_len
@@ -399,6 +407,8 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     H, V = m.hidden_size, m.vocab_size
     I = _decoder_mlp_width(m)  # noqa: E741
     logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    if train.loss is Loss.CHUNKED_NLL:
+        return trl_stranded_bytes(m, train, cublas_workspace_block(p))
     if not wb.trainable_layers or train.loss is not Loss.STANDARD:
         # A fused or chunked loss makes no V·T-sized request at its peak: its chunk-sized requests are cut from
         # whatever the layers' transients left cached (get_free_block's best fit splits larger blocks), so
@@ -412,6 +422,39 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.attn is Attention.EAGER:
         bwd += (c + 4) * m.num_heads * L * L * B
     return logits_hole + max(fwd, bwd)
+
+
+def trl_stranded_bytes(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
+    """TRL's ``chunked_nll``: the chain's blocks cached and free at its backward peak, from replaying the chain
+    alone (``_trl_chain``) through the allocator model, the backward thread's cuBLAS workspace included.
+
+    The trace replay (Qwen2.5-0.5B, TRL's LoRA config, 2 × 256: 3.15 GiB reserved) shows the mechanism. Forward
+    runs the chunks under ``torch.utils.checkpoint`` without saving: the head's copy (``w.float()``, autocast's
+    cast) is freed before the chunk's fp32 log-softmax, ``exp`` and product, which best fit cuts from its
+    segment (``get_free_block``, ``should_split``). The recompute keeps the copy for mm's backward, so those
+    fp32 blocks need segments of their own. The autograd thread's first matmul is the first recompute's
+    (CublasHandlePool.cpp ``getCurrentCUDABlasHandle``: a handle and workspace per thread, allocated through the
+    caching allocator and never freed); best fit puts the workspace in the smallest freed block that holds it,
+    forward's l·k·V logits block, and from then on each chunk's logits are cut from an fp32 4·k·V block and one
+    more fp32 block is made per recompute (bench/reserve/ causes: the segments step 1's backward makes are
+    ``_log_softmax``, ``mul``, ``mul``, each 4·k·V). TRL's targets are B·(L−1) tokens (``labels[..., 1:]``), so
+    the last chunk is shorter; backward recomputes it first (the engine runs the latest chunk's node first), and
+    the segments it makes (rounded to 2 MiB, ``round_size``) can be too small for a full chunk's 4·k·V requests.
+    Not monotone in L: the figure swings between about one and two fp32 chunk blocks with the last chunk's size
+    (B·(L−1) mod 256), as the allocator model does on the chain (not yet checked on traces at many lengths); the
+    planner's searches see that swing. Counted
+    whatever else forward freed (a layer's transient larger
+    than the workspace would take it instead: an over-estimate of at most one fp32 chunk block there).
+    """
+    t = trl_chunk(m, train, train.tokens)
+    n = train.micro_batch * (train.seq_len - 1)  # targets: labels[..., 1:]
+    k = min(train.tokens, TRL_CHUNK_TOKENS)
+    short = n - k * (-(-n // k) - 1)
+    last = trl_chunk(m, train, short) if 0 < short < k else None
+    seq = _Events()
+    _trl_chain(seq, t, seq.alloc(t.hidden), workspace, last)
+    reserved, allocated = replay_excess(tuple(seq.events))
+    return max(reserved - allocated, 0)
 
 
 def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
