@@ -9,23 +9,13 @@ import pytest
 pytest.importorskip("transformers")
 pytest.importorskip("peft")
 
+from tests.trace.test_lora_head_saved_modules_chunked_loss import CFG  # noqa: E402  (the same small Llama)
 from vramledger.analytic import estimate  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.ledger import Phase  # noqa: E402
 from vramledger.specs import DType, Loss, Method, Precision, TrainSpec  # noqa: E402
 from vramledger.trace import trace_step  # noqa: E402
 
-CFG = {
-    "model_type": "llama",
-    "hidden_size": 256,
-    "intermediate_size": 512,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 8192,
-    "max_position_embeddings": 1024,
-    "tie_word_embeddings": False,
-}
 CASES = {
     "lora bf16-true": (Method.LORA, Precision.BF16, None),
     "lora bf16-mixed, bf16 base": (Method.LORA, Precision.BF16_MIXED, None),
