@@ -237,3 +237,14 @@ def make_verdict(
         margin_bytes=usable - device_total,
         without_cache_bytes=without_cache,
     )
+
+
+def ledger_verdict(ledger: Ledger, gpu_name: str, capacity: int, headroom_fraction: float) -> Verdict:
+    """The verdict of a ledger on a GPU: its device total, and the same without the allocator's cache."""
+    return make_verdict(
+        ledger.device_total,
+        gpu_name,
+        capacity,
+        headroom_fraction,
+        without_cache=ledger.device_total_without_cache,
+    )

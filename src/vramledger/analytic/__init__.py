@@ -21,7 +21,7 @@ from vramledger.analytic.loop import COMPILE_NOTE
 from vramledger.analytic.step import ledger_items, step_parts
 from vramledger.analytic.vision import lm_view, vision_items, vision_notes, vision_settings
 from vramledger.analytic.vision_params import uncounted_tower_params
-from vramledger.ledger import Ledger, make_verdict
+from vramledger.ledger import Ledger, ledger_verdict
 from vramledger.specs import DEFAULT_HEADROOM, Attention, GPUSpec, Method, ModelSpec, TrainSpec
 
 __all__ = ["DEFAULT_HEADROOM", "estimate", "step_parts"]
@@ -92,13 +92,7 @@ def estimate(
     )
     verdict = None
     if gpu is not None:
-        verdict = make_verdict(
-            ledger.device_total,
-            gpu.name,
-            gpu.memory_bytes,
-            headroom,
-            without_cache=ledger.device_total_without_cache,
-        )
+        verdict = ledger_verdict(ledger, gpu.name, gpu.memory_bytes, headroom)
     advice = eval_advice(ledger, model, lm, parts) or advice_sentence(ledger, lm)
     return replace(ledger, verdict=verdict, advice=advice)
 

@@ -39,7 +39,7 @@ from vramledger.analytic.params import count_params
 from vramledger.analytic.rotary_buffers import SOURCE as SRC_ROTARY
 from vramledger.analytic.rotary_buffers import legacy_rotary_bytes
 from vramledger.errors import VramledgerError
-from vramledger.ledger import Basis, Category, Ledger, LineItem, Phase, make_verdict
+from vramledger.ledger import Basis, Category, Ledger, LineItem, Phase, ledger_verdict
 from vramledger.specs import Attention, DType, GPUSpec, Method, ModelCode, ModelSpec, Precision, QuantSpec, TrainSpec
 from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.units import fmt_bytes
@@ -279,17 +279,7 @@ def infer_ledger(
     )
     from dataclasses import replace
 
-    verdict = (
-        None
-        if gpu is None
-        else make_verdict(
-            ledger.device_total,
-            gpu.name,
-            gpu.memory_bytes,
-            headroom,
-            without_cache=ledger.device_total_without_cache,
-        )
-    )
+    verdict = None if gpu is None else ledger_verdict(ledger, gpu.name, gpu.memory_bytes, headroom)
     cache = ledger.bytes_of(Category.KV_CACHE, Phase.GENERATE)
     advice = (
         f"The KV cache ({fmt_bytes(cache)}) "

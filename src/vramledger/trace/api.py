@@ -10,7 +10,7 @@ from vramledger.advice import advice_sentence
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.analytic.nccl import nccl_bill, nccl_lines
 from vramledger.analytic.vision import lm_view
-from vramledger.ledger import Category, Ledger, Phase, make_verdict
+from vramledger.ledger import Category, Ledger, Phase, ledger_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec
 from vramledger.specs.gpu import DEFAULT_HEADROOM
 from vramledger.trace.distributed import wrapper_settings
@@ -169,13 +169,7 @@ def _trace_ledger(
     advice = advice_sentence(ledger, train)  # the estimate's wording and remedy (vramledger.advice)
     verdict = None
     if gpu is not None:
-        verdict = make_verdict(
-            ledger.device_total,
-            gpu.name,
-            gpu.memory_bytes,
-            headroom,
-            without_cache=ledger.device_total_without_cache,
-        )
+        verdict = ledger_verdict(ledger, gpu.name, gpu.memory_bytes, headroom)
     snap = None
     if snapshot:
         from vramledger.analytic.overhead import obtainable_bytes
