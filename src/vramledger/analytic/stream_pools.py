@@ -86,9 +86,11 @@ from vramledger.analytic.distributed import (
     fsdp_layer_elements,
 )
 from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
+from vramledger.analytic.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
+from vramledger.analytic.fsdp_workspace import default_pool_floor
 from vramledger.analytic.params import embedding_params, head_params
 from vramledger.analytic.parts import Moment, StepParts
-from vramledger.analytic.reserve import phase_reserves, replay_excess
+from vramledger.analytic.reserve import phase_reserves, replay_excess, training_peaks
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, Phase
 from vramledger.specs import ModelSpec, Sharding, TrainSpec
@@ -360,15 +362,21 @@ def pooled_phase_reserves(
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
     default stream holds, and the side pools' reserved bytes less what of them is live at the phase's peak."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
+    default = {ph: mo.total - off[ph] for ph, mo in moments.items()}
     # The default stream's blocks follow the engine's compute dtypes; the side pools the dtypes as loaded (an fp32
     # base's shards are cast there before their all-gather).
-    base = phase_reserves(m, engine_dtypes(train), p, {ph: mo.total - off[ph] for ph, mo in moments.items()})
+    engine = engine_dtypes(train)
+    base = phase_reserves(m, engine, p, default)
     pools = side_pools(m, train, p.weights).total
+    # step 1's backward workspace in an fp32 logits block: a floor under the default pool (analytic/fsdp_workspace.py)
+    floor = default_pool_floor(m, engine, p, training_peaks(default)[0]) if pools else 0
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
         if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
             out[ph] = [ReserveLine(n, RESERVE_LABEL, source, basis)]
             continue
+        if floor - default[ph] > n:
+            n, source = floor - default[ph], f"{source}; {WORKSPACE_SOURCE}"
         # The side pools hold at least what is live in them (never less over the grid nor over 606 configs of an
         # 8B model: full/LoRA/QLoRA/freeze, FSDP1/2, every sharding, offload, 2-64 ranks, accumulation).
         out[ph] = [

@@ -1,0 +1,107 @@
+"""FSDP's default stream: the backward thread's cuBLAS workspace in an fp32 logits block, made again in step 2.
+
+torch CublasHandlePool.cpp ``getCurrentCUDABlasHandle`` gives the autograd engine's thread a cuBLAS handle of its
+own, whose workspace (``getChosenWorkspaceSize``: 32 MiB on Hopper) goes through the caching allocator at that
+thread's first matmul, lm_head's backward in step 1, and is never freed. Best fit (CUDACachingAllocator.cpp
+``get_free_block``) puts it in the smallest free block that holds it. At that moment the loss's fp32 blocks
+(transformers ``ForCausalLMLoss``: the upcast, the log-softmax, the two gradients, 4·V·T each) have all been
+freed, the c·V·T logits block holds its gradient's cast (lm_head's backward input), and the blocks forward
+freed earlier are cut up by the saved activations. Where every other free block is smaller than the workspace
+(the rivals below), it is cut from an fp32 logits block (``should_split``: the remainder is > 1 MiB). From step 2
+on backward needs three 4·V·T blocks at once (the saved log-softmax and ``nll_loss_backward``'s and
+``_log_softmax_backward_data``'s gradients): the block with the workspace inside cannot serve one, so one more
+4·V·T segment is made, and at the peak its remainder (4·V·T − workspace) is cached and free beside the c·V·T
+hole, unless the step's own layer transients are cut from it (under checkpointing: they share it).
+
+The replay of the traced default stream shows it in every FSDP row of the grid but the 1B-parameter ones
+(bench/distributed/grid.jsonl; ``python bench/distributed/run_grid.py --causes ID``): step 2 makes a 126 MiB
+``_log_softmax_backward_data`` (or ``_log_softmax``) segment with the workspace in step 1's. analytic/reserve.py
+models the same mechanism for a single GPU only with adapters and a run with dynamic padding
+(``_workspace_lost``); under FSDP it applies whatever is trained, because what else forward frees differs:
+
+- FSDP2 with ``reshard_after_forward`` (FULL_SHARD, HYBRID_SHARD): each layer's unsharded parameters are freed
+  after its forward (fsdp/_fully_shard/_fsdp_param_group.py ``post_forward`` → ``reshard``; _fsdp_param.py
+  ``free_unsharded_param``: ``free_storage`` of one ``all_gather_outputs`` tensor per parameter, allocated by
+  ``init_all_gather_outputs``/``alloc_all_gather_outputs`` on the default stream in the copy-out). The last
+  layer's are free at lm_head's backward: a rival when the largest, u·(its elements), holds the workspace
+  (Llama-3.2-1B: the 2048 × 8192 MLP matrices in bf16, exactly 32 MiB; the trace puts the workspace there and
+  makes no logits segment again). The root's (embeddings, lm_head) are gathered again before the loss's backward
+  (``pre_backward``) and are live then; SHARD_GRAD_OP keeps every layer's until its backward.
+- FSDP1 unshards into its unshard stream's pool (analytic/stream_pools.py): the default stream sees only the
+  rivals of one GPU.
+- Either: the rivals analytic/reserve.py lists for one GPU (``_workspace_rivals_per_token``: the fp32 norm
+  intermediates, PEFT's fp32 input casts, a checkpointed layer's MLP intermediates) and eager's scores.
+
+Not modelled: FSDP1's lazy initialisation (_flat_param.py ``init_flat_param_attributes``) allocates and frees each
+unit's padded unsharded buffer (``_full_param_padded``, u·E, and with fp32 parameters under a mixed-precision
+policy ``_full_prec_full_param_padded``, 4·E) on the default stream; the root's segments stay cached. On
+Llama-3.2-1B (tied, u·E_root = 501 MiB) forward's c·V·T logits are cut from that segment and its remainder takes
+the workspace, so no logits segment is made again there; with the mid model of the grid the saved activations
+and forward's workspace fill it first. The estimate counts the logits segment in both: +3.1% on the default pool
+of the 1B FSDP1 row.
+
+Legend: V vocabulary, T tokens per micro-batch, c compute-dtype bytes, u bytes per all-gathered element
+(analytic/distributed.py), S the rank's optimizer states (sharded), W the backward thread's cuBLAS workspace.
+"""
+
+from __future__ import annotations
+
+from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.distributed import fsdp_gathered_bytes
+from vramledger.analytic.params import layer_linears
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve import (
+    _workspace_rivals_per_token,
+    cublas_workspace_block,
+    logits_blocks,
+    small_pool_excess,
+    stranded_bytes,
+)
+from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
+
+SOURCE = (
+    "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
+    "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
+    "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
+    "block's remainder and one layer's transients (analytic/fsdp_workspace.py)"
+)
+
+
+def workspace_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Whether step 1's backward-thread workspace lands in an fp32 logits block (module docstring): the standard
+    loss with a compute dtype below fp32, trained layers, and no rival free block that holds the workspace."""
+    c = train.precision.compute.bytes
+    if train.fsdp is None or train.loss is not Loss.STANDARD or c == 4 or not p.weights.trainable_layers:
+        return False
+    ws, fp32 = cublas_workspace_block(p), 4 * m.vocab_size * train.tokens
+    if fp32 <= ws:
+        return False
+    rivals = [per_token * train.tokens for per_token in _workspace_rivals_per_token(m, train, p)]
+    rivals.append(p.forward_layer_temp)
+    if train.fsdp_version == 2 and train.fsdp in (Sharding.FULL_SHARD, Sharding.HYBRID_SHARD):
+        u = fsdp_gathered_bytes(train, p.weights)
+        rivals.append(u * max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0))
+    # a free block larger than 4·V·T loses to the logits block; one of its size wins the tie (an older segment)
+    return not any(ws <= r <= fp32 for r in rivals)
+
+
+def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int) -> int:
+    """Reserved bytes of the default stream's pool at step 2's loss peak where ``workspace_in_logits`` (else 0).
+
+    ``loss_peak``: the default stream's allocated bytes there. On top of it, cached and free: the c·V·T logits
+    hole less the optimizer states step 1 put in it (the first block they fill: analytic/reserve.py
+    ``_single_shape``; adapters' states live in the small pool), and the larger of the workspace block's
+    remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
+    that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
+    (analytic/distributed.py ``engine_dtypes``), as for analytic/reserve.py.
+    """
+    if not workspace_in_logits(m, train, p):
+        return 0
+    chain = logits_blocks(m, train)
+    hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4)
+    wb = p.weights
+    adapters = train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
+    states_in_hole = 0 if adapters else min(p.state_bytes, hole)
+    transients = stranded_bytes(m, train, p) - hole
+    remainder = 4 * m.vocab_size * train.tokens - cublas_workspace_block(p)
+    return loss_peak + hole - states_in_hole + max(transients, remainder) + small_pool_excess(train, p)
