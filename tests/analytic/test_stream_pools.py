@@ -27,7 +27,7 @@ def _records(engines: tuple[str, ...]) -> list[dict[str, Any]]:
     return [r for r in records() if r["id"].split("/")[1] in engines]
 
 
-FSDP = ("fsdp2", "fsdp2-sgo", "fsdp1", "fsdp2-hsdp")
+FSDP = ("fsdp2", "fsdp2-sgo", "fsdp1", "fsdp2-hsdp", "fsdp1-hsdp", "fsdp1-noshard")
 
 
 def test_the_grid_has_the_replays_pools_of_every_engine_with_and_without_checkpointing() -> None:
@@ -39,15 +39,23 @@ def test_the_grid_has_the_replays_pools_of_every_engine_with_and_without_checkpo
             assert {(engine, method, False), (engine, method, True)} <= kinds, (engine, method)
     fsdp = [r for r in recs if r["id"].split("/")[1] in FSDP]
     side = {"default", "all_gather", "reduce_scatter"}
-    assert all(set(r["trace"]["replay"]["pools"]) - {"pre_unshard", "all_reduce"} == side for r in fsdp)
-    # FSDP2's HSDP casts the gradients back on its all-reduce stream
+    sharded = [r for r in fsdp if "-noshard/" not in r["id"]]
+    assert all(set(r["trace"]["replay"]["pools"]) - {"pre_unshard", "all_reduce"} == side for r in sharded)
+    # HSDP casts the gradients back on its all-reduce stream (FSDP2's post_reduce_stream; FSDP1's _reduce_grad)
     assert {r["id"] for r in fsdp if "all_reduce" in r["trace"]["replay"]["pools"]} == {
-        r["id"] for r in fsdp if "/fsdp2-hsdp/" in r["id"]
+        r["id"] for r in fsdp if "-hsdp/" in r["id"] and "/bf16-mixed/" in r["id"]
     }
-    # FSDP1's pre-unshard stream casts fp32 shards: only where a mixed-precision policy meets fp32 parameters
+    # FSDP1's pre-unshard stream casts fp32 flat parameters: only where a mixed-precision policy meets them
     assert {r["id"] for r in fsdp if "pre_unshard" in r["trace"]["replay"]["pools"]} == {
-        r["id"] for r in fsdp if "/fsdp1/" in r["id"] and "/bf16-mixed/" in r["id"]
+        r["id"] for r in fsdp if "/fsdp1" in r["id"] and "/bf16-mixed/" in r["id"]
     }
+    # NO_SHARD: pure bf16 allocates on no side stream; under the policy, the casts (pre-unshard) and the fp32
+    # gradients (post-backward), and no all-gather
+    for r in fsdp:
+        if "-noshard/" in r["id"]:
+            mixed = "/bf16-mixed/" in r["id"]
+            want = {"default", "pre_unshard", "reduce_scatter"} if mixed else {"default"}
+            assert set(r["trace"]["replay"]["pools"]) == want, r["id"]
     assert all(set(r["trace"]["replay"]["pools"]) == {"default"} for r in recs if "/ddp/" in r["id"])
 
 
@@ -151,15 +159,15 @@ def test_fsdp2_all_gather_pool_by_hand() -> None:
 
 def _default_pool(rec: dict[str, Any]) -> int:
     """The estimate's default-stream pool at its largest: the default stream's allocated bytes plus its reserve
-    line, at each phase's peak."""
+    line, at each phase's peak (the whole reserve where there is no side pool)."""
     m, t = specs(rec)
     ledger = estimate(m, t)
-    default = [i for i in ledger.items if i.label == DEFAULT_POOL_LABEL]
+    default = [i for i in ledger.items if i.label in (DEFAULT_POOL_LABEL, RESERVE_LABEL)]
     side = {i.phase: i.bytes for i in ledger.items if i.label == SIDE_POOLS_LABEL}
     pools = side_pools(m, t, step_parts(m, t).weights).total
     # allocated on the default stream = the phase's allocated less what of the side pools is live (their reserved
     # less their cached line)
-    return max(ledger.allocated(i.phase) - (pools - side[i.phase]) + i.bytes for i in default)
+    return max(ledger.allocated(i.phase) - (pools - side.get(i.phase, pools)) + i.bytes for i in default)
 
 
 @pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(FSDP)])
