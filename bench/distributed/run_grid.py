@@ -306,7 +306,9 @@ def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> 
             cat = ev.category.value if ev.category else ""
             what[ev.id] = f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} ({cat}) {ev.size / 2**20:.1f} MiB"
             if blk is not None and pool.reserved > before:
-                if step == 1 and cat == "logits_loss":
+                # FSDP's own buffers made inside the root's forward (its unsharded parameters' all-gather outputs,
+                # FSDP1's lazy-init flat buffers) are filed under logits too: only the loss's ops make the chain
+                if step == 1 and cat == "logits_loss" and ev.op not in ("empty", "empty_like", "resize_"):
                     logits_segments.add(blk.seg)
                 if step == 2:
                     made[what[ev.id]] += pool.reserved - before

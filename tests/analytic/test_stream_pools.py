@@ -171,24 +171,25 @@ def _default_pool(rec: dict[str, Any]) -> int:
 
 
 @pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(FSDP)])
-def test_default_pool_within_9_percent_of_the_replays(rec: dict[str, Any]) -> None:
+def test_default_pool_within_7_percent_of_the_replays(rec: dict[str, Any]) -> None:
     """The default stream's pool against the replay of the trace's default stream alone. Before the backward
-    thread's workspace was modelled (analytic/fsdp_workspace.py) it was 0-17% under (median 6.7%). The worst now,
-    -8.3%, are the mid model's pure-bf16 full fine-tunes at 8 ranks: their sharded decoder states are small-pool
-    tensors (≤ 1 MiB), so the c·V·T hole the estimate fills with states stays free in the replay."""
+    thread's workspace was modelled (analytic/fsdp_workspace.py) it was 0-17% under (median 6.7%); now -6.3%
+    (FSDP2 LoRA under checkpointing) to +5.9% (FSDP1 LoRA, 2 ranks)."""
     got, want = _default_pool(rec), rec["trace"]["replay"]["pools"]["default"]["reserved"]
     print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")
-    assert abs(got - want) <= 0.09 * want
+    assert abs(got - want) <= 0.07 * want
 
 
 def test_workspace_floor_by_hand() -> None:
     """FSDP2, 8 ranks, bf16-mixed, the top two layers trained (freeze), the grid's mid model (vocabulary 32000,
-    1024 tokens). The loss's fp32 blocks are 4·V·T = 131,072,000 B (125 MiB); the backward thread's cuBLAS workspace
-    (32 MiB on Hopper) is cut from one, whose remainder is 125 − 32 = 93 MiB. The bf16 logits hole is 2·V·T =
-    62.5 MiB; step 1's AdamW states are two fp32 copies of the rank's shard of the two layers, 2 · 2 · 11,274,240 ·
-    4 / 8 = 22,548,480 B (21.5 MiB), which take the hole first: 41 MiB of it stays free. No checkpointing, SDPA:
-    no layer transient is cached beside them. Floor = the default stream's loss peak + 41 + 93 MiB (+ no small
-    pool: the trained matrices are large-pool tensors)."""
+    1024 tokens, hidden 1024, MLP 2816, 4 KV heads of 64). The loss's fp32 blocks are 4·V·T = 131,072,000 B
+    (125 MiB); the backward thread's cuBLAS workspace (32 MiB on Hopper) is cut from one, whose remainder is
+    125 − 32 = 93 MiB. The bf16 logits hole is 2·V·T = 65,536,000 B. Step 1's AdamW states (two per parameter,
+    fp32, like the rank's dim-0 shard) that can go into it are those over 1 MiB: the MLP's three matrices
+    (2816/8 = 352 rows × 1024, or 128 rows × 2816, × 4 B = 1.375 MiB each); q/o (128 × 1024 × 4 B = 0.5 MiB) and
+    k/v are small-pool tensors. 2 layers × 3 × 1.375 MiB × 2 states = 16.5 MiB = 17,301,504 B, so 48,234,496 B of
+    the hole stays free. No checkpointing, SDPA: no layer transient is cached beside them. Floor = the default
+    stream's loss peak + 48,234,496 B + 93 MiB (no small pool excess: the trained base has large tensors)."""
     run = runner()
     m = model_spec_from_config(run.MID, name="mid", source="test")
     t = TrainSpec(
@@ -201,8 +202,8 @@ def test_workspace_floor_by_hand() -> None:
         fsdp_version=2,
     )
     p = step_parts(m, t)
-    want = 2 * 32000 * 1024 - 22_548_480 + (125 - 32) * MiB
-    got = default_pool_floor(m, engine_dtypes(t), p, 0)
+    want = 2 * 32000 * 1024 - 17_301_504 + (125 - 32) * MiB
+    got = default_pool_floor(m, engine_dtypes(t), p, 0, 8)
     print("expected", want, "got", got)
     assert got == want
 

@@ -85,12 +85,12 @@ def workspace_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     return not any(ws <= r <= fp32 for r in rivals)
 
 
-def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int) -> int:
+def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int) -> int:
     """Reserved bytes of the default stream's pool at step 2's loss peak where ``workspace_in_logits`` (else 0).
 
-    ``loss_peak``: the default stream's allocated bytes there. On top of it, cached and free: the c·V·T logits
-    hole less the optimizer states step 1 put in it (the first block they fill: analytic/reserve.py
-    ``_single_shape``; adapters' states live in the small pool), and the larger of the workspace block's
+    ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over.
+    On top of ``loss_peak``, cached and free: the c·V·T logits hole less the optimizer states step 1 put in it (the
+    first block they fill: analytic/reserve.py ``_single_shape``), and the larger of the workspace block's
     remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
     that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
     (analytic/distributed.py ``engine_dtypes``), as for analytic/reserve.py.
@@ -99,9 +99,29 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
         return 0
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4)
-    wb = p.weights
-    adapters = train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
-    states_in_hole = 0 if adapters else min(p.state_bytes, hole)
+    states_in_hole = min(_large_pool_states(m, train, p, ranks), hole)
     transients = stranded_bytes(m, train, p) - hole
     remainder = 4 * m.vocab_size * train.tokens - cublas_workspace_block(p)
     return loss_peak + hole - states_in_hole + max(transients, remainder) + small_pool_excess(train, p)
+
+
+def _large_pool_states(m: ModelSpec, train: TrainSpec, p: StepParts, ranks: int) -> int:
+    """The rank's optimizer states that are large-pool tensors, the only ones a large block can hold (requests of
+    ≤ kSmallSize = 1 MiB are served from 2 MiB small-pool segments: CUDACachingAllocator.cpp ``get_pool``). AdamW
+    makes each state like its parameter (torch/optim/adamw.py ``_init_group``: ``zeros_like``), i.e. like the
+    rank's shard of it: FSDP2 shards each parameter on dim 0 (_fsdp_param.py ``_init_sharded_param``:
+    ⌈rows/N⌉ rows); FSDP1 with ``use_orig_params=True`` gives the optimizer each parameter's part of the rank's flat
+    shard, counted the same on average. Adapters' states are small (the small pool)."""
+    wb = p.weights
+    if train.adapters or not p.state_bytes:
+        return 0
+    b = wb.trainable_dtype.bytes
+    per_param = round(p.state_bytes / max(p.grad_bytes, 1))
+    rows = [(lin.out_features, lin.in_features) for lin in layer_linears(m) for _ in range(lin.per_layer)]
+    shapes = rows * wb.trainable_layers
+    if wb.embedding_trainable:
+        shapes.append((m.vocab_size, m.hidden_size))
+    if wb.head_trainable and not m.tie_word_embeddings:
+        shapes.append((m.vocab_size, m.hidden_size))
+    shards = (-(-rows_ // ranks) * cols * b for rows_, cols in shapes)
+    return per_param * sum(x for x in shards if x > K_SMALL_SIZE)

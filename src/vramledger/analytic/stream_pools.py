@@ -422,7 +422,7 @@ def pooled_phase_reserves(
     base = phase_reserves(m, engine, p, default)
     pools = side_pools(m, train, p.weights).total
     # step 1's backward workspace in an fp32 logits block: a floor under the default pool (analytic/fsdp_workspace.py)
-    floor = default_pool_floor(m, engine, p, training_peaks(default)[0]) if pools else 0
+    floor = default_pool_floor(m, engine, p, training_peaks(default)[0], _ranks(train)) if pools else 0
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
         if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
