@@ -18,7 +18,7 @@ from vramledger.analytic.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, 
 from vramledger.catalog import resolve_model
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
-from vramledger.specs import Method, Precision, Sharding, TrainSpec
+from vramledger.specs import Method, ModelSpec, Precision, Sharding, TrainSpec
 
 MiB = 2**20
 
@@ -133,6 +133,21 @@ def test_ddp_reserve_adds_nothing_to_the_single_gpu_model(rec: dict[str, Any]) -
     assert abs(got - inherited - want) <= 0.01 * want
 
 
+def _mid_fsdp2(method: Method) -> tuple[ModelSpec, TrainSpec]:
+    """The grid's mid model under FSDP2 FULL_SHARD on 8 ranks, bf16-mixed, one 1024-token sequence."""
+    m = model_spec_from_config(runner().MID, name="mid", source="test")
+    t = TrainSpec(
+        method=method,
+        precision=Precision.BF16_MIXED,
+        micro_batch=1,
+        seq_len=1024,
+        world_size=8,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=2,
+    )
+    return m, t
+
+
 def test_fsdp2_all_gather_pool_by_hand() -> None:
     """FSDP2, 8 ranks, bf16-mixed, the grid's mid model (hidden 1024, MLP 2816, 16 query and 4 KV heads of 64,
     vocabulary 32000, untied). Root unit E_root = 2·32000·1024 + 1024 = 65,537,024 elements; a layer
@@ -141,17 +156,7 @@ def test_fsdp2_all_gather_pool_by_hand() -> None:
     output (2·E_root = 125.0 MiB → 126 MiB); layer 0's cast (2.7 MiB) splits the freed 16 MiB block, its output
     (21.5 MiB) needs a new 22 MiB segment since the root's output is still kept; from layer 1 on the root's block
     is free and serves every layer output. 16 + 126 + 22 = 164 MiB."""
-    run = runner()
-    m = model_spec_from_config(run.MID, name="mid", source="test")
-    t = TrainSpec(
-        method=Method.FULL,
-        precision=Precision.BF16_MIXED,
-        micro_batch=1,
-        seq_len=1024,
-        world_size=8,
-        fsdp=Sharding.FULL_SHARD,
-        fsdp_version=2,
-    )
+    m, t = _mid_fsdp2(Method.FULL)
     got = side_pools(m, t, step_parts(m, t).weights).all_gather
     print("expected", 164 * MiB, "got", got)
     assert got == 164 * MiB
@@ -190,17 +195,7 @@ def test_workspace_floor_by_hand() -> None:
     k/v are small-pool tensors. 2 layers × 3 × 1.375 MiB × 2 states = 16.5 MiB = 17,301,504 B, so 48,234,496 B of
     the hole stays free. No checkpointing, SDPA: no layer transient is cached beside them. Floor = the default
     stream's loss peak + 48,234,496 B + 93 MiB (no small pool excess: the trained base has large tensors)."""
-    run = runner()
-    m = model_spec_from_config(run.MID, name="mid", source="test")
-    t = TrainSpec(
-        method=Method.FREEZE,
-        precision=Precision.BF16_MIXED,
-        micro_batch=1,
-        seq_len=1024,
-        world_size=8,
-        fsdp=Sharding.FULL_SHARD,
-        fsdp_version=2,
-    )
+    m, t = _mid_fsdp2(Method.FREEZE)
     p = step_parts(m, t)
     want = 2 * 32000 * 1024 - 17_301_504 + (125 - 32) * MiB
     got = default_pool_floor(m, engine_dtypes(t), p, 0, 8)
