@@ -9,16 +9,14 @@ from typing import Any
 
 import pytest
 
-from tests.analytic._distributed_grid import records, runner, specs
+from tests.analytic._distributed_grid import mid_fsdp2, records, runner, specs
 from vramledger.analytic import estimate
-from vramledger.analytic.distributed import compute_view, engine_dtypes
-from vramledger.analytic.fsdp_workspace import default_pool_floor, workspace_in_logits
+from vramledger.analytic.distributed import compute_view
 from vramledger.analytic.step import step_parts
 from vramledger.analytic.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
-from vramledger.catalog import resolve_model
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
-from vramledger.specs import Method, ModelSpec, Precision, Sharding, TrainSpec
+from vramledger.specs import Method, Precision, Sharding, TrainSpec
 
 MiB = 2**20
 
@@ -133,21 +131,6 @@ def test_ddp_reserve_adds_nothing_to_the_single_gpu_model(rec: dict[str, Any]) -
     assert abs(got - inherited - want) <= 0.01 * want
 
 
-def _mid_fsdp2(method: Method) -> tuple[ModelSpec, TrainSpec]:
-    """The grid's mid model under FSDP2 FULL_SHARD on 8 ranks, bf16-mixed, one 1024-token sequence."""
-    m = model_spec_from_config(runner().MID, name="mid", source="test")
-    t = TrainSpec(
-        method=method,
-        precision=Precision.BF16_MIXED,
-        micro_batch=1,
-        seq_len=1024,
-        world_size=8,
-        fsdp=Sharding.FULL_SHARD,
-        fsdp_version=2,
-    )
-    return m, t
-
-
 def test_fsdp2_all_gather_pool_by_hand() -> None:
     """FSDP2, 8 ranks, bf16-mixed, the grid's mid model (hidden 1024, MLP 2816, 16 query and 4 KV heads of 64,
     vocabulary 32000, untied). Root unit E_root = 2·32000·1024 + 1024 = 65,537,024 elements; a layer
@@ -156,7 +139,7 @@ def test_fsdp2_all_gather_pool_by_hand() -> None:
     output (2·E_root = 125.0 MiB → 126 MiB); layer 0's cast (2.7 MiB) splits the freed 16 MiB block, its output
     (21.5 MiB) needs a new 22 MiB segment since the root's output is still kept; from layer 1 on the root's block
     is free and serves every layer output. 16 + 126 + 22 = 164 MiB."""
-    m, t = _mid_fsdp2(Method.FULL)
+    m, t = mid_fsdp2(Method.FULL)
     got = side_pools(m, t, step_parts(m, t).weights).all_gather
     print("expected", 164 * MiB, "got", got)
     assert got == 164 * MiB
@@ -183,42 +166,3 @@ def test_default_pool_within_7_percent_of_the_replays(rec: dict[str, Any]) -> No
     got, want = _default_pool(rec), rec["trace"]["replay"]["pools"]["default"]["reserved"]
     print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")
     assert abs(got - want) <= 0.07 * want
-
-
-def test_workspace_floor_by_hand() -> None:
-    """FSDP2, 8 ranks, bf16-mixed, the top two layers trained (freeze), the grid's mid model (vocabulary 32000,
-    1024 tokens, hidden 1024, MLP 2816, 4 KV heads of 64). The loss's fp32 blocks are 4·V·T = 131,072,000 B
-    (125 MiB); the backward thread's cuBLAS workspace (32 MiB on Hopper) is cut from one, whose remainder is
-    125 − 32 = 93 MiB. The bf16 logits hole is 2·V·T = 65,536,000 B. Step 1's AdamW states (two per parameter,
-    fp32, like the rank's dim-0 shard) that can go into it are those over 1 MiB: the MLP's three matrices
-    (2816/8 = 352 rows × 1024, or 128 rows × 2816, × 4 B = 1.375 MiB each); q/o (128 × 1024 × 4 B = 0.5 MiB) and
-    k/v are small-pool tensors. 2 layers × 3 × 1.375 MiB × 2 states = 16.5 MiB = 17,301,504 B, so 48,234,496 B of
-    the hole stays free. No checkpointing, SDPA: no layer transient is cached beside them. Floor = the default
-    stream's loss peak + 48,234,496 B + 93 MiB (no small pool excess: the trained base has large tensors)."""
-    m, t = _mid_fsdp2(Method.FREEZE)
-    p = step_parts(m, t)
-    want = 2 * 32000 * 1024 - 17_301_504 + (125 - 32) * MiB
-    got = default_pool_floor(m, engine_dtypes(t), p, 0, 8)
-    print("expected", want, "got", got)
-    assert got == want
-
-
-def test_an_unsharded_matrix_the_workspaces_size_takes_it() -> None:
-    """Llama-3.2-1B under FSDP2 FULL_SHARD: each layer's unsharded 2048 × 8192 MLP matrices (bf16: exactly 32 MiB,
-    the workspace's size) are freed after its forward (``reshard_after_forward``) and free when lm_head's backward
-    runs its first matmul, so best fit takes one of them, and the replay of the trace makes no logits segment in
-    step 2 (the 1B FSDP2 row's default pool: 4,202 MiB reserved, 243 over its peak allocated, less than one
-    4·V·T = 501 MiB segment). FSDP1 unshards into its unshard stream's pool, so there the workspace goes
-    elsewhere only through FSDP1's lazy-init buffers, which are not modelled (module docstring)."""
-    m = resolve_model("llama-3.2-1b")
-    for version, cut in ((2, False), (1, True)):
-        t = TrainSpec(
-            method=Method.FULL,
-            precision=Precision.BF16_MIXED,
-            seq_len=1024,
-            grad_ckpt=True,
-            world_size=8,
-            fsdp=Sharding.FULL_SHARD,
-            fsdp_version=version,
-        )
-        assert workspace_in_logits(m, engine_dtypes(t), step_parts(m, t)) is cut, version

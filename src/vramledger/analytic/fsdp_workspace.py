@@ -46,11 +46,16 @@ Legend: V vocabulary, T tokens per micro-batch, c compute-dtype bytes, u bytes p
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import replace
+from typing import NamedTuple
+
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.distributed import fsdp_gathered_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import (
+    ShapePeaks,
     _workspace_rivals_per_token,
     cublas_workspace_block,
     logits_blocks,
@@ -70,19 +75,81 @@ SOURCE = (
 def workspace_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """Whether step 1's backward-thread workspace lands in an fp32 logits block (module docstring): the standard
     loss with a compute dtype below fp32, trained layers, and no rival free block that holds the workspace."""
+    band = _band(m, train, p)
+    return band is not None and band.on(train.micro_batch, train.seq_len)
+
+
+class _Band(NamedTuple):
+    """Where the mechanism is on, at micro-batch b and length ℓ (the rest of the step as it is)."""
+
+    no_rival: Callable[[int, int], bool]
+    """No other free block holds the workspace: false from some ℓ on (the rivals grow with the tokens)."""
+    fp32: Callable[[int, int], bool]
+    """The fp32 logits block holds it: true from some ℓ on."""
+
+    def on(self, b: int, ell: int) -> bool:
+        return self.no_rival(b, ell) and self.fp32(b, ell)
+
+
+def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
+    """The shapes where the workspace lands in an fp32 logits block (None: none). The rivals scale with the tokens
+    (b·ℓ; eager's scores with b·ℓ², DoRA's weight norm not at all), as in analytic/reserve.py ``_switching``."""
     c = train.precision.compute.bytes
     if train.fsdp is None or train.loss is not Loss.STANDARD or c == 4 or not p.weights.trainable_layers:
-        return False
-    ws, fp32 = cublas_workspace_block(p), 4 * m.vocab_size * train.tokens
-    if fp32 <= ws:
-        return False
-    rivals = [per_token * train.tokens for per_token in _workspace_rivals_per_token(m, train, p)]
-    rivals.append(p.forward_layer_temp)
+        return None
+    ws = cublas_workspace_block(p)
     if train.fsdp_version == 2 and train.fsdp in (Sharding.FULL_SHARD, Sharding.HYBRID_SHARD):
         u = fsdp_gathered_bytes(train, p.weights)
-        rivals.append(u * max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0))
-    # a free block larger than 4·V·T loses to the logits block; one of its size wins the tie (an older segment)
-    return not any(ws <= r <= fp32 for r in rivals)
+        if u * max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0) >= ws:
+            return None  # a freed unsharded parameter holds it, whatever the shape
+    per_token = max(_workspace_rivals_per_token(m, train, p))
+    scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
+
+    def no_rival(b: int, ell: int) -> bool:
+        return max(per_token * b * ell, p.dora_temp + scores * b * ell * ell // (B * L * L)) < ws
+
+    def fp32(b: int, ell: int) -> bool:
+        # a free block larger than 4·V·T loses to the logits block; one of its size wins the tie (an older segment)
+        return 4 * m.vocab_size * b * ell > ws
+
+    return _Band(no_rival, fp32)
+
+
+def held_floor(
+    m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int, at: ShapePeaks | None, side: int
+) -> int:
+    """The default pool's floor of a run (``default_pool_floor``), as analytic/reserve.py treats a mechanism that
+    switches off as the shape grows (``peak_reserved``, ``held_reserved``): a packed run leaves it out; a run with
+    dynamic padding meets every shape up to (B, L) and keeps the segments each made, so it gets the largest floor
+    over the shapes where the mechanism is on (it grows with the shape inside that band, so the band's upper edge is
+    enough). ``at``: the step at another shape (None: this shape only); ``side``: the side pools' bytes live at
+    the loss's peak, the same at every shape (shards and unsharded units), taken off ``at``'s allocated bytes."""
+    band = _band(m, train, p)
+    if train.packing or band is None:
+        return 0
+    B, L = train.micro_batch, train.seq_len
+    if band.on(B, L) or at is None:
+        return default_pool_floor(m, train, p, loss_peak, ranks)
+    best = 0
+    for b, ell in _upper_edge(B, L, band):
+        t = replace(train, micro_batch=b, seq_len=ell)
+        pt, loss, _, _ = at(t)
+        best = max(best, default_pool_floor(m, t, pt, loss - side, ranks))
+    return best
+
+
+def _upper_edge(B: int, L: int, band: _Band) -> list[tuple[int, int]]:
+    """For each b ≤ B, the longest ℓ ≤ L without a rival, where the fp32 block holds the workspace there too; a
+    point is kept only where b + 1's is shorter (else that one, larger, dominates)."""
+    points = []
+    for b in range(1, B + 1):
+        lo, hi = 0, L
+        while lo < hi:  # the largest ℓ with no rival
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if band.no_rival(b, mid) else (lo, mid - 1)
+        if lo and band.fp32(b, lo):
+            points.append((b, lo))
+    return [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
 
 
 def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int) -> int:

@@ -89,10 +89,10 @@ from vramledger.analytic.distributed import (
 )
 from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
 from vramledger.analytic.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
-from vramledger.analytic.fsdp_workspace import default_pool_floor
+from vramledger.analytic.fsdp_workspace import held_floor
 from vramledger.analytic.params import embedding_params, head_params
 from vramledger.analytic.parts import Moment, StepParts
-from vramledger.analytic.reserve import phase_reserves, replay_excess, training_peaks
+from vramledger.analytic.reserve import ShapePeaks, phase_reserves, replay_excess, training_peaks
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, Phase
 from vramledger.specs import ModelSpec, Sharding, TrainSpec
@@ -410,10 +410,12 @@ class ReserveLine(NamedTuple):
 
 
 def pooled_phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment]
+    m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment], at: ShapePeaks | None = None
 ) -> dict[Phase, list[ReserveLine]]:
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
-    default stream holds, and the side pools' reserved bytes less what of them is live at the phase's peak."""
+    default stream holds (at least analytic/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
+    of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve.py ``ShapePeaks``),
+    for a run with dynamic padding."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
     default = {ph: mo.total - off[ph] for ph, mo in moments.items()}
     # The default stream's blocks follow the engine's compute dtypes; the side pools the dtypes as loaded (an fp32
@@ -422,7 +424,9 @@ def pooled_phase_reserves(
     base = phase_reserves(m, engine, p, default)
     pools = side_pools(m, train, p.weights).total
     # step 1's backward workspace in an fp32 logits block: a floor under the default pool (analytic/fsdp_workspace.py)
-    floor = default_pool_floor(m, engine, p, training_peaks(default)[0], _ranks(train)) if pools else 0
+    loss_peak = training_peaks(default)[0]
+    side_at_loss = next((off[ph] for ph in (Phase.BACKWARD, Phase.FORWARD) if default.get(ph) == loss_peak), 0)
+    floor = held_floor(m, engine, p, loss_peak, _ranks(train), at, side_at_loss) if pools else 0
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
         if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
