@@ -475,7 +475,8 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     mos = moments(m, train, gpu)
     p = step_parts(m, train, gpu)
     if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
-        reserves = pooled_phase_reserves(m, train, p, mos)
+        at_fsdp = _ShapePeaks(m, gpu) if engine_dtypes(train) == train else None
+        reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp)
     else:
         # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
         totals = {ph: mo.total for ph, mo in mos.items()}
