@@ -51,7 +51,16 @@ from vramledger.analytic.overhead import (
 )
 from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.params import layer_linears
-from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
+from vramledger.analytic.parts import (
+    SOURCES,
+    TIED_SUM,
+    Moment,
+    StepParts,
+    add_activations,
+    add_persistent,
+    embedding_gradient_before_accumulation,
+    tied_gradient_sum,
+)
 from vramledger.analytic.reserve import phase_reserves, training_peaks
 from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
@@ -430,33 +439,15 @@ def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
     """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in."""
     mo = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
     add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
-    if p.weights.embedding_trainable and (m.tie_word_embeddings or train.grad_accum > 1):
-        mo.add(
-            Category.TEMPORARIES,
-            "embedding gradient before accumulation",
-            p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
-            "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
-            "(tied lm_head, or an earlier micro-step)",
-        )
-    mo.add(Category.TEMPORARIES, "sum of the tied weight's two gradients", _tied_gradient_sum(m, train, p), _TIED_SUM)
+    mo.add(
+        Category.TEMPORARIES,
+        "embedding gradient before accumulation",
+        embedding_gradient_before_accumulation(m, train, p),
+        "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
+        "(tied lm_head, or an earlier micro-step)",
+    )
+    mo.add(Category.TEMPORARIES, "sum of the tied weight's two gradients", tied_gradient_sum(m, train, p), TIED_SUM)
     return mo
-
-
-_TIED_SUM = (
-    "torch/csrc/autograd/input_buffer.cpp accumulate: lm_head's V×H gradient waits in the tied weight's "
-    "AccumulateGrad input buffer until embedding_dense_backward's arrives, and the two are summed out of place "
-    "(old_var + var: the buffered gradient is a view, so add_ is not allowed); three V×H tensors live at once"
-)
-
-
-def _tied_gradient_sum(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """A tied, trained embedding: the out-of-place sum of lm_head's and the embedding's gradients (``_TIED_SUM``), a
-    third V×H tensor beside the two at the end of backward; the trace shows it (``add``, Llama-3.2-1B full SGD 2 ×
-    1024: 11.23 GiB at backward's peak = every gradient + two more V×H fp32). FSDP's flat parameters accumulate
-    otherwise (analytic/fsdp_no_sync.py): left out there."""
-    if not (m.tie_word_embeddings and p.weights.embedding_trainable) or train.fsdp is not None:
-        return 0
-    return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
 
 
 def _optimizer_moment(train: TrainSpec, p: StepParts) -> Moment:
