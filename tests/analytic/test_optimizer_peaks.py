@@ -11,16 +11,11 @@ a small tied-embedding Llama, whose V×H embedding is the largest tensor by far,
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
-from hypothesis import example, given, settings
-from hypothesis import strategies as st
 
 pytest.importorskip("transformers")
 
 from vramledger.analytic import estimate  # noqa: E402
-from vramledger.catalog import resolve_model  # noqa: E402
 from vramledger.catalog.hfconfig import model_spec_from_config  # noqa: E402
 from vramledger.ledger import Phase  # noqa: E402
 from vramledger.specs import Method, Optimizer, Precision, TrainSpec  # noqa: E402
@@ -76,44 +71,3 @@ def test_adafactor_step_holds_four_fp32_copies_of_the_largest_tensor() -> None:
     traced, got = _both(train, Phase.OPTIMIZER, {**TIED, "tie_word_embeddings": False})
     print(f"optimizer peak: trace {traced}, estimate {got} ({got / traced - 1:+.2%}); n·4 = {4 * V_H}")
     assert abs(got / traced - 1) <= 0.01
-
-
-@settings(max_examples=40, deadline=None)
-@example(
-    train=TrainSpec(method=Method.FULL, optimizer=Optimizer.ADAMW_FUSED, micro_batch=2, seq_len=1023),
-    model="llama-3.2-1b",
-    db=0,
-    dl=1,
-)  # 4·V·T reaches the V×H gradient: the fused step's one re-made fp32 block gives way to ``_relaid_bytes``'s
-@example(
-    train=TrainSpec(method=Method.FULL, optimizer=Optimizer.SGD, micro_batch=2, seq_len=1023, grad_ckpt=True),
-    model="llama-3.2-1b",
-    db=0,
-    dl=1,
-)  # the tied V×H block the SGD run's shorter batches make stops at 2 × 1024
-@given(
-    train=st.builds(
-        TrainSpec,
-        method=st.just(Method.FULL),
-        optimizer=st.sampled_from([Optimizer.SGD, Optimizer.ADAMW_FUSED, Optimizer.ADAFACTOR]),
-        precision=st.sampled_from([Precision.BF16_MIXED, Precision.BF16, Precision.FP32]),
-        micro_batch=st.integers(1, 8),
-        seq_len=st.integers(1, 3000),
-        grad_ckpt=st.booleans(),
-        packing=st.booleans(),
-    ),
-    model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]),
-    db=st.integers(0, 4),
-    dl=st.integers(0, 1024),
-)
-def test_reserved_never_falls_as_batch_or_length_grows(train: TrainSpec, model: str, db: int, dl: int) -> None:
-    """The end-of-backward reserve of the optimizers without step temporaries (reserve.py
-    ``_end_of_backward_bound``) switches terms off as the shape grows, as the foreach AdamW one does: the estimate's
-    reserved must still never fall as the micro-batch or the length grows (the planner's searches rely on it)."""
-    m = resolve_model(model)
-    more = dataclasses.replace(train, micro_batch=train.micro_batch + db, seq_len=train.seq_len + dl)
-    got = [
-        max(estimate(m, t).reserved(ph) for ph in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
-        for t in (train, more)
-    ]
-    assert got[1] >= got[0]
