@@ -50,7 +50,7 @@ from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts, embedding_gradient_before_accumulation, tied_gradient_sum
 from vramledger.ledger import Basis, Phase
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Loss, ModelSpec, Optimizer, TrainSpec
 from vramledger.specs.train import TRL_CHUNK_TOKENS
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
@@ -523,8 +523,11 @@ def _single_shape(
        (``_relaid_bytes``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``_activations_unused``);
-    4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``_tied_gradient_block``).
-    Terms 1's temporaries and 2 to 4 are for trained base weights (full, freeze), whose per-parameter tensors are
+    4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``_tied_gradient_block``);
+    5. an optimizer without step temporaries (SGD, fused AdamW): the end of backward (``_end_of_backward_bound``);
+    6. Adafactor: its temporaries' own segments where they cannot pair up in the logits blocks (``on.temporaries``,
+       ``_temporaries_bound``).
+    Terms 1's temporaries and 2 to 6 are for trained base weights (full, freeze), whose per-parameter tensors are
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
     (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``_NONE``: left out).
     """
@@ -821,7 +824,7 @@ def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 # in ``optimizer.step()`` but at the end of backward, where a tied embedding's gradient and its sum with lm_head's
 # are live beside every gradient and state (analytic/parts.py ``tied_gradient_sum``). What the blocks freed before
 # then cannot hold stays cached there: the bench's replays of SGD and fused AdamW put the step's peak reserved at
-# that moment (bench/reserve/replay_causes.jsonl; docs/reserve.md "Optimizers without step temporaries").
+# that moment (bench/reserve/replay_causes.jsonl; docs/reserve.md "Optimizers other than foreach AdamW").
 
 
 def _end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak: int, on: Switching) -> int:
@@ -831,8 +834,8 @@ def _end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_pea
     Allocated there: the optimizer's moment (weights, gradients, states) plus the embedding's new V×H gradient and
     the tied sum (analytic/step.py ``_end_of_backward``). Cached and free:
     the saved activations where they are too small for a decoder matrix's gradient (``on.activations``, as in term
-    3: backward has freed them all by then), and the autocast copies no per-parameter tensor fits
-    (``_casts_unused``).
+    3: backward has freed them all by then), the autocast copies no per-parameter tensor fits (``_casts_unused``),
+    and with states the fp32 logits block step 2 makes again (``_relaid_without_temporaries``).
     """
     wb = p.weights
     if p.step_temp_bytes or train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
@@ -897,6 +900,8 @@ def _casts_unused(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 # · 0.98 GiB (13.46 GiB), against 10.75 GiB at 2 × 2048, where the chain's 2·t blocks hold them. The reserve above
 # the analytic loss bound (loss peak + stranded) is 3.6·t to 3.8·t at every length from 2 × 1024 to 2 × 1984 (the
 # bound over-counts the checkpointed layer's transients by about 0.4·t), 3.6·t to 4.7·t below, 0.6·t at 2 × 2048.
+# It switches off as the shape grows, like the three mechanisms above (``Switching.temporaries``): a packed run's
+# estimate leaves it out, a run with dynamic padding holds it at the edge of the shapes where it is on.
 
 
 def _temporaries_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
@@ -918,8 +923,6 @@ def _temporaries_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callabl
 def _step_temporary(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """t: one of Adafactor's fp32 temporaries of the largest trained tensor, 4·n (0 for other optimizers, for
     adapters, whose tensors live in the small pool, and without step temporaries)."""
-    from vramledger.specs import Optimizer
-
     wb = p.weights
     if train.optimizer is not Optimizer.ADAFACTOR or train.adapters or not p.step_temp_bytes:
         return 0
