@@ -55,14 +55,16 @@ def test_sgd_end_of_backward_holds_three_tied_gradients() -> None:
     assert abs(got / traced - 1) <= 0.01
 
 
-def test_adafactor_step_holds_four_fp32_copies_of_the_largest_tensor() -> None:
-    """Adafactor with bf16 parameters: the optimizer peak is weights + gradients + states + 4·n·4 for a V×H
-    matrix (grad.float(), p.float(), and two update tensors at once). Untied: the trace's ledger of a tied bf16
-    toy fails its own check (a negative parameters line), so the V×H matrices here are two."""
+@pytest.mark.parametrize("precision", [Precision.BF16, Precision.BF16_MIXED], ids=["bf16-params", "fp32-params"])
+def test_adafactor_step_holds_fp32_copies_of_the_largest_tensor(precision: Precision) -> None:
+    """Adafactor: the optimizer peak is weights + gradients + states + 4·n·4 for a V×H matrix with bf16 parameters
+    (grad.float(), p.float(), and two update tensors at once), 2·n·4 with fp32 ones (``float()`` of an fp32 tensor
+    is the tensor itself). Untied: the trace's ledger of a tied bf16 toy fails its own check (a negative parameters
+    line), so the V×H matrices here are two."""
     train = TrainSpec(
         method=Method.FULL,
         optimizer=Optimizer.ADAFACTOR,
-        precision=Precision.BF16,
+        precision=precision,
         micro_batch=1,
         seq_len=128,
         grad_ckpt=True,
