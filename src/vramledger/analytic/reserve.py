@@ -541,7 +541,7 @@ def _single_shape(
         max(
             step_peak,
             loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
-            max(r1, opt_peak) + _relaid_bytes(m, train, p),
+            max(r1, opt_peak) + max(_relaid_bytes(m, train, p), _relaid_whole_blocks(m, train, p, on.relaid)),
             opt_peak + (_activations_unused(p) if on.activations else 0),
         )
         + small_pool_excess(train, p)
@@ -569,6 +569,8 @@ class Switching(NamedTuple):
     workspace: bool = False
     activations: bool = False
     tied: bool = False
+    relaid: int = 0
+    """At least this many (≥ 2) fp32 logits blocks made again whole (``_relaid_whole_blocks``)."""
 
 
 _NONE = Switching()
@@ -618,6 +620,7 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
         if on.activations is not None:
             both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
             regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
+    regions += [(Switching(relaid=k), on_k) for k, on_k in _relaid_regions(m, train, p)]
     return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
 
 
@@ -807,3 +810,67 @@ def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if not p.state_bytes or not fp32 or fp32[0] <= head:
         return 0
     return min(p.state_bytes, sum(fp32))
+
+
+def fp32_blocks_with_states(S: int, V: int, c: int, T: int) -> int:
+    """How many of the standard loss's fp32 4·V·T logits blocks step 1's optimizer states reach, counted as if they
+    all go into the logits chain: S − c·V·T spilled past the c·V·T logits block, in whole 4·V·T blocks (at most
+    the chain's, three with c < 4 and two with c = 4).
+
+    torch/optim/adam.py ``Adam._init_group`` (AdamW subclasses it) creates ``exp_avg`` then ``exp_avg_sq`` with
+    ``torch.zeros_like``, parameter by parameter, after step 1's backward, into whatever the cache holds. Each
+    takes the smallest cached block at least as large (CUDACachingAllocator.cpp ``get_free_block``, best fit) and
+    a larger one is split, its rest staying cached (``alloc_found_block``, ``should_split``). The chain's blocks
+    are the largest, the c·V·T one the smallest of them, and a split fp32 block's rest is smaller than a whole one:
+    the c·V·T block fills first, then one fp32 block after another. bench/reserve/replay_states.jsonl measures it:
+    step 2 makes again this many fp32 blocks on 15 of the 21 full fine-tuning configs where 4·V·T exceeds the V·H
+    gradient (the gradients, placed in step 1's backward, fill the activation blocks the states could use).
+    """
+    fp32 = 4 * V * T
+    if not S or not fp32:
+        return 0
+    hole = c * V * T if c != 4 else 0
+    return min(3 if c != 4 else 2, -(-max(S - hole, 0) // fp32))
+
+
+def _relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, Callable[[int, int], bool]]]:
+    """For each k ≥ 2, where at least k fp32 logits blocks hold a state (``fp32_blocks_with_states``), for full
+    fine-tuning with the standard loss: shapes (b, ℓ) with S > V·b·ℓ·(c + 4·(k − 1)), a set closed downwards (the
+    count falls as the blocks grow). None with adapters or a chunked or fused loss."""
+    wb = p.weights
+    S, V, c = p.state_bytes, m.vocab_size, train.precision.compute.bytes
+    small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
+    if train.adapters or small or not S or not logits_blocks(m, train) or not wb.trainable_layers:
+        return []
+    out: list[tuple[int, Callable[[int, int], bool]]] = []
+    for k in range(2, (3 if c != 4 else 2) + 1):
+
+        def on(b: int, ell: int, k: int = k) -> bool:
+            return fp32_blocks_with_states(S, V, c, b * ell) >= k
+
+        out.append((k, on))
+    return out
+
+
+def _relaid_whole_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, k: int) -> int:
+    """k ≥ 2 fp32 logits blocks made again whole in step 2 (term 2, ``on.relaid``).
+
+    A block with a state inside cannot serve step 2's 4·V·T request of its own size (``get_free_block`` needs one
+    free block at least that large; blocks of different segments never merge, ``try_merge_blocks``), so each
+    block a state reached is made again whole: k·4·V·T, not the states' bytes (Qwen2.5-0.5B full, 8 × 512: states
+    of 1.59 blocks, two blocks made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB). Where the count is one
+    (S − c·V·T < 4·V·T), whether a state reaches an fp32 block at all depends on the room the gradients leave in
+    the c·V·T block and the activation blocks, which the estimate does not model (replay_states.jsonl: Qwen3-0.6B
+    4 × 4096 none, Qwen2.5-0.5B 16 × 256 one): there ``_relaid_bytes`` keeps min(S, 3·4·V·T). The count falls as
+    the shape grows, so it is a switching mechanism: a run with dynamic padding counts it at the longest shape
+    ≤ (B, L) where it holds (``_relaid_regions``, ``held_reserved``), a packed run leaves it out. As in
+    ``_relaid_bytes``, a request no larger than the V·H gradient finds a freed gradient block instead (0 then).
+    """
+    if k < 2:
+        return 0
+    fp32 = 4 * m.vocab_size * train.tokens
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    spilled = fp32_blocks_with_states(p.state_bytes, m.vocab_size, train.precision.compute.bytes, train.tokens)
+    if fp32 <= head or spilled < k:
+        return 0
+    return k * fp32
