@@ -541,7 +541,8 @@ def _single_shape(
         max(
             step_peak,
             loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
-            max(r1, opt_peak) + max(_relaid_bytes(m, train, p), _relaid_whole_blocks(m, train, p, on.relaid)),
+            max(r1 + _eager_backward_segments(m, train), opt_peak)
+            + max(_relaid_bytes(m, train, p), _relaid_whole_blocks(m, train, p, on.relaid)),
             opt_peak + (_activations_unused(p) if on.activations else 0),
         )
         + small_pool_excess(train, p)
@@ -812,65 +813,107 @@ def _relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return min(p.state_bytes, sum(fp32))
 
 
-def fp32_blocks_with_states(S: int, V: int, c: int, T: int) -> int:
-    """How many of the standard loss's fp32 4·V·T logits blocks step 1's optimizer states reach, counted as if they
-    all go into the logits chain: S − c·V·T spilled past the c·V·T logits block, in whole 4·V·T blocks (at most
-    the chain's, three with c < 4 and two with c = 4).
+def remade_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, tuple[int, ...]]:
+    """The c·V·T logits block (0 with c = 4), and the blocks step 2's backward needs whole, in the order step 1's
+    optimizer states reach them: the standard loss's fp32 4·V·T logits blocks (three with c < 4: the fp32 copy,
+    the log-softmax, ``_log_softmax_backward_data``'s gradient; two with c = 4), then, with eager attention, the
+    two fp32 4·nh·L² blocks per sequence of a layer's attention backward (the upcast gradient of the probabilities
+    and ``_softmax_backward_data``'s output: transformers ``eager_attention_forward`` computes the softmax in fp32).
+    Empty for a chunked or fused loss."""
+    chain = logits_blocks(m, train)
+    if not chain:
+        return 0, ()
+    hole = chain[0] if len(chain) == 4 else 0
+    fp32 = chain[1:] if hole else chain
+    eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    return hole, fp32 + ((eager, eager) if train.attn is Attention.EAGER else ())
+
+
+def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
+    """How many of ``blocks`` step 1's optimizer states S reach, counted as if they all go into the logits chain
+    and these blocks: what the c·V·T block (``hole``) cannot hold spills into them in order, each whole one after
+    the previous one is full.
 
     torch/optim/adam.py ``Adam._init_group`` (AdamW subclasses it) creates ``exp_avg`` then ``exp_avg_sq`` with
-    ``torch.zeros_like``, parameter by parameter, after step 1's backward, into whatever the cache holds. Each
-    takes the smallest cached block at least as large (CUDACachingAllocator.cpp ``get_free_block``, best fit) and
-    a larger one is split, its rest staying cached (``alloc_found_block``, ``should_split``). The chain's blocks
-    are the largest, the c·V·T one the smallest of them, and a split fp32 block's rest is smaller than a whole one:
-    the c·V·T block fills first, then one fp32 block after another. bench/reserve/replay_states.jsonl measures it:
-    step 2 makes again this many fp32 blocks on 15 of the 21 full fine-tuning configs where 4·V·T exceeds the V·H
-    gradient (the gradients, placed in step 1's backward, fill the activation blocks the states could use).
+    ``torch.zeros_like``, parameter by parameter, after step 1's backward, into whatever the cache holds. Each takes
+    the smallest cached block at least as large (CUDACachingAllocator.cpp ``get_free_block``, best fit), and a
+    larger one is split, its rest staying cached (``alloc_found_block``, ``should_split``): the c·V·T block fills
+    first, and a split block's rest, smaller than a whole one, before the next whole one.
+    bench/reserve/replay_states.jsonl measures it: step 2 makes again the counted number of fp32 logits blocks on
+    15 of the 21 full fine-tuning configs where 4·V·T exceeds the V·H gradient (the gradients, placed in step 1's
+    backward, fill the activation blocks the states could otherwise use).
+
+    >>> blocks_with_states(S=300, hole=50, blocks=(100, 100, 100))  # 250 past the hole: three blocks reached
+    3
+    >>> blocks_with_states(S=120, hole=50, blocks=(100, 100, 100))
+    1
     """
-    fp32 = 4 * V * T
-    if not S or not fp32:
-        return 0
-    hole = c * V * T if c != 4 else 0
-    return min(3 if c != 4 else 2, -(-max(S - hole, 0) // fp32))
+    spill, reached = S - hole, 0
+    for size in blocks:
+        if spill <= 0:
+            break
+        reached, spill = reached + 1, spill - size
+    return reached
 
 
 def _relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, Callable[[int, int], bool]]]:
-    """For each k ≥ 2, where at least k fp32 logits blocks hold a state (``fp32_blocks_with_states``), for full
-    fine-tuning with the standard loss: shapes (b, ℓ) with S > V·b·ℓ·(c + 4·(k − 1)), a set closed downwards (the
-    count falls as the blocks grow). None with adapters or a chunked or fused loss."""
+    """For each k ≥ 2, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
+    for full fine-tuning with the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow with the
+    shape, the states do not). None with adapters or a chunked or fused loss."""
     wb = p.weights
-    S, V, c = p.state_bytes, m.vocab_size, train.precision.compute.bytes
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
-    if train.adapters or small or not S or not logits_blocks(m, train) or not wb.trainable_layers:
+    _, blocks = remade_blocks(m, train)
+    if train.adapters or small or not p.state_bytes or not blocks or not wb.trainable_layers:
         return []
+
+    def reached(b: int, ell: int) -> int:
+        hole, at = remade_blocks(m, replace(train, micro_batch=b, seq_len=ell))
+        return blocks_with_states(p.state_bytes, hole, at)
+
     out: list[tuple[int, Callable[[int, int], bool]]] = []
-    for k in range(2, (3 if c != 4 else 2) + 1):
+    for k in range(2, len(blocks) + 1):
 
         def on(b: int, ell: int, k: int = k) -> bool:
-            return fp32_blocks_with_states(S, V, c, b * ell) >= k
+            return reached(b, ell) >= k
 
         out.append((k, on))
     return out
 
 
 def _relaid_whole_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, k: int) -> int:
-    """k ≥ 2 fp32 logits blocks made again whole in step 2 (term 2, ``on.relaid``).
+    """The first k ≥ 2 blocks of ``remade_blocks`` made again whole in step 2 (term 2, ``on.relaid``).
 
-    A block with a state inside cannot serve step 2's 4·V·T request of its own size (``get_free_block`` needs one
-    free block at least that large; blocks of different segments never merge, ``try_merge_blocks``), so each
-    block a state reached is made again whole: k·4·V·T, not the states' bytes (Qwen2.5-0.5B full, 8 × 512: states
-    of 1.59 blocks, two blocks made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB). Where the count is one
+    A block with a state inside cannot serve step 2's request of its own size (``get_free_block`` needs one free
+    block at least that large; blocks of different segments never merge, ``try_merge_blocks``), so each block a
+    state reached is made again whole: the blocks' bytes, not the states' (Qwen2.5-0.5B full, 8 × 512: states of
+    1.59 fp32 logits blocks, two blocks made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB; Llama-3.2-3B
+    eager, 2 × 2048: the three fp32 logits blocks and an eager backward block made again). Where the count is one
     (S − c·V·T < 4·V·T), whether a state reaches an fp32 block at all depends on the room the gradients leave in
     the c·V·T block and the activation blocks, which the estimate does not model (replay_states.jsonl: Qwen3-0.6B
     4 × 4096 none, Qwen2.5-0.5B 16 × 256 one): there ``_relaid_bytes`` keeps min(S, 3·4·V·T). The count falls as
     the shape grows, so it is a switching mechanism: a run with dynamic padding counts it at the longest shape
     ≤ (B, L) where it holds (``_relaid_regions``, ``held_reserved``), a packed run leaves it out. As in
-    ``_relaid_bytes``, a request no larger than the V·H gradient finds a freed gradient block instead (0 then).
+    ``_relaid_bytes``, where a 4·V·T request is no larger than the V·H gradient it finds a freed gradient block
+    instead (0 then).
     """
-    if k < 2:
-        return 0
-    fp32 = 4 * m.vocab_size * train.tokens
+    hole, blocks = remade_blocks(m, train)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    spilled = fp32_blocks_with_states(p.state_bytes, m.vocab_size, train.precision.compute.bytes, train.tokens)
-    if fp32 <= head or spilled < k:
+    if k < 2 or not blocks or blocks[0] <= head or blocks_with_states(p.state_bytes, hole, blocks) < k:
         return 0
-    return k * fp32
+    return sum(blocks[:k])
+
+
+def _eager_backward_segments(m: ModelSpec, train: TrainSpec) -> int:
+    """Eager attention's two fp32 backward blocks, made as new segments after step 1's loss peak where they are
+    larger than every block backward has freed by then (full fine-tuning, the standard loss).
+
+    A layer's attention backward holds two fp32 4·nh·L² blocks per sequence at once (``remade_blocks``). The
+    largest blocks freed by then are the fp32 4·V·T logits blocks; where 4·nh·L²·B > 4·V·T (nh·L > V) best fit
+    finds none that holds them (``get_free_block``) and two segments are made on top of step 1's loss-peak reserve
+    (mid toy model of bench/reserve/, eager, 1 × 2048, nh·L = 32,768 > V = 32,000: the replay reserves 6.12 GB
+    at step 1's loss peak and 6.67 GB before its optimizer, the two 268 MB blocks of ``_to_copy`` and
+    ``_softmax_backward_data`` made in between)."""
+    if train.attn is not Attention.EAGER or train.loss is not Loss.STANDARD:
+        return 0
+    eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    return 2 * eager if eager > 4 * m.vocab_size * train.tokens else 0
