@@ -50,7 +50,7 @@ from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.ledger import Basis, Phase
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Loss, ModelSpec, Optimizer, TrainSpec
 from vramledger.specs.train import TRL_CHUNK_TOKENS
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
@@ -489,9 +489,9 @@ def peak_reserved(
     mechanisms included, over the shapes it meets (``held_reserved``).
     """
     opt_peak = step_peak if opt_peak is None else opt_peak
-    single = _single_shape(m, train, p, loss_peak, step_peak, opt_peak, _NONE)
     if train.packing or at is None:
-        return single
+        return _single_shape(m, train, p, loss_peak, step_peak, opt_peak, _NONE)
+    single = _single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True))
     return max(single, held_reserved(m, train, at))
 
 
@@ -542,7 +542,7 @@ def _single_shape(
             step_peak,
             loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
             max(r1 + _eager_backward_segments(m, train), opt_peak)
-            + max(_relaid_bytes(m, train, p), _relaid_whole_blocks(m, train, p, on.relaid)),
+            + (_relaid_counted(m, train, p) if on.relaid else _relaid_bytes(m, train, p)),
             opt_peak + (_activations_unused(p) if on.activations else 0),
         )
         + small_pool_excess(train, p)
@@ -570,8 +570,9 @@ class Switching(NamedTuple):
     workspace: bool = False
     activations: bool = False
     tied: bool = False
-    relaid: int = 0
-    """At least this many (≥ 2) fp32 logits blocks made again whole (``_relaid_whole_blocks``)."""
+    relaid: bool = False
+    """The blocks step 2 makes again counted at this shape (``_relaid_counted``; a run with dynamic padding);
+    False: the bound min(S, 3·4·V·T) (``_relaid_bytes``), which never falls as the shape grows."""
 
 
 _NONE = Switching()
@@ -603,7 +604,7 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
         for b, ell in edge:
             t = replace(train, micro_batch=b, seq_len=ell)
             pt, loss, step, opt = at(t)
-            best = max(best, _single_shape(m, t, pt, loss, step, opt, which))
+            best = max(best, _single_shape(m, t, pt, loss, step, opt, which._replace(relaid=True)))
     return best
 
 
@@ -621,7 +622,7 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
         if on.activations is not None:
             both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
             regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
-    regions += [(Switching(relaid=k), on_k) for k, on_k in _relaid_regions(m, train, p)]
+    regions += [(Switching(relaid=True), on_k) for on_k in _relaid_regions(m, train, p)]
     return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
 
 
@@ -856,51 +857,60 @@ def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
     return reached
 
 
-def _relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, Callable[[int, int], bool]]]:
-    """For each k ≥ 2, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
-    for full fine-tuning with the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow with the
-    shape, the states do not). None with adapters or a chunked or fused loss."""
+def _relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callable[[int, int], bool]]:
+    """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
+    for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
+    with the shape, the states do not). None with adapters, another optimizer or a chunked or fused loss."""
     wb = p.weights
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     _, blocks = remade_blocks(m, train)
-    if train.adapters or small or not p.state_bytes or not blocks or not wb.trainable_layers:
+    if train.adapters or small or not blocks or not wb.trainable_layers or train.optimizer not in _ADAM_INIT_GROUP:
         return []
 
     def reached(b: int, ell: int) -> int:
         hole, at = remade_blocks(m, replace(train, micro_batch=b, seq_len=ell))
         return blocks_with_states(p.state_bytes, hole, at)
 
-    out: list[tuple[int, Callable[[int, int], bool]]] = []
-    for k in range(2, len(blocks) + 1):
+    out: list[Callable[[int, int], bool]] = []
+    for k in range(1, len(blocks) + 1):
 
         def on(b: int, ell: int, k: int = k) -> bool:
             return reached(b, ell) >= k
 
-        out.append((k, on))
+        out.append(on)
     return out
 
 
-def _relaid_whole_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, k: int) -> int:
-    """The first k ≥ 2 blocks of ``remade_blocks`` made again whole in step 2 (term 2, ``on.relaid``).
+# torch.optim.AdamW in its three implementations: states created by Adam._init_group (torch/optim/adam.py).
+_ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
+
+
+def _relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The blocks step 2 makes again because step 1's states sit in them, counted at this shape (term 2,
+    ``on.relaid``): none where the states fit in the c·V·T logits block, the blocks they reach made again whole
+    where they reach two or more (``blocks_with_states``), the bound min(S, 3·4·V·T) in between.
 
     A block with a state inside cannot serve step 2's request of its own size (``get_free_block`` needs one free
     block at least that large; blocks of different segments never merge, ``try_merge_blocks``), so each block a
     state reached is made again whole: the blocks' bytes, not the states' (Qwen2.5-0.5B full, 8 × 512: states of
-    1.59 fp32 logits blocks, two blocks made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB; Llama-3.2-3B
-    eager, 2 × 2048: the three fp32 logits blocks and an eager backward block made again). Where the count is one
-    (S − c·V·T < 4·V·T), whether a state reaches an fp32 block at all depends on the room the gradients leave in
-    the c·V·T block and the activation blocks, which the estimate does not model (replay_states.jsonl: Qwen3-0.6B
-    4 × 4096 none, Qwen2.5-0.5B 16 × 256 one): there ``_relaid_bytes`` keeps min(S, 3·4·V·T). The count falls as
-    the shape grows, so it is a switching mechanism: a run with dynamic padding counts it at the longest shape
-    ≤ (B, L) where it holds (``_relaid_regions``, ``held_reserved``), a packed run leaves it out. As in
-    ``_relaid_bytes``, where a 4·V·T request is no larger than the V·H gradient it finds a freed gradient block
-    instead (0 then).
+    1.59 fp32 logits blocks, two made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB; Llama-3.2-3B eager,
+    2 × 2048: the three fp32 logits blocks and an eager backward block; Qwen3-0.6B 4 × 4096: states 0.48 of a
+    4·V·T block, the c·V·T block 0.5, none made again). Where the count is one (S − c·V·T < 4·V·T), whether a
+    state reaches an fp32 block at all depends on the room the gradients leave in the c·V·T block and the
+    activation blocks, which the estimate does not model (replay_states.jsonl: Qwen2.5-0.5B 16 × 256 one block,
+    Qwen2.5-1.5B 8 × 512 three): there the bound stays. The count falls as the shape grows, so a run with dynamic
+    padding counts it at the longest shapes ≤ (B, L) where it is at least 1, 2, … (``_relaid_regions``,
+    ``held_reserved``); a packed run keeps the bound. As in ``_relaid_bytes``, where a 4·V·T request is no larger
+    than the V·H gradient it finds a freed gradient block instead (0 then).
     """
     hole, blocks = remade_blocks(m, train)
+    if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
+        return _relaid_bytes(m, train, p)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    if k < 2 or not blocks or blocks[0] <= head or blocks_with_states(p.state_bytes, hole, blocks) < k:
+    reached = blocks_with_states(p.state_bytes, hole, blocks)
+    if blocks[0] <= head or reached == 0:
         return 0
-    return sum(blocks[:k])
+    return _relaid_bytes(m, train, p) if reached == 1 else sum(blocks[:reached])
 
 
 def _eager_backward_segments(m: ModelSpec, train: TrainSpec) -> int:
