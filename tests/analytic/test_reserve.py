@@ -91,7 +91,10 @@ RUN_ACTIVATIONS = (
     "beside the three fp32 logits blocks (2.08 GB at 4 × 960): not modelled"
 )
 OPT = "without foreach AdamW's states, the gradients' and the step's own segments stay cached"
-FULL_OVER = "fewer fp32 logits blocks made again in step 2 than modelled (the states fit elsewhere)"
+FULL_OVER = (
+    "the states reach one fp32 logits block by the count (here or at a shorter shape the run holds), where the bound "
+    "min(S, 3·4·V·T) is kept, and step 2 makes fewer again (the states fit elsewhere; replay_states.jsonl)"
+)
 KNOWN_MISSES: dict[str, str] = {
     "llama-3.2-1b/full/b1/L2048/ckpt/sdpa": RUN_STATES_SPLIT,
     "qwen2.5-0.5b/lora/b1/L2048/nockpt/sdpa": LORA_TRANSIENTS,

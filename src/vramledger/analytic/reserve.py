@@ -519,8 +519,9 @@ def _single_shape(
        after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
        at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
        (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
-       step 2 makes it again: reserved = max(R1, ``opt_peak``) + the fp32 logits bytes the states can take
-       (``_relaid_bytes``);
+       step 2 makes it again: reserved = max(R1 + eager's backward segments (``_eager_backward_segments``),
+       ``opt_peak``) + the blocks the states reach, counted at this shape (``on.relaid``, ``_relaid_counted``) or
+       bounded by min(S, 3·4·V·T) (``_relaid_bytes``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``_activations_unused``);
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``_tied_gradient_block``).
@@ -841,8 +842,8 @@ def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
     larger one is split, its rest staying cached (``alloc_found_block``, ``should_split``): the c·V·T block fills
     first, and a split block's rest, smaller than a whole one, before the next whole one.
     bench/reserve/replay_states.jsonl measures it: step 2 makes again the counted number of fp32 logits blocks on
-    15 of the 21 full fine-tuning configs where 4·V·T exceeds the V·H gradient (the gradients, placed in step 1's
-    backward, fill the activation blocks the states could otherwise use).
+    17 of the 24 full fine-tuning configs with AdamW where 4·V·T exceeds the V·H gradient (the gradients, placed
+    in step 1's backward, fill the activation blocks the states could otherwise use); one block off on the others.
 
     >>> blocks_with_states(S=300, hole=50, blocks=(100, 100, 100))  # 250 past the hole: three blocks reached
     3
