@@ -23,6 +23,7 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -345,17 +346,36 @@ def misses(done: dict[str, dict[str, Any]], rows: dict[str, Row]) -> list[str]:
 
 
 def write_causes(ids: list[str], rows: dict[str, Row]) -> None:
-    known = {}
-    if CAUSES.exists():
-        known = {json.loads(line)["id"]: line for line in CAUSES.read_text().splitlines()}
+    for cid, rec in _append_records(CAUSES, ids, rows, replay_causes):
+        print(cid, rec["free_at_peak"][:1], flush=True)
+
+
+def _append_records(
+    path: Path, ids: list[str], rows: dict[str, Row], measure: Callable[..., dict[str, Any]]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Measure each config of ``ids`` not yet in ``path`` and append its record there; yields each new record."""
+    known = set()
+    if path.exists():
+        known = {json.loads(line)["id"] for line in path.read_text().splitlines()}
     for cid in ids:
         if cid in known:
             continue
         model, train, cfg = specs(rows[cid])
-        rec = {"id": cid, **replay_causes(model, train, cfg)}
-        with CAUSES.open("a") as f:
+        rec = {"id": cid, **measure(model, train, cfg)}
+        with path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        print(cid, rec["free_at_peak"][:1], flush=True)
+        yield cid, rec
+
+
+def _device_events(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> tuple[list[Any], Any]:
+    """The traced events of two steps and their device allocations (workspaces inserted) for the replay."""
+    from vramledger.trace.api import trace_events
+    from vramledger.trace.oom import device_events
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        events = trace_events(model, train, config=cfg)
+    return events, device_events(events, GPU)
 
 
 def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> dict[str, Any]:
@@ -366,13 +386,8 @@ def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
 
     from vramledger.allocator.model import CachingAllocatorModel
     from vramledger.allocator.replay import EventKind
-    from vramledger.trace.api import trace_events
-    from vramledger.trace.oom import device_events
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        events = trace_events(model, train, config=cfg)
-    dev = device_events(events, GPU)
+    events, dev = _device_events(model, train, cfg)
     alloc = CachingAllocatorModel()
     live: dict[int, Any] = {}
     made_by: dict[int, str] = {}
@@ -415,16 +430,7 @@ STATES = Path(__file__).with_name("replay_states.jsonl")
 
 
 def write_states(ids: list[str], rows: dict[str, Row]) -> None:
-    known = set()
-    if STATES.exists():
-        known = {json.loads(line)["id"] for line in STATES.read_text().splitlines()}
-    for cid in ids:
-        if cid in known:
-            continue
-        model, train, cfg = specs(rows[cid])
-        rec = {"id": cid, **replay_states(model, train, cfg)}
-        with STATES.open("a") as f:
-            f.write(json.dumps(rec) + "\n")
+    for cid, rec in _append_records(STATES, ids, rows, replay_states):
         print(cid, rec["fp32_blocks_with_states"], rec["made_in_step_2_fp32_blocks"], flush=True)
 
 
@@ -432,18 +438,13 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     """Where step 1's optimizer states land and what step 2 makes again (full fine-tuning): the bytes of states in
     each segment the logits chain made in step 1 (the c·V·T logits block, the fp32 4·V·T ones) and elsewhere, and
     the segments step 2 makes, in units of one fp32 logits block (4·V·T). The measurement behind the
-    full-fine-tuning misses of tests/analytic/test_reserve.py (docs/reserve.md "What the states do")."""
+    full-fine-tuning misses of tests/analytic/test_reserve.py (docs/reserve.md "What the optimizer states do")."""
     from collections import Counter
 
     from vramledger.allocator.model import CachingAllocatorModel
     from vramledger.allocator.replay import EventKind
-    from vramledger.trace.api import trace_events
-    from vramledger.trace.oom import device_events
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        events = trace_events(model, train, config=cfg)
-    dev = device_events(events, GPU)
+    events, dev = _device_events(model, train, cfg)
     alloc = CachingAllocatorModel()
     live: dict[int, Any] = {}
     made: dict[int, tuple[int, str, str, int]] = {}  # segment → (step, op, category, bytes)
