@@ -73,21 +73,23 @@ RUN_UNMODELLED = (
 EAGER_BWD = "step 2 makes eager attention's backward blocks (_softmax_backward_data) again"
 OPT = "without foreach AdamW's states, the gradients' and the step's own segments stay cached"
 FULL_OVER = "fewer fp32 logits blocks made again in step 2 than modelled (the states fit elsewhere)"
+PADDED_MASK = (
+    "the estimate of a padded batch counts SDPA's explicit mask and K/V repeated for it (analytic/activations.py), "
+    "which the trace's unpadded batch does not build: allocated 5.1% over the trace's; packed (no mask) the estimate "
+    "is 59.56 GiB allocated and 63.24 GiB reserved against the replay's 59.57 and 63.49 GiB (−0.4%)"
+)
 KNOWN_MISSES: dict[str, str] = {
     "llama-3.2-1b/full/b1/L2048/ckpt/sdpa": RUN_UNMODELLED,
-    "qwen2.5-0.5b/lora/b1/L2048/nockpt/sdpa": LORA_TRANSIENTS,
     "qwen2.5-0.5b/full/b8/L512/ckpt/sdpa": MORE_RELAID,
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
     "qwen3-0.6b/full/b4/L4096/ckpt/sdpa": FULL_OVER,
     "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": MORE_RELAID,
     "tiny/full/b1/L256/nockpt/sdpa": TINY,
     "tiny/full/b8/L1024/ckpt/sdpa": TINY,
-    "tiny/lora/b4/L512/nockpt/sdpa": TINY,
     "tiny/lora/b2/L256/nockpt/eager": TINY,
     "mid/full/b4/L2048/ckpt/sdpa": FULL_OVER,
     "mid/full/b1/L2048/nockpt/eager": EAGER_BWD,
     "mid/lora/b8/L512/ckpt/sdpa": LORA_OVER,
-    "mid/lora/b1/L4096/nockpt/sdpa": LORA_TRANSIENTS,
     "mid/lora/b2/L1024/nockpt/eager": WORKSPACE,
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-3b/full/b2/L2048/ckpt/eager/bf16-true": MORE_RELAID,
@@ -109,11 +111,10 @@ KNOWN_MISSES: dict[str, str] = {
     "llama-3-8b/lora/b1/L4096/ckpt/eager": ALLOC,
     "qwen3-8b/lora/b2/L4096/ckpt/sdpa": LORA_OVER,
     "qwen2.5-7b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
-    "qwen2.5-1.5b/lora/b1/L8192/nockpt/sdpa": LORA_TRANSIENTS,
     "qwen2.5-1.5b/dora/b2/L1024/ckpt/eager": LORA_TRANSIENTS,
     "qwen3-4b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
+    "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa": PADDED_MASK,
     "gemma-2-2b/lora/b2/L1024/nockpt/eager": RUN_UNMODELLED,
-    "phi-3-mini-4k/lora/b4/L1024/nockpt/sdpa": LORA_TRANSIENTS,
 }
 
 
