@@ -114,7 +114,6 @@ KNOWN_MISSES: dict[str, str] = {
     "qwen2.5-1.5b/dora/b2/L1024/ckpt/eager": LORA_TRANSIENTS,
     "qwen3-4b/lora/b1/L16384/ckpt/sdpa": LORA_OVER,
     "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa": PADDED_MASK,
-    "gemma-2-2b/lora/b2/L1024/nockpt/eager": RUN_UNMODELLED,
 }
 
 

@@ -50,6 +50,7 @@ from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
 from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.softcap_reserve import latest_on, softcap_block, softcap_remade
 from vramledger.ledger import Basis, Phase
 from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 from vramledger.specs.train import TRL_CHUNK_TOKENS
@@ -534,7 +535,8 @@ def _single_shape(
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         lost = _workspace_lost(m, train, p) if on.workspace else 0
         cached = adapter_forward_cache(m, train, p)
-        return max(step_peak, loss_peak + stranded + lost + cached) + small_pool_excess(train, p)
+        remade = softcap_block(m, train) if on.softcap else 0
+        return max(step_peak, loss_peak + stranded + lost + cached + remade) + small_pool_excess(train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
@@ -571,6 +573,7 @@ class Switching(NamedTuple):
     workspace: bool = False
     activations: bool = False
     tied: bool = False
+    softcap: bool = False
 
 
 _NONE = Switching()
@@ -589,7 +592,7 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     if not regions:
         return 0
     B = max((pts[-1][0] for _, pts in regions if pts), default=1)
-    L = max((pts[0][1] for _, pts in regions if pts), default=1)
+    L = max((ell for _, pts in regions for _, ell in pts), default=1)
     return _held_capped(m, replace(train, micro_batch=min(B, train.micro_batch), seq_len=min(L, train.seq_len)), at)
 
 
@@ -620,7 +623,11 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
         if on.activations is not None:
             both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
             regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
-    return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    softcap = softcap_remade(m, train) if train.adapters else None
+    if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on
+        out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
+    return out
 
 
 class _Predicates(NamedTuple):

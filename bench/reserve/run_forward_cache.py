@@ -1,0 +1,117 @@
+"""The free cache at the end of a traced LoRA forward, against analytic/forward_cache.py.
+
+For each LoRA config of the grid without checkpointing (bench/reserve/run_grid.py): trace two training steps
+(``vramledger.trace``), replay step 1 through the caching-allocator model, and record reserved − allocated at the
+start of each decoder layer and once the final norm is done (at lm_head), less what was free before the first
+layer; then the first layer's share (W1) and the mean per later layer (r). ``large``: the residual stream's
+requests (c·H·T) are above the allocator's 10 MiB threshold, as the bulk of a layer's are, so that the layout
+scales with T as analytic/forward_cache.py assumes; below it, 20 MiB segments serve them.
+
+Run:  nice -n 10 python bench/reserve/run_forward_cache.py   # traces each config (~10-60 s each)
+      python bench/reserve/run_forward_cache.py --table      # the table of docs/reserve.md
+Output: bench/reserve/forward_cache.jsonl, one JSON object per config (bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+import run_grid  # noqa: E402
+
+OUT = Path(__file__).with_name("forward_cache.jsonl")
+CONFIGS = [
+    "mid/lora/b1/L4096/nockpt/sdpa",
+    "qwen2.5-0.5b/lora/b1/L2048/nockpt/sdpa",
+    "llama-3.2-1b/lora/b1/L1024/nockpt/sdpa",
+    "qwen3-0.6b/lora/b4/L512/nockpt/sdpa",
+    "qwen2.5-1.5b/lora/b1/L8192/nockpt/sdpa",
+    "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa",
+    "phi-3-mini-4k/lora/b4/L1024/nockpt/sdpa",
+]
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def measure(cid: str) -> dict[str, Any]:
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+    from vramledger.analytic.forward_cache import adapter_forward_cache
+    from vramledger.analytic.step import step_parts
+    from vramledger.trace.api import trace_events
+    from vramledger.trace.oom import device_events
+
+    rows = {run_grid.config_id(r): r for r in run_grid.GRID}
+    model, train, cfg = run_grid.specs(rows[cid])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        events = trace_events(model, train, config=cfg)
+    dev = device_events(events, None)
+    alloc = CachingAllocatorModel()
+    live: dict[int, Any] = {}
+    free_at: dict[int | str, int] = {}
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        e = events[src] if src >= 0 else None
+        if e is not None and e.step == 1 and e.phase.value == "forward":
+            hit = _LAYER.search(e.module)
+            key: int | str | None = int(hit.group(1)) if hit else ("head" if e.module.endswith("lm_head") else None)
+            if key is not None and key not in free_at:
+                free_at[key] = alloc.reserved - alloc.allocated
+        if ev.kind is EventKind.ALLOC:
+            live[ev.id] = alloc.malloc(ev.size) if ev.size else None
+        else:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                alloc.free(blk)
+    n = max(k for k in free_at if isinstance(k, int)) + 1
+    c = train.precision.compute.bytes
+    return {
+        "id": cid,
+        "layers": n,
+        "trace_free_after_norm": free_at["head"] - free_at[0],
+        "trace_w1": free_at[1] - free_at[0],
+        "trace_r": (free_at[n - 1] - free_at[1]) // max(n - 2, 1),
+        "large": c * model.hidden_size * train.tokens >= 10 * 2**20,
+        "analytic": adapter_forward_cache(model, train, step_parts(model, train)),
+    }
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    m = 2**20
+    rows = [
+        "| config | layers | traced W1 MiB | traced r MiB/layer | traced free at lm_head MiB | analytic MiB | gap |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in recs:
+        t, a = r["trace_free_after_norm"], r["analytic"]
+        rows.append(
+            f"| {r['id']}{'' if r['large'] else ' (requests < 10 MiB)'} | {r['layers']} | {r['trace_w1'] / m:.0f} | "
+            f"{r['trace_r'] / m:.1f} | {t / m:.0f} | {a / m:.0f} | {100 * (a / t - 1):+.0f}% |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", action="store_true", help="print the table (markdown)")
+    args = ap.parse_args()
+    if args.table:
+        print(table([json.loads(line) for line in OUT.read_text().splitlines()]))
+        return
+    recs = []
+    for cid in CONFIGS:
+        recs.append(measure(cid))
+        print(json.dumps(recs[-1]), flush=True)
+    OUT.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+if __name__ == "__main__":
+    main()
