@@ -3,19 +3,19 @@ puts tanh's output into a freed fp32 block (analytic/reserve.py, a mechanism tha
 
 transformers ``Gemma2ForCausalLM.forward``: ``logits = logits / cap; logits = torch.tanh(logits); logits = logits *
 cap`` on the c·V·T logits before ``ForCausalLMLoss`` casts them to fp32 (4·V·T = 2X with c = 2 bytes, X = c·V·T);
-tanh's output (X) is saved for its backward. Step 1 makes the chain's segments: the logits' and the division's
-(X each, rounded up to 2 MiB by ``get_allocation_size``) and the fp32 ones (the copy, the log-softmax and the
+tanh's output (X) is saved for its backward. Step 1 makes the chain's segments: the logits' and the division's (X
+each, rounded up to 2 MiB by ``get_allocation_size``) and the fp32 ones (the copy, the log-softmax and the
 backward's second gradient, 2X rounded). In step 2 (whose forward has cut an activation from the logits' old
-segment, the smallest free block that size: 35 MiB in the trace) the logits take the division's and the division
-the first fp32 segment (best fit: the smallest cached block at least as large, ``get_free_block``), which is
-split (``should_split``); when the logits are freed, tanh's request finds two blocks: the division's old
-segment (X rounded up, where the logits were) and the fp32 segment's rest (2X rounded up, less X). Where X is not a multiple of 2 MiB and its
-remainder is at most 1 MiB, the rest is the smaller and best fit takes it (an equal size goes to the older
-segment): tanh's output, saved until backward, then sits in an fp32 segment, and backward's second
-fp32 gradient (``_log_softmax_backward_data``) finds every fp32 block taken and makes one more. The trace replay
-shows it: Gemma-2-2B LoRA 2 × 992 reserves 26.0 GiB (the new segment made in step 2's backward), 2 × 1024 only
-24.5 GiB (X = 1000 MiB, a tie). Half the lengths or so are such shapes, so a run with dynamic padding meets one
-within a few tokens of its longest batch (bench/reserve/runs.jsonl: the run's envelope, 2 × 992).
+segment, the smallest free block that size: 35 MiB in the trace) the logits take the division's and the division the
+first fp32 segment (best fit: the smallest cached block at least as large, ``get_free_block``), which is split
+(``should_split``); when the logits are freed, tanh's request finds two blocks: the division's old segment (X
+rounded up, where the logits were) and the fp32 segment's rest (2X rounded up, less X). Where X is not a multiple of
+2 MiB and its remainder is at most 1 MiB, the rest is the smaller and best fit takes it (an equal size goes to the
+older segment): tanh's output, saved until backward, then sits in an fp32 segment, and backward's second fp32
+gradient (``_log_softmax_backward_data``) finds every fp32 block taken and makes one more. The trace replay shows
+it: Gemma-2-2B LoRA 2 × 992 reserves 26.0 GiB (the new segment made in step 2's backward), 2 × 1024 only 24.5 GiB (X
+= 1000 MiB, a tie). Half the lengths or so are such shapes, so a run with dynamic padding meets one within a few
+tokens of its longest batch (bench/reserve/runs.jsonl: the run's envelope, 2 × 992).
 """
 
 from __future__ import annotations
