@@ -55,10 +55,6 @@ LORA_TRANSIENTS = (
 )
 LORA_OVER = "the checkpointed layer's transients modelled as stranded are partly reused"
 MORE_RELAID = "step 2 makes more fp32 logits blocks again than modelled"
-WORKSPACE = (
-    "the backward thread's 32 MiB cuBLAS workspace is cut from a freed fp32 logits block and step 2 makes another, "
-    "where the rule (reserve.py _switching) says a freed eager-scores block takes it"
-)
 HELD_OVER = (
     "the saved activations held where c·T < b·H over-count what stays cached with bf16 weights and states: the "
     "replay's mechanism holds less and stops a little earlier (Llama-3.2-3B 4 × 720: 39.27 GiB replayed)"
@@ -90,7 +86,6 @@ KNOWN_MISSES: dict[str, str] = {
     "mid/full/b4/L2048/ckpt/sdpa": FULL_OVER,
     "mid/full/b1/L2048/nockpt/eager": EAGER_BWD,
     "mid/lora/b8/L512/ckpt/sdpa": LORA_OVER,
-    "mid/lora/b2/L1024/nockpt/eager": WORKSPACE,
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-3b/full/b2/L2048/ckpt/eager/bf16-true": MORE_RELAID,
     "llama-3.2-3b/full/b4/L512/nockpt/sdpa/bf16-true/sgd": ALLOC,

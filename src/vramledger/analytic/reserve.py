@@ -42,7 +42,7 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from vramledger.allocator.blocks import Block
-from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.forward_cache import adapter_forward_cache
 from vramledger.analytic.logits import LogitsBytes, TrlChunk, logits_bytes, trl_chunk
@@ -624,6 +624,9 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
             both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
             regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    band = _workspace_band(m, train, p)
+    if band:
+        out.append((Switching(workspace=True), band))
     softcap = softcap_remade(m, train) if train.adapters else None
     if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on
         out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
@@ -686,6 +689,59 @@ def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[in
             lo, hi = (mid, hi) if on(b, mid) else (lo, mid - 1)
         out.append((b, lo))
     return out
+
+
+def _workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
+    """Adapters, eager attention, no checkpointing: for each micro-batch b ≤ B, the longest ℓ ≤ L at which the
+    logits leave the workspace no eager block (the upper edge of a band of lengths, not a set closed downwards).
+
+    Without checkpointing every layer's freed score blocks are cut by the next layer's saved activations, and the
+    last layer's by its MLP's; its fp32 softmax input (transformers ``eager_attention_forward``:
+    ``softmax(attn_weights, dtype=torch.float32)``, 4·nh·ℓ² per sequence, freed once cast back) is the one left
+    whole, and the c·V·T logits, made next, are cut from it where they fit (best fit, ``get_free_block``). Where
+    the rest is smaller than the backward thread's workspace, and every other block forward freed is too
+    (``_workspace_rivals_per_token``), the workspace takes an fp32 logits block as ``_workspace_lost`` describes.
+    The trace replay (custom 8-layer Llama, LoRA, 2 × ℓ) shows it: 476 MiB over allocated at ℓ = 1024 (the logits,
+    125 MiB, in the 128 MiB softmax block), 233 MiB at 864 (they do not fit) and 351 MiB at 1216 (the rest, 32.06
+    MiB, holds the workspace) (bench/reserve/runs.jsonl). The band starts where the logits fit (ℓ ≥ c·V/(4·nh))
+    and ends where the rest holds the workspace, or where a forward block does.
+    """
+    wb = p.weights
+    c = train.precision.compute.bytes
+    eager = train.attn is Attention.EAGER and not train.grad_ckpt
+    if not (train.adapters and eager and train.loss is Loss.STANDARD and c != 4 and wb.trainable_layers):
+        return []
+    ws = cublas_workspace_block(p)
+    per_token = max(_workspace_rivals_per_token(m, train, p))
+    V, nh = m.vocab_size, m.num_heads
+    if p.dora_temp >= ws:
+        return []
+
+    lo = -(-c * V // (4 * nh))  # the logits fit from here on: c·V·b·ℓ ≤ 4·nh·b·ℓ²
+    out = []
+    for b in range(1, train.micro_batch + 1):
+        top = min(train.seq_len, (ws - 1) // (per_token * b))  # longer, a block forward freed holds the workspace
+
+        def holds(ell: int, b: int = b) -> bool:
+            """The rest holds the workspace (it grows with ℓ ≥ lo; the 2 MiB rounding of the softmax block's
+            segment is left out, so that the band's edge never moves back as L grows)."""
+            return 4 * nh * b * ell * ell - c * V * b * ell >= ws
+
+        hi = _first(lo, max(lo, top) + 1, holds)
+        ell = min(top, top + 1 if hi is None else hi - 1)
+        if ell >= lo and 4 * nh * b * ell * ell >= K_MIN_LARGE_ALLOC:  # the softmax block is a segment of its own
+            out.append((b, ell))
+    return out
+
+
+def _first(lo: int, hi: int, cond: Callable[[int], bool]) -> int | None:
+    """The smallest ℓ in [lo, hi] with ``cond`` (which holds from some ℓ on), or None."""
+    if not cond(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cond(mid) else (mid + 1, hi)
+    return lo
 
 
 def cublas_workspace_block(p: StepParts) -> int:
