@@ -45,6 +45,7 @@ from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.forward_cache import adapter_forward_cache
+from vramledger.analytic.load_residue import load_tails
 from vramledger.analytic.logits import LogitsBytes, TrlChunk, logits_bytes, trl_chunk
 from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
 from vramledger.analytic.overhead import allocator_reserve_bytes
@@ -536,7 +537,8 @@ def _single_shape(
         lost = _workspace_lost(m, train, p) if on.workspace else 0
         cached = adapter_forward_cache(m, train, p)
         remade = softcap_block(m, train) if on.softcap else 0
-        return max(step_peak, loss_peak + stranded + lost + cached + remade) + small_pool_excess(train, p)
+        tails = load_tails(m, train, p)
+        return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
