@@ -8,8 +8,8 @@ small for what comes next. The free cache therefore grows through forward: the f
 then a remainder per layer (r), and it is still free at the loss's backward peak (the final norm and the loss
 make no request of that size that they do not get elsewhere): the trace replay shows it, at step 2's peak, in
 blocks made by the adapted projections' transients of every layer (bench/reserve/replay_causes.jsonl; measured
-on the traces, free at the end of step 1's forward: Qwen2.5-1.5B LoRA 1 × 8192: W1 524 MiB, r 32.7 MiB, 1.41 GiB
-in all; Phi-3-mini 4 × 1024: 300 MiB, 24.8 MiB, 1.04 GiB).
+on the traces once the final norm is done, bench/reserve/forward_cache.jsonl: Qwen2.5-1.5B LoRA 1 × 8192: W1
+524 MiB, r 32.7 MiB, 1.35 GiB in all; Phi-3-mini 4 × 1024: 300 MiB, 24.8 MiB, 1.02 GiB).
 
 What each layer allocates is PEFT's ``lora.Linear.forward`` (peft/tuners/lora/layer.py) for each adapted
 projection: the frozen base's output ``self.base_layer(x)`` (c·out·T), ``_cast_input_dtype(x, lora_A.weight.dtype)``
@@ -18,15 +18,16 @@ projection: the frozen base's output ``self.base_layer(x)`` (c·out·T), ``_cast
 transformers' ``LlamaDecoderLayer``: ``LlamaRMSNorm`` (``hidden_states.to(torch.float32)`` saved, ``pow``, the
 product, the cast back and the weight product), ``apply_rotary_pos_emb`` on q and k (``q * cos``,
 ``rotate_half``'s ``neg`` and ``cat``, ``* sin``, the sum, saved), SDPA's output (saved), the residual sums, the
-MLP's ``act_fn(gate)`` (saved) and ``act_fn(gate) * up`` (freed after down_proj). That sequence, n layers of it,
-is replayed through ``allocator/model.py`` (the port of the caching allocator). Every size is proportional to the
-tokens T; replayed at ``T_REF`` tokens, where every request is far above the allocator's 10 MiB and 2 MiB
-thresholds, the free cache per token is a property of the architecture alone, and the estimate is that per-token
-figure × T: exact up to the 2 MiB rounding at larger shapes, and never falling as T grows. At small T the
-allocator's 20 MiB segments for requests under 10 MiB leave more cached than this (a 2-layer toy model in
-bench/reserve/: not modelled). Eager attention's score blocks are not in the sequence (reserve.py counts the
-largest as stranded). Architectures whose projections are not named like Llama's (``q_proj`` … ``down_proj``,
-or Phi-3's fused ``qkv_proj``/``gate_up_proj``) and MoE layers are not modelled (0).
+MLP's ``act_fn(gate)`` (saved) and ``act_fn(gate) * up`` (freed after down_proj). That sequence, n layers of it
+and the final norm, is replayed through ``allocator/model.py`` (the port of the caching allocator). Every size is
+proportional to the tokens T; replayed at ``T_REF`` tokens, where every request is far above the allocator's 10 MiB
+and 2 MiB thresholds, the free cache per token is a property of the architecture alone, and the estimate is that
+per-token figure × T, which never falls as T grows: within 6% of the traced forwards where the residual stream's
+requests are ≥ 10 MiB. Below that the allocator's 20 MiB segments for smaller requests change the layout (the
+trace holds up to 39% more, the 8-layer toy of bench/reserve/ at 1 × 4096, or 12% less, Llama-3.2-1B at 1 × 1024).
+Eager attention's score blocks are not in the sequence (reserve.py counts the largest as stranded). DoRA (its
+``DoraLinearVariant.forward`` is another sequence), architectures whose projections are not named like Llama's
+(``q_proj`` … ``down_proj``, or Phi-3's fused ``qkv_proj``/``gate_up_proj``) and MoE layers are not modelled (0).
 
 Legend: T tokens per micro-batch, H hidden, I intermediate, c compute-dtype bytes, in/out a projection's features.
 """
