@@ -23,7 +23,6 @@ from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.softcap_reserve import softcap_remade
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
-from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.specs import Attention, LoraSpec, Loss, Method, ModelSpec, TrainSpec
 
 MiB = 2**20
@@ -125,17 +124,7 @@ def test_load_tails_against_the_trace(rec: dict[str, Any]) -> None:
 
 def test_forward_cache_grows_with_the_tokens_and_is_off_elsewhere() -> None:
     """Linear in T (every size is), so never falling; 0 with checkpointing, for full fine-tuning, for DoRA."""
-    cfg = {
-        "model_type": "llama",
-        "hidden_size": 1024,
-        "intermediate_size": 2816,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 8,
-        "vocab_size": 32000,
-        "tie_word_embeddings": False,
-    }
-    m = model_spec_from_config(cfg, name="mid", source="test")
+    m, _ = _specs("mid/lora/b1/L4096/nockpt/sdpa")  # the 8-layer Llama of bench/reserve/run_grid.py
     base = TrainSpec(method=Method.LORA, micro_batch=1, seq_len=2048, grad_ckpt=False)
 
     def cache(t: TrainSpec) -> int:
@@ -181,16 +170,6 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     made = reserved - without - ws
     print(f"2 × {ell}: step 2 makes {made / MiB:.1f} MiB more with the workspace (F = {f / MiB:.1f} MiB)")
     assert (made > f // 2) == lost
-    cfg = {
-        "model_type": "llama",
-        "hidden_size": 1024,
-        "intermediate_size": 2816,
-        "num_attention_heads": 16,
-        "num_key_value_heads": 4,
-        "num_hidden_layers": 8,
-        "vocab_size": 32000,
-        "tie_word_embeddings": False,
-    }
-    m = model_spec_from_config(cfg, name="mid", source="test")
+    m, _ = _specs("mid/lora/b1/L4096/nockpt/sdpa")  # the 8-layer Llama of bench/reserve/run_grid.py
     train = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=1400, grad_ckpt=False, attn=Attention.EAGER)
     assert (2, 1215) in _workspace_band(m, train, step_parts(m, train))
