@@ -123,7 +123,8 @@ def test_load_tails_against_the_trace(rec: dict[str, Any]) -> None:
 
 
 def test_forward_cache_grows_with_the_tokens_and_is_off_elsewhere() -> None:
-    """Linear in T (every size is), so never falling; 0 with checkpointing, for full fine-tuning, for DoRA."""
+    """Linear in T (every size is), so never falling; 0 with checkpointing, for full fine-tuning, for DoRA, and
+    under a fused loss (its chunks are cut from these blocks)."""
     m, _ = _specs("mid/lora/b1/L4096/nockpt/sdpa")  # the 8-layer Llama of bench/reserve/run_grid.py
     base = TrainSpec(method=Method.LORA, micro_batch=1, seq_len=2048, grad_ckpt=False)
 
@@ -135,6 +136,7 @@ def test_forward_cache_grows_with_the_tokens_and_is_off_elsewhere() -> None:
     assert cache(dataclasses.replace(base, grad_ckpt=True)) == 0
     assert cache(dataclasses.replace(base, method=Method.FULL)) == 0
     assert cache(dataclasses.replace(base, lora=LoraSpec(dora=True))) == 0
+    assert cache(dataclasses.replace(base, loss=Loss.FUSED)) == 0
 
 
 def _eager_tail(s: int, x: int, f: int, ws: int) -> tuple[tuple[int, int], ...]:

@@ -41,11 +41,14 @@ from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.weights import Adapted
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 # Tokens the layer sequence is replayed at: its smallest request (RoPE's ``neg`` of a 128-wide k, c·64·T) is then
 # far above kMinLargeAlloc (10 MiB), so the replayed layout scales with T.
 T_REF = 1 << 17
+# Losses whose requests at the peak are larger than these blocks (the standard loss's V·T ones, TRL's 4·256·V chunks);
+# a fused or chunked loss's chunk requests are cut from what the layers left cached (reserve.py ``stranded_bytes``).
+_LOSSES_ABOVE = (Loss.STANDARD, Loss.CHUNKED_NLL)
 _NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _FUSED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # Phi-3
 
@@ -53,9 +56,12 @@ _FUSED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # Phi-3
 def adapter_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Bytes the forward of a LoRA model without checkpointing leaves cached and free at the loss: the per-token
     figure of the replayed layer sequence × T (0 where the layers are not modelled: DoRA, whose
-    ``DoraLinearVariant.forward`` is another sequence, MoE, other projection names)."""
+    ``DoraLinearVariant.forward`` is another sequence, MoE, other projection names; and under a fused or chunked
+    loss, whose chunks reuse these blocks)."""
     wb = p.weights
     if not train.adapters or train.grad_ckpt or not wb.adapted or m.is_moe or p.dora_temp:
+        return 0
+    if train.loss not in _LOSSES_ABOVE:
         return 0
     c = train.precision.compute.bytes
     cast = wb.trainable_dtype.bytes == 4 and c != 4

@@ -29,7 +29,7 @@ from functools import lru_cache
 from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 
 def load_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -38,6 +38,8 @@ def load_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     wb = p.weights
     frozen = wb.total_params - wb.trainable_params
     if train.quant is not None or not frozen or not train.adapters or m.is_moe or train.grad_ckpt:
+        return 0
+    if train.loss not in (Loss.STANDARD, Loss.CHUNKED_NLL):  # a fused or chunked loss's chunks can take them
         return 0
     # The smallest tensors a decoder layer keeps to the loss: k's and v's projections (c·kv·T; in the small pool
     # up to 1 MiB, where no tail is counted, so that the figure never falls as T grows).
