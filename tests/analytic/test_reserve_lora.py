@@ -16,13 +16,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from vramledger.analytic import estimate
 from vramledger.analytic.forward_cache import adapter_forward_cache
 from vramledger.analytic.load_residue import load_tails
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.softcap_reserve import softcap_remade
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
+from vramledger.ledger import Phase
 from vramledger.specs import Attention, LoraSpec, Loss, Method, ModelSpec, TrainSpec
 
 MiB = 2**20
@@ -175,3 +179,34 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     m, _ = _specs("mid/lora/b1/L4096/nockpt/sdpa")  # the 8-layer Llama of bench/reserve/run_grid.py
     train = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=1400, grad_ckpt=False, attn=Attention.EAGER)
     assert (2, 1215) in _workspace_band(m, train, step_parts(m, train))
+
+
+@settings(max_examples=60, deadline=None)
+@example(model="gemma-2-2b", b=2, ell=992, db=0, dl=32, eager=True, packing=False)  # softcap on at 992, off at 1024
+@example(model="mid", b=2, ell=999, db=0, dl=1, eager=True, packing=False)  # the eager workspace band starts
+@given(
+    model=st.sampled_from(["gemma-2-2b", "phi-3-mini-4k", "qwen2.5-1.5b", "mid"]),
+    b=st.integers(1, 8),
+    ell=st.integers(1, 4000),
+    db=st.integers(0, 3),
+    dl=st.integers(0, 600),
+    eager=st.booleans(),
+    packing=st.booleans(),
+)
+def test_lora_reserved_never_falls_as_batch_or_length_grows(
+    model: str, b: int, ell: int, db: int, dl: int, eager: bool, packing: bool
+) -> None:
+    """The LoRA mechanisms that switch on and off with the shape (the eager workspace band, Gemma 2's softcap chain)
+    are held for a padded run at the longest shape ≤ (B, L) where they are on and left out of a packed run's; the
+    forward cache and the segment tails grow with T: the estimate never falls as the micro-batch or the length
+    grows."""
+    m = _specs("mid/lora/b1/L4096/nockpt/sdpa")[0] if model == "mid" else resolve_model(model)
+    attn = Attention.EAGER if eager else Attention.SDPA
+    train = TrainSpec(method=Method.LORA, micro_batch=b, seq_len=ell, grad_ckpt=False, attn=attn, packing=packing)
+    more = dataclasses.replace(train, micro_batch=b + db, seq_len=ell + dl)
+    assert _reserved(m, more) >= _reserved(m, train)
+
+
+def _reserved(m: ModelSpec, train: TrainSpec) -> int:
+    led = estimate(m, train)
+    return max(led.reserved(p) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
