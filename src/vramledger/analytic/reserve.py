@@ -443,17 +443,48 @@ def trl_stranded_bytes(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
     ``_log_softmax``, ``mul``, ``mul``, each 4·k·V). TRL's targets are B·(L−1) tokens (``labels[..., 1:]``), so
     the last chunk is shorter; backward recomputes it first (the engine runs the latest chunk's node first), and
     the segments it makes (rounded to 2 MiB, ``round_size``) can be too small for a full chunk's 4·k·V requests.
-    Not monotone in L: the figure swings between about one and two fp32 chunk blocks with the last chunk's size
-    (B·(L−1) mod 256), as the allocator model does on the chain (not yet checked on traces at many lengths); the
-    planner's searches see that swing. Counted
-    whatever else forward freed (a layer's transient larger
+    The figure swings with the last chunk's size, B·(L−1) mod 256: by three to six fp32 4·256·V blocks with bf16
+    weights or a trained head, by half of one under bf16-mixed LoRA (Qwen2.5-0.5B, Llama-3.2-1B/3B at 1 to 4
+    × 1025-1280; not yet checked on traces at many lengths), so a single shape's is not monotone in L. A packed
+    run meets one shape and gets it; a run with dynamic padding meets the shorter lengths too and keeps the
+    segments they made (docs/reserve.md "Runs"), so it gets the most the chain strands at any target count in the
+    swing's last period (``_trl_run_stranded``). Counted whatever else forward freed (a layer's transient larger
     than the workspace would take it instead: an over-estimate of at most one fp32 chunk block there).
     """
-    t = trl_chunk(m, train, train.tokens)
-    n = train.micro_batch * (train.seq_len - 1)  # targets: labels[..., 1:]
-    k = min(train.tokens, TRL_CHUNK_TOKENS)
+    if train.packing:
+        return _trl_shape_stranded(m, train, workspace)
+    return _trl_run_stranded(m, train, workspace)
+
+
+def _trl_run_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
+    """The most the chain strands at any target count of the swing's last period, n' in (n − 256, n] with n =
+    B·(L − 1): the shapes (b, ℓ) ≤ (B, L) a padded run meets (shorter batches, an epoch's last, partial batch)
+    give target counts b·(ℓ − 1) there, and counting every n' there bounds them from above (by at most the
+    swing) and never falls as n grows. Each at b = B's tokens n' + B, the most any b ≤ B gives. Lower target
+    counts repeat the same last-chunk sizes, stranding less by the slice gradients (r·H·T, cut from the
+    stranded blocks) that grow with the count, at a lower loss peak; they are left out."""
+    n, B = train.micro_batch * (train.seq_len - 1), train.micro_batch
+    dtypes = replace(train, micro_batch=1, seq_len=1)  # the chain's sizes depend on the shape only through n, T
+    low = max(n - TRL_CHUNK_TOKENS + 1, 1)
+    return max(_trl_chain_stranded(m, dtypes, k, k + B, workspace) for k in range(low, n + 1))
+
+
+def _trl_shape_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
+    """What the chain strands at one shape (TRL's targets are ``labels[..., 1:]``)."""
+    n = train.micro_batch * (train.seq_len - 1)
+    return _trl_chain_stranded(m, replace(train, micro_batch=1, seq_len=1), n, train.tokens, workspace)
+
+
+@lru_cache(maxsize=8192)
+def _trl_chain_stranded(m: ModelSpec, dtypes: TrainSpec, n: int, tokens: int, workspace: int) -> int:
+    """``_trl_chain`` for ``n`` target tokens of a ``tokens``-token batch, replayed alone through the allocator
+    model: its reserved less its allocated peak."""
+    if n < 1:
+        return 0
+    t = trl_chunk(m, dtypes, tokens)
+    k = min(tokens, TRL_CHUNK_TOKENS)
     short = n - k * (-(-n // k) - 1)
-    last = trl_chunk(m, train, short) if 0 < short < k else None
+    last = trl_chunk(m, dtypes, short) if 0 < short < k else None
     seq = _Events()
     _trl_chain(seq, t, seq.alloc(t.hidden), workspace, last)
     reserved, allocated = replay_excess(tuple(seq.events))
