@@ -72,18 +72,23 @@ def adapter_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 def _free_at_end(m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool) -> int:
     """Reserved − allocated after ``layers`` decoder layers' forward and the final norm at ``T_REF`` tokens,
     replayed from an empty cache (what else the step's cache holds is counted elsewhere)."""
-    shapes = {lin.name: (lin.in_features, lin.out_features) for lin in layer_linears(m)}
+    # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
+    shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
     fused = set(shapes) == set(_FUSED)
     if not fused and set(shapes) != set(_NAMES):
         return 0
     replay = _Replay()
-    layer = _Layer(replay, m, {a.linear.name for a in adapted}, shapes, c, cast)
+    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast)
     x = replay.alloc(c * m.hidden_size * T_REF)  # the embedding's output, the first layer's input
     before = replay.free_bytes
     for _ in range(layers):
         x = layer.forward(x, fused)
     layer.norm()  # the final norm: its fp32 input (saved) and its output (lm_head's input) are cut from the cache
     return replay.free_bytes - before
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
 
 
 class _Replay:
