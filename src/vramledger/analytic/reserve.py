@@ -466,7 +466,7 @@ def _trl_run_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
     n, B = train.micro_batch * (train.seq_len - 1), train.micro_batch
     dtypes = replace(train, micro_batch=1, seq_len=1)  # the chain's sizes depend on the shape only through n, T
     low = max(n - TRL_CHUNK_TOKENS + 1, 1)
-    return max(_trl_chain_stranded(m, dtypes, k, k + B, workspace) for k in range(low, n + 1))
+    return max((_trl_chain_stranded(m, dtypes, k, k + B, workspace) for k in range(low, n + 1)), default=0)
 
 
 def _trl_shape_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
