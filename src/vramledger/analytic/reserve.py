@@ -42,13 +42,16 @@ from functools import lru_cache
 from typing import NamedTuple
 
 from vramledger.allocator.blocks import Block
-from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE, allocation_size, round_size
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_BUFFER, K_SMALL_SIZE, allocation_size, round_size
 from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.forward_cache import adapter_forward_cache
+from vramledger.analytic.load_residue import load_tails
 from vramledger.analytic.logits import LogitsBytes, TrlChunk, logits_bytes, trl_chunk
 from vramledger.analytic.overhead import RESERVE_SOURCE as ASSUMED_SOURCE
 from vramledger.analytic.overhead import allocator_reserve_bytes
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts, embedding_gradient_before_accumulation, tied_gradient_sum
+from vramledger.analytic.softcap_reserve import latest_on, softcap_block, softcap_remade
 from vramledger.ledger import Basis, Phase
 from vramledger.specs import Attention, Loss, ModelSpec, Optimizer, TrainSpec
 from vramledger.specs.train import TRL_CHUNK_TOKENS
@@ -567,7 +570,10 @@ def _single_shape(
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         lost = _workspace_lost(m, train, p) if on.workspace else 0
-        return max(step_peak, loss_peak + stranded + lost) + small_pool_excess(train, p)
+        cached = adapter_forward_cache(m, train, p)
+        remade = softcap_block(m, train) if on.softcap else 0
+        tails = load_tails(m, train, p)
+        return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
@@ -611,6 +617,7 @@ class Switching(NamedTuple):
     relaid: bool = False
     """The blocks step 2 makes again counted at this shape (``_relaid_counted``; a run with dynamic padding);
     False: the bound min(S, 3·4·V·T) (``_relaid_bytes``), which never falls as the shape grows."""
+    softcap: bool = False
 
 
 _NONE = Switching()
@@ -629,7 +636,7 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     if not regions:
         return 0
     B = max((pts[-1][0] for _, pts in regions if pts), default=1)
-    L = max((pts[0][1] for _, pts in regions if pts), default=1)
+    L = max((ell for _, pts in regions for _, ell in pts), default=1)
     return _held_capped(m, replace(train, micro_batch=min(B, train.micro_batch), seq_len=min(L, train.seq_len)), at)
 
 
@@ -664,7 +671,14 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
     regions += [(Switching(relaid=True), on_k) for on_k in _relaid_regions(m, train, p)]
-    return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    band = _workspace_band(m, train, p)
+    if band:
+        out.append((Switching(workspace=True), band))
+    softcap = softcap_remade(m, train) if train.adapters else None
+    if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on
+        out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
+    return out
 
 
 class _Predicates(NamedTuple):
@@ -725,6 +739,59 @@ def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[in
             lo, hi = (mid, hi) if on(b, mid) else (lo, mid - 1)
         out.append((b, lo))
     return out
+
+
+def _workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
+    """Adapters, eager attention, no checkpointing: for each micro-batch b ≤ B, the longest ℓ ≤ L at which the
+    logits leave the workspace no eager block (the upper edge of a band of lengths, not a set closed downwards).
+
+    Without checkpointing every layer's freed score blocks are cut by the next layer's saved activations, and the
+    last layer's by its MLP's; its fp32 softmax input (transformers ``eager_attention_forward``:
+    ``softmax(attn_weights, dtype=torch.float32)``, 4·nh·ℓ² per sequence, freed once cast back) is the one left
+    whole, and the c·V·T logits, made next, are cut from it where they fit (best fit, ``get_free_block``). Where
+    the rest is smaller than the backward thread's workspace, and every other block forward freed is too
+    (``_workspace_rivals_per_token``), the workspace takes an fp32 logits block as ``_workspace_lost`` describes.
+    The trace replay (custom 8-layer Llama, LoRA, 2 × ℓ) shows it: 476 MiB over allocated at ℓ = 1024 (the logits,
+    125 MiB, in the 128 MiB softmax block), 233 MiB at 864 (they do not fit) and 351 MiB at 1216 (the rest, 32.06
+    MiB, holds the workspace) (bench/reserve/runs.jsonl). The band starts where the logits fit (ℓ ≥ c·V/(4·nh))
+    and ends where the rest holds the workspace, or where a forward block does.
+    """
+    wb = p.weights
+    c = train.precision.compute.bytes
+    eager = train.attn is Attention.EAGER and not train.grad_ckpt
+    if not (train.adapters and eager and train.loss is Loss.STANDARD and c != 4 and wb.trainable_layers):
+        return []
+    ws = cublas_workspace_block(p)
+    per_token = max(_workspace_rivals_per_token(m, train, p))
+    V, nh = m.vocab_size, m.num_heads
+    if p.dora_temp >= ws:
+        return []
+
+    lo = -(-c * V // (4 * nh))  # the logits fit from here on: c·V·b·ℓ ≤ 4·nh·b·ℓ²
+    out = []
+    for b in range(1, train.micro_batch + 1):
+        top = min(train.seq_len, (ws - 1) // (per_token * b))  # longer, a block forward freed holds the workspace
+
+        def holds(ell: int, b: int = b) -> bool:
+            """The rest holds the workspace (it grows with ℓ ≥ lo; the 2 MiB rounding of the softmax block's
+            segment is left out, so that the band's edge never moves back as L grows)."""
+            return 4 * nh * b * ell * ell - c * V * b * ell >= ws
+
+        hi = _first(lo, max(lo, top) + 1, holds)
+        ell = min(top, top + 1 if hi is None else hi - 1)
+        if ell >= lo and 4 * nh * b * ell * ell >= K_MIN_LARGE_ALLOC:  # the softmax block is a segment of its own
+            out.append((b, ell))
+    return out
+
+
+def _first(lo: int, hi: int, cond: Callable[[int], bool]) -> int | None:
+    """The smallest ℓ in [lo, hi] with ``cond`` (which holds from some ℓ on), or None."""
+    if not cond(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cond(mid) else (mid + 1, hi)
+    return lo
 
 
 def cublas_workspace_block(p: StepParts) -> int:

@@ -1,0 +1,147 @@
+"""The free cache at the end of a traced LoRA forward, against analytic/forward_cache.py, and the load's segment
+tails against analytic/load_residue.py.
+
+For each LoRA config of the grid without checkpointing (bench/reserve/run_grid.py): trace two training steps
+(``vramledger.trace``), replay step 1 through the caching-allocator model, and record reserved − allocated at the
+start of each decoder layer and once the final norm is done (at lm_head), less what was free before the first
+layer; then the first layer's share (W1) and the mean per later layer (r). ``large``: the residual stream's
+requests (c·H·T) are above the allocator's 10 MiB threshold, as the bulk of a layer's are, so that the layout
+scales with T as analytic/forward_cache.py assumes; below it, 20 MiB segments serve them. And the large pool's
+free blocks once the base is loaded, and those of the load's segments still free at step 2's peak.
+
+Run:  nice -n 10 python bench/reserve/run_forward_cache.py   # traces each config (~10-60 s each)
+      python bench/reserve/run_forward_cache.py --analytic   # recompute the analytic columns only
+      python bench/reserve/run_forward_cache.py --table      # the table of docs/reserve.md
+Output: bench/reserve/forward_cache.jsonl, one JSON object per config (bytes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import warnings
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).parent))
+
+import run_grid  # noqa: E402
+
+OUT = Path(__file__).with_name("forward_cache.jsonl")
+CONFIGS = [
+    "mid/lora/b1/L4096/nockpt/sdpa",
+    "gemma-2-2b/lora/b2/L1024/nockpt/eager",
+    "tiny/lora/b4/L512/nockpt/sdpa",
+    "qwen2.5-0.5b/lora/b1/L2048/nockpt/sdpa",
+    "llama-3.2-1b/lora/b1/L1024/nockpt/sdpa",
+    "qwen3-0.6b/lora/b4/L512/nockpt/sdpa",
+    "qwen2.5-1.5b/lora/b1/L8192/nockpt/sdpa",
+    "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa",
+    "phi-3-mini-4k/lora/b4/L1024/nockpt/sdpa",
+]
+_LAYER = re.compile(r"layers\.(\d+)\.")
+
+
+def measure(cid: str) -> dict[str, Any]:
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+    from vramledger.trace.api import trace_events
+    from vramledger.trace.oom import device_events
+
+    rows = {run_grid.config_id(r): r for r in run_grid.GRID}
+    model, train, cfg = run_grid.specs(rows[cid])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        events = trace_events(model, train, config=cfg)
+    dev = device_events(events, None)
+    alloc = CachingAllocatorModel()
+    live: dict[int, Any] = {}
+    free_at: dict[int | str, int] = {}
+    loaded: set[int] = set()  # the segments the load made
+    load_free = load_free_at_peak = peak = 0
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        e = events[src] if src >= 0 else None
+        step = e.step if e is not None else 1
+        if step >= 1 and not load_free:
+            load_free = sum(size for size, _ in alloc.free_layout()[2])
+        if e is not None and e.step == 1 and e.phase.value == "forward":
+            hit = _LAYER.search(e.module)
+            key: int | str | None = int(hit.group(1)) if hit else ("head" if e.module.endswith("lm_head") else None)
+            if key is not None and key not in free_at:
+                free_at[key] = alloc.reserved - alloc.allocated
+        if ev.kind is EventKind.ALLOC:
+            blk = alloc.malloc(ev.size) if ev.size else None
+            live[ev.id] = blk
+            if blk is not None and step == 0:
+                loaded.add(blk.seg)
+        else:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                alloc.free(blk)
+        if step == 2 and alloc.allocated > peak:  # free blocks of the load's segments at step 2's peak
+            peak = alloc.allocated
+            load_free_at_peak = sum(b.size for _, a in alloc._large.keys if (b := alloc._large.blocks[a]).seg in loaded)
+    n = max(k for k in free_at if isinstance(k, int)) + 1
+    c = train.precision.compute.bytes
+    return {
+        "id": cid,
+        "layers": n,
+        "trace_free_after_norm": free_at["head"] - free_at[0],
+        "trace_w1": free_at[1] - free_at[0],
+        "trace_r": (free_at[n - 1] - free_at[1]) // max(n - 2, 1),
+        "large": c * model.hidden_size * train.tokens >= 10 * 2**20,
+        "trace_load_free": load_free,
+        "trace_load_free_at_peak": load_free_at_peak,
+    } | analytic(cid)
+
+
+def analytic(cid: str) -> dict[str, int]:
+    from vramledger.analytic.forward_cache import adapter_forward_cache
+    from vramledger.analytic.load_residue import load_tails
+    from vramledger.analytic.step import step_parts
+
+    model, train, _ = run_grid.specs({run_grid.config_id(r): r for r in run_grid.GRID}[cid])
+    p = step_parts(model, train)
+    return {"analytic": adapter_forward_cache(model, train, p), "analytic_load_tails": load_tails(model, train, p)}
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    m = 2**20
+    rows = [
+        "| config | layers | traced W1 MiB | traced r MiB/layer | traced free at lm_head MiB | analytic MiB | gap |",
+        "|---|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in recs:
+        t, a = r["trace_free_after_norm"], r["analytic"]
+        rows.append(
+            f"| {r['id']}{'' if r['large'] else ' (requests < 10 MiB)'} | {r['layers']} | {r['trace_w1'] / m:.0f} | "
+            f"{r['trace_r'] / m:.1f} | {t / m:.0f} | {a / m:.0f} | {100 * (a / t - 1):+.0f}% |"
+        )
+    return "\n".join(rows)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--table", action="store_true", help="print the table (markdown)")
+    ap.add_argument("--analytic", action="store_true", help="recompute the analytic columns only (instant)")
+    args = ap.parse_args()
+    if args.table:
+        print(table([json.loads(line) for line in OUT.read_text().splitlines()]))
+        return
+    if args.analytic:
+        recs = [json.loads(line) | analytic(json.loads(line)["id"]) for line in OUT.read_text().splitlines()]
+        OUT.write_text("".join(json.dumps(r) + "\n" for r in recs))
+        return
+    recs = []
+    for cid in CONFIGS:
+        recs.append(measure(cid))
+        print(json.dumps(recs[-1]), flush=True)
+    OUT.write_text("".join(json.dumps(r) + "\n" for r in recs))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,210 @@
+"""The cache a LoRA model's forward leaves free at its end, without checkpointing.
+
+Without checkpointing each decoder layer saves its activations and frees its transients; the caching allocator
+(``CUDACachingAllocator.cpp``: best fit by size, a new segment when no cached block is large enough, segments
+never merged or released) serves the next layer's saved tensors from the blocks the previous layer freed, so that
+layer's transients need new segments, and the saved tensors leave the rest of the blocks they were cut from too
+small for what comes next. The free cache therefore grows through forward: the first layer's transients (W1),
+then a remainder per layer (r), and it is still free at the loss's backward peak (the final norm and the loss
+make no request of that size that they do not get elsewhere): the trace replay shows it, at step 2's peak, in
+blocks made by the adapted projections' transients of every layer (bench/reserve/replay_causes.jsonl; measured
+on the traces once the final norm is done, bench/reserve/forward_cache.jsonl: Qwen2.5-1.5B LoRA 1 × 8192: W1
+524 MiB, r 32.7 MiB, 1.35 GiB in all; Phi-3-mini 4 × 1024: 300 MiB, 24.8 MiB, 1.02 GiB).
+
+What each layer allocates is PEFT's ``lora.Linear.forward`` (peft/tuners/lora/layer.py) for each adapted
+projection: the frozen base's output ``self.base_layer(x)`` (c·out·T), ``_cast_input_dtype(x, lora_A.weight.dtype)``
+(4·in·T with fp32 adapters under autocast, freed once lora_A has its autocast copy, c·in·T, which it saves),
+``lora_B(...)`` and ``* scaling`` (c·out·T each), the sum ``result + ...`` (the projection's output); around them
+transformers' ``LlamaDecoderLayer``: ``LlamaRMSNorm`` (``hidden_states.to(torch.float32)`` saved, ``pow``, the
+product, the cast back and the weight product), ``apply_rotary_pos_emb`` on q and k (``q * cos``,
+``rotate_half``'s ``neg`` and ``cat``, ``* sin``, the sum, saved), SDPA's output (saved), the residual sums, the
+MLP's ``act_fn(gate)`` (saved) and ``act_fn(gate) * up`` (freed after down_proj). That sequence, n layers of it
+and the final norm, is replayed through ``allocator/model.py`` (the port of the caching allocator). Every size is
+proportional to the tokens T; replayed at ``T_REF`` tokens, where every request is far above the allocator's 10 MiB
+and 2 MiB thresholds, the free cache per token is a property of the architecture alone, and the estimate is that
+per-token figure × T, which never falls as T grows: within 6% of the traced forwards where the residual stream's
+requests are ≥ 10 MiB. Below that the allocator's 20 MiB segments for smaller requests change the layout (the
+trace holds up to 39% more, the 8-layer toy of bench/reserve/ at 1 × 4096, or 12% less, Llama-3.2-1B at 1 × 1024).
+Eager attention's score blocks are not in the sequence (reserve.py counts the largest as stranded). DoRA (its
+``DoraLinearVariant.forward`` is another sequence), architectures whose projections are not named like Llama's
+(``q_proj`` … ``down_proj``, or Phi-3's fused ``qkv_proj``/``gate_up_proj``) and MoE layers are not modelled (0).
+
+Legend: T tokens per micro-batch, H hidden, I intermediate, c compute-dtype bytes, in/out a projection's features.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from vramledger.allocator.blocks import Block
+from vramledger.allocator.model import CachingAllocatorModel
+from vramledger.analytic.params import layer_linears
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.weights import Adapted
+from vramledger.specs import Loss, ModelSpec, TrainSpec
+
+# Tokens the layer sequence is replayed at: its smallest request (RoPE's ``neg`` of a 128-wide k, c·64·T) is then
+# far above kMinLargeAlloc (10 MiB), so the replayed layout scales with T.
+T_REF = 1 << 17
+# Losses whose requests at the peak are larger than these blocks (the standard loss's V·T ones, TRL's 4·256·V chunks);
+# a fused or chunked loss's chunk requests are cut from what the layers left cached (reserve.py ``stranded_bytes``).
+_LOSSES_ABOVE = (Loss.STANDARD, Loss.CHUNKED_NLL)
+_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+_FUSED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # Phi-3
+
+
+def adapter_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes the forward of a LoRA model without checkpointing leaves cached and free at the loss: the per-token
+    figure of the replayed layer sequence × T (0 where the layers are not modelled: DoRA, whose
+    ``DoraLinearVariant.forward`` is another sequence, MoE, other projection names; and under a fused or chunked
+    loss, whose chunks reuse these blocks)."""
+    wb = p.weights
+    if not train.adapters or train.grad_ckpt or not wb.adapted or m.is_moe or p.dora_temp:
+        return 0
+    if train.loss not in _LOSSES_ABOVE:
+        return 0
+    c = train.precision.compute.bytes
+    cast = wb.trainable_dtype.bytes == 4 and c != 4
+    return _free_at_end(m, wb.adapted, wb.trainable_layers, c, cast) * train.tokens // T_REF
+
+
+@lru_cache(maxsize=256)
+def _free_at_end(m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool) -> int:
+    """Reserved − allocated after ``layers`` decoder layers' forward and the final norm at ``T_REF`` tokens,
+    replayed from an empty cache (what else the step's cache holds is counted elsewhere)."""
+    # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
+    shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
+    fused = set(shapes) == set(_FUSED)
+    if not fused and set(shapes) != set(_NAMES):
+        return 0
+    replay = _Replay()
+    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast)
+    x = replay.alloc(c * m.hidden_size * T_REF)  # the embedding's output, the first layer's input
+    before = replay.free_bytes
+    for _ in range(layers):
+        x = layer.forward(x, fused)
+    layer.norm()  # the final norm: its fp32 input (saved) and its output (lm_head's input) are cut from the cache
+    return replay.free_bytes - before
+
+
+def _leaf(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+class _Replay:
+    """Allocations and frees replayed through the allocator model as they come (``alloc`` numbers a block)."""
+
+    def __init__(self) -> None:
+        self.model = CachingAllocatorModel()
+        self.live: dict[int, Block] = {}
+        self.count = 0
+
+    def alloc(self, size: int) -> int:
+        blk = self.model.malloc(size)
+        assert blk is not None, "an unlimited device never runs out"
+        self.count += 1
+        self.live[self.count] = blk
+        return self.count
+
+    def free(self, i: int) -> None:
+        self.model.free(self.live.pop(i))
+
+    @property
+    def free_bytes(self) -> int:
+        return self.model.reserved - self.model.allocated
+
+
+class _Layer:
+    """One decoder layer's forward at ``T_REF`` tokens: the blocks it saves stay allocated, its transients are
+    freed in program order (the order of transformers' ``LlamaDecoderLayer`` and PEFT's ``lora.Linear``)."""
+
+    def __init__(
+        self, r: _Replay, m: ModelSpec, adapted: set[str], shapes: dict[str, tuple[int, int]], c: int, cast: bool
+    ) -> None:
+        self.r, self.m, self.adapted, self.shapes, self.c, self.cast = r, m, adapted, shapes, c, cast
+
+    def forward(self, x: int, fused: bool) -> int:
+        """Returns the layer's output block; ``x`` (the layer's input) is freed by the first residual sum."""
+        r, c, T, H = self.r, self.c, T_REF, self.m.hidden_size
+        normed = self.norm()
+        if fused:
+            self._linear("qkv_proj")  # q, k and v are views of it, and SDPA saves v: it stays
+        else:
+            q, k = self._linear("q_proj"), self._linear("k_proj")
+            self._linear("v_proj")  # saved by SDPA
+        for width in (self.m.q_dim, self.m.kv_dim):
+            self._rope(width)
+        if not fused:
+            r.free(q)
+            r.free(k)
+        r.alloc(c * self.m.q_dim * T)  # SDPA's output, saved by o_proj's lora_A (or its autocast copy)
+        attn = self._linear("o_proj")
+        r.free(normed)
+        h = r.alloc(c * H * T)  # residual + attention
+        r.free(attn)
+        r.free(x)
+        normed = self.norm()
+        if fused:
+            self._linear("gate_up_proj")  # gate and up are views of it, saved by act_fn and the product
+            width = self.shapes["gate_up_proj"][1] // 2
+        else:
+            self._linear("gate_proj")  # saved by act_fn
+            width = self.shapes["gate_proj"][1]
+        r.alloc(c * width * T)  # act_fn(gate), saved by the product
+        if not fused:
+            self._linear("up_proj")  # saved by the product
+        product = r.alloc(c * width * T)  # down_proj's input: its base does not save it, lora_A saves a copy
+        down = self._linear("down_proj")
+        r.free(product)
+        r.free(normed)
+        out = r.alloc(c * H * T)  # residual + MLP
+        r.free(down)
+        r.free(h)
+        return out
+
+    def norm(self) -> int:
+        """LlamaRMSNorm: ``to(float32)`` (saved), ``pow(2)``, the normalised product, its cast back, the weight
+        product (returned; freed when the block is done with it)."""
+        r, c, n = self.r, self.c, self.m.hidden_size * T_REF
+        r.alloc(4 * n)
+        r.free(r.alloc(4 * n))
+        prod = r.alloc(4 * n)
+        down = r.alloc(c * n)
+        out = r.alloc(c * n)
+        r.free(down)
+        r.free(prod)
+        return out
+
+    def _rope(self, width: int) -> None:
+        """apply_rotary_pos_emb on one of q, k: ``q * cos``, ``rotate_half`` (``neg``, ``cat``), ``* sin``, the sum
+        (saved by SDPA)."""
+        r, n = self.r, self.c * width * T_REF
+        cos = r.alloc(n)
+        neg = r.alloc(n // 2)
+        cat = r.alloc(n)
+        r.free(neg)
+        sin = r.alloc(n)
+        r.free(cat)
+        r.alloc(n)
+        r.free(cos)
+        r.free(sin)
+
+    def _linear(self, name: str) -> int:
+        """One projection: the frozen base's output, and where it is adapted PEFT's ``lora.Linear.forward``."""
+        r, c, T = self.r, self.c, T_REF
+        fin, fout = self.shapes[name]
+        base = r.alloc(c * fout * T)
+        if name not in self.adapted:
+            return base
+        x32 = r.alloc(4 * fin * T) if self.cast else 0
+        if self.cast:
+            r.alloc(c * fin * T)  # autocast's copy for lora_A, saved
+        lora_b = r.alloc(c * fout * T)
+        scaled = r.alloc(c * fout * T)
+        r.free(lora_b)
+        out = r.alloc(c * fout * T)
+        r.free(scaled)
+        r.free(base)
+        if x32:
+            r.free(x32)
+        return out
