@@ -36,6 +36,21 @@ KNOWN = {
     "mid/fsdp1/w2/freeze/bf16-mixed/b1/L1024/nockpt": DEFAULT_POOL.format(14, FSDP1_TENANTS),
     "mid/fsdp1/w8/freeze/bf16-mixed/b1/L1024/nockpt": DEFAULT_POOL.format(17, FSDP1_TENANTS),
 }
+# The LoRA steps whose adapters share their input (no dropout, adapters in the compute dtype: analytic/activations.py
+# ``_adapter_inputs_bytes``): their allocated peak now equals the trace's (FSDP2 within 0.01%, FSDP1 -3.3% as the
+# peak test's known miss; it was +6% when every adapter counted its own copy of the shared input, a figure the whole
+# reserved had absorbed), so the default stream's pool shows the same shortfall as the freeze rows above.
+LORA_POOL = (
+    "the default stream's pool {}% under the replay's, now that the allocated peak is the trace's (it was +6%: "
+    "the shared input of the dropout-free adapters counted once per adapter); the side pools agree"
+)
+KNOWN |= {
+    "mid/fsdp2/w2/lora/bf16-mixed/b1/L1024/nockpt": LORA_POOL.format(10.1),
+    "mid/fsdp2/w8/lora/bf16-mixed/b1/L1024/nockpt": LORA_POOL.format(10.8),
+    "mid/fsdp2-sgo/w8/lora/bf16-mixed/b1/L1024/nockpt": LORA_POOL.format(10.6),
+    "mid/fsdp1/w8/lora/bf16-true/b1/L1024/nockpt": LORA_POOL.format(12.1),
+    "mid/fsdp2-hsdp/w8/lora/bf16-mixed/b1/L1024/nockpt": LORA_POOL.format(10.5),
+}
 
 
 def _records(engines: tuple[str, ...]) -> list[dict[str, Any]]:

@@ -51,7 +51,7 @@ l. 239-250), SDPA otherwise, and the resource tables do not say which. Not model
 
 from __future__ import annotations
 
-from vramledger.analytic.activations import runs_eager
+from vramledger.analytic.activations import attention_saved_bytes, input_of, new_gelu, runs_eager
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Method, ModelSpec, TrainSpec
 from vramledger.specs.framework import ModelCode
@@ -81,25 +81,72 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
     c = train.precision.compute.bytes
     nh, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
     width = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
-    extra = (width["q_proj"] + width["k_proj"]) * c if nkv == nh else 2 * (nh - nkv) * hd * c
+    extra = 0
+    if not runs_eager(m, train):
+        extra += _litgpt_attention(m, train)[0] - attention_saved_bytes(m, train)
+    if not m.gated_mlp and new_gelu(m):
+        # GptNeoxMLP calls F.gelu(x, approximate=config.gelu_approximate): one op saving its input, where
+        # transformers' NewGELUActivation (Phi's gelu_new) saves four I-wide tensors (analytic/activations.py).
+        extra -= 3 * m.intermediate_size * c
+    if m.resid_dropout > 0:  # LitGPT's Block has no dropout: transformers' Phi keeps two bool masks
+        extra -= 2 * m.hidden_size
     if train.adapters and train.lora is not None:
         adapted = {a.linear.name for a in wb.adapted} & set(_QKV)
         if adapted and len(adapted) < len(_QKV):
             extra += sum(width[name] for name in adapted) * c
         if train.lora.dropout > 0 and len(adapted) > 1:
             extra -= (len(adapted) - 1) * m.hidden_size * (c + 1)
-    if train.model_code is ModelCode.LITGPT and not runs_eager(m, train) and _proj_keeps_input(train, wb):
+    if train.model_code is ModelCode.LITGPT and not runs_eager(m, train) and _proj_keeps_input(m, train, wb):
         extra += width["q_proj"] * c  # y.reshape's copy of SDPA's output, kept by proj
     if train.model_code is ModelCode.LIT_GPT_2023 and not m.norm_bias and c < 4:
         extra -= 2 * m.hidden_size * (4 - c)  # two RMSNorms saving their c-byte input, not an fp32 copy
     return extra
 
 
-def _proj_keeps_input(train: TrainSpec, wb: WeightBudget) -> bool:
+def litgpt_layer_extra_scores_per_seq(m: ModelSpec, train: TrainSpec) -> int:
+    """Length² bytes per sequence that one of LitGPT's layers saves beyond transformers' (see
+    ``_litgpt_attention``): lit-gpt 2023's multi-query attention runs SDPA's math kernel, which keeps the
+    probabilities."""
+    if train.model_code is ModelCode.TRANSFORMERS or m.is_moe or m.attn_logit_softcapping or runs_eager(m, train):
+        return 0
+    return _litgpt_attention(m, train)[1]
+
+
+def _litgpt_attention(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
+    """What LitGPT's ``CausalSelfAttention`` keeps from its SDPA call: (bytes per token, bytes per sequence).
+
+    ``qkv.view(B, T, groups, q_per_kv + 2, hs).permute(...)``, ``split``, then (lit-gpt 8641822 l. 204-213,
+    c195451d the same; litgpt 43c44323 l. 222-233):
+
+    - multi-head (groups = heads): no expand; q and k are fresh ``torch.cat`` outputs after RoPE, v a view of the
+      fused output, which SDPA's saved v keeps alive whole: q, k, Dq + 2·Dkv, the output, an fp32 logsumexp;
+    - grouped-query (1 < groups < heads): ``expand`` then ``reshape`` copies K and V to every query head: 4·Dq;
+    - multi-query (groups = 1), litgpt 43c44323: the same expand, but merging a size-1 group dimension with a
+      stride-0 one is a view, so ``reshape`` copies nothing: k (the cat after RoPE) is Dq wide and v stays a view
+      of the fused output (probe: ``litgpt_layer_probe.py --families``);
+    - multi-query, lit-gpt 2023 (``if self.config.n_query_groups != 1``: no expand): one key/value head against
+      ``n_head`` query heads, which SDPA's fused kernels refuse on PyTorch 2.1 (sdp_utils.cpp
+      ``check_batch_size_and_num_heads``), so ``_scaled_dot_product_attention_math`` runs: ``matmul`` saves the
+      scaled q and K broadcast to every head (a copy for ``bmm``), ``_softmax`` its nh·L² output, the matmul with
+      V the probabilities and V broadcast (a copy): 3·Dq per token and nh·L² per sequence, no logsumexp.
+    """
+    c = train.precision.compute.bytes
+    Dq, Dkv, nh, nkv = m.q_dim, m.kv_dim, m.num_heads, m.num_kv_heads
+    lse = 4 * nh
+    if nkv == nh:
+        return c * (Dq + Dkv + (Dq + 2 * Dkv) + Dq) + lse, 0
+    if nkv > 1:
+        return c * 4 * Dq + lse, 0
+    if train.model_code is ModelCode.LIT_GPT_2023:
+        return c * 3 * Dq, c * nh * train.seq_len**2
+    return c * (Dq + Dq + (Dq + 2 * Dkv) + Dq) + lse, 0
+
+
+def _proj_keeps_input(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> bool:
     """Whether LitGPT's attention ``proj`` keeps its input for backward (see the module docstring): its weight
     trains, bitsandbytes' ``MatMul4Bit`` runs it, or an undropped adapter reads it."""
     if train.method in (Method.FULL, Method.FREEZE) or (train.quant is not None and train.quant.bits == 4):
         return True
     lora = train.lora
-    adapted = {a.linear.name for a in wb.adapted}
-    return lora is not None and lora.dropout == 0 and "o_proj" in adapted
+    adapted = {input_of(m, a.linear.name) for a in wb.adapted}
+    return lora is not None and lora.dropout == 0 and "attn_out" in adapted
