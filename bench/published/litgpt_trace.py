@@ -142,6 +142,8 @@ TUTORIAL_COMMITS = {
     # tutorials/prepare_dataset.md and neurips_challenge_quickstart.md as the CSV quotes them (c195451d, 2023-09-29):
     # finetune/lora.py of that commit (the loop of 8641822's, longest sample first, before BitsandbytesPrecision).
     **dict.fromkeys((140, 141, 142, 143), ("c195451d", "lora-2023")),
+    # tutorials/quantize.md: its Falcon-7B figures were added by 982abcbc (2023-10-05; inference, not replayed)
+    **dict.fromkeys((72, 73, 74, 75, 76, 77), ("982abcbc", "lora-2023")),
 }
 THUNDER = "101e31d2"
 """extensions/thunder/README.md: the table and commands of 101e31d2 (2024-05-06)."""
