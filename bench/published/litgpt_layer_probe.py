@@ -352,8 +352,10 @@ def main_families(checkout: Path, commit: str) -> int:
                 per_token, per_seq = analytic_family(code, family, lora=lora, all_targets=all_targets, dropout=dropout)
                 est = per_token + per_seq * _B / tokens
                 what = f"LoRA {'all' if all_targets else 'q,v'} dropout {dropout}" if lora else "full"
-                print(f"  {family:15s} {what:24s} measured {got / tokens:9.1f}  estimate {est:9.1f}  "
-                      f"({est - got / tokens:+.1f})")
+                print(
+                    f"  {family:15s} {what:24s} measured {got / tokens:9.1f}  estimate {est:9.1f}  "
+                    f"({est - got / tokens:+.1f})"
+                )
     return 0
 
 

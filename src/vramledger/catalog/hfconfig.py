@@ -230,8 +230,9 @@ def _shape(cfg: Mapping[str, Any], *, gpt2: bool, where: str) -> _Shape:
         layers=_int(cfg, "num_hidden_layers", "n_layer", where=where),
         vocab=_int(cfg, "vocab_size", where=where),
         # FalconConfig names the MLP width ffn_hidden_size (None: 4 × hidden, as GPT-2's n_inner).
-        inter=_int(cfg, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden if gpt2 else None,
-                   where=where),
+        inter=_int(
+            cfg, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden if gpt2 else None, where=where
+        ),
     )
 
 
