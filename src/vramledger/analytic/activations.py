@@ -10,7 +10,8 @@ saves nothing for its weight's sake, and an RMSNorm whose weight is frozen does 
 Model code read (transformers 5.23):
 - ``LlamaRMSNorm.forward``: ``x.to(float32)`` (saved by ``pow`` and ``mul``: 4H), ``h.to(input_dtype)`` (saved by
   ``weight * h`` when the weight trains: s·H). ``Gemma2RMSNorm`` multiplies by ``1 + weight`` in fp32 (4H).
-  GPT-2 ``nn.LayerNorm`` saves its input (s·H).
+  ``nn.LayerNorm`` (GPT-2, Phi, GPT-NeoX, Falcon) saves its input (s·H) and fp32 row statistics (8 bytes); the
+  two norms of a parallel block (``GPTNeoXLayer``, Falcon-40B's ``ln_attn``/``ln_mlp``) read the same input.
 - ``LlamaAttention`` + ``sdpa_attention_forward``: q/k after RoPE and v are saved by SDPA with its output and an
   fp32 logsumexp (B·nh·L). ``use_gqa_in_sdpa`` is true only without a mask: a padded batch (B > 1, no packing)
   builds a boolean 4-D mask, ``repeat_kv`` copies K and V to nh heads, and torch's
@@ -20,7 +21,10 @@ Model code read (transformers 5.23):
   and its cast to the compute dtype (saved by the matmul with V: c·nh·L), Gemma 2's softcap adds a tanh output.
 - ``LlamaMLP``: ``down(act(gate(x)) * up(x))`` saves gate (for SiLU), act and up (for the product) and the
   product (for down's weight gradient) — 4·c·I when trained, 3·c·I with a frozen down projection.
-  GPT-2's ``NewGELUActivation`` is Python arithmetic that saves x, tanh(·), 0.5·x and 1 + tanh(·): 4·c·I.
+  GPT-2's and Phi's ``NewGELUActivation`` is Python arithmetic that saves x, tanh(·), 0.5·x and 1 + tanh(·):
+  4·c·I; GPT-NeoX's ``GELUActivation`` and Falcon's ``nn.GELU`` are one ``gelu`` op saving its input: c·I.
+- Parallel blocks (``PhiDecoderLayer``, ``GPTNeoXLayer`` with ``use_parallel_residual``, ``FalconDecoderLayer``):
+  with one norm (Phi, Falcon-7B) attention and MLP read the same normed tensor, saved once by trained linears.
 - Autocast (torch ``autocast_mode.cpp`` ``cached_cast``): each linear casts its fp32 input to bf16 itself, and
   only leaf parameters' casts are cached, so q/k/v under AMP save three 2H copies where pure bf16 saves one.
 - PEFT ``lora.Linear.forward``: ``x.to(lora_A.weight.dtype)`` per adapter (an fp32 copy when adapters are fp32),

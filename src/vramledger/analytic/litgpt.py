@@ -38,6 +38,17 @@ dropout keeps a c-byte mask where CUDA keeps a bool; the formula uses CUDA's. No
 in the first trained layer, whose input needs no grad, the shared dropout keeps no mask (H bytes per
 token once).
 
+The parallel blocks (Phi, GPT-NeoX/StableLM-Alpha, Falcon: ``parallel_residual``, ``shared_attention_norm``,
+``GptNeoxMLP``, LayerNorm, ``rotary_percentage``; 8641822 and 43c44323 ``model.py`` ``Block.forward``) differ from
+transformers' layers of the same families in three more ways, written here per token against activations.py's
+figures (``_litgpt_attention`` for the attention):
+- the attention by head layout as above, and for multi-query attention (Falcon-7B) as ``_litgpt_attention`` says:
+  a view of the fused output under 43c44323, SDPA's math kernel under lit-gpt 2023 (a length² term per sequence,
+  ``litgpt_layer_extra_scores_per_seq``);
+- ``GptNeoxMLP`` calls ``F.gelu`` (one saved I-wide input) where transformers' Phi runs ``NewGELUActivation`` (four);
+- LitGPT's ``Block`` has no dropout, where transformers' Phi keeps two bool masks (``resid_pdrop``).
+Measured with the probe's ``--families`` (tests/analytic/test_litgpt_families.py holds the figures).
+
 Lit-GPT 8641822 (2023-10-16, the resource tables; ``ModelCode.LIT_GPT_2023``) ran the same attention and LoRA code
 (``lit_gpt/model.py`` l. 173-232, ``lit_gpt/lora.py``) but ``lit_gpt/rmsnorm.py``'s RMSNorm in the input dtype
 (``x * torch.rsqrt(norm_x + self.eps)`` on x itself; the fp32 upcast came with 6178c7cc, 2023-10-24): each of a
