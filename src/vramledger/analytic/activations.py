@@ -155,7 +155,7 @@ def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, ski
     same_tensor = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
     kept_by_adapter = {input_of(m, a.linear.name) for a in wb.adapted} if same_tensor else set()
     kept_by_adapter |= set(skip)
-    if not (train.attn is Attention.EAGER or m.attn_logit_softcapping):
+    if not (train.attn is Attention.EAGER or m.attn_logit_softcapping or attention_output_copied(m)):
         # SDPA's flash/efficient kernels (and flash-attn) write their output as (B, L, nh, hd) and return a
         # transposed view, so the attention module's ``transpose(1, 2).contiguous()`` is a no-op and o_proj reads
         # the very tensor the kernel saved for backward (traced: trace/shims.py sdpa_as_cuda).
@@ -281,7 +281,7 @@ def _adapter_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> i
     adapter = 0
     assert train.lora is not None
     shares_input = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
-    seen: set[str] = set() if runs_eager(m, train) else {"attn_out"}
+    seen: set[str] = set() if runs_eager(m, train) or attention_output_copied(m) else {"attn_out"}
     for a in wb.adapted:
         if not a.linear.lora_targetable:
             continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
@@ -335,6 +335,8 @@ def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple
         if v_views_fused_qkv(m):
             # Phi-3: v is a slice of qkv_proj's output, so SDPA keeping v keeps the whole fused tensor alive.
             parts.append(("fused qkv output kept alive by v", c * (Dq + Dkv)))
+        if base_trains and attention_output_copied(m):
+            parts.append(("attention output copy read by the trained o_proj", c * Dq))
         parts.append(("attention logsumexp (fp32)", 4 * nh))
         if explicit_mask(m, train):
             scores = c * L * (-(-L // 16) * 16)
@@ -348,6 +350,16 @@ def v_views_fused_qkv(m: ModelSpec) -> bool:
     ``_split_heads`` indexes K and V with a list (copies) or, in the new decoder architecture, flattens broadcast
     copies."""
     return m.fused_qkv and not m.learned_positions and m.family != "falcon"
+
+
+def attention_output_copied(m: ModelSpec) -> bool:
+    """Whether o_proj reads a copy of SDPA's output rather than the tensor SDPA keeps. The kernels' output takes the
+    query's layout: a query RoPE'd in place of its transposed view (Llama's ``q * cos + rotate_half(q) * sin``) has
+    the (B, L, nh, hd) layout, and the module's ``transpose(1, 2).contiguous()`` is a no-op; partial rotary
+    (``PhiAttention`` and ``GPTNeoXAttention``: ``torch.cat((query_rot, query_pass), dim=-1)``) makes the query a
+    fresh contiguous (B, nh, L, hd) tensor, and the transpose copies (traced: bench/published's tiny Phi and GPT-NeoX,
+    c·Dq per token more than the other families when dense trains)."""
+    return m.rotary_dim > 0
 
 
 def falcon_new_decoder(m: ModelSpec) -> bool:

@@ -62,7 +62,13 @@ l. 239-250), SDPA otherwise, and the resource tables do not say which. Not model
 
 from __future__ import annotations
 
-from vramledger.analytic.activations import attention_saved_bytes, input_of, new_gelu, runs_eager
+from vramledger.analytic.activations import (
+    attention_output_copied,
+    attention_saved_bytes,
+    input_of,
+    new_gelu,
+    runs_eager,
+)
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Method, ModelSpec, TrainSpec
 from vramledger.specs.framework import ModelCode
@@ -107,8 +113,13 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
             extra += sum(width[name] for name in adapted) * c
         if train.lora.dropout > 0 and len(adapted) > 1:
             extra -= (len(adapted) - 1) * m.hidden_size * (c + 1)
-    if train.model_code is ModelCode.LITGPT and not runs_eager(m, train) and _proj_keeps_input(m, train, wb):
-        extra += width["q_proj"] * c  # y.reshape's copy of SDPA's output, kept by proj
+    if not runs_eager(m, train) and _proj_keeps_input(m, train, wb):
+        # y.reshape's copy of SDPA's output, kept by proj: counted by transformers' formula already for its partial-
+        # rotary families (activations.py attention_output_copied), not counted for lit-gpt 2023 (see above)
+        if train.model_code is ModelCode.LITGPT and not attention_output_copied(m):
+            extra += width["q_proj"] * c
+        elif train.model_code is ModelCode.LIT_GPT_2023 and attention_output_copied(m):
+            extra -= width["q_proj"] * c
     if train.model_code is ModelCode.LIT_GPT_2023 and not m.norm_bias and c < 4:
         extra -= 2 * m.hidden_size * (4 - c)  # two RMSNorms saving their c-byte input, not an fp32 copy
     return extra
