@@ -53,13 +53,16 @@ MID = {
     "max_position_embeddings": 8192,
 }
 
-# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp / fsdp2-hsdp (FSDP1 SHARD_GRAD_OP is not traced: trace/distributed.py)
+# engine: fsdp2 / fsdp2-sgo / fsdp1 / ddp / fsdp2-hsdp / fsdp1-hsdp / fsdp1-noshard (FSDP1 SHARD_GRAD_OP is not
+# traced: trace/distributed.py)
 ENGINES: dict[str, dict[str, Any]] = {
     "fsdp2": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 2},
     "fsdp2-sgo": {"fsdp": Sharding.SHARD_GRAD_OP, "fsdp_version": 2},
     "fsdp1": {"fsdp": Sharding.FULL_SHARD, "fsdp_version": 1},
     "ddp": {},
     "fsdp2-hsdp": {"fsdp": Sharding.HYBRID_SHARD, "fsdp_version": 2, "gpus_per_node": 4},
+    "fsdp1-hsdp": {"fsdp": Sharding.HYBRID_SHARD, "fsdp_version": 1, "gpus_per_node": 4},
+    "fsdp1-noshard": {"fsdp": Sharding.NO_SHARD, "fsdp_version": 1},
 }
 # (model, engine, world, method, precision, batch, seq, grad_ckpt). One unpadded sequence per micro-batch, so that
 # the single-GPU lines the engines start from are exact (a padded batch adds the analytic mask terms); FSDP1 cannot
@@ -83,6 +86,17 @@ GRID += [
     ("mid", engine, 8, method, "bf16-true" if engine == "fsdp1" and method == "lora" else "bf16-mixed", 1, 1024, True)
     for engine in ("fsdp2", "fsdp1", "ddp")
     for method in ("full", "lora")
+]
+# FSDP1 HYBRID_SHARD (sharded over 4 GPUs per node, the shard's cast back on the all-reduce stream) and NO_SHARD
+# (mixed precision: each unit cast to bf16 on the pre-unshard stream, its gradient back to fp32 on the post-backward
+# stream; pure bf16: no side stream), appended so that the rows above keep their order.
+GRID += [
+    ("mid", "fsdp1-hsdp", 8, method, precision, 1, 1024, False)
+    for method, precision in (("full", "bf16-mixed"), ("freeze", "bf16-mixed"), ("lora", "bf16-true"))
+]
+GRID += [
+    ("mid", "fsdp1-noshard", 2, method, precision, 1, 1024, False)
+    for method, precision in (("full", "bf16-true"), ("full", "bf16-mixed"), ("freeze", "bf16-mixed"))
 ]
 
 
@@ -292,7 +306,9 @@ def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> 
             cat = ev.category.value if ev.category else ""
             what[ev.id] = f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} ({cat}) {ev.size / 2**20:.1f} MiB"
             if blk is not None and pool.reserved > before:
-                if step == 1 and cat == "logits_loss":
+                # FSDP's own buffers made inside the root's forward (its unsharded parameters' all-gather outputs,
+                # FSDP1's lazy-init flat buffers) are filed under logits too: only the loss's ops make the chain
+                if step == 1 and cat == "logits_loss" and ev.op not in ("empty", "empty_like", "resize_"):
                     logits_segments.add(blk.seg)
                 if step == 2:
                     made[what[ev.id]] += pool.reserved - before

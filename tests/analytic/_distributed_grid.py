@@ -11,7 +11,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.catalog.hfconfig import model_spec_from_config
+from vramledger.specs import Method, ModelSpec, Precision, Sharding, TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 GRID = ROOT / "bench" / "distributed" / "grid.jsonl"
@@ -39,4 +40,19 @@ def specs(rec: dict[str, Any]) -> tuple[ModelSpec, TrainSpec]:
     run = runner()
     row = next(r for r in run.GRID if run._id(r) == rec["id"])
     m, t, _ = run._specs(row)
+    return m, t
+
+
+def mid_fsdp2(method: Method) -> tuple[ModelSpec, TrainSpec]:
+    """The grid's mid model under FSDP2 FULL_SHARD on 8 ranks, bf16-mixed, one 1024-token sequence."""
+    m = model_spec_from_config(runner().MID, name="mid", source="test")
+    t = TrainSpec(
+        method=method,
+        precision=Precision.BF16_MIXED,
+        micro_batch=1,
+        seq_len=1024,
+        world_size=8,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=2,
+    )
     return m, t

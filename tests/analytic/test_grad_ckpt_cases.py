@@ -74,7 +74,9 @@ def test_gemma3_one_trained_layer_checkpointing_costs_what_it_keeps() -> None:
     got = on.allocated(Phase.BACKWARD) - off.allocated(Phase.BACKWARD)
     print(f"backward: +{got:,} bytes under checkpointing; by hand +{kept:,}")
     assert got == kept
-    assert on.peak_allocated - off.peak_allocated == kept
+    # The step's peak is the larger of that backward and Adafactor's step (four fp32 copies of the trained layer's
+    # largest matrix, analytic/optimizer.py), which checkpointing leaves as it is: it rises by at most ``kept``.
+    assert 0 <= on.peak_allocated - off.peak_allocated <= kept
 
 
 @pytest.mark.xfail(

@@ -231,3 +231,28 @@ def test_trace_cli_runs_fsdp_from_flags(tmp_path, capsys) -> None:  # type: igno
         "rank": 0,
         "process_group": "torch.testing._internal.distributed.fake_pg (backend 'fake')",
     }
+
+
+def test_fsdp1_hybrid_shard_shards_over_a_node_and_casts_on_the_all_reduce_stream() -> None:
+    """FSDP1 HYBRID_SHARD on 4 ranks, 2 per node: each unit is sharded over the node's 2 ranks (N = 2, not the
+    world's 4: _init_utils.py ``_init_process_group_state_for_hybrid_shard``, the shard group is the mesh's
+    dimension 1), cast (2·E/N, pre-unshard stream) and gathered (2·E, unshard stream) as under FULL_SHARD; the
+    post-backward stream reduce-scatters the bf16 shard (2·E/N), then ``_reduce_grad`` all-reduces it across nodes
+    inside ``_all_reduce_stream`` and there ``_accumulate_sharded_grad`` casts it to fp32 (4·E/N): the all-reduce
+    stream's. Tiny Llama (root E = 256,128, layers E = 184,576), step 1."""
+    from collections import Counter
+
+    t = dataclasses.replace(
+        BASE, precision=Precision.BF16_MIXED, world_size=4, gpus_per_node=2, fsdp=Sharding.HYBRID_SHARD, fsdp_version=1
+    )
+    events = trace_events(M, t, config=CFG)
+    layer, root = 2 * 128 * 128 + 2 * 64 * 128 + 3 * 128 * 352 + 2 * 128, 2 * 1000 * 128 + 128
+    got = Counter((e.stream, e.bytes) for e in events if e.kind == "alloc" and e.step == 1 and e.stream)
+    want: Counter[tuple[str, int]] = Counter()
+    for e, times in ((root, 1), (layer, 2), (layer, 2)):  # the root is not resharded after forward
+        want["pre_unshard", round_block(2 * e // 2)] += times
+        want["all_gather", round_block(2 * e)] += times
+        want["reduce_scatter", round_block(2 * e // 2)] += 1
+        want["all_reduce", round_block(4 * e // 2)] += 1
+    print("got", sorted(got.items()), "want", sorted(want.items()))
+    assert got == want

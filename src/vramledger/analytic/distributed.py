@@ -71,6 +71,13 @@ LAYER_UNSHARDED_LABEL = "one decoder layer unsharded"
 LAYERS_UNSHARDED_LABEL = "every decoder layer unsharded (kept from forward to backward)"
 ALL_GATHER_BUFFER_LABEL = "one more layer-sized all-gather buffer (traced, unexplained)"
 OFFLOAD_COPY_LABEL = "host-to-device copy of one unit's shard"
+NO_SHARD_CAST_LABEL = "root unit cast to the compute dtype (NO_SHARD mixed precision)"
+NO_SHARD_LAYER_CAST_LABEL = "last decoder layer cast to the compute dtype, prefetched for backward (NO_SHARD)"
+NO_SHARD_CAST_SOURCE = (
+    "torch fsdp/_flat_param.py _use_low_precision_shard: under NO_SHARD the low-precision flat parameter "
+    "(_mp_shard) is the unit's whole cast, allocated in the pre-unshard stream and freed only in post_reshard; the "
+    "root's spans forward (its post-forward reshard comes last) and, cast again by its pre-backward hook, backward"
+)
 FSDP_RS_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one unit's unsharded gradients and its "
     "reduce_scatter_input"
@@ -126,6 +133,44 @@ def _replicated(
     )
 
 
+def _no_shard(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) -> RankParts:
+    """NO_SHARD: every rank holds the whole model, as under DDP. Under a mixed-precision policy FSDP1 runs each unit
+    on a cast of its flat parameter instead of autocast's weight copies (NO_SHARD_CAST_SOURCE): a layer's lives
+    through its own forward or backward, the root's through the loss; a unit already in the compute dtype (a
+    frozen bf16 root or layer) is used as it is (_flat_param.py ``_uses_param_mixed_precision``). The root's
+    pre-backward hook prefetches the last layer (``BACKWARD_PRE``, _runtime_utils.py ``_prefetch_handle``), so its
+    cast is live through the loss's backward too."""
+    if not train.precision.mixed:
+        return _replicated(train, one)
+    u = train.precision.compute.bytes
+    root_flat = wb.trainable_dtype if (wb.embedding_trainable or wb.head_trainable) else train.frozen_dtype
+    last_flat = wb.trainable_dtype if wb.trainable_layers else train.frozen_dtype
+    casts = []
+    if root_flat.bytes != u:
+        root = embedding_params(m) + head_params(m)
+        casts.append(
+            Buffer(
+                label=NO_SHARD_CAST_LABEL,
+                category=Category.WEIGHTS,
+                bytes=u * root,
+                phases=FWD_BWD,
+                source=NO_SHARD_CAST_SOURCE,
+            )
+        )
+    if last_flat.bytes != u:
+        layer = fsdp_layer_elements(m, train, wb, u)
+        casts.append(
+            Buffer(
+                label=NO_SHARD_LAYER_CAST_LABEL,
+                category=Category.WEIGHTS,
+                bytes=u * layer,
+                phases=frozenset({Phase.BACKWARD}),
+                source=NO_SHARD_CAST_SOURCE,
+            )
+        )
+    return replace(_replicated(train, one, buffers=tuple(casts)), autocast=0)
+
+
 def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) -> RankParts:
     """Rank 0 under FSDP: a 1/N share of every persistent line, plus the units unsharded at once (the root, one or
     every decoder layer, the root's gradients); under CPU offload the shares live on the host instead."""
@@ -135,7 +180,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         strategy, train.world_size
     )
     if strategy is Sharding.NO_SHARD:  # all-reduces each unit's gradients in place: DDP without the buckets
-        return _replicated(train, one)
+        return _no_shard(m, train, wb, one)
     mixed = train.precision.mixed
     u = fsdp_gathered_bytes(train, wb)
     layer = fsdp_layer_elements(m, train, wb, u)

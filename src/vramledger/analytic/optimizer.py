@@ -13,8 +13,11 @@ Legend: P trainable parameters, b bytes per trainable element (their storage dty
   allocate the same bytes as CUDA managed memory (outside torch's allocator: they count on the device until the
   driver pages them out under pressure).
 - transformers ``optimization.py`` ``Adafactor`` (HF defaults: ``beta1=None``, factored second moment for ≥ 2-D):
-  row and column statistics (R + C) per matrix, a full second moment for vectors, and per-step fp32 copies of
-  the parameter, its gradient and the update (3·n·4 temporaries).
+  row and column statistics (R + C) per matrix, a full second moment for vectors. ``step`` works one parameter
+  at a time in fp32: with a 16-bit parameter it makes ``grad.float()`` and ``p.float()``, and then holds two
+  n·4 tensors at once three times over (``update = grad**2 + eps``: the square and the sum; ``_approx_sq_grad``:
+  the old update and ``torch.mul(r_factor, c_factor)``; ``p_data_fp32.add_(-update)``: the update and its
+  negation), so 4·n·4 at its peak (2·n·4 with fp32 parameters, whose ``float()`` is the tensor itself).
 - ``torch.optim.SGD``: one momentum buffer per parameter when momentum > 0, none otherwise.
 - Lion (bitsandbytes ``Lion``/``Lion8bit``): one state, fp32 (32-bit) or uint8 + absmax (8-bit).
 """
@@ -73,11 +76,13 @@ def optimizer_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Optimiz
     if opt is Optimizer.ADAFACTOR:
         # Factored: a matrix R×C keeps R + C; approximate as P / min(R, C)·2 using the hidden size as the short side.
         factored = 2 * P // max(1, m.hidden_size) * b
+        copies = 2 if b < 4 else 0  # grad.float() and p.float() of a 16-bit parameter (module docstring)
         return OptimizerBytes(
             states=factored,
-            step_temporaries=3 * n * 4,
+            step_temporaries=(2 + copies) * n * 4,
             paged=False,
-            source="HF Adafactor: row+column second-moment statistics; fp32 param/grad/update copies per tensor",
+            source="HF Adafactor: row+column second-moment statistics; one tensor at a time: fp32 copies of a 16-bit "
+            "param and grad, and two fp32 update tensors at once",
         )
     assert opt is Optimizer.SGD
     momentum = Pb if train.sgd_momentum > 0 else 0

@@ -14,7 +14,7 @@ from vramledger.analytic.paged import PAGED_SOURCE
 from vramledger.analytic.rank import Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, LineItem, Phase
-from vramledger.specs import TrainSpec
+from vramledger.specs import ModelSpec, TrainSpec
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -180,3 +180,28 @@ def add_activations(mo: Moment, p: StepParts, train: TrainSpec, *, saved_logits:
         )
     if saved_logits and p.logits_saved:
         mo.add(Category.LOGITS_LOSS, "log-softmax output kept for backward", p.logits_saved, p.logits_source)
+
+
+def embedding_gradient_before_accumulation(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """A trained embedding's V×H gradient from ``embedding_dense_backward``, live at the end of backward beside the
+    gradient it is added to: lm_head's (tied) or an earlier micro-step's (accumulation); 0 otherwise."""
+    if not p.weights.embedding_trainable or not (m.tie_word_embeddings or train.grad_accum > 1):
+        return 0
+    return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+
+
+TIED_SUM = (
+    "torch/csrc/autograd/input_buffer.cpp accumulate: lm_head's V×H gradient waits in the tied weight's "
+    "AccumulateGrad input buffer until embedding_dense_backward's arrives, and the two dense gradients are summed "
+    "out of place (old_var + var, as the trace of torch 2.13 shows: an add of V×H); three V×H tensors live at once"
+)
+
+
+def tied_gradient_sum(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """A tied, trained embedding: the out-of-place sum of lm_head's and the embedding's gradients (``TIED_SUM``), a
+    third V×H tensor beside the two at the end of backward; the trace shows it (``add``, Llama-3.2-1B full SGD 2 ×
+    1024: 11.23 GiB at backward's peak = every gradient + two more V×H fp32). FSDP's flat parameters accumulate
+    otherwise (analytic/fsdp_no_sync.py): left out there."""
+    if not (m.tie_word_embeddings and p.weights.embedding_trainable) or train.fsdp is not None:
+        return 0
+    return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes

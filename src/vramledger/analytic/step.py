@@ -51,7 +51,16 @@ from vramledger.analytic.overhead import (
 )
 from vramledger.analytic.paged import split_paged_states
 from vramledger.analytic.params import layer_linears
-from vramledger.analytic.parts import SOURCES, Moment, StepParts, add_activations, add_persistent
+from vramledger.analytic.parts import (
+    SOURCES,
+    TIED_SUM,
+    Moment,
+    StepParts,
+    add_activations,
+    add_persistent,
+    embedding_gradient_before_accumulation,
+    tied_gradient_sum,
+)
 from vramledger.analytic.reserve import phase_reserves, training_peaks
 from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
@@ -430,14 +439,14 @@ def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
     """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in."""
     mo = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
     add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
-    if p.weights.embedding_trainable and (m.tie_word_embeddings or train.grad_accum > 1):
-        mo.add(
-            Category.TEMPORARIES,
-            "embedding gradient before accumulation",
-            p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes,
-            "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
-            "(tied lm_head, or an earlier micro-step)",
-        )
+    mo.add(
+        Category.TEMPORARIES,
+        "embedding gradient before accumulation",
+        embedding_gradient_before_accumulation(m, train, p),
+        "embedding_dense_backward writes a V×H gradient that AccumulateGrad adds into the existing one "
+        "(tied lm_head, or an earlier micro-step)",
+    )
+    mo.add(Category.TEMPORARIES, "sum of the tied weight's two gradients", tied_gradient_sum(m, train, p), TIED_SUM)
     return mo
 
 
@@ -475,7 +484,8 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     mos = moments(m, train, gpu)
     p = step_parts(m, train, gpu)
     if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
-        reserves = pooled_phase_reserves(m, train, p, mos)
+        at_fsdp = _ShapePeaks(m, gpu) if engine_dtypes(train) == train else None
+        reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp)
     else:
         # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
         totals = {ph: mo.total for ph, mo in mos.items()}

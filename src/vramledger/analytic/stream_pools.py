@@ -78,6 +78,8 @@ from vramledger.analytic.distributed import (
     ALL_GATHER_BUFFER_LABEL,
     LAYER_UNSHARDED_LABEL,
     LAYERS_UNSHARDED_LABEL,
+    NO_SHARD_CAST_LABEL,
+    NO_SHARD_LAYER_CAST_LABEL,
     OFFLOAD_COPY_LABEL,
     ROOT_UNSHARDED_LABEL,
     adapters_in_layer_units,
@@ -86,9 +88,11 @@ from vramledger.analytic.distributed import (
     fsdp_layer_elements,
 )
 from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
+from vramledger.analytic.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
+from vramledger.analytic.fsdp_workspace import held_floor
 from vramledger.analytic.params import embedding_params, head_params
 from vramledger.analytic.parts import Moment, StepParts
-from vramledger.analytic.reserve import phase_reserves, replay_excess
+from vramledger.analytic.reserve import ShapePeaks, phase_reserves, replay_excess, training_peaks
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, Phase
 from vramledger.specs import ModelSpec, Sharding, TrainSpec
@@ -108,9 +112,11 @@ SIDE_POOLS_LABEL = "FSDP's all-gather and reduce-scatter streams' pools: cached,
 
 # The estimate's buffers that a side stream allocates: FSDP1 unshards on its unshard stream; FSDP2 copies the
 # parameters out on the default stream, and only the all-gather output kept at the loss under SHARD_GRAD_OP is its.
+_NO_SHARD_CASTS = frozenset({NO_SHARD_CAST_LABEL, NO_SHARD_LAYER_CAST_LABEL})  # NO_SHARD's pre-unshard stream
 _ALL_GATHER_LABELS = {
-    1: frozenset({ROOT_UNSHARDED_LABEL, LAYER_UNSHARDED_LABEL, LAYERS_UNSHARDED_LABEL, OFFLOAD_COPY_LABEL}),
-    2: frozenset({ALL_GATHER_BUFFER_LABEL, OFFLOAD_COPY_LABEL}),
+    1: frozenset({ROOT_UNSHARDED_LABEL, LAYER_UNSHARDED_LABEL, LAYERS_UNSHARDED_LABEL, OFFLOAD_COPY_LABEL})
+    | _NO_SHARD_CASTS,
+    2: frozenset({ALL_GATHER_BUFFER_LABEL, OFFLOAD_COPY_LABEL}) | _NO_SHARD_CASTS,
 }
 _SHARDED_GRADIENTS = "gradients"
 """analytic/parts.py ``add_persistent``'s label of the rank's (sharded) gradients: the reduce-scatter pool's."""
@@ -203,18 +209,23 @@ def units(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[Unit, list[
 
 
 def _ranks(train: TrainSpec) -> int:
+    if train.fsdp is Sharding.NO_SHARD:
+        return 1
     if train.fsdp is Sharding.HYBRID_SHARD:
         return min(train.gpus_per_node, train.world_size)
     return train.world_size
 
 
 def has_side_pools(train: TrainSpec) -> bool:
-    """Whether FSDP allocates on side streams: a sharding FSDP over two ranks or more. NO_SHARD all-reduces the
-    gradients in place (FSDP1 _runtime_utils.py ``_reduce_grad_no_shard``; FSDP2 has no NO_SHARD), but under a
-    mixed-precision policy with fp32 parameters it casts each unit to bf16 on the pre-unshard stream and
-    ``_cast_grad_to_param_dtype`` copies the gradients back to fp32 on the post-backward stream: traced
-    (tests/trace/test_distributed.py), not modelled here."""
-    return train.fsdp is not None and train.fsdp is not Sharding.NO_SHARD and train.world_size >= 2
+    """Whether FSDP allocates on side streams: a sharding FSDP over two ranks or more, or NO_SHARD under a
+    mixed-precision policy. NO_SHARD all-reduces the gradients in place (FSDP1 _runtime_utils.py
+    ``_reduce_grad_no_shard``; FSDP2 has no NO_SHARD), but with a policy it casts each unit to the compute dtype on
+    the pre-unshard stream (``_no_shard_casts``) and ``_cast_grad_to_param_dtype`` copies the gradients back to the
+    parameters' dtype on the post-backward stream (``_reduce_scatter``, ``in_place``). Pure precision casts nothing:
+    no side pool."""
+    if train.fsdp is None or train.world_size < 2:
+        return False
+    return train.fsdp is not Sharding.NO_SHARD or train.precision.mixed
 
 
 def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
@@ -227,12 +238,24 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
     r = train.precision.compute.bytes if train.precision.mixed else b
     n = _ranks(train)
     offload = train.offload_params or train.offload_optimizer
-    if train.fsdp_version == 1:
+    no_shard = train.fsdp is Sharding.NO_SHARD
+    if no_shard:
+        ag, pre = 0, _no_shard_casts(root, layers, u=u)
+    elif train.fsdp_version == 1:
         ag, pre = _fsdp1_all_gather(train, root, layers, u=u, n=n)
     else:
         ag, pre = _fsdp2_all_gather(train, root, layers, u=u, n=n), 0
-    hsdp = train.fsdp is Sharding.HYBRID_SHARD and train.fsdp_version == 2
-    rs, ar = _reduce_scatter([*reversed(layers), root], r=r, b=b, n=n, offload=offload, hsdp=hsdp)
+    hsdp = train.fsdp is Sharding.HYBRID_SHARD
+    rs, ar = _reduce_scatter(
+        [*reversed(layers), root],
+        r=r,
+        b=b,
+        n=n,
+        offload=offload,
+        hsdp=hsdp,
+        held=hsdp and train.fsdp_version == 2,
+        in_place=no_shard,
+    )
     return SidePools(all_gather=ag, pre_unshard=pre, reduce_scatter=rs, all_reduce=ar)
 
 
@@ -259,6 +282,31 @@ def _fsdp2_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
             for x in (root, *reversed(layers)):
                 ev.free(gather(x))
     return ev.reserved()
+
+
+def _no_shard_casts(root: Unit, layers: list[Unit], *, u: int) -> int:
+    """FSDP1 NO_SHARD under a mixed-precision policy: the pre-unshard stream casts each unit whole (u·C,
+    ``_use_low_precision_shard``), freed in ``post_reshard`` after its forward and after its backward; the root's
+    spans the forward and is cast again by its pre-backward hook, which prefetches the last layer (``BACKWARD_PRE``:
+    two layers' casts at once from then on)."""
+    pre = _Events()
+
+    def cast(x: Unit) -> int | None:
+        return pre.alloc(u * x.cast) if x.cast else None
+
+    for _ in range(2):
+        top = cast(root)
+        for x in layers:
+            pre.free(cast(x))
+        pre.free(top)
+        top, prev = cast(root), None
+        for x in reversed(layers):
+            this = cast(x)
+            pre.free(prev)
+            prev = this
+        pre.free(prev)
+        pre.free(top)
+    return pre.reserved()
 
 
 def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> tuple[int, int]:
@@ -301,31 +349,38 @@ def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
     return ev.reserved(), pre.reserved()
 
 
-def _reduce_scatter(order: list[Unit], *, r: int, b: int, n: int, offload: bool, hsdp: bool) -> tuple[int, int]:
-    """The reduce-scatter (and, under FSDP2's HSDP, all-reduce) streams over two steps: each trainable unit's
-    sharded gradient and its cast, kept until ``zero_grad``; under HSDP the cast in the all-reduce pool and the r
-    buffer held until the end of backward."""
+def _reduce_scatter(
+    order: list[Unit], *, r: int, b: int, n: int, offload: bool, hsdp: bool, held: bool, in_place: bool
+) -> tuple[int, int]:
+    """The reduce-scatter (FSDP1: post-backward) and, under HSDP, all-reduce streams over two steps: each trainable
+    unit's sharded gradient and its cast, kept until ``zero_grad``. ``hsdp``: the cast is made on the all-reduce
+    stream (FSDP2 ``post_reduce_stream``; FSDP1 ``_reduce_grad`` calls ``_accumulate_sharded_grad`` inside
+    ``_all_reduce_stream``); ``held``: the r buffer stays until the end of backward (FSDP2's ``_all_reduce_state``;
+    FSDP1 drops it once cast); ``in_place``: NO_SHARD all-reduces autograd's gradient where it is (the default
+    stream's) and only the cast is this stream's (_runtime_utils.py ``_reduce_grad_no_shard``)."""
     ev, ar = _Events(), _Events()
     for _ in range(2):
         kept: list[tuple[_Events, int]] = []
-        held: list[int] = []
+        kept_r: list[int] = []
         for x in order:
             if not x.trainable:
                 continue
-            out, pool = ev.alloc(-(-r * x.trainable // n)), ev
+            out, pool = (None if in_place else ev.alloc(-(-r * x.trainable // n))), ev
             if b != r:
                 pool = ar if hsdp else ev
                 cast = pool.alloc(-(-b * x.trainable // n))
-                if hsdp:
-                    held.append(out)  # _all_reduce_state, until finalize_backward
+                if held and out is not None:
+                    kept_r.append(out)  # _all_reduce_state, until finalize_backward
                 else:
                     ev.free(out)
                 out = cast
+            if out is None:
+                continue
             if offload:  # copied to the host at once (FSDP1 _offload_grad, FSDP2 new_sharded_grad.to("cpu"))
                 pool.free(out)
             else:
                 kept.append((pool, out))
-        for i in held:
+        for i in kept_r:
             ev.free(i)
         for pool, i in kept:  # zero_grad(set_to_none=True)
             pool.free(i)
@@ -355,20 +410,30 @@ class ReserveLine(NamedTuple):
 
 
 def pooled_phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment]
+    m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment], at: ShapePeaks | None = None
 ) -> dict[Phase, list[ReserveLine]]:
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
-    default stream holds, and the side pools' reserved bytes less what of them is live at the phase's peak."""
+    default stream holds (at least analytic/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
+    of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve.py ``ShapePeaks``),
+    for a run with dynamic padding."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
+    default = {ph: mo.total - off[ph] for ph, mo in moments.items()}
     # The default stream's blocks follow the engine's compute dtypes; the side pools the dtypes as loaded (an fp32
     # base's shards are cast there before their all-gather).
-    base = phase_reserves(m, engine_dtypes(train), p, {ph: mo.total - off[ph] for ph, mo in moments.items()})
+    engine = engine_dtypes(train)
+    base = phase_reserves(m, engine, p, default)
     pools = side_pools(m, train, p.weights).total
+    # step 1's backward workspace in an fp32 logits block: a floor under the default pool (analytic/fsdp_workspace.py)
+    loss_peak = training_peaks(default)[0]
+    side_at_loss = next((off[ph] for ph in (Phase.BACKWARD, Phase.FORWARD) if default.get(ph) == loss_peak), 0)
+    floor = held_floor(m, engine, p, loss_peak, _ranks(train), at, side_at_loss) if pools else 0
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
         if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
             out[ph] = [ReserveLine(n, RESERVE_LABEL, source, basis)]
             continue
+        if floor - default[ph] > n:
+            n, source = floor - default[ph], f"{source}; {WORKSPACE_SOURCE}"
         # The side pools hold at least what is live in them (never less over the grid nor over 606 configs of an
         # 8B model: full/LoRA/QLoRA/freeze, FSDP1/2, every sharding, offload, 2-64 ranks, accumulation).
         out[ph] = [

@@ -133,6 +133,12 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
     g.add_argument(
+        "--legacy-bitsandbytes",
+        action="store_true",
+        default=None,
+        help="qlora on bitsandbytes before 0.43.2, whose 4-bit matmul keeps every quantised linear's input",
+    )
+    g.add_argument(
         "--freeze-layers", type=count(what="number of layers"), help="method freeze: trainable last layers (default 2)"
     )
     g.add_argument("--batch", type=count(hi=MAX_BATCH, what="batch"), help="micro-batch size per GPU (default 1)")
@@ -373,6 +379,7 @@ _PLAIN_FLAGS = (
     ("freeze_layers", "freeze_trainable_layers"),
     ("sgd_momentum", "sgd_momentum"),
     ("packing", "packing"),
+    ("legacy_bitsandbytes", "legacy_bitsandbytes"),
     ("eval_batch", "eval_batch"),
     ("eval_seq", "eval_seq_len"),
     ("eval_accum", "eval_accumulation_steps"),
@@ -430,6 +437,8 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         )
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
+    if getattr(args, "legacy_bitsandbytes", None) and changes.get("method", base.method) is not Method.QLORA:
+        raise VramledgerError("--legacy-bitsandbytes: only for a 4-bit base; add --method qlora")
     changes.update(distributed_changes(args))
     if getattr(args, "peft_config", None) is not None:
         from vramledger.adapters.peft_config import flag_changes

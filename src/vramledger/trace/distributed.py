@@ -17,8 +17,8 @@ Three things the single-GPU recorder did not need (each gave wrong numbers witho
    never serves one stream's request from another stream's cached blocks: allocations inside
    ``foreach_all_gather`` and, after its ``foreach_reduce_scatter_copy_in``, ``foreach_reduce`` (HSDP's cast on
    the all-reduce stream; FSDP1: ``_unshard``, within it ``FlatParamHandle.pre_unshard``, and
-   ``_reduce_grad``/``_reduce_grad_no_shard``) carry their stream, and the replay keeps one pool per stream
-   (trace/oom.py ``stream_pools``).
+   ``_reduce_grad``/``_reduce_grad_no_shard``, HYBRID_SHARD's cast on the all-reduce stream) carry their stream,
+   and the replay keeps one pool per stream (trace/oom.py ``stream_pools``).
 
 Simplifications: DeepSpeed is not traced (its engine needs CUDA): ZeRO runs are estimated; CPU offload is not
 traced (on a CPU mesh host and device are the same memory). DDP's initial parameter broadcast is skipped
@@ -43,7 +43,8 @@ PRE_UNSHARD = "pre_unshard"
 REDUCE_SCATTER = "reduce_scatter"
 """FSDP2's reduce-scatter stream; FSDP1's post-backward stream."""
 ALL_REDUCE = "all_reduce"
-"""FSDP2's all-reduce stream (HSDP, or an all-reduce hook): where the sharded gradient is cast back."""
+"""The all-reduce stream of HSDP (FSDP2: or an all-reduce hook; FSDP1: HYBRID_SHARD): where the sharded gradient is
+cast back."""
 
 
 def wrapper_settings(train: TrainSpec) -> dict[str, object]:
@@ -224,7 +225,36 @@ def tagged_streams(rec: Recorder, version: int) -> Iterator[None]:
                 stack.enter_context(
                     _stream_of(rec, ru, reduce, REDUCE_SCATTER, lambda _state, handle: [handle.flat_param.grad])
                 )
+            stack.enter_context(_fsdp1_all_reduce(rec, ru))
         yield
+
+
+@contextlib.contextmanager
+def _fsdp1_all_reduce(rec: Recorder, ru: Any) -> Iterator[None]:
+    """FSDP1's HYBRID_SHARD: _runtime_utils.py ``_reduce_grad`` all-reduces the reduce-scattered shard across nodes
+    inside ``state._all_reduce_stream`` (a stream of its own under hybrid sharding: ``_init_streams``) and there
+    calls ``_accumulate_sharded_grad``, whose ``_cast_grad_to_param_dtype`` allocates the cast back to the
+    parameter's dtype: run that call with ``rec.stream`` set to the all-reduce stream (other strategies call it on
+    the post-backward stream)."""
+    from torch.distributed.fsdp._flat_param import HandleShardingStrategy
+
+    hybrid = (HandleShardingStrategy.HYBRID_SHARD, HandleShardingStrategy._HYBRID_SHARD_ZERO2)
+    original = ru._accumulate_sharded_grad
+
+    def accumulate(state: Any, handle: Any, sharded_grad: Any) -> Any:
+        outer = rec.stream
+        if handle._sharding_strategy in hybrid:
+            rec.stream = ALL_REDUCE
+        try:
+            return original(state, handle, sharded_grad)
+        finally:
+            rec.stream = outer
+
+    ru._accumulate_sharded_grad = accumulate
+    try:
+        yield
+    finally:
+        ru._accumulate_sharded_grad = original
 
 
 def _layer_classes(hf: Any, m: ModelSpec) -> set[type]:
@@ -249,27 +279,32 @@ def _outside_modes() -> Iterator[None]:
         yield
 
 
+def _device_mesh(train: TrainSpec) -> Any:
+    """A ``cpu`` device mesh over the world; under HYBRID_SHARD two-dimensional, (replicate, shard), sharding over
+    the GPUs of one node (FSDP2 ``fully_shard``'s HSDP mesh; FSDP1 _init_utils.py
+    ``_init_process_group_state_for_hybrid_shard``: the inter-node group is dimension 0, the shard group 1)."""
+    from torch.distributed.device_mesh import init_device_mesh
+
+    with _outside_modes():
+        if train.fsdp is not Sharding.HYBRID_SHARD:
+            return init_device_mesh("cpu", (train.world_size,))
+        per_node = min(train.gpus_per_node, train.world_size)
+        if train.world_size % per_node:
+            raise VramledgerError(
+                f"--fsdp hybrid_shard: world size {train.world_size} is not a multiple of the GPUs per node "
+                f"({per_node}); pass --nproc-per-node and --nnodes"
+            )
+        return init_device_mesh("cpu", (train.world_size // per_node, per_node), mesh_dim_names=("replicate", "shard"))
+
+
 def _fsdp2(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
     """accelerate's FSDP2 path (utils/fsdp_utils.py ``fsdp2_prepare_model``): ``fully_shard`` on each decoder
     layer, then on the root, with the mixed-precision policy in the compute dtype."""
     import torch
-    from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
     assert train.fsdp is not None
-    with _outside_modes():
-        if train.fsdp is Sharding.HYBRID_SHARD:
-            per_node = min(train.gpus_per_node, train.world_size)
-            if train.world_size % per_node:
-                raise VramledgerError(
-                    f"--fsdp hybrid_shard: world size {train.world_size} is not a multiple of the GPUs per node "
-                    f"({per_node}); pass --nproc-per-node and --nnodes"
-                )
-            mesh = init_device_mesh(
-                "cpu", (train.world_size // per_node, per_node), mesh_dim_names=("replicate", "shard")
-            )
-        else:
-            mesh = init_device_mesh("cpu", (train.world_size,))
+    mesh = _device_mesh(train)
     reshard = train.fsdp is not Sharding.SHARD_GRAD_OP
     mp = (
         MixedPrecisionPolicy(param_dtype=_mixed(train), reduce_dtype=_mixed(train))
@@ -297,7 +332,7 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
         Sharding.FULL_SHARD: ShardingStrategy.FULL_SHARD,
         Sharding.SHARD_GRAD_OP: ShardingStrategy.SHARD_GRAD_OP,
         Sharding.NO_SHARD: ShardingStrategy.NO_SHARD,
-        Sharding.HYBRID_SHARD: ShardingStrategy.FULL_SHARD,
+        Sharding.HYBRID_SHARD: ShardingStrategy.HYBRID_SHARD,
     }[train.fsdp]
     mp = None
     if train.precision.mixed:
@@ -323,6 +358,8 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
         from peft.utils.other import fsdp_auto_wrap_policy
 
         policy = fsdp_auto_wrap_policy(hf)
+    # HYBRID_SHARD: shard over one node's GPUs, all-reduce across nodes (a 2-D mesh, as for FSDP2)
+    mesh = _device_mesh(train) if train.fsdp is Sharding.HYBRID_SHARD else None
     return FullyShardedDataParallel(
         hf,
         auto_wrap_policy=policy,
@@ -331,6 +368,7 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
         device_id=torch.device("cpu"),
         use_orig_params=True,
         sync_module_states=False,
+        device_mesh=mesh,
     )
 
 

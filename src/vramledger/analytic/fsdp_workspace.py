@@ -1,0 +1,194 @@
+"""FSDP's default stream: the backward thread's cuBLAS workspace in an fp32 logits block, made again in step 2.
+
+torch CublasHandlePool.cpp ``getCurrentCUDABlasHandle`` gives the autograd engine's thread a cuBLAS handle of its
+own, whose workspace (``getChosenWorkspaceSize``: 32 MiB on Hopper) goes through the caching allocator at that
+thread's first matmul, lm_head's backward in step 1, and is never freed. Best fit (CUDACachingAllocator.cpp
+``get_free_block``) puts it in the smallest free block that holds it. At that moment the loss's fp32 blocks
+(transformers ``ForCausalLMLoss``: the upcast, the log-softmax, the two gradients, 4·V·T each) have all been
+freed, the c·V·T logits block holds its gradient's cast (lm_head's backward input), and the blocks forward
+freed earlier are cut up by the saved activations. Where every other free block is smaller than the workspace
+(the rivals below), it is cut from an fp32 logits block (``should_split``: the remainder is > 1 MiB). From step 2
+on backward needs three 4·V·T blocks at once (the saved log-softmax and ``nll_loss_backward``'s and
+``_log_softmax_backward_data``'s gradients): the block with the workspace inside cannot serve one, so one more
+4·V·T segment is made, and at the peak its remainder (4·V·T − workspace) is cached and free beside the c·V·T
+hole, unless the step's own layer transients are cut from it (under checkpointing: they share it).
+
+The replay of the traced default stream shows it in every FSDP row of the grid but the 1B-parameter ones
+(bench/distributed/grid.jsonl; ``python bench/distributed/run_grid.py --causes ID``): step 2 makes a 126 MiB
+``_log_softmax_backward_data`` (or ``_log_softmax``) segment with the workspace in step 1's. analytic/reserve.py
+models the same mechanism for a single GPU only with adapters and a run with dynamic padding
+(``_workspace_lost``); under FSDP it applies whatever is trained, because what else forward frees differs:
+
+- FSDP2 with ``reshard_after_forward`` (FULL_SHARD, HYBRID_SHARD): each layer's unsharded parameters are freed
+  after its forward (fsdp/_fully_shard/_fsdp_param_group.py ``post_forward`` → ``reshard``; _fsdp_param.py
+  ``free_unsharded_param``: ``free_storage`` of one ``all_gather_outputs`` tensor per parameter, allocated by
+  ``init_all_gather_outputs``/``alloc_all_gather_outputs`` on the default stream in the copy-out). The last
+  layer's are free at lm_head's backward: a rival when the largest, u·(its elements), holds the workspace
+  (Llama-3.2-1B: the 2048 × 8192 MLP matrices in bf16, exactly 32 MiB; the trace puts the workspace there and
+  makes no logits segment again). The root's (embeddings, lm_head) are gathered again before the loss's backward
+  (``pre_backward``) and are live then; SHARD_GRAD_OP keeps every layer's until its backward.
+- FSDP1 unshards into its unshard stream's pool (analytic/stream_pools.py): the default stream sees only the
+  rivals of one GPU.
+- Either: the rivals analytic/reserve.py lists for one GPU (``_workspace_rivals_per_token``: the fp32 norm
+  intermediates, PEFT's fp32 input casts, a checkpointed layer's MLP intermediates) and eager's scores.
+
+Not modelled: FSDP1's lazy initialisation (_flat_param.py ``init_flat_param_attributes``) allocates and frees each
+unit's padded unsharded buffer (``_full_param_padded``, u·E, and with fp32 parameters under a mixed-precision
+policy ``_full_prec_full_param_padded``, 4·E) on the default stream; the root's segments stay cached. On
+Llama-3.2-1B (tied, u·E_root = 501 MiB) forward's c·V·T logits are cut from that segment and its remainder takes
+the workspace, so no logits segment is made again there; with the mid model of the grid the saved activations
+and forward's workspace fill it first. The estimate counts the logits segment in both: +3.1% on the default pool
+of the 1B FSDP1 row.
+
+Legend: V vocabulary, T tokens per micro-batch, c compute-dtype bytes, u bytes per all-gathered element
+(analytic/distributed.py), S the rank's optimizer states (sharded), W the backward thread's cuBLAS workspace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import NamedTuple
+
+from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.distributed import fsdp_gathered_bytes
+from vramledger.analytic.params import layer_linears
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve import (
+    ShapePeaks,
+    _workspace_rivals_per_token,
+    cublas_workspace_block,
+    logits_blocks,
+    small_pool_excess,
+    stranded_bytes,
+)
+from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
+
+SOURCE = (
+    "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
+    "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
+    "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
+    "block's remainder and one layer's transients (analytic/fsdp_workspace.py)"
+)
+
+
+def workspace_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Whether step 1's backward-thread workspace lands in an fp32 logits block (module docstring): the standard
+    loss with a compute dtype below fp32, trained layers, and no rival free block that holds the workspace."""
+    band = _band(m, train, p)
+    return band is not None and band.on(train.micro_batch, train.seq_len)
+
+
+class _Band(NamedTuple):
+    """Where the mechanism is on, at micro-batch b and length ℓ (the rest of the step as it is)."""
+
+    no_rival: Callable[[int, int], bool]
+    """No other free block holds the workspace: false from some ℓ on (the rivals grow with the tokens)."""
+    fp32: Callable[[int, int], bool]
+    """The fp32 logits block holds it: true from some ℓ on."""
+
+    def on(self, b: int, ell: int) -> bool:
+        return self.no_rival(b, ell) and self.fp32(b, ell)
+
+
+def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
+    """The shapes where the workspace lands in an fp32 logits block (None: none). The rivals scale with the tokens
+    (b·ℓ; eager's scores with b·ℓ², DoRA's weight norm not at all), as in analytic/reserve.py ``_switching``."""
+    c = train.precision.compute.bytes
+    if train.fsdp is None or train.loss is not Loss.STANDARD or c == 4 or not p.weights.trainable_layers:
+        return None
+    ws = cublas_workspace_block(p)
+    if train.fsdp_version == 2 and train.fsdp in (Sharding.FULL_SHARD, Sharding.HYBRID_SHARD):
+        u = fsdp_gathered_bytes(train, p.weights)
+        if u * max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0) >= ws:
+            return None  # a freed unsharded parameter holds it, whatever the shape
+    per_token = max(_workspace_rivals_per_token(m, train, p))
+    scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
+
+    def no_rival(b: int, ell: int) -> bool:
+        return max(per_token * b * ell, p.dora_temp + scores * b * ell * ell // (B * L * L)) < ws
+
+    def fp32(b: int, ell: int) -> bool:
+        # a free block larger than 4·V·T loses to the logits block; one of its size wins the tie (an older segment)
+        return 4 * m.vocab_size * b * ell > ws
+
+    return _Band(no_rival, fp32)
+
+
+def held_floor(
+    m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int, at: ShapePeaks | None, side: int
+) -> int:
+    """The default pool's floor of a run (``default_pool_floor``), as analytic/reserve.py treats a mechanism that
+    switches off as the shape grows (``peak_reserved``, ``held_reserved``): a packed run leaves it out; a run with
+    dynamic padding meets every shape up to (B, L) and keeps the segments each made, so it gets the largest floor
+    over the shapes where the mechanism is on (it grows with the shape inside that band, so the band's upper edge is
+    enough). ``at``: the step at another shape (None: this shape only); ``side``: the side pools' bytes live at
+    the loss's peak, the same at every shape (shards and unsharded units), taken off ``at``'s allocated bytes."""
+    band = _band(m, train, p)
+    if train.packing or band is None:
+        return 0
+    B, L = train.micro_batch, train.seq_len
+    if band.on(B, L) or at is None:
+        return default_pool_floor(m, train, p, loss_peak, ranks)
+    best = 0
+    for b, ell in _upper_edge(B, L, band):
+        t = replace(train, micro_batch=b, seq_len=ell)
+        pt, loss, _, _ = at(t)
+        best = max(best, default_pool_floor(m, t, pt, loss - side, ranks))
+    return best
+
+
+def _upper_edge(B: int, L: int, band: _Band) -> list[tuple[int, int]]:
+    """For each b ≤ B, the longest ℓ ≤ L without a rival, where the fp32 block holds the workspace there too; a
+    point is kept only where b + 1's is shorter (else that one, larger, dominates)."""
+    points = []
+    for b in range(1, B + 1):
+        lo, hi = 0, L
+        while lo < hi:  # the largest ℓ with no rival
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if band.no_rival(b, mid) else (lo, mid - 1)
+        if lo and band.fp32(b, lo):
+            points.append((b, lo))
+    return [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
+
+
+def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int) -> int:
+    """Reserved bytes of the default stream's pool at step 2's loss peak where ``workspace_in_logits`` (else 0).
+
+    ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over.
+    On top of ``loss_peak``, cached and free: the c·V·T logits hole less the optimizer states step 1 put in it (the
+    first block they fill: analytic/reserve.py ``_single_shape``), and the larger of the workspace block's
+    remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
+    that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
+    (analytic/distributed.py ``engine_dtypes``), as for analytic/reserve.py.
+    """
+    if not workspace_in_logits(m, train, p):
+        return 0
+    chain = logits_blocks(m, train)
+    hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4)
+    states_in_hole = min(_large_pool_states(m, train, p, ranks), hole)
+    transients = stranded_bytes(m, train, p) - hole
+    remainder = 4 * m.vocab_size * train.tokens - cublas_workspace_block(p)
+    return loss_peak + hole - states_in_hole + max(transients, remainder) + small_pool_excess(train, p)
+
+
+def _large_pool_states(m: ModelSpec, train: TrainSpec, p: StepParts, ranks: int) -> int:
+    """The rank's optimizer states that are large-pool tensors, the only ones a large block can hold (requests of
+    ≤ kSmallSize = 1 MiB are served from 2 MiB small-pool segments: CUDACachingAllocator.cpp ``get_pool``). AdamW
+    makes each state like its parameter (torch/optim/adamw.py ``_init_group``: ``zeros_like``), i.e. like the
+    rank's shard of it: FSDP2 shards each parameter on dim 0 (_fsdp_param.py ``_init_sharded_param``:
+    ⌈rows/N⌉ rows); FSDP1 with ``use_orig_params=True`` gives the optimizer each parameter's part of the rank's flat
+    shard, counted the same on average. Adapters' states are small (the small pool)."""
+    wb = p.weights
+    if train.adapters or not p.state_bytes:
+        return 0
+    b = wb.trainable_dtype.bytes
+    per_param = round(p.state_bytes / max(p.grad_bytes, 1))
+    rows = [(lin.out_features, lin.in_features) for lin in layer_linears(m) for _ in range(lin.per_layer)]
+    shapes = rows * wb.trainable_layers
+    if wb.embedding_trainable:
+        shapes.append((m.vocab_size, m.hidden_size))
+    if wb.head_trainable and not m.tie_word_embeddings:
+        shapes.append((m.vocab_size, m.hidden_size))
+    shards = (-(-rows_ // ranks) * cols * b for rows_, cols in shapes)
+    return per_param * sum(x for x in shards if x > K_SMALL_SIZE)

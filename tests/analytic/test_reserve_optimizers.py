@@ -1,0 +1,117 @@
+"""The reserve of the optimizers other than foreach AdamW (analytic/reserve.py ``_end_of_backward_bound``,
+``_casts_unused``, ``_relaid_without_temporaries``, ``_temporaries_switch``), from the caching allocator's rules.
+
+Truths: hand-built allocation sequences replayed through ``allocator/model.py`` (the port of
+CUDACachingAllocator.cpp: best fit by size, blocks of different segments never merge, requests ≥ 10 MiB get a
+segment of their size rounded to 2 MiB), and hand derivations from a model's published shapes. The grid test
+(test_reserve.py) holds the closed form against the replays of real traced steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from vramledger.analytic import estimate
+from vramledger.analytic.reserve import _casts_unused, replay_excess
+from vramledger.analytic.step import step_parts
+from vramledger.catalog import resolve_model
+from vramledger.ledger import Phase
+from vramledger.specs import Method, Optimizer, Precision, TrainSpec
+
+MiB = 2**20
+
+
+def test_autocast_copies_too_small_for_the_gradients_stay_cached() -> None:
+    """Forward caches four 32 MiB bf16 copies (an MLP matrix's, c·H·I) and frees them when it ends; backward's fp32
+    gradients of two 16 MiB attention matrices fit one copy's block (split), the four 64 MiB MLP gradients fit none
+    and get segments of their own. At the end of backward three copies' blocks are cached and free: 96 MiB =
+    copies − fitting gradients (4·32 − 2·16). With two fp32 states per attention matrix (fused AdamW, made in the
+    blocks left) only 32 MiB stays free: 4·32 − 3·(2·16)."""
+    weights = ((1, 200 * MiB),)
+    copies = tuple((2 + i, 32 * MiB) for i in range(4)) + tuple((2 + i, 0) for i in range(4))
+    grads = ((6, 16 * MiB), (7, 16 * MiB)) + tuple((8 + i, 64 * MiB) for i in range(4))
+    states = tuple((12 + i, 16 * MiB) for i in range(4))
+    sgd = replay_excess(weights + copies + grads)
+    fused = replay_excess(weights + copies + grads + states)
+    print(
+        f"cached free: SGD {(sgd[0] - sgd[1]) // MiB} MiB (96 expected), fused {(fused[0] - fused[1]) // MiB} MiB (32)"
+    )
+    assert sgd[0] - sgd[1] == 96 * MiB
+    assert fused[0] - fused[1] == 32 * MiB
+
+
+def test_casts_unused_for_llama_3_2_1b_by_hand() -> None:
+    """Llama-3.2-1B (H 2048, 8 KV heads of 64, I 8192, 16 layers), fp32 weights under bf16 autocast. Per layer q and
+    o are H·H, k and v H·512, gate, up and down H·I: the bf16 copies are 2·16·(2·2048² + 2·2048·512 + 3·2048·8192)
+    bytes; an fp32 gradient fits the largest copy (2·2048·8192 B) when it is q, k, v or o's (4·2048² ≤ 2·2048·8192),
+    not an MLP matrix's. SGD (one tensor per matrix): copies − 4·16·(2·2048² + 2·2048·512); fused AdamW (three: the
+    gradient and two states) fills them all."""
+    per_layer = 2 * 2048 * 2048 + 2 * 2048 * 512 + 3 * 2048 * 8192
+    small = 2 * 2048 * 2048 + 2 * 2048 * 512
+    copies, fitting = 2 * 16 * per_layer, 4 * 16 * small
+    m = resolve_model("llama-3.2-1b")
+    got = {}
+    for opt in (Optimizer.SGD, Optimizer.ADAMW_FUSED):
+        train = TrainSpec(method=Method.FULL, optimizer=opt, micro_batch=2, seq_len=1024, grad_ckpt=True)
+        got[opt] = _casts_unused(m, train, step_parts(m, train))
+    print(f"expected SGD {copies - fitting}, fused 0; got {got}")
+    assert got == {Optimizer.SGD: copies - fitting, Optimizer.ADAMW_FUSED: 0}
+
+
+def test_adafactors_temporaries_pair_up_only_in_blocks_of_two() -> None:
+    """Adafactor's four t-byte temporaries after backward freed three fp32 logits blocks F: best fit puts two in a
+    block where F ≥ 2t (no new segment), one where t ≤ F < 2t (three placed, the fourth in a new segment of t, and
+    each block's F − t cached beside them). t = 100 MiB; F = 200 and 190 MiB."""
+
+    def step(F: int) -> tuple[tuple[int, int], ...]:
+        chain = tuple((1 + i, F) for i in range(3)) + tuple((1 + i, 0) for i in range(3))
+        return chain + tuple((10 + i, 100 * MiB) for i in range(4))
+
+    got = [replay_excess(step(F * MiB)) for F in (200, 190)]
+    print(f"reserved, allocated: F = 200 MiB {[x // MiB for x in got[0]]}, F = 190 MiB {[x // MiB for x in got[1]]}")
+    assert got[0] == (600 * MiB, 600 * MiB)
+    assert got[1] == (670 * MiB, 570 * MiB)
+
+
+@settings(max_examples=40, deadline=None)
+@example(
+    train=TrainSpec(method=Method.FULL, optimizer=Optimizer.ADAMW_FUSED, micro_batch=2, seq_len=1023),
+    model="llama-3.2-1b",
+    db=0,
+    dl=1,
+)  # 4·V·T reaches the V×H gradient: the fused step's one re-made fp32 block gives way to ``_relaid_bytes``'s
+@example(
+    train=TrainSpec(method=Method.FULL, optimizer=Optimizer.SGD, micro_batch=2, seq_len=1023, grad_ckpt=True),
+    model="llama-3.2-1b",
+    db=0,
+    dl=1,
+)  # the tied V×H block the SGD run's shorter batches make stops at 2 × 1024
+@given(
+    train=st.builds(
+        TrainSpec,
+        method=st.just(Method.FULL),
+        optimizer=st.sampled_from([Optimizer.SGD, Optimizer.ADAMW_FUSED, Optimizer.ADAFACTOR]),
+        precision=st.sampled_from([Precision.BF16_MIXED, Precision.BF16, Precision.FP32]),
+        micro_batch=st.integers(1, 8),
+        seq_len=st.integers(1, 3000),
+        grad_ckpt=st.booleans(),
+        packing=st.booleans(),
+    ),
+    model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]),
+    db=st.integers(0, 4),
+    dl=st.integers(0, 1024),
+)
+def test_reserved_never_falls_as_batch_or_length_grows(train: TrainSpec, model: str, db: int, dl: int) -> None:
+    """The end-of-backward reserve of the optimizers without step temporaries (reserve.py
+    ``_end_of_backward_bound``) switches terms off as the shape grows, as the foreach AdamW one does: the estimate's
+    reserved must still never fall as the micro-batch or the length grows (the planner's searches rely on it)."""
+    m = resolve_model(model)
+    more = dataclasses.replace(train, micro_batch=train.micro_batch + db, seq_len=train.seq_len + dl)
+    got = [
+        max(estimate(m, t).reserved(ph) for ph in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
+        for t in (train, more)
+    ]
+    assert got[1] >= got[0]
