@@ -8,6 +8,7 @@ Run:  python bench/reserve/run_grid.py              # traces what is missing fro
       python bench/reserve/run_grid.py --analytic   # recompute only the analytic columns (instant)
       python bench/reserve/run_grid.py --only ID    # one config, printed, not saved
       python bench/reserve/run_grid.py --table      # the markdown table of docs/reserve.md
+      python bench/reserve/run_grid.py --states ID...  # where step 1's states land (replay_states.jsonl)
 Output: bench/reserve/replay_grid.jsonl, one JSON object per config (bytes everywhere).
 ``analytic.peak_reserved_before`` is the flat assumption used before analytic/reserve.py (each phase's allocated
 + 5% + 64 MiB); ``analytic.peak_reserved_v1`` the first closed form (until the full-fine-tuning mechanisms);
@@ -22,6 +23,7 @@ import json
 import sys
 import time
 import warnings
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -344,17 +346,36 @@ def misses(done: dict[str, dict[str, Any]], rows: dict[str, Row]) -> list[str]:
 
 
 def write_causes(ids: list[str], rows: dict[str, Row]) -> None:
-    known = {}
-    if CAUSES.exists():
-        known = {json.loads(line)["id"]: line for line in CAUSES.read_text().splitlines()}
+    for cid, rec in _append_records(CAUSES, ids, rows, replay_causes):
+        print(cid, rec["free_at_peak"][:1], flush=True)
+
+
+def _append_records(
+    path: Path, ids: list[str], rows: dict[str, Row], measure: Callable[..., dict[str, Any]]
+) -> Iterator[tuple[str, dict[str, Any]]]:
+    """Measure each config of ``ids`` not yet in ``path`` and append its record there; yields each new record."""
+    known = set()
+    if path.exists():
+        known = {json.loads(line)["id"] for line in path.read_text().splitlines()}
     for cid in ids:
         if cid in known:
             continue
         model, train, cfg = specs(rows[cid])
-        rec = {"id": cid, **replay_causes(model, train, cfg)}
-        with CAUSES.open("a") as f:
+        rec = {"id": cid, **measure(model, train, cfg)}
+        with path.open("a") as f:
             f.write(json.dumps(rec) + "\n")
-        print(cid, rec["free_at_peak"][:1], flush=True)
+        yield cid, rec
+
+
+def _device_events(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> tuple[list[Any], Any]:
+    """The traced events of two steps and their device allocations (workspaces inserted) for the replay."""
+    from vramledger.trace.api import trace_events
+    from vramledger.trace.oom import device_events
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        events = trace_events(model, train, config=cfg)
+    return events, device_events(events, GPU)
 
 
 def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> dict[str, Any]:
@@ -365,13 +386,8 @@ def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
 
     from vramledger.allocator.model import CachingAllocatorModel
     from vramledger.allocator.replay import EventKind
-    from vramledger.trace.api import trace_events
-    from vramledger.trace.oom import device_events
 
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        events = trace_events(model, train, config=cfg)
-    dev = device_events(events, GPU)
+    events, dev = _device_events(model, train, cfg)
     alloc = CachingAllocatorModel()
     live: dict[int, Any] = {}
     made_by: dict[int, str] = {}
@@ -410,6 +426,64 @@ def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     }
 
 
+STATES = Path(__file__).with_name("replay_states.jsonl")
+
+
+def write_states(ids: list[str], rows: dict[str, Row]) -> None:
+    for cid, rec in _append_records(STATES, ids, rows, replay_states):
+        print(cid, rec["fp32_blocks_with_states"], rec["made_in_step_2_fp32_blocks"], flush=True)
+
+
+def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> dict[str, Any]:
+    """Where step 1's optimizer states land and what step 2 makes again (full fine-tuning): the bytes of states in
+    each segment the logits chain made in step 1 (the c·V·T logits block, the fp32 4·V·T ones) and elsewhere, and
+    the segments step 2 makes, in units of one fp32 logits block (4·V·T). The measurement behind the
+    full-fine-tuning misses of tests/analytic/test_reserve.py (docs/reserve.md "What the optimizer states do")."""
+    from collections import Counter
+
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+
+    events, dev = _device_events(model, train, cfg)
+    alloc = CachingAllocatorModel()
+    live: dict[int, Any] = {}
+    made: dict[int, tuple[int, str, str, int]] = {}  # segment → (step, op, category, bytes)
+    states: Counter[int] = Counter()
+    end_of_step_1 = None
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        step = events[src].step if src >= 0 else 1
+        if step == 2 and end_of_step_1 is None:
+            end_of_step_1 = alloc.reserved
+        if ev.kind is EventKind.FREE:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                alloc.free(blk)
+            continue
+        before = alloc.reserved
+        blk = alloc.malloc(ev.size) if ev.size else None
+        live[ev.id] = blk
+        cat = ev.category.value if ev.category else ""
+        if blk is not None and alloc.reserved > before:
+            made[blk.seg] = (step, ev.op, cat, alloc.reserved - before)
+        if blk is not None and step == 1 and cat == "optimizer_state":
+            states[blk.seg] += blk.size
+    fp32 = 4 * model.vocab_size * train.tokens
+    chain = [s for s, (step, _, cat, size) in made.items() if step == 1 and cat == "logits_loss" and size >= fp32 // 4]
+    step2 = [(op, cat, size) for step, op, cat, size in made.values() if step == 2]
+    return {
+        "fp32_block": fp32,
+        "reserved_end_of_step_1": end_of_step_1,
+        "states": sum(states.values()),
+        "states_in_logits_blocks": [
+            {"made_by": made[s][1], "bytes": made[s][3], "states": states[s]} for s in sorted(chain)
+        ],
+        "states_elsewhere": sum(v for s, v in states.items() if s not in chain),
+        "fp32_blocks_with_states": sum(1 for s in chain if made[s][3] >= fp32 and states[s]),
+        "made_in_step_2": [{"made_by": f"{op} ({cat})", "bytes": size} for op, cat, size in step2 if size >= 2**26],
+        "made_in_step_2_fp32_blocks": round(sum(size for _, _, size in step2) / fp32, 2),
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--analytic", action="store_true", help="recompute the analytic columns only")
@@ -421,6 +495,13 @@ def main() -> None:
         metavar="ID",
         help="retrace these configs (default: every one the estimate misses by more than 3%%) and "
         "record where the replay's excess sits, in replay_causes.jsonl",
+    )
+    ap.add_argument(
+        "--states",
+        nargs="+",
+        metavar="ID",
+        help="retrace these configs and record where step 1's optimizer states land and what step 2 makes again, "
+        "in replay_states.jsonl",
     )
     args = ap.parse_args()
     rows = {config_id(r): r for r in GRID}
@@ -434,6 +515,9 @@ def main() -> None:
         return
     if args.causes is not None:
         write_causes(args.causes or misses(done, rows), rows)
+        return
+    if args.states:
+        write_states(args.states, rows)
         return
     if args.only:
         model, train, cfg = specs(rows[args.only])

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from vramledger.cli import main
 from vramledger.catalog import resolve_model
+from vramledger.cli import main
 
 FLAGS = ("llama-3.1-8b", "--method", "qlora", "--seq", "1024", "--no-grad-ckpt", "--json")
 

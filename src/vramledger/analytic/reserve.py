@@ -463,7 +463,7 @@ def _trl_run_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
     n, B = train.micro_batch * (train.seq_len - 1), train.micro_batch
     dtypes = replace(train, micro_batch=1, seq_len=1)  # the chain's sizes depend on the shape only through n, T
     low = max(n - TRL_CHUNK_TOKENS + 1, 1)
-    return max(_trl_chain_stranded(m, dtypes, k, k + B, workspace) for k in range(low, n + 1))
+    return max((_trl_chain_stranded(m, dtypes, k, k + B, workspace) for k in range(low, n + 1)), default=0)
 
 
 def _trl_shape_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
@@ -520,9 +520,9 @@ def peak_reserved(
     mechanisms included, over the shapes it meets (``held_reserved``).
     """
     opt_peak = step_peak if opt_peak is None else opt_peak
-    single = _single_shape(m, train, p, loss_peak, step_peak, opt_peak, _NONE)
     if train.packing or at is None:
-        return single
+        return _single_shape(m, train, p, loss_peak, step_peak, opt_peak, _NONE)
+    single = _single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True))
     return max(single, held_reserved(m, train, at))
 
 
@@ -550,8 +550,9 @@ def _single_shape(
        after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
        at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
        (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
-       step 2 makes it again: reserved = max(R1, ``opt_peak``) + the fp32 logits bytes the states can take
-       (``_relaid_bytes``);
+       step 2 makes it again: reserved = max(R1 + eager's backward segments (``_eager_backward_segments``),
+       ``opt_peak``) + the blocks the states reach, counted at this shape (``on.relaid``, ``_relaid_counted``) or
+       bounded by min(S, 3·4·V·T) (``_relaid_bytes``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``_activations_unused``);
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``_tied_gradient_block``);
@@ -575,7 +576,8 @@ def _single_shape(
         max(
             step_peak,
             loss_peak + stranded - in_hole + _temporaries_unused_by_activations(m, train, p),
-            max(r1, opt_peak) + _relaid_bytes(m, train, p),
+            max(r1 + _eager_backward_segments(m, train), opt_peak)
+            + (_relaid_counted(m, train, p) if on.relaid else _relaid_bytes(m, train, p)),
             opt_peak + (_activations_unused(p) if on.activations else 0),
             _end_of_backward_bound(m, train, p, opt_peak, on),
             _temporaries_bound(m, train, p, loss_peak + stranded, on),
@@ -606,6 +608,9 @@ class Switching(NamedTuple):
     activations: bool = False
     tied: bool = False
     temporaries: bool = False
+    relaid: bool = False
+    """The blocks step 2 makes again counted at this shape (``_relaid_counted``; a run with dynamic padding);
+    False: the bound min(S, 3·4·V·T) (``_relaid_bytes``), which never falls as the shape grows."""
 
 
 _NONE = Switching()
@@ -637,7 +642,7 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
         for b, ell in edge:
             t = replace(train, micro_batch=b, seq_len=ell)
             pt, loss, step, opt = at(t)
-            best = max(best, _single_shape(m, t, pt, loss, step, opt, which))
+            best = max(best, _single_shape(m, t, pt, loss, step, opt, which._replace(relaid=True)))
     return best
 
 
@@ -658,6 +663,7 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     temporaries = _temporaries_switch(m, train, p)
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
+    regions += [(Switching(relaid=True), on_k) for on_k in _relaid_regions(m, train, p)]
     return [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
 
 
@@ -969,3 +975,118 @@ def _temporaries_bound(m: ModelSpec, train: TrainSpec, p: StepParts, loss_reserv
     if not on.temporaries or not t:
         return 0
     return loss_reserved + p.step_temp_bytes // t * t
+
+
+def remade_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, tuple[int, ...]]:
+    """The c·V·T logits block (0 with c = 4), and the blocks step 2's backward needs whole, in the order step 1's
+    optimizer states reach them: the standard loss's fp32 4·V·T logits blocks (three with c < 4: the fp32 copy,
+    the log-softmax, ``_log_softmax_backward_data``'s gradient; two with c = 4), then, with eager attention, the
+    two fp32 4·nh·L² blocks per sequence of a layer's attention backward (the upcast gradient of the probabilities
+    and ``_softmax_backward_data``'s output: transformers ``eager_attention_forward`` computes the softmax in fp32).
+    Empty for a chunked or fused loss."""
+    chain = logits_blocks(m, train)
+    if not chain:
+        return 0, ()
+    hole = chain[0] if len(chain) == 4 else 0
+    fp32 = chain[1:] if hole else chain
+    eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    return hole, fp32 + ((eager, eager) if train.attn is Attention.EAGER else ())
+
+
+def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
+    """How many of ``blocks`` step 1's optimizer states S reach, counted as if they all go into the logits chain
+    and these blocks: what the c·V·T block (``hole``) cannot hold spills into them in order, each whole one after
+    the previous one is full.
+
+    torch/optim/adam.py ``Adam._init_group`` (AdamW subclasses it) creates ``exp_avg`` then ``exp_avg_sq`` with
+    ``torch.zeros_like``, parameter by parameter, after step 1's backward, into whatever the cache holds. Each takes
+    the smallest cached block at least as large (CUDACachingAllocator.cpp ``get_free_block``, best fit), and a
+    larger one is split, its rest staying cached (``alloc_found_block``, ``should_split``): the c·V·T block fills
+    first, and a split block's rest, smaller than a whole one, before the next whole one.
+    bench/reserve/replay_states.jsonl measures it: step 2 makes again the counted number of fp32 logits blocks on
+    17 of the 24 full fine-tuning configs with AdamW where 4·V·T exceeds the V·H gradient (the gradients, placed
+    in step 1's backward, fill the activation blocks the states could otherwise use); one block off on the others.
+
+    >>> blocks_with_states(S=300, hole=50, blocks=(100, 100, 100))  # 250 past the hole: three blocks reached
+    3
+    >>> blocks_with_states(S=120, hole=50, blocks=(100, 100, 100))
+    1
+    """
+    spill, reached = S - hole, 0
+    for size in blocks:
+        if spill <= 0:
+            break
+        reached, spill = reached + 1, spill - size
+    return reached
+
+
+def _relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callable[[int, int], bool]]:
+    """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
+    for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
+    with the shape, the states do not). None with adapters, another optimizer or a chunked or fused loss."""
+    wb = p.weights
+    small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
+    _, blocks = remade_blocks(m, train)
+    if train.adapters or small or not blocks or not wb.trainable_layers or train.optimizer not in _ADAM_INIT_GROUP:
+        return []
+
+    def reached(b: int, ell: int) -> int:
+        hole, at = remade_blocks(m, replace(train, micro_batch=b, seq_len=ell))
+        return blocks_with_states(p.state_bytes, hole, at)
+
+    out: list[Callable[[int, int], bool]] = []
+    for k in range(1, len(blocks) + 1):
+
+        def on(b: int, ell: int, k: int = k) -> bool:
+            return reached(b, ell) >= k
+
+        out.append(on)
+    return out
+
+
+# torch.optim.AdamW in its three implementations: states created by Adam._init_group (torch/optim/adam.py).
+_ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
+
+
+def _relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The blocks step 2 makes again because step 1's states sit in them, counted at this shape (term 2,
+    ``on.relaid``): none where the states fit in the c·V·T logits block, the blocks they reach made again whole
+    where they reach two or more (``blocks_with_states``), the bound min(S, 3·4·V·T) in between.
+
+    A block with a state inside cannot serve step 2's request of its own size (``get_free_block`` needs one free
+    block at least that large; blocks of different segments never merge, ``try_merge_blocks``), so each block a
+    state reached is made again whole: the blocks' bytes, not the states' (Qwen2.5-0.5B full, 8 × 512: states of
+    1.59 fp32 logits blocks, two made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB; Llama-3.2-3B eager,
+    2 × 2048: the three fp32 logits blocks and an eager backward block; Qwen3-0.6B 4 × 4096: states 0.48 of a
+    4·V·T block, the c·V·T block 0.5, none made again). Where the count is one (S − c·V·T < 4·V·T), whether a
+    state reaches an fp32 block at all depends on the room the gradients leave in the c·V·T block and the
+    activation blocks, which the estimate does not model (replay_states.jsonl: Qwen2.5-0.5B 16 × 256 one block,
+    Qwen2.5-1.5B 8 × 512 three): there the bound stays. The count falls as the shape grows, so a run with dynamic
+    padding counts it at the longest shapes ≤ (B, L) where it is at least 1, 2, … (``_relaid_regions``,
+    ``held_reserved``); a packed run keeps the bound. As in ``_relaid_bytes``, where a 4·V·T request is no larger
+    than the V·H gradient it finds a freed gradient block instead (0 then).
+    """
+    hole, blocks = remade_blocks(m, train)
+    if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
+        return _relaid_bytes(m, train, p)
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    reached = blocks_with_states(p.state_bytes, hole, blocks)
+    if blocks[0] <= head or reached == 0:
+        return 0
+    return _relaid_bytes(m, train, p) if reached == 1 else sum(blocks[:reached])
+
+
+def _eager_backward_segments(m: ModelSpec, train: TrainSpec) -> int:
+    """Eager attention's two fp32 backward blocks, made as new segments after step 1's loss peak where they are
+    larger than every block backward has freed by then (full fine-tuning, the standard loss).
+
+    A layer's attention backward holds two fp32 4·nh·L² blocks per sequence at once (``remade_blocks``). The
+    largest blocks freed by then are the fp32 4·V·T logits blocks; where 4·nh·L²·B > 4·V·T (nh·L > V) best fit
+    finds none that holds them (``get_free_block``) and two segments are made on top of step 1's loss-peak reserve
+    (mid toy model of bench/reserve/, eager, 1 × 2048, nh·L = 32,768 > V = 32,000: the replay reserves 6.12 GB
+    at step 1's loss peak and 6.67 GB before its optimizer, the two 268 MB blocks of ``_to_copy`` and
+    ``_softmax_backward_data`` made in between)."""
+    if train.attn is not Attention.EAGER or train.loss is not Loss.STANDARD:
+        return 0
+    eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    return 2 * eager if eager > 4 * m.vocab_size * train.tokens else 0
