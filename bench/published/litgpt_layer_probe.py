@@ -197,11 +197,123 @@ def analytic(code: str, *, heads: int, kv_heads: int, all_targets: bool, dropout
     return per_token - shared * 256 * (2 - 1)  # CPU's mask is bf16: one byte more per shared element
 
 
+# -- parallel blocks (Phi, GPT-NeoX/StableLM-Alpha, Falcon): absolute bytes against the estimate ---------------------
+# Tiny configs of each family, the same shapes for LitGPT's Config and for transformers' config.json (which the
+# estimate reads): hidden 256, 8 heads of 32, MLP 1024.
+_FAMILIES: dict[str, tuple[dict[str, Any], dict[str, Any]]] = {
+    "phi-1_5": (
+        {"model_type": "phi", "partial_rotary_factor": 0.5, "hidden_act": "gelu_new", "resid_pdrop": 0.0},
+        {"n_query_groups": 8, "shared_attention_norm": True, "rotary_percentage": 0.5, "bias": True,
+         "gelu_approximate": "tanh", "lm_head_bias": True},
+    ),
+    "phi-2": (
+        {"model_type": "phi", "partial_rotary_factor": 0.4, "hidden_act": "gelu_new", "resid_pdrop": 0.1},
+        {"n_query_groups": 8, "shared_attention_norm": True, "rotary_percentage": 0.4, "bias": True,
+         "gelu_approximate": "tanh", "lm_head_bias": True},
+    ),
+    "stablelm-alpha": (
+        {"model_type": "gpt_neox", "rotary_pct": 0.25, "hidden_act": "gelu", "use_parallel_residual": True},
+        {"n_query_groups": 8, "shared_attention_norm": False, "rotary_percentage": 0.25, "bias": True},
+    ),
+    "falcon-7b": (
+        {"model_type": "falcon", "multi_query": True, "parallel_attn": True, "new_decoder_architecture": False,
+         "bias": False},
+        {"n_query_groups": 1, "shared_attention_norm": True, "rotary_percentage": 1.0, "bias": False},
+    ),
+    "falcon-40b": (
+        {"model_type": "falcon", "num_kv_heads": 2, "new_decoder_architecture": True, "bias": False},
+        {"n_query_groups": 2, "shared_attention_norm": False, "rotary_percentage": 1.0, "bias": False},
+    ),
+}  # fmt: skip
+_FI = 4 * _H
+
+
+def family_model(family: str) -> Any:
+    """The estimate's ModelSpec of the tiny ``family`` config."""
+    from vramledger.catalog.hfconfig import model_spec_from_config
+
+    hf = {"hidden_size": _H, "num_attention_heads": 8, "intermediate_size": _FI, "num_hidden_layers": 1,
+          "vocab_size": 64, **_FAMILIES[family][0]}  # fmt: skip
+    return model_spec_from_config(hf, name=f"tiny-{family}", source="probe")
+
+
+def measure_family(package: str, family: str, *, lora: bool, all_targets: bool, dropout: float) -> int:
+    """Bytes one LitGPT block of ``family`` saves for backward (B=2, T=64, bf16): LoRA on q,v (or every linear),
+    or, without ``lora``, every weight trained."""
+    import importlib
+
+    import torch
+
+    torch.manual_seed(0)
+    mod = importlib.import_module(f"{package}.lora" if lora else f"{package}.model")
+    shape = dict(
+        n_embd=_H, n_head=8, intermediate_size=_FI, n_layer=1, block_size=_T, padded_vocab_size=64, vocab_size=64,
+        parallel_residual=True, **_FAMILIES[family][1],
+    )  # fmt: skip
+    if package == "litgpt":
+        classes: dict[str, Any] = {"mlp_class_name": "GptNeoxMLP", "norm_class_name": "LayerNorm"}
+    else:
+        classes = {"_mlp_class": "GptNeoxMLP", "_norm_class": "LayerNorm"}
+    lora_kw: dict[str, Any] = {}
+    if lora:
+        keys = {"r": 4, "alpha": 16, "dropout": dropout, "query": True, "key": all_targets, "value": True,
+                "projection": all_targets, "mlp": all_targets}  # fmt: skip
+        if package == "litgpt":
+            lora_kw = {f"lora_{k}": v for k, v in keys.items()}
+        else:
+            lora_kw = {k if k in ("r", "alpha", "dropout") else f"to_{k}": v for k, v in keys.items()}
+    cfg = mod.Config(**shape, **classes, **lora_kw)
+    try:
+        block = mod.Block(cfg, 0)
+    except TypeError:
+        block = mod.Block(cfg)
+    block = block.to(torch.bfloat16)
+    if lora:
+        mod.mark_only_lora_as_trainable(block)
+    build_rope_cache = importlib.import_module(f"{package}.model").build_rope_cache
+    return _saved_by_lit_block(block, build_rope_cache, cfg.rope_n_elem)
+
+
+def analytic_family(code: str, family: str, *, lora: bool, all_targets: bool, dropout: float) -> tuple[int, int]:
+    """The estimate's (bytes per token, length² bytes per sequence) for that block: analytic/activations.py's
+    layer plus analytic/litgpt.py's difference, with CPU's dropout mask (c bytes per element, not 1)."""
+    from vramledger.analytic.activations import layer_activations
+    from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token, litgpt_layer_extra_scores_per_seq
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.specs import LoraSpec, Method, ModelCode, Precision, TrainSpec
+
+    m = family_model(family)
+    targets = ("all",) if all_targets else ("q_proj", "v_proj")
+    train = TrainSpec(
+        method=Method.LORA if lora else Method.FULL, precision=Precision.BF16, model_code=ModelCode(code),
+        micro_batch=_B, seq_len=_T, packing=True,
+        lora=LoraSpec(rank=4, alpha=16, targets=targets, dropout=dropout, adapter_fp32=False) if lora else None,
+    )  # fmt: skip
+    wb = weight_budget(m, train)
+    la = layer_activations(m, train, wb)
+    per_token = la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)
+    # LitGPT's dropout masks: one H-wide for q,k,v together, and one per other adapted linear's input.
+    masks = (_H + ((m.q_dim + _H + _FI) if all_targets else 0)) if lora and dropout > 0 else 0
+    scores = la.scores_per_seq + litgpt_layer_extra_scores_per_seq(m, train)
+    if scores:
+        # lit-gpt 2023's multi-query attention on SDPA's math kernel: on CPU, PyTorch 2.13 runs it in fp32 for bf16
+        # inputs (the scaled q, K and V broadcast, and the probabilities: twice the bytes CUDA's bf16 keeps).
+        per_token += 3 * m.q_dim * (4 - 2)
+        scores *= 2
+    return per_token + masks * (2 - 1), scores
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("checkout", type=Path, help="a git checkout of Lightning-AI/litgpt")
     ap.add_argument("--commit", default="43c44323", help="the LitGPT commit to read (default: 43c44323)")
+    ap.add_argument(
+        "--families", action="store_true",
+        help="the parallel blocks (Phi, StableLM-Alpha, Falcon): absolute bytes against the estimate's layer",
+    )  # fmt: skip
     args = ap.parse_args(argv)
+    if args.families:
+        return main_families(args.checkout, args.commit)
     with tempfile.TemporaryDirectory() as tmp:
         package = extract(args.checkout, args.commit, Path(tmp))
         code = "litgpt" if package == "litgpt" else "lit-gpt-2023"
@@ -222,6 +334,28 @@ def main(argv: list[str] | None = None) -> int:
             got = analytic_full(code, heads=heads, kv_heads=kv)
             diff = (n_lit - n_hf) / 128
             print(f"  heads {heads}/{kv} full (no LoRA): measured {diff:+.1f}, analytic/litgpt.py {got:+d}")
+    return 0
+
+
+def main_families(checkout: Path, commit: str) -> int:
+    """Print, per family and setup, the bytes per token LitGPT's block saves and the estimate's figure."""
+    with tempfile.TemporaryDirectory() as tmp:
+        package = extract(checkout, commit, Path(tmp))
+        code = "litgpt" if package == "litgpt" else "lit-gpt-2023"
+        sys.path.insert(0, tmp)
+        tokens = _B * _T
+        print(f"{package} {commit} ({code}): bytes per token saved by one block (B·T = {tokens}), CPU dropout masks")
+        for family in _FAMILIES:
+            for lora, all_targets, dropout in ((True, False, 0.05), (True, True, 0.05), (True, True, 0.0),
+                                               (False, False, 0.0)):  # fmt: skip
+                got = measure_family(package, family, lora=lora, all_targets=all_targets, dropout=dropout)
+                per_token, per_seq = analytic_family(code, family, lora=lora, all_targets=all_targets, dropout=dropout)
+                est = per_token + per_seq * _B / tokens
+                what = f"LoRA {'all' if all_targets else 'q,v'} dropout {dropout}" if lora else "full"
+                print(
+                    f"  {family:15s} {what:24s} measured {got / tokens:9.1f}  estimate {est:9.1f}  "
+                    f"({est - got / tokens:+.1f})"
+                )
     return 0
 
 

@@ -135,6 +135,16 @@ CONFIG_HUB_COMMITS = {
 }
 LIT_GPT_2023 = "8641822"
 """tutorials/resource-tables.md: "lit-gpt commit 8641822" (table dated 2023-10-20)."""
+TUTORIAL_COMMITS = {
+    # tutorials/0_to_litgpt.md: added by 3cf6493c (2024-03-28) with "Memory used: 13.90 GB" for
+    # config_hub/finetune/phi-2/lora.yaml, whose settings there are row 114's.
+    139: ("3cf6493c", "lora-2024"),
+    # tutorials/prepare_dataset.md and neurips_challenge_quickstart.md as the CSV quotes them (c195451d, 2023-09-29):
+    # finetune/lora.py of that commit (the loop of 8641822's, longest sample first, before BitsandbytesPrecision).
+    **dict.fromkeys((140, 141, 142, 143), ("c195451d", "lora-2023")),
+    # tutorials/quantize.md: its Falcon-7B figures were added by 982abcbc (2023-10-05; inference, not replayed)
+    **dict.fromkeys((72, 73, 74, 75, 76, 77), ("982abcbc", "lora-2023")),
+}
 THUNDER = "101e31d2"
 """extensions/thunder/README.md: the table and commands of 101e31d2 (2024-05-06)."""
 
@@ -180,7 +190,9 @@ def _mapped_plan(r: run.Row) -> Plan | None:
     s = r.setup
     csv_model = run.read_csv()[r.row - 1]["model"]
     multi = int(s.get("world_size", 1)) > 1
-    if r.source.startswith("litgpt tutorials/"):
+    if r.row in TUTORIAL_COMMITS:
+        commit, script = TUTORIAL_COMMITS[r.row]
+    elif r.source.startswith("litgpt tutorials/"):
         commit, script = LIT_GPT_2023, "lora-2023"
     elif r.source.startswith("litgpt config_hub/"):
         commit, script = CONFIG_HUB_COMMITS[r.row], "full-2024" if s.get("method") == "full" else "lora-2024"
@@ -192,38 +204,24 @@ def _mapped_plan(r: run.Row) -> Plan | None:
                 measured_gb=r.measured_gb, reason=_not_traced(s, multi_gpu=multi))  # fmt: skip
 
 
-# Rows mapping.yaml lists as not expressible (LitGPT's model families and adapters the estimate lacks), with
-# their setups from the CSV: the 2023 tables ran finetune/{lora,adapter,adapter_v2}.py's defaults (LoRA r8 alpha 16
-# dropout 0.05 on query and value) with the CSV's micro-batch, longest sample and accumulation; config_hub rows
-# their yaml at 43c44323 (lora_r, targets, global and micro batch: the CSV's columns).
-_QV = {"lora_rank": 8, "lora_alpha": 16, "lora_dropout": 0.05, "lora_targets": ["q_proj", "v_proj"]}
-_ALL_HEAD = {"lora_alpha": 16, "lora_dropout": 0.05, "lora_targets": ["all", "lm_head"]}
+# Rows mapping.yaml lists as not expressible (LitGPT's adapters the estimate lacks), with their setups from the CSV:
+# the 2023 tables ran finetune/{adapter,adapter_v2}.py's defaults with the CSV's micro-batch, longest sample and
+# accumulation.
 EXTRA: dict[int, dict[str, Any]] = {
-    **{n: {"method": "lora", **_QV, "batch": b, "seq": 1044, "accum": a}
-       for n, b, a in ((1, 1, 128), (4, 2, 64), (5, 4, 32))},
-    **{n: {"method": "lora", **_QV, "batch": b, "seq": 1034, "accum": a}
-       for n, b, a in ((6, 1, 128), (9, 2, 64), (10, 4, 32))},
-    21: {"method": "lora", **_QV, "batch": 1, "seq": 1079, "accum": 128, "metric": "oom", "gpu": "a100-40gb"},
     24: {"method": "adapter", "batch": 1, "seq": 1034, "accum": 128},
     27: {"method": "adapter", "batch": 1, "seq": 1304, "accum": 128},
     30: {"method": "adapter_v2", "batch": 1, "seq": 1034, "accum": 128},
     33: {"method": "adapter_v2", "batch": 1, "seq": 1304, "accum": 128},
-    81: {"method": "lora", **_QV, "lora_rank": 32, "batch": 1, "seq": 512, "accum": 8},
-    114: {"method": "lora", **_ALL_HEAD, "lora_rank": 8, "batch": 4, "seq": 512, "accum": 2},
-    120: {"method": "lora", **_QV, "lora_rank": 32, "batch": 1, "seq": 512, "accum": 8},
 }  # fmt: skip
 # Their 4-bit rows: the same script and setup with ``--quantize bnb.nf4`` / ``bnb.nf4-dq`` (the CSV's precision), which
-# swaps AdamW for bitsandbytes' PagedAdamW (lit-gpt 8641822 finetune/lora.py l. 148-151, adapter.py and
-# adapter_v2.py alike; litgpt 43c44323 l. 183-186); the config_hub qlora.yaml differ from lora.yaml only in quantize.
+# swaps AdamW for bitsandbytes' PagedAdamW (lit-gpt 8641822 adapter.py and adapter_v2.py, as finetune/lora.py
+# l. 148-151).
 _PAGED = {"optimizer": "paged_adamw_32bit"}
 EXTRA.update({
-    **{n: {**EXTRA[base], **_PAGED, "method": "qlora" if EXTRA[base]["method"] == "lora" else EXTRA[base]["method"],
-           "quant": quant}
+    **{n: {**EXTRA[base], **_PAGED, "quant": quant}
        for n, base, quant in (
-           (2, 1, "nf4"), (3, 1, "nf4-dq"), (7, 6, "nf4"), (8, 6, "nf4-dq"), (22, 21, "nf4"), (23, 21, "nf4-dq"),
            (25, 24, "nf4"), (26, 24, "nf4-dq"), (28, 27, "nf4"), (29, 27, "nf4-dq"), (31, 30, "nf4"),
-           (32, 30, "nf4-dq"), (34, 33, "nf4"), (35, 33, "nf4-dq"), (82, 81, "nf4"), (115, 114, "nf4"),
-           (121, 120, "nf4"))},
+           (32, 30, "nf4-dq"), (34, 33, "nf4"), (35, 33, "nf4-dq"))},
 })  # fmt: skip
 
 

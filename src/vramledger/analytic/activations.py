@@ -10,7 +10,8 @@ saves nothing for its weight's sake, and an RMSNorm whose weight is frozen does 
 Model code read (transformers 5.23):
 - ``LlamaRMSNorm.forward``: ``x.to(float32)`` (saved by ``pow`` and ``mul``: 4H), ``h.to(input_dtype)`` (saved by
   ``weight * h`` when the weight trains: s·H). ``Gemma2RMSNorm`` multiplies by ``1 + weight`` in fp32 (4H).
-  GPT-2 ``nn.LayerNorm`` saves its input (s·H).
+  ``nn.LayerNorm`` (GPT-2, Phi, GPT-NeoX, Falcon) saves its input (s·H) and fp32 row statistics (8 bytes); the
+  two norms of a parallel block (``GPTNeoXLayer``, Falcon-40B's ``ln_attn``/``ln_mlp``) read the same input.
 - ``LlamaAttention`` + ``sdpa_attention_forward``: q/k after RoPE and v are saved by SDPA with its output and an
   fp32 logsumexp (B·nh·L). ``use_gqa_in_sdpa`` is true only without a mask: a padded batch (B > 1, no packing)
   builds a boolean 4-D mask, ``repeat_kv`` copies K and V to nh heads, and torch's
@@ -20,7 +21,10 @@ Model code read (transformers 5.23):
   and its cast to the compute dtype (saved by the matmul with V: c·nh·L), Gemma 2's softcap adds a tanh output.
 - ``LlamaMLP``: ``down(act(gate(x)) * up(x))`` saves gate (for SiLU), act and up (for the product) and the
   product (for down's weight gradient) — 4·c·I when trained, 3·c·I with a frozen down projection.
-  GPT-2's ``NewGELUActivation`` is Python arithmetic that saves x, tanh(·), 0.5·x and 1 + tanh(·): 4·c·I.
+  GPT-2's and Phi's ``NewGELUActivation`` is Python arithmetic that saves x, tanh(·), 0.5·x and 1 + tanh(·):
+  4·c·I; GPT-NeoX's ``GELUActivation`` and Falcon's ``nn.GELU`` are one ``gelu`` op saving its input: c·I.
+- Parallel blocks (``PhiDecoderLayer``, ``GPTNeoXLayer`` with ``use_parallel_residual``, ``FalconDecoderLayer``):
+  with one norm (Phi, Falcon-7B) attention and MLP read the same normed tensor, saved once by trained linears.
 - Autocast (torch ``autocast_mode.cpp`` ``cached_cast``): each linear casts its fp32 input to bf16 itself, and
   only leaf parameters' casts are cached, so q/k/v under AMP save three 2H copies where pure bf16 saves one.
 - PEFT ``lora.Linear.forward``: ``x.to(lora_A.weight.dtype)`` per adapter (an fp32 copy when adapters are fp32),
@@ -41,6 +45,7 @@ Checked against ``shared/notes/tracing.md`` (Llama-3-8B shape, pure bf16, sdpa w
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from vramledger.analytic.params import in_layers, layer_linears
@@ -84,9 +89,15 @@ def explicit_mask(m: ModelSpec, train: TrainSpec) -> bool:
     return padded_sdpa(train) or (train.attn is Attention.SDPA and bool(train.images) and fixed)
 
 
+# native_layer_norm saves, besides its input, the mean and the reciprocal standard deviation of each row in the
+# accumulation dtype, fp32 for bf16/fp16 inputs (derivatives.yaml ``native_layer_norm``: input, result1, result2;
+# aten/src/ATen/native/cuda/layer_norm_kernel.cu allocates them with acc_type): 8 bytes per token.
+LAYERNORM_ROW_STATS = 8
+
+
 def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int, amp: bool = False) -> int:
     if m.norm_bias:  # nn.LayerNorm saves its input; autocast runs layer_norm in fp32, so it saves an fp32 cast
-        return (4 if amp else s) * width
+        return (4 if amp else s) * width + LAYERNORM_ROW_STATS
     if m.family in ("gemma2", "gemma3_text"):  # Gemma 2/3: fp32 upcast and fp32 normalised value
         return 4 * width + (4 * width if trainable else 0)
     return 4 * width + (s * width if trainable else 0)
@@ -116,10 +127,19 @@ def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int) -> int
 # Which input each linear reads (the four distinct tensors a decoder layer feeds its linears).
 _INPUT_OF = {
     "q_proj": "attn_in", "k_proj": "attn_in", "v_proj": "attn_in", "qkv_proj": "attn_in", "c_attn": "attn_in",
-    "o_proj": "attn_out", "c_proj": "attn_out",
-    "gate_proj": "mlp_in", "up_proj": "mlp_in", "gate_up_proj": "mlp_in", "c_fc": "mlp_in",
-    "down_proj": "mlp_out",
+    "query_key_value": "attn_in",
+    "o_proj": "attn_out", "c_proj": "attn_out", "dense": "attn_out",
+    "gate_proj": "mlp_in", "up_proj": "mlp_in", "gate_up_proj": "mlp_in", "c_fc": "mlp_in", "fc1": "mlp_in",
+    "dense_h_to_4h": "mlp_in",
+    "down_proj": "mlp_out", "fc2": "mlp_out", "dense_4h_to_h": "mlp_out",
 }  # fmt: skip
+
+
+def input_of(m: ModelSpec, name: str) -> str:
+    """Which of the layer's distinct tensors the linear ``name`` reads ('' for none of them): a parallel block
+    with one norm feeds the same tensor to attention and MLP (``attn_in``)."""
+    group = _INPUT_OF.get(name, "")
+    return "attn_in" if group == "mlp_in" and m.shared_block_input else group
 
 
 def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, skip: tuple[str, ...] = ()) -> int:
@@ -133,17 +153,17 @@ def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, ski
     assert train.lora is not None
     c = train.precision.compute.bytes
     same_tensor = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
-    kept_by_adapter = {_INPUT_OF.get(a.linear.name, "") for a in wb.adapted} if same_tensor else set()
+    kept_by_adapter = {input_of(m, a.linear.name) for a in wb.adapted} if same_tensor else set()
     kept_by_adapter |= set(skip)
-    if not (train.attn is Attention.EAGER or m.attn_logit_softcapping):
+    if not (train.attn is Attention.EAGER or m.attn_logit_softcapping or attention_output_copied(m)):
         # SDPA's flash/efficient kernels (and flash-attn) write their output as (B, L, nh, hd) and return a
         # transposed view, so the attention module's ``transpose(1, 2).contiguous()`` is a no-op and o_proj reads
         # the very tensor the kernel saved for backward (traced: trace/shims.py sdpa_as_cuda).
         kept_by_adapter.add("attn_out")
     widths: dict[str, int] = {}
     for lin in layer_linears(m):
-        group = _INPUT_OF.get(lin.name)
-        if group is not None and group not in kept_by_adapter:
+        group = input_of(m, lin.name)
+        if group and group not in kept_by_adapter:
             widths[group] = lin.in_features
     return c * sum(widths.values())
 
@@ -208,7 +228,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     parts: list[tuple[str, int]] = []
 
     # Norms around attention and MLP (Gemma's post-norms act on sublayer outputs of the same width).
-    parts.append(("norms (fp32 upcast)", m.norms_per_layer * _norm_bytes(m, s, base_trains, H, amp)))
+    parts.append(("norms (fp32 upcast)", _layer_norms_bytes(m, s, base_trains, amp)))
     if base_trains:
         parts.append(_linear_inputs(m, train))
     if train.adapters:
@@ -227,29 +247,63 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 
+def _layer_norms_bytes(m: ModelSpec, s: int, trainable: bool, amp: bool) -> int:
+    """What the norms of one layer save. A parallel block's two LayerNorms (GPT-NeoX ``input_layernorm`` and
+    ``post_attention_layernorm``, Falcon-40B ``ln_attn`` and ``ln_mlp``) both read the layer input: they save that
+    one tensor (each its own row statistics), unless autocast casts it to fp32 for each of them."""
+    if m.norm_bias and m.parallel_residual and not (amp and s != 4):
+        return (4 if amp else s) * m.hidden_size + m.norms_per_layer * LAYERNORM_ROW_STATS
+    return m.norms_per_layer * _norm_bytes(m, s, trainable, m.hidden_size, amp)
+
+
 def _linear_inputs(m: ModelSpec, train: TrainSpec) -> tuple[str, int]:
-    """Inputs saved by trained linears. Pure precision: one shared tensor. AMP: one bf16 cast per consumer."""
+    """Inputs saved by trained linears. Pure precision: one shared tensor per sublayer (one for both sublayers
+    when a parallel block's single norm feeds attention and MLP: Phi, Falcon-7B). AMP: one bf16 cast per
+    consumer."""
     H = m.hidden_size
     c = train.precision.compute.bytes
     qkv_consumers = 1 if m.fused_qkv else 3
     mlp_consumers = 1 if (m.fused_gate_up or not m.gated_mlp or m.is_moe) else 2
     if train.precision.mixed:
         return ("linear inputs (autocast copies)", 2 * H * (qkv_consumers + mlp_consumers))
-    return ("linear inputs", c * H * 2)
+    return ("linear inputs", c * H * (1 if m.shared_block_input else 2))
 
 
 def _adapter_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """What the LoRA adapters of one layer save, per token."""
+    """What the LoRA adapters of one layer save, per token.
+
+    Without dropout and without a cast (pure precision, adapters in the compute dtype), PEFT's ``lora_A`` saves
+    the layer's own input tensor (``nn.Identity`` dropout, ``_cast_input_dtype`` a no-op): adapters reading the
+    same tensor (q, k and v; gate and up; Phi's attention and MLP) keep it once, and o_proj's adapter keeps the
+    output SDPA saves already. Measured on LitGPT's block, whose adapters share their input the same way
+    (bench/published/litgpt_layer_probe.py ``--families``, dropout 0).
+    """
     adapter = 0
+    assert train.lora is not None
+    shares_input = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
+    seen: set[str] = set() if runs_eager(m, train) or attention_output_copied(m) else {"attn_out"}
     for a in wb.adapted:
         if not a.linear.lora_targetable:
             continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
         if m.vision is not None and m.vision.holds(a.linear.name):
             continue  # in the vision tower: it saves per image patch (analytic/vision.py), not per token
+        per_token = _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
+        group = input_of(m, a.linear.name)
+        if shares_input and group:
+            if group in seen:
+                per_token -= train.precision.compute.bytes * a.linear.in_features
+            seen.add(group)
         # An adapter in only some layers (a meta-built model's MoE layers) counts for its share.
-        share = _adapter_bytes(train, a.linear.in_features, a.linear.out_features) * in_layers(m, a.linear)
+        share = per_token * in_layers(m, a.linear)
         adapter += a.linear.per_layer * share // m.num_layers
     return adapter
+
+
+def attention_saved_bytes(m: ModelSpec, train: TrainSpec) -> int:
+    """Per token, what transformers' attention saves (``_attention_parts``; q/k norms aside), for the model codes
+    that replace it (analytic/litgpt.py)."""
+    parts, _ = _attention_parts(dataclasses.replace(m, qk_norm=False), train, base_trains=False)
+    return sum(b for _, b in parts)
 
 
 def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple[list[tuple[str, int]], int]:
@@ -273,16 +327,44 @@ def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple
         softcap = c if m.attn_logit_softcapping else 0
         scores = (probs + softcap) * nh * L * L
     else:
-        repeat = explicit_mask(m, train) and m.num_kv_heads != m.num_heads
+        # FalconAttention._split_heads (new_decoder_architecture) broadcasts K and V to every query head and
+        # flattens them: copies of nh heads, whatever the mask.
+        repeat = (explicit_mask(m, train) or falcon_new_decoder(m)) and m.num_kv_heads != m.num_heads
         kv = 2 * (Dq if repeat else Dkv)
         parts.append(("q, k, v, output" + (" (k/v repeated: explicit mask)" if repeat else ""), c * (2 * Dq + kv)))
-        if m.fused_qkv and not m.learned_positions:
+        if v_views_fused_qkv(m):
             # Phi-3: v is a slice of qkv_proj's output, so SDPA keeping v keeps the whole fused tensor alive.
             parts.append(("fused qkv output kept alive by v", c * (Dq + Dkv)))
+        if base_trains and attention_output_copied(m):
+            parts.append(("attention output copy read by the trained o_proj", c * Dq))
         parts.append(("attention logsumexp (fp32)", 4 * nh))
         if explicit_mask(m, train):
             scores = c * L * (-(-L // 16) * 16)
     return parts, scores
+
+
+def v_views_fused_qkv(m: ModelSpec) -> bool:
+    """Whether transformers' attention passes SDPA a value that is a view of the fused q/k/v output, keeping that
+    whole output alive: Phi-3 (``qkv[..., query_pos + kv_dim:]``) and GPT-NeoX (``qkv.chunk(3, dim=-1)``), and a
+    meta-built model with a fused projection (assumed). Not GPT-2 (its eager path), nor Falcon, whose
+    ``_split_heads`` indexes K and V with a list (copies) or, in the new decoder architecture, flattens broadcast
+    copies."""
+    return m.fused_qkv and not m.learned_positions and m.family != "falcon"
+
+
+def attention_output_copied(m: ModelSpec) -> bool:
+    """Whether o_proj reads a copy of SDPA's output rather than the tensor SDPA keeps. The kernels' output takes the
+    query's layout: a query RoPE'd in place of its transposed view (Llama's ``q * cos + rotate_half(q) * sin``) has
+    the (B, L, nh, hd) layout, and the module's ``transpose(1, 2).contiguous()`` is a no-op; partial rotary
+    (``PhiAttention`` and ``GPTNeoXAttention``: ``torch.cat((query_rot, query_pass), dim=-1)``) makes the query a
+    fresh contiguous (B, nh, L, hd) tensor, and the transpose copies (traced: bench/published's tiny Phi and GPT-NeoX,
+    c·Dq per token more than the other families when dense trains)."""
+    return m.rotary_dim > 0
+
+
+def falcon_new_decoder(m: ModelSpec) -> bool:
+    """Falcon's new decoder architecture (Falcon-40B): two norms in a parallel block."""
+    return m.family == "falcon" and m.norms_per_layer == 2
 
 
 def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> list[tuple[str, int]]:
@@ -293,6 +375,12 @@ def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> list[tuple[
         k, Im, E = m.experts_per_token, m.moe_intermediate_size, m.num_experts
         per_route = (4 if base_trains else 3) * c * Im + c * H + (c * H if base_trains else 0)
         return [("experts (routed tokens)", k * per_route), ("router logits and softmax", (c + 4) * E)]
+    if not m.gated_mlp and not new_gelu(m):
+        # GPTNeoXMLP (ACT2FN["gelu"], GELUActivation: F.gelu) and FalconMLP (nn.GELU): one op, which saves its
+        # input, the up projection's output (derivatives.yaml ``gelu``: self); the down projection saves the GELU
+        # output when its weight trains. Autocast runs gelu in the compute dtype (not on its fp32 list).
+        width = 2 if train.precision.mixed else c
+        return [("MLP activation (GELU)", width * I * (2 if base_trains else 1))]
     if not m.gated_mlp:
         # GPT-2: c_fc → NewGELU, Python arithmetic saving x (for pow), tanh(·), 0.5·x and 1 + tanh(·) → c_proj.
         # Under autocast ``pow`` runs in fp32 (autocast's fp32 op list), so x is saved as an fp32 copy and
@@ -303,6 +391,12 @@ def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> list[tuple[
             gelu, proj_in = 4 * c * I, c * I
         return [("MLP activation (NewGELU)", gelu + (proj_in if base_trains else 0))]
     return [("MLP gate/act/up/product", c * I * (4 if base_trains else 3))]
+
+
+def new_gelu(m: ModelSpec) -> bool:
+    """Whether the MLP's activation is transformers' ``NewGELUActivation`` (``gelu_new``: GPT-2, Phi), Python
+    arithmetic that saves four I-wide tensors, rather than one ``F.gelu``."""
+    return m.hidden_act == "gelu_new" or m.family == "gpt2"
 
 
 def checkpoint_input_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
@@ -390,4 +484,4 @@ def rope_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> in
         # trained embedding, or enable_input_require_grads under checkpointing with adapters).
         needs_grad = wb.embedding_trainable or (train.adapters and train.grad_ckpt)
         return m.hidden_size if (m.resid_dropout > 0 and needs_grad) else 0
-    return -(-2 * residual_bytes(train, wb) * m.head_dim // train.micro_batch)
+    return -(-2 * residual_bytes(train, wb) * m.rope_dim // train.micro_batch)

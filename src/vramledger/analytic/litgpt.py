@@ -38,6 +38,17 @@ dropout keeps a c-byte mask where CUDA keeps a bool; the formula uses CUDA's. No
 in the first trained layer, whose input needs no grad, the shared dropout keeps no mask (H bytes per
 token once).
 
+The parallel blocks (Phi, GPT-NeoX/StableLM-Alpha, Falcon: ``parallel_residual``, ``shared_attention_norm``,
+``GptNeoxMLP``, LayerNorm, ``rotary_percentage``; 8641822 and 43c44323 ``model.py`` ``Block.forward``) differ from
+transformers' layers of the same families in three more ways, written here per token against activations.py's
+figures (``_litgpt_attention`` for the attention):
+- the attention by head layout as above, and for multi-query attention (Falcon-7B) as ``_litgpt_attention`` says:
+  a view of the fused output under 43c44323, SDPA's math kernel under lit-gpt 2023 (a length² term per sequence,
+  ``litgpt_layer_extra_scores_per_seq``);
+- ``GptNeoxMLP`` calls ``F.gelu`` (one saved I-wide input) where transformers' Phi runs ``NewGELUActivation`` (four);
+- LitGPT's ``Block`` has no dropout, where transformers' Phi keeps two bool masks (``resid_pdrop``).
+Measured with the probe's ``--families`` (tests/analytic/test_litgpt_families.py holds the figures).
+
 Lit-GPT 8641822 (2023-10-16, the resource tables; ``ModelCode.LIT_GPT_2023``) ran the same attention and LoRA code
 (``lit_gpt/model.py`` l. 173-232, ``lit_gpt/lora.py``) but ``lit_gpt/rmsnorm.py``'s RMSNorm in the input dtype
 (``x * torch.rsqrt(norm_x + self.eps)`` on x itself; the fp32 upcast came with 6178c7cc, 2023-10-24): each of a
@@ -51,7 +62,13 @@ l. 239-250), SDPA otherwise, and the resource tables do not say which. Not model
 
 from __future__ import annotations
 
-from vramledger.analytic.activations import runs_eager
+from vramledger.analytic.activations import (
+    attention_output_copied,
+    attention_saved_bytes,
+    input_of,
+    new_gelu,
+    runs_eager,
+)
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Method, ModelSpec, TrainSpec
 from vramledger.specs.framework import ModelCode
@@ -81,25 +98,77 @@ def litgpt_layer_extra_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: Weigh
     c = train.precision.compute.bytes
     nh, nkv, hd = m.num_heads, m.num_kv_heads, m.head_dim
     width = {"q_proj": nh * hd, "k_proj": nkv * hd, "v_proj": nkv * hd}
-    extra = (width["q_proj"] + width["k_proj"]) * c if nkv == nh else 2 * (nh - nkv) * hd * c
+    extra = 0
+    if not runs_eager(m, train):
+        extra += _litgpt_attention(m, train)[0] - attention_saved_bytes(m, train)
+    if not m.gated_mlp and new_gelu(m):
+        # GptNeoxMLP calls F.gelu(x, approximate=config.gelu_approximate): one op saving its input, where
+        # transformers' NewGELUActivation (Phi's gelu_new) saves four I-wide tensors (analytic/activations.py).
+        extra -= 3 * m.intermediate_size * c
+    if m.resid_dropout > 0:  # LitGPT's Block has no dropout: transformers' Phi keeps two bool masks
+        extra -= 2 * m.hidden_size
     if train.adapters and train.lora is not None:
         adapted = {a.linear.name for a in wb.adapted} & set(_QKV)
         if adapted and len(adapted) < len(_QKV):
             extra += sum(width[name] for name in adapted) * c
         if train.lora.dropout > 0 and len(adapted) > 1:
             extra -= (len(adapted) - 1) * m.hidden_size * (c + 1)
-    if train.model_code is ModelCode.LITGPT and not runs_eager(m, train) and _proj_keeps_input(train, wb):
-        extra += width["q_proj"] * c  # y.reshape's copy of SDPA's output, kept by proj
+    if not runs_eager(m, train) and _proj_keeps_input(m, train, wb):
+        # y.reshape's copy of SDPA's output, kept by proj: counted by transformers' formula already for its partial-
+        # rotary families (activations.py attention_output_copied), not counted for lit-gpt 2023 (see above)
+        if train.model_code is ModelCode.LITGPT and not attention_output_copied(m):
+            extra += width["q_proj"] * c
+        elif train.model_code is ModelCode.LIT_GPT_2023 and attention_output_copied(m):
+            extra -= width["q_proj"] * c
     if train.model_code is ModelCode.LIT_GPT_2023 and not m.norm_bias and c < 4:
         extra -= 2 * m.hidden_size * (4 - c)  # two RMSNorms saving their c-byte input, not an fp32 copy
     return extra
 
 
-def _proj_keeps_input(train: TrainSpec, wb: WeightBudget) -> bool:
+def litgpt_layer_extra_scores_per_seq(m: ModelSpec, train: TrainSpec) -> int:
+    """Length² bytes per sequence that one of LitGPT's layers saves beyond transformers' (see
+    ``_litgpt_attention``): lit-gpt 2023's multi-query attention runs SDPA's math kernel, which keeps the
+    probabilities."""
+    if train.model_code is ModelCode.TRANSFORMERS or m.is_moe or m.attn_logit_softcapping or runs_eager(m, train):
+        return 0
+    return _litgpt_attention(m, train)[1]
+
+
+def _litgpt_attention(m: ModelSpec, train: TrainSpec) -> tuple[int, int]:
+    """What LitGPT's ``CausalSelfAttention`` keeps from its SDPA call: (bytes per token, bytes per sequence).
+
+    ``qkv.view(B, T, groups, q_per_kv + 2, hs).permute(...)``, ``split``, then (lit-gpt 8641822 l. 204-213,
+    c195451d the same; litgpt 43c44323 l. 222-233):
+
+    - multi-head (groups = heads): no expand; q and k are fresh ``torch.cat`` outputs after RoPE, v a view of the
+      fused output, which SDPA's saved v keeps alive whole: q, k, Dq + 2·Dkv, the output, an fp32 logsumexp;
+    - grouped-query (1 < groups < heads): ``expand`` then ``reshape`` copies K and V to every query head: 4·Dq;
+    - multi-query (groups = 1), litgpt 43c44323: the same expand, but merging a size-1 group dimension with a
+      stride-0 one is a view, so ``reshape`` copies nothing: k (the cat after RoPE) is Dq wide and v stays a view
+      of the fused output (probe: ``litgpt_layer_probe.py --families``);
+    - multi-query, lit-gpt 2023 (``if self.config.n_query_groups != 1``: no expand): one key/value head against
+      ``n_head`` query heads, which SDPA's fused kernels refuse on PyTorch 2.1 (sdp_utils.cpp
+      ``check_batch_size_and_num_heads``), so ``_scaled_dot_product_attention_math`` runs: ``matmul`` saves the
+      scaled q and K broadcast to every head (a copy for ``bmm``), ``_softmax`` its nh·L² output, the matmul with
+      V the probabilities and V broadcast (a copy): 3·Dq per token and nh·L² per sequence, no logsumexp.
+    """
+    c = train.precision.compute.bytes
+    Dq, Dkv, nh, nkv = m.q_dim, m.kv_dim, m.num_heads, m.num_kv_heads
+    lse = 4 * nh
+    if nkv == nh:
+        return c * (Dq + Dkv + (Dq + 2 * Dkv) + Dq) + lse, 0
+    if nkv > 1:
+        return c * 4 * Dq + lse, 0
+    if train.model_code is ModelCode.LIT_GPT_2023:
+        return c * 3 * Dq, c * nh * train.seq_len**2
+    return c * (Dq + Dq + (Dq + 2 * Dkv) + Dq) + lse, 0
+
+
+def _proj_keeps_input(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> bool:
     """Whether LitGPT's attention ``proj`` keeps its input for backward (see the module docstring): its weight
     trains, bitsandbytes' ``MatMul4Bit`` runs it, or an undropped adapter reads it."""
     if train.method in (Method.FULL, Method.FREEZE) or (train.quant is not None and train.quant.bits == 4):
         return True
     lora = train.lora
-    adapted = {a.linear.name for a in wb.adapted}
-    return lora is not None and lora.dropout == 0 and "o_proj" in adapted
+    adapted = {input_of(m, a.linear.name) for a in wb.adapted}
+    return lora is not None and lora.dropout == 0 and "attn_out" in adapted

@@ -5,7 +5,10 @@ Legend: H hidden size, I MLP width, E experts, V vocabulary, Dq = heads × head_
 The layout follows transformers 5.x ``modeling_<family>.py``: ``LlamaDecoderLayer`` (q/k/v/o_proj,
 gate/up/down_proj, input_layernorm, post_attention_layernorm), ``Qwen3Attention`` (q_norm/k_norm over
 head_dim), ``Gemma2DecoderLayer`` (four norms), ``Phi3Attention.qkv_proj`` / ``Phi3MLP.gate_up_proj``,
-``GPT2Block`` (Conv1D c_attn/c_proj/c_fc, LayerNorm with bias, learned ``wpe``), ``MixtralSparseMoeBlock`` and
+``GPT2Block`` (Conv1D c_attn/c_proj/c_fc, LayerNorm with bias, learned ``wpe``), ``PhiDecoderLayer`` (q/k/v_proj and
+``dense``, fc1/fc2, one LayerNorm, all with biases; ``lm_head`` with a bias), ``GPTNeoXLayer`` and
+``FalconDecoderLayer`` (fused ``query_key_value``, ``dense``, ``dense_h_to_4h``/``dense_4h_to_h``; one or two
+LayerNorms), ``MixtralSparseMoeBlock`` and
 ``Qwen3MoeSparseMoeBlock`` (router ``gate`` H→E without bias, E experts as fused 3-D ``gate_up_proj`` and
 ``down_proj`` parameters). Gemma's RMSNorm stores ``weight`` (applied as 1 + weight) of H elements, like the
 others.
@@ -80,6 +83,16 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
     out: list[Linear] = []
     if m.family == "gpt2":  # GPT2Attention.c_attn = Conv1D(3H, H); c_proj = Conv1D(H, H)
         out += [Linear("c_attn", H, 3 * H, True), Linear("c_proj", H, H, True)]
+    elif m.family in ("gpt_neox", "falcon"):
+        # GPTNeoXAttention / FalconAttention: fused ``query_key_value`` (Dq + 2·Dkv outputs) and ``dense``.
+        out += [Linear("query_key_value", H, Dq + 2 * Dkv, m.qkv_bias), Linear("dense", Dq, H, m.o_bias)]
+    elif m.family == "phi":  # PhiAttention: q/k/v_proj and ``dense``
+        out += [
+            Linear("q_proj", H, Dq, m.qkv_bias),
+            Linear("k_proj", H, Dkv, m.qkv_bias),
+            Linear("v_proj", H, Dkv, m.qkv_bias),
+            Linear("dense", Dq, H, m.o_bias),
+        ]
     elif m.fused_qkv:  # Phi3Attention.qkv_proj: Dq + 2·Dkv outputs
         out += [Linear("qkv_proj", H, Dq + 2 * Dkv, m.qkv_bias), Linear("o_proj", Dq, H, m.o_bias)]
     else:
@@ -104,6 +117,10 @@ def layer_linears(m: ModelSpec) -> tuple[Linear, ...]:
         ]
     elif m.family == "gpt2":  # GPT2MLP: c_fc = Conv1D(I, H), c_proj = Conv1D(H, I)
         out += [Linear("c_fc", H, I, True), Linear("c_proj", I, H, True)]
+    elif m.family == "phi":  # PhiMLP: fc1, activation, fc2
+        out += [Linear("fc1", H, I, m.mlp_bias), Linear("fc2", I, H, m.mlp_bias)]
+    elif m.family in ("gpt_neox", "falcon"):  # GPTNeoXMLP / FalconMLP: dense_h_to_4h, activation, dense_4h_to_h
+        out += [Linear("dense_h_to_4h", H, I, m.mlp_bias), Linear("dense_4h_to_h", I, H, m.mlp_bias)]
     elif m.fused_gate_up:  # Phi3MLP.gate_up_proj: 2I outputs
         out += [Linear("gate_up_proj", H, 2 * I, m.mlp_bias), Linear("down_proj", I, H, m.mlp_bias)]
     else:
@@ -141,7 +158,8 @@ def head_params(m: ModelSpec) -> int:
     if m.inventory is not None:
         return m.inventory.lm_head_params + m.inventory.other_params
     final_norm = m.hidden_size * (2 if m.norm_bias else 1)
-    return final_norm + (0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size)
+    head = (0 if m.tie_word_embeddings else m.vocab_size * m.hidden_size) + (m.vocab_size if m.head_bias else 0)
+    return final_norm + head
 
 
 def count_params(m: ModelSpec) -> int:

@@ -35,7 +35,7 @@ from vramledger.analytic.activations import (
 )
 from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts
 from vramledger.analytic.evaluation import eval_moments
-from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token
+from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token, litgpt_layer_extra_scores_per_seq
 from vramledger.analytic.litgpt_loop import convert_output_moment
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
 from vramledger.analytic.load import SOURCES as LOAD_SOURCES
@@ -142,7 +142,7 @@ def _saved_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Sav
     n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
     la = layer_activations(m, train, wb)
     layer = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
-    layer_scores = la.scores_per_seq * B
+    layer_scores = (la.scores_per_seq + litgpt_layer_extra_scores_per_seq(m, train)) * B
     extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
     if not train.grad_ckpt:
         unsaved = first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0

@@ -94,7 +94,7 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
         if train.freeze_vision_tower and m.vision is not None:  # LLaMA-Factory keeps adapters out of the tower
             adapted = tuple(a for a in adapted if not m.vision.holds(a.linear.name))
         return adapted
-    linears = layer_linears(m)
+    linears = litgpt_linears(m) if train.model_code.litgpt else layer_linears(m)
     targets = lora.layer_targets
     tower = () if train.freeze_vision_tower else siglip_linears(m, train)
     if lora.all_linear:
@@ -119,6 +119,32 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
     if lora.all_linear and m.family in _PEFT_MOE_CONVERTED:
         out += _converted_moe_adapters(linears, lora.rank)
+    return tuple(out)
+
+
+_FUSED_QKV = ("query_key_value", "qkv_proj")
+
+
+def litgpt_linears(m: ModelSpec) -> tuple[Linear, ...]:
+    """The layer's linears as LitGPT's LoRA sees them, under the names LoRA targets use here:
+
+    - its one fused ``attn`` linear is adapted part by part, ``q_proj``, ``k_proj`` and ``v_proj`` (litgpt 43c44323
+      ``lora.py`` ``LoRAQKVLinear.__init__`` l. 231-243, lit-gpt 8641822 the same: ``lora_A`` (r · enabled parts,
+      in), ``lora_B`` (Σ enabled widths, r), so r·(in + width) per part);
+    - a gated MLP is ``LLaMAMLP``'s two linears ``fc_1`` and ``fc_2`` (``model.py``), each a ``LoRALinear`` with its
+      own adapter and dropout, where transformers fuses them (Phi-3's ``gate_up_proj``)."""
+    out: list[Linear] = []
+    for lin in layer_linears(m):
+        if lin.name in _FUSED_QKV:
+            H, Dq, Dkv = lin.in_features, m.q_dim, m.kv_dim
+            out += [Linear("q_proj", H, Dq, lin.bias), Linear("k_proj", H, Dkv, lin.bias),
+                    Linear("v_proj", H, Dkv, lin.bias)]  # fmt: skip
+        elif lin.name == "gate_up_proj":
+            half = lin.out_features // 2
+            out += [Linear("gate_proj", lin.in_features, half, lin.bias),
+                    Linear("up_proj", lin.in_features, half, lin.bias)]  # fmt: skip
+        else:
+            out.append(lin)
     return tuple(out)
 
 

@@ -32,7 +32,13 @@ _TIE_DEFAULT = {
     "gemma2": True,
     "gemma3_text": True,
     "gpt2": True,
+    # Parallel blocks with LayerNorm and a GELU MLP (modeling_phi.py, modeling_gpt_neox.py, modeling_falcon.py);
+    # FalconConfig leaves tie_word_embeddings at PreTrainedConfig's default, True.
+    "phi": False,
+    "gpt_neox": False,
+    "falcon": True,
 }
+_LAYERNORM_FAMILIES = ("gpt2", "phi", "gpt_neox", "falcon")
 
 # Shape defaults that published configs rely on by omitting the key. Gemma 3's multimodal checkpoints
 # (gemma-3-4b/12b/27b) give only the overrides in ``text_config`` and leave vocab_size, head counts and
@@ -94,7 +100,10 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
     if family in _FAMILY_DEFAULTS:
         text = {**_FAMILY_DEFAULTS[family], **text}
     gpt2 = family == "gpt2"
-    shape = _shape(text, gpt2=gpt2, where=where)
+    layernorm = family in _LAYERNORM_FAMILIES
+    shape = _shape(text, gpt2=gpt2 or family == "falcon", where=where)
+    block = _block(text, family, shape, where=where)
+    shape = block.shape
     # Experts: Mixtral calls them num_local_experts, Qwen3-MoE num_experts (configuration_*.py).
     experts = _int(text, "num_local_experts", "num_experts", default=0, where=where)
     moe_inter = _int(text, "moe_intermediate_size", default=shape.inter if experts else 0, where=where)
@@ -124,12 +133,15 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         # Olmo2DecoderLayer has post_attention_layernorm and post_feedforward_layernorm only (modeling_olmo2.py).
         qk_norm_width=(shape.heads + shape.kv_heads) * shape.head_dim if family == "olmo2" else 0,
         # Glm4DecoderLayer: input, post_self_attn, post_attention and post_mlp RMSNorms (modeling_glm4.py).
-        norms_per_layer=4 if family in ("gemma2", "gemma3_text", "glm4") else 2,
-        norm_bias=gpt2,
-        gated_mlp=not gpt2,
-        fused_qkv=family in ("phi3", "gpt2"),
+        norms_per_layer=block.norms,
+        norm_bias=layernorm,
+        gated_mlp=not layernorm,
+        fused_qkv=family in ("phi3", "gpt2", "gpt_neox", "falcon"),
         fused_gate_up=family in ("phi3", "glm4"),  # Glm4MLP.gate_up_proj, like Phi3MLP
         learned_positions=_int(text, "n_positions", default=1024, where=where) if gpt2 else 0,
+        parallel_residual=block.parallel,
+        rotary_dim=block.rotary_dim,
+        head_bias=family == "phi",  # PhiForCausalLM.lm_head = nn.Linear(H, V, bias=True)
         num_experts=experts,
         experts_per_token=_int(text, "num_experts_per_tok", default=2, where=where) if experts else 0,
         moe_intermediate_size=moe_inter,
@@ -137,9 +149,21 @@ def model_spec_from_config(cfg: Mapping[str, Any], *, name: str, source: str) ->
         sliding_layers=sliding,
         final_logit_softcapping=float(_get(text, "final_logit_softcapping", default=0.0) or 0.0),
         attn_logit_softcapping=float(_get(text, "attn_logit_softcapping", default=0.0) or 0.0),
-        resid_dropout=float(_get(text, "resid_pdrop", default=0.1) or 0.0) if gpt2 else 0.0,
+        # GPT-2 drops out after attention and after the MLP; PhiDecoderLayer applies its resid_dropout to both too.
+        resid_dropout=float(_get(text, "resid_pdrop", default=0.1 if gpt2 else 0.0) or 0.0)
+        if family in ("gpt2", "phi")
+        else 0.0,
         attn_dropout=float(_get(text, "attn_pdrop", "attention_dropout", default=0.1 if gpt2 else 0.0) or 0.0),
-        hidden_act=str(_get(text, "hidden_act", "hidden_activation", "activation_function", default="silu")),
+        # FalconMLP applies nn.GELU() and names no activation in its config.
+        hidden_act=str(
+            _get(
+                text,
+                "hidden_act",
+                "hidden_activation",
+                "activation_function",
+                default="gelu" if family == "falcon" else "silu",
+            )
+        ),
         native_dtype=dtype,
         source=source,
         checkpoint_quant=checkpoint_quant(cfg, where),
@@ -188,7 +212,8 @@ class _Shape:
 
 def _shape(cfg: Mapping[str, Any], *, gpt2: bool, where: str) -> _Shape:
     """The sizes, under their Llama names or GPT-2's (``n_embd``, ``n_head``, ``n_layer``, ``n_inner``, whose
-    ``None`` means 4 × hidden: GPT2MLP in modeling_gpt2.py)."""
+    ``None`` means 4 × hidden: GPT2MLP in modeling_gpt2.py; ``gpt2`` also for Falcon, whose ``ffn_hidden_size``
+    None means the same)."""
     hidden = _int(cfg, "hidden_size", "n_embd", where=where)
     heads = _int(cfg, "num_attention_heads", "n_head", where=where)
     kv_heads = _int(cfg, "num_key_value_heads", default=heads, where=where)
@@ -204,8 +229,63 @@ def _shape(cfg: Mapping[str, Any], *, gpt2: bool, where: str) -> _Shape:
         head_dim=_int(cfg, "head_dim", default=hidden // heads, where=where),
         layers=_int(cfg, "num_hidden_layers", "n_layer", where=where),
         vocab=_int(cfg, "vocab_size", where=where),
-        inter=_int(cfg, "intermediate_size", "n_inner", default=4 * hidden if gpt2 else None, where=where),
+        # FalconConfig names the MLP width ffn_hidden_size (None: 4 × hidden, as GPT-2's n_inner).
+        inter=_int(
+            cfg, "intermediate_size", "n_inner", "ffn_hidden_size", default=4 * hidden if gpt2 else None, where=where
+        ),
     )
+
+
+@dataclass(frozen=True, slots=True)
+class _Block:
+    """How a decoder layer is wired: its sizes (Falcon's kv heads settled), how many norms it has,
+    whether attention and MLP run in parallel, and how much of each head RoPE rotates."""
+
+    shape: _Shape
+    norms: int
+    parallel: bool
+    rotary_dim: int
+
+
+def _block(cfg: Mapping[str, Any], family: str, shape: _Shape, *, where: str) -> _Block:
+    """The wiring, from transformers 5.x:
+
+    - ``PhiDecoderLayer``: one ``input_layernorm`` feeds attention and MLP, added in parallel;
+      ``PhiAttention`` rotates ``int(partial_rotary_factor · head_dim)`` dimensions (configuration_phi.py default
+      0.5).
+    - ``GPTNeoXLayer``: ``input_layernorm`` and ``post_attention_layernorm``, both on the layer input when
+      ``use_parallel_residual`` (default True); ``GPTNeoXAttention`` rotates ``int(rotary_pct · head_dim)``
+      (``rotary_pct`` default 0.25; transformers 5 also reads it as ``partial_rotary_factor``).
+    - ``FalconDecoderLayer``: ``new_decoder_architecture`` (Falcon-40B) has ``ln_attn`` and ``ln_mlp`` and
+      ``num_kv_heads`` key/value heads; otherwise ``input_layernorm`` alone when ``parallel_attn`` (Falcon-7B, and
+      one key/value head when ``multi_query``), plus ``post_attention_layernorm`` when not. ``FalconMLP`` is
+      ``ffn_hidden_size`` wide (default 4·hidden); RoPE covers the whole head.
+    - Everyone else: ``norms_per_layer`` 2, or 4 for Gemma 2/3 and GLM-4 (pre and post norms).
+    """
+    norms = 4 if family in ("gemma2", "gemma3_text", "glm4") else 2
+    parallel, kv_heads = False, shape.kv_heads
+    rotary = 0
+    if family == "phi":
+        parallel, norms = True, 1
+        rotary = int(float(_get(cfg, "partial_rotary_factor", default=0.5)) * shape.head_dim)
+    elif family == "gpt_neox":
+        parallel = bool(_get(cfg, "use_parallel_residual", default=True))
+        rotary = int(float(_get(cfg, "rotary_pct", "partial_rotary_factor", default=0.25)) * shape.head_dim)
+    elif family == "falcon":
+        new_arch = bool(_get(cfg, "new_decoder_architecture", default=False))
+        parallel = new_arch or bool(_get(cfg, "parallel_attn", default=True))
+        norms = 2 if new_arch or not parallel else 1
+        if new_arch:
+            kv_heads = _int(cfg, "num_kv_heads", default=shape.heads, where=where)
+        elif _get(cfg, "multi_query", default=True):
+            kv_heads = 1
+    if rotary == shape.head_dim:
+        rotary = 0
+    shape = _Shape(
+        hidden=shape.hidden, heads=shape.heads, kv_heads=kv_heads, head_dim=shape.head_dim, layers=shape.layers,
+        vocab=shape.vocab, inter=shape.inter,
+    )  # fmt: skip
+    return _Block(shape=shape, norms=norms, parallel=parallel, rotary_dim=rotary)
 
 
 def _mixes_dense_layers(cfg: Mapping[str, Any]) -> bool:
@@ -227,6 +307,14 @@ def _biases(cfg: Mapping[str, Any], family: str) -> tuple[bool, bool, bool]:
         qkv_bias, o_bias = True, True
     elif family in ("phi3", "mixtral"):
         qkv_bias, o_bias = False, False
+    elif family == "phi":  # PhiAttention: q/k/v_proj and dense with bias=True; PhiMLP fc1/fc2 too
+        return True, True, True
+    elif family == "gpt_neox":  # query_key_value and dense: bias=config.attention_bias (default True); MLP: bias
+        qkv_bias = o_bias = bool(_get(cfg, "attention_bias", default=True))
+        return qkv_bias, o_bias, True
+    elif family == "falcon":  # FalconLinear everywhere with bias=config.bias
+        bias = bool(_get(cfg, "bias", default=False))
+        return bias, bias, bias
     elif family == "glm4":  # Glm4Attention: q/k/v with bias=attention_bias, o_proj bias=False
         qkv_bias, o_bias = attention_bias, False
     else:

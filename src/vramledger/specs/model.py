@@ -114,6 +114,14 @@ class ModelSpec:
     """One projection for gate and up (Phi-3 ``gate_up_proj``)."""
     learned_positions: int = 0
     """Rows of a learned position embedding (GPT-2 ``wpe``); 0 for rotary models."""
+    parallel_residual: bool = False
+    """Attention and MLP both read the layer's input and add to it in one step (GPT-NeoX ``use_parallel_residual``,
+    Phi, Falcon ``parallel_attn``); with ``norms_per_layer`` 1 they read the very same normed tensor."""
+    rotary_dim: int = 0
+    """Dimensions of each head that RoPE rotates (Phi ``partial_rotary_factor``, GPT-NeoX ``rotary_pct``); 0: all
+    of ``head_dim``."""
+    head_bias: bool = False
+    """The output layer has a bias (Phi's ``lm_head``)."""
     num_experts: int = 0
     """Routed experts per MoE layer (0: dense)."""
     experts_per_token: int = 0
@@ -167,6 +175,16 @@ class ModelSpec:
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0
+
+    @property
+    def shared_block_input(self) -> bool:
+        """Attention and MLP read one normed tensor (a parallel block with a single norm: Phi, Falcon-7B)."""
+        return self.parallel_residual and self.norms_per_layer == 1
+
+    @property
+    def rope_dim(self) -> int:
+        """Rotated dimensions of each head."""
+        return self.rotary_dim or self.head_dim
 
     @property
     def q_dim(self) -> int:
