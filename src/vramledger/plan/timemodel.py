@@ -39,6 +39,10 @@ Time (``step_time``), with every constant in ``TimeAssumptions`` below:
 - optimizer offload (DeepSpeed ZeRO-Offload, Ren et al. 2021 §4): fp32 gradients to the host every micro-step and,
   when accumulating, the partial sums back (``stage_1_and_2.py`` ``async_accumulate_grad_in_cpu_via_gpu``); the
   CPU Adam (host-memory bound) and the updated low-precision parameters back to the GPU once per optimizer step.
+  The GPU side works parameter by parameter (``copy_grads_in_partition``): at the accumulation boundary each
+  gradient's norm (``set_norm_for_param_grad_in_gpu``: ``.double().norm(2)``), the overflow check, its fp32 cast
+  and copy to the host (``async_inplace_copy_grad_to_fp32_buffer_from_gpu``), at least five launches; on each
+  other micro-step its copy to the host and, after the first, the partial sum back and its addition, three.
 
 No GPU was available when these constants were chosen: they are assumptions with their evidence, to be
 calibrated on a GPU (bench/ground_truth/constants.py measures them).
@@ -293,6 +297,12 @@ def _kernels_per_micro_step(m: ModelSpec, train: TrainSpec, a: TimeAssumptions) 
     return fwd + bwd + rec
 
 
+# DeepSpeed ZeRO-Offload's per-parameter GPU work (module docstring): launches per trainable tensor at the
+# accumulation boundary, and on each other micro-step.
+_OFFLOAD_BOUNDARY_KERNELS = 5
+_OFFLOAD_ACCUMULATE_KERNELS = 3
+
+
 def _trainable_tensors(m: ModelSpec, train: TrainSpec) -> int:
     wb = weight_budget(m, train)
     if train.adapters:
@@ -339,6 +349,8 @@ def _step_time(m: ModelSpec, train: TrainSpec, gpu: GPUSpec, a: TimeAssumptions)
         d2h = 4 * P_local * train.grad_accum / link
         h2d = (4 * P_local * (train.grad_accum - 1) + lowp * P_local) / link
         offload = max(d2h, h2d) + 28 * P_local / (a.host_memory_gbs * 1e9)
+        per_tensor = _OFFLOAD_BOUNDARY_KERNELS + _OFFLOAD_ACCUMULATE_KERNELS * (train.grad_accum - 1)
+        offload += per_tensor * _trainable_tensors(m, train) / ranks * a.launch_s
     else:
         per_param, kernels_per_tensor = _optimizer_bytes_per_param(train, b)
         clip = 3 * b  # clip_grad_norm_: a norm pass (read) and a scaling pass (read + write)
