@@ -526,7 +526,7 @@ def peak_reserved(
     if train.packing or at is None:
         return _single_shape(m, train, p, loss_peak, step_peak, opt_peak, _NONE)
     single = _single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True))
-    return max(single, held_reserved(m, train, at))
+    return max(single, held_reserved(m, train, at, p))
 
 
 def _single_shape(
@@ -627,12 +627,13 @@ ShapePeaks = Callable[[TrainSpec], tuple[StepParts, int, int, int]]
 optimizer's peak (analytic/step.py)."""
 
 
-def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts | None = None) -> int:
     """The largest single-shape reserve, the switching mechanisms included, over the shapes ≤ (B, L) where they
     are on (0 where none is on anywhere); each set's upper edge is enough (see above). Beyond the largest
     micro-batch and length where a mechanism is on nothing changes, so the figure is computed (and cached) for
-    (B, L) capped there: the planner asks for many shapes past the edge."""
-    regions = _regions(m, train, at(train)[0])
+    (B, L) capped there: the planner asks for many shapes past the edge. ``p``: the step at (B, L), when the
+    caller has it (default ``at(train)``)."""
+    regions = _regions(m, train, at(train)[0] if p is None else p)
     if not regions:
         return 0
     B = max((pts[-1][0] for _, pts in regions if pts), default=1)
@@ -730,14 +731,16 @@ def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[in
     """For each micro-batch b ≤ B, the longest length ℓ ≤ L with ``on(b, ℓ)`` (``on`` holds on every smaller
     shape where it holds; micro-batches where it holds at no length are left out)."""
     out = []
+    hi_b = L
     for b in range(1, B + 1):
         if not on(b, 1):
             break
-        lo, hi = 1, L
+        lo, hi = 1, hi_b  # closed downwards: ℓ_(b+1) ≤ ℓ_b
         while lo < hi:  # the largest ℓ with on(b, ℓ)
             mid = (lo + hi + 1) // 2
             lo, hi = (mid, hi) if on(b, mid) else (lo, mid - 1)
         out.append((b, lo))
+        hi_b = lo
     return out
 
 
