@@ -99,6 +99,10 @@ GRID += [
     for method, precision in (("full", "bf16-true"), ("full", "bf16-mixed"), ("freeze", "bf16-mixed"))
 ]
 
+# An 8B shape under FSDP1, where the peak is the root unit's gradients flattened at the end of backward
+# (analytic/fsdp_root_flatten.py), not the loss.
+GRID += [("llama-3.1-8b", "fsdp1", 8, "full", "bf16-mixed", 1, 1024, True)]
+
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
     model, engine, world, method, precision, b, L, ckpt = row

@@ -14,15 +14,7 @@ from vramledger.ledger import Category, Phase
 
 PER_RANK = (Category.WEIGHTS, Category.GRADIENTS, Category.OPTIMIZER_STATE, Category.MASTER_WEIGHTS)
 # Known misses, kept visible as strict xfails (test name, config id) -> what the trace shows that we do not model.
-KNOWN = {
-    ("lines", "llama-3.2-1b/fsdp1/w8/full/bf16-mixed/b1/L1024/ckpt"): "the trace files FSDP1's unsharded output-layer "
-    "gradient under logits (FSDP1 copies it into the flat gradient only later), and the root's gradient shard is not "
-    "allocated yet at that moment; the peak is +2.9%",
-    ("peak", "mid/fsdp1/w8/lora/bf16-true/b1/L1024/nockpt"): "-3.3% once the single-GPU error is taken out: FSDP1's "
-    "flat shards split the adapters unevenly (rank 0 holds more of them), not modelled",
-    ("peak", "mid/fsdp1-hsdp/w8/lora/bf16-true/b1/L1024/nockpt"): "-3.3% once the single-GPU error is taken out, as "
-    "FSDP1 FULL_SHARD's LoRA row: HYBRID_SHARD shards each unit the same way over 4 ranks",
-}
+KNOWN = {}
 
 
 def _cases(test: str) -> list[Any]:

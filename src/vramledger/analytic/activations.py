@@ -247,6 +247,23 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 
+def frozen_weights_grad_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Per token per adapted layer: what the layer saves more when its frozen weights require grad too, as under
+    FSDP1, whose flat parameter requires grad when any tensor in it does and whose modules compute with views of it
+    (analytic/fsdp_root_flatten.py): each norm saves its normalised input for its weight's gradient, and each linear
+    without an adapter keeping the same tensor saves its input (the rule bitsandbytes' old MatMul4Bit follows:
+    ``quantised_inputs_bytes``). ``train`` is the step as computed (FSDP's compute dtype, adapters in it)."""
+    if train.lora is None:
+        return 0
+    s, amp = residual_bytes(train, wb), train.precision.mixed
+    norms = _layer_norms_bytes(m, s, True, amp) - _layer_norms_bytes(m, s, False, amp)
+    if m.qk_norm:
+        width = m.q_dim + m.kv_dim
+        c = train.precision.compute.bytes
+        norms += _norm_bytes(m, c, True, width) - _norm_bytes(m, c, False, width)
+    return norms + quantised_inputs_bytes(m, train, wb)
+
+
 def _layer_norms_bytes(m: ModelSpec, s: int, trainable: bool, amp: bool) -> int:
     """What the norms of one layer save. A parallel block's two LayerNorms (GPT-NeoX ``input_layernorm`` and
     ``post_attention_layernorm``, Falcon-40B ``ln_attn`` and ``ln_mlp``) both read the layer input: they save that

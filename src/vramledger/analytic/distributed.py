@@ -34,6 +34,7 @@ from typing import Any
 
 from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
+from vramledger.analytic.fsdp_root_flatten import FlattenMoment, flattens_root, root_flatten_moments
 from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
 from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.rank import (
@@ -51,7 +52,15 @@ from vramledger.analytic.zero import deepspeed_estimate, zero_rank_parts
 from vramledger.ledger import Category, Phase
 from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Precision, Sharding, TrainSpec
 
-__all__ = ["Buffer", "add_buffers", "compute_view", "engine_dtypes", "rank_step_parts", "single_gpu_spec"]
+__all__ = [
+    "Buffer",
+    "add_buffers",
+    "compute_view",
+    "engine_dtypes",
+    "rank_step_parts",
+    "root_flatten",
+    "single_gpu_spec",
+]
 
 DDP_SOURCE = (
     "torch/nn/parallel/distributed.py DistributedDataParallel (bucket_cap_mb=25, gradient_as_bucket_view=False): "
@@ -176,9 +185,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     every decoder layer, the root's gradients); under CPU offload the shares live on the host instead."""
     strategy = train.fsdp
     assert strategy is not None
-    ranks = {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: min(train.gpus_per_node, train.world_size)}.get(
-        strategy, train.world_size
-    )
+    ranks = shard_ranks(train)
     if strategy is Sharding.NO_SHARD:  # all-reduces each unit's gradients in place: DDP without the buckets
         return _no_shard(m, train, wb, one)
     mixed = train.precision.mixed
@@ -240,6 +247,20 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         replicated=("activations", "logits", "one or two unsharded layers at a time"),
         notes=tuple(notes),
     )
+
+
+def shard_ranks(train: TrainSpec) -> int:
+    """N of the legend under FSDP: the ranks one unit is sharded over (a node's GPUs under HYBRID_SHARD)."""
+    assert train.fsdp is not None
+    hybrid = min(train.gpus_per_node, train.world_size)
+    return {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: hybrid}.get(train.fsdp, train.world_size)
+
+
+def root_flatten(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[FlattenMoment, ...]:
+    """FSDP1's end-of-backward moments with a trained root unit (analytic/fsdp_root_flatten.py); none otherwise."""
+    if not flattens_root(train, wb):
+        return ()
+    return root_flatten_moments(m, train, wb, u=fsdp_gathered_bytes(train, wb), ranks=shard_ranks(train))
 
 
 def adapters_in_layer_units(train: TrainSpec, wb: WeightBudget) -> bool:
@@ -346,6 +367,8 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     root_trained = root if trained else 0
     if not root_trained or train.keeps_unsharded_grads or skips_gradient_sync(train):  # inside the kept gradients
         return []
+    if flattens_root(train, wb):  # FSDP1: its own end-of-backward moments (analytic/fsdp_root_flatten.py)
+        return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
     return [
@@ -437,6 +460,7 @@ def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, sing
         # or in a checkpointed layer's recompute.
         p = replace(p, head_cast_bytes=0, recompute_cast_bytes=0, **{f: getattr(act, f) for f in _ACTIVATION_FIELDS})
     rp = rank_parts(m, train, p.weights, SingleLines.of(p))
+    p = _frozen_views_saved(m, train, p)
     return replace(
         p,
         frozen_bytes=rp.frozen,
@@ -447,6 +471,27 @@ def rank_step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None, *, sing
         step_temp_bytes=rp.step_temp,
         autocast_copy_bytes=rp.autocast,
         buffers=rp.buffers,
+    )
+
+
+def _frozen_views_saved(m: ModelSpec, train: TrainSpec, p: Any) -> Any:
+    """FSDP1 with adapters flattened into their layer's unit: the unit's flat parameter requires grad, so every
+    frozen tensor of it is a view that requires grad (_flat_param.py ``_validate_tensors_to_flatten`` and
+    ``_use_unsharded_views``) and autograd saves what its gradient needs: each trained layer saves its norms'
+    normalised inputs, and the inputs of linears no adapter keeps (activations.py
+    ``frozen_weights_grad_bytes_per_token``). Traced: the grid's FSDP1 LoRA rows save 2·c·H per token per layer more
+    than FSDP2's (``LlamaRMSNorm``'s ``hidden_states.to(input_dtype)``, kept by ``weight * ...``)."""
+    if not (train.adapters and adapters_in_layer_units(train, p.weights) and p.weights.trainable_layers):
+        return p
+    from vramledger.analytic.activations import frozen_weights_grad_bytes_per_token
+
+    layer = frozen_weights_grad_bytes_per_token(m, compute_view(train), p.weights) * train.tokens
+    if train.grad_ckpt:  # only the recomputed layer saves them
+        return replace(p, layer_bytes=p.layer_bytes + layer, recompute_bytes=p.recompute_bytes + layer)
+    return replace(
+        p,
+        layer_bytes=p.layer_bytes + layer,
+        saved_layers_bytes=p.saved_layers_bytes + p.weights.trainable_layers * layer,
     )
 
 

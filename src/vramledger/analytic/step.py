@@ -33,8 +33,9 @@ from vramledger.analytic.activations import (
     rope_bytes_per_token,
     runs_eager,
 )
-from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts
+from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts, root_flatten
 from vramledger.analytic.evaluation import eval_moments
+from vramledger.analytic.fsdp_root_flatten import PRE_FORWARD_NAME, FlattenMoment, holds_grads_into_forward
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token, litgpt_layer_extra_scores_per_seq
 from vramledger.analytic.litgpt_loop import convert_output_moment
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
@@ -295,17 +296,21 @@ def _layer_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> in
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
     p = step_parts(m, train, gpu)
-    backward = (_loss_backward(train, p), _top_layer_backward(train, p), _end_of_backward(m, train, p))
+    backward = (_loss_backward(train, p), _top_layer_backward(train, p), *_end_of_backward(m, train, p))
     for mo in backward:  # the engine's buffers before the choice: some live only at the end of backward
         add_buffers(mo, Phase.BACKWARD, p.buffers)
+    forward = _forward_moment(m, train, p)
+    add_buffers(forward, Phase.FORWARD, p.buffers)
+    if holds_grads_into_forward(train):
+        forward = max(forward, _before_forward(train, p), key=lambda mo: mo.total)
     out = {
         Phase.LOAD: _load_moment(m, train, p),
-        Phase.FORWARD: _forward_moment(m, train, p),
+        Phase.FORWARD: forward,
         Phase.BACKWARD: max(backward, key=lambda mo: mo.total),
         Phase.OPTIMIZER: _optimizer_moment(train, p),
     }
     for phase, mo in out.items():
-        if phase is not Phase.BACKWARD:
+        if phase not in (Phase.FORWARD, Phase.BACKWARD):
             add_buffers(mo, phase, p.buffers)
     out.update(eval_moments(m, train, p))
     return out
@@ -362,6 +367,16 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
         convert_output_moment(m, train, p, grads=grads_prev),  # analytic/litgpt_loop.py
     )
     return max((fwd, fwd_layer, *(mo for mo in litgpt if mo)), key=lambda mo: mo.total)
+
+
+def _before_forward(train: TrainSpec, p: StepParts) -> Moment:
+    """The next step's batch moved to the GPU while FSDP1 still holds the previous step's gradients
+    (analytic/fsdp_root_flatten.py ``holds_grads_into_forward``): what the optimizer step leaves, and the engine's
+    buffers that outlive it."""
+    mo = Moment(name=PRE_FORWARD_NAME, phase=Phase.FORWARD)
+    add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    add_buffers(mo, Phase.OPTIMIZER, p.buffers)
+    return mo
 
 
 def _add_casts(mo: Moment, n: int, label: str) -> None:
@@ -435,8 +450,12 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
     return mo
 
 
-def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
-    """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in."""
+def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
+    """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in; under FSDP1 with a
+    trained root, the moments of its flattening instead (analytic/fsdp_root_flatten.py)."""
+    flattening = root_flatten(m, train, p.weights)
+    if flattening:
+        return tuple(_flatten_moment(train, p, f) for f in flattening)
     mo = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
     add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
     mo.add(
@@ -447,6 +466,15 @@ def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
         "(tied lm_head, or an earlier micro-step)",
     )
     mo.add(Category.TEMPORARIES, "sum of the tied weight's two gradients", tied_gradient_sum(m, train, p), TIED_SUM)
+    return (mo,)
+
+
+def _flatten_moment(train: TrainSpec, p: StepParts, f: FlattenMoment) -> Moment:
+    """One instant of FSDP1's root flattening: every unit's gradient shard but the root's, and the root's pieces."""
+    mo = Moment(name=f.name, phase=Phase.BACKWARD)
+    add_persistent(mo, p, train, grads=p.grad_bytes - f.pending_shard, autocast=False, states=True)
+    for line in f.lines:
+        mo.add(line.category, line.label, line.bytes, line.source)
     return mo
 
 
