@@ -251,9 +251,8 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
 
 def shard_ranks(train: TrainSpec) -> int:
     """N of the legend under FSDP: the ranks one unit is sharded over (a node's GPUs under HYBRID_SHARD)."""
-    assert train.fsdp is not None
     hybrid = min(train.gpus_per_node, train.world_size)
-    return {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: hybrid}.get(train.fsdp, train.world_size)
+    return {Sharding.NO_SHARD: 1, Sharding.HYBRID_SHARD: hybrid}.get(train.fsdp, train.world_size)  # type: ignore[arg-type]
 
 
 def root_flatten(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[FlattenMoment, ...]:

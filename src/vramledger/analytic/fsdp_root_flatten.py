@@ -150,3 +150,38 @@ def holds_grads_into_forward(train: TrainSpec) -> bool:
         and not train.keeps_unsharded_grads
         and train.grad_accum <= 1
     )
+
+
+POOL_SOURCE = (
+    "caching allocator (CUDACachingAllocator.cpp get_free_block: best fit, a block never spans two segments): step "
+    "1's optimizer creates its states (and foreach temporaries) after backward has freed the root's flattening "
+    "blocks, and best fit packs them there; from step 2 on each of those blocks, larger than anything the optimizer "
+    "allocates, needs a segment of its own again (analytic/fsdp_root_flatten.py)"
+)
+
+
+def flatten_blocks(m: ModelSpec, train: TrainSpec, wb: WeightBudget, *, u: int, ranks: int) -> tuple[int, ...]:
+    """The blocks the root's flattening allocates at its peak (module docstring): the output layer's and the
+    embedding's gradient and the concatenation, or, tied, the two gradients and their sum."""
+    if not flattens_root(train, wb):
+        return ()
+    head = u * wb.lm_head_weight_numel
+    if m.tie_word_embeddings:
+        return (head, head, head)
+    root = embedding_params(m) + head_params(m)
+    return (u * embedding_params(m), head, u * share(root, ranks) * ranks)
+
+
+def flatten_pool_floor(
+    blocks: tuple[int, ...], *, optimizer_default: int, loss_blocks: int, largest_cached_block: int, packed: bool
+) -> int:
+    """The default pool's floor from step 2 on: step 1's optimizer peak on the default stream, which it reaches
+    inside the segments backward freed (``packed``: its states and temporaries need at least what was cached free),
+    so that step 2 makes the loss's blocks again (``loss_blocks``, analytic/reserve.py's own mechanism) and each
+    flattening block larger than every block cached by then (the optimizer's, the loss's), POOL_SOURCE. Traced:
+    Llama-3.1-8B FSDP1 on 8 ranks (bench/distributed/grid.jsonl): step 2 makes 502 + 502 MiB for the loss's fp32
+    blocks and 2,006 + 1,002 + 1,002 MiB for the cat and the two pieces; the replay's default pool is 20,580 MiB
+    over a 15,562 MiB peak."""
+    if not blocks or not packed:
+        return 0
+    return optimizer_default + loss_blocks + sum(b for b in blocks if b > largest_cached_block)

@@ -86,11 +86,14 @@ from vramledger.analytic.distributed import (
     engine_dtypes,
     fsdp_gathered_bytes,
     fsdp_layer_elements,
+    shard_ranks,
 )
 from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
+from vramledger.analytic.fsdp_root_flatten import POOL_SOURCE as FLATTEN_POOL_SOURCE
+from vramledger.analytic.fsdp_root_flatten import flatten_blocks, flatten_pool_floor
 from vramledger.analytic.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
 from vramledger.analytic.fsdp_workspace import held_floor
-from vramledger.analytic.params import embedding_params, head_params
+from vramledger.analytic.params import embedding_params, head_params, layer_linears
 from vramledger.analytic.parts import Moment, StepParts
 from vramledger.analytic.reserve import ShapePeaks, phase_reserves, replay_excess, training_peaks
 from vramledger.analytic.weights import WeightBudget
@@ -182,7 +185,7 @@ def units(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[Unit, list[
     root = embedding_params(m) + head_params(m)
     root_t = max(wb.trainable_params - wb.trainable_layers * per_layer, 0)
     offload = train.offload_params or train.offload_optimizer
-    ranks = _ranks(train)
+    ranks = shard_ranks(train)
 
     # FSDP1 flattens a unit into one tensor of one dtype: a whole unit trains when any of it does (full, freeze, or
     # adapters in the base dtype: analytic/distributed.py's whole units); fp32 adapters over another base dtype are
@@ -208,14 +211,6 @@ def units(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[Unit, list[
     return unit(root, root_t), layers
 
 
-def _ranks(train: TrainSpec) -> int:
-    if train.fsdp is Sharding.NO_SHARD:
-        return 1
-    if train.fsdp is Sharding.HYBRID_SHARD:
-        return min(train.gpus_per_node, train.world_size)
-    return train.world_size
-
-
 def has_side_pools(train: TrainSpec) -> bool:
     """Whether FSDP allocates on side streams: a sharding FSDP over two ranks or more, or NO_SHARD under a
     mixed-precision policy. NO_SHARD all-reduces the gradients in place (FSDP1 _runtime_utils.py
@@ -236,7 +231,7 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
     u = fsdp_gathered_bytes(train, wb)
     b = wb.trainable_dtype.bytes
     r = train.precision.compute.bytes if train.precision.mixed else b
-    n = _ranks(train)
+    n = shard_ranks(train)
     offload = train.offload_params or train.offload_optimizer
     no_shard = train.fsdp is Sharding.NO_SHARD
     if no_shard:
@@ -387,6 +382,33 @@ def _reduce_scatter(
     return ev.reserved(), ar.reserved()
 
 
+def _flatten_floor(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[Phase, int]) -> int:
+    """FSDP1's root flattening blocks made again from step 2 on (analytic/fsdp_root_flatten.py
+    ``flatten_pool_floor``). Step 1 holds no states until its optimizer step, so the cached bytes free when that
+    step begins are its forward's or backward's peak less the states, less what the optimizer moment holds besides
+    its states and temporaries; the optimizer's largest block is one state of the largest parameter's share (a
+    parameter is cut where its unit's shard ends: use_orig_params' sharded views); the loss's, its fp32 logits."""
+    wb, ranks = p.weights, shard_ranks(train)
+    blocks = flatten_blocks(m, train, wb, u=fsdp_gathered_bytes(train, wb), ranks=ranks)
+    if not blocks or Phase.OPTIMIZER not in default:
+        return 0
+    step1_peak = max(default.get(Phase.FORWARD, 0), default.get(Phase.BACKWARD, 0)) - p.state_bytes
+    before_step = default[Phase.OPTIMIZER] - p.state_bytes - p.step_temp_bytes
+    packed = p.state_bytes + p.step_temp_bytes >= step1_peak - before_step
+    root = embedding_params(m) + head_params(m)
+    layer = fsdp_layer_elements(m, train, wb, fsdp_gathered_bytes(train, wb))
+    widest = max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0)
+    largest = max(min(embedding_params(m), -(-root // ranks)), min(widest, -(-layer // ranks)))
+    largest_loss = min(p.logits_forward, 4 * m.vocab_size * train.tokens)  # the fp32 logits, at most
+    return flatten_pool_floor(
+        blocks,
+        optimizer_default=default[Phase.OPTIMIZER],
+        loss_blocks=p.logits_forward,
+        largest_cached_block=max(largest * wb.trainable_dtype.bytes, largest_loss),
+        packed=packed,
+    )
+
+
 def side_live(train: TrainSpec, mo: Moment) -> int:
     """Bytes of ``mo`` that live in a side pool: the rank's sharded gradients and the buffers a side stream
     allocates (none where there is no side pool)."""
@@ -426,14 +448,18 @@ def pooled_phase_reserves(
     # step 1's backward workspace in an fp32 logits block: a floor under the default pool (analytic/fsdp_workspace.py)
     loss_peak = training_peaks(default)[0]
     side_at_loss = next((off[ph] for ph in (Phase.BACKWARD, Phase.FORWARD) if default.get(ph) == loss_peak), 0)
-    floor = held_floor(m, engine, p, loss_peak, _ranks(train), at, side_at_loss) if pools else 0
+    floor = held_floor(m, engine, p, loss_peak, shard_ranks(train), at, side_at_loss) if pools else 0
+    flat_floor = _flatten_floor(m, train, p, default)
+    floor_source = WORKSPACE_SOURCE
+    if flat_floor > floor:
+        floor, floor_source = flat_floor, FLATTEN_POOL_SOURCE
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
         if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
             out[ph] = [ReserveLine(n, RESERVE_LABEL, source, basis)]
             continue
         if floor - default[ph] > n:
-            n, source = floor - default[ph], f"{source}; {WORKSPACE_SOURCE}"
+            n, source = floor - default[ph], f"{source}; {floor_source}"
         # The side pools hold at least what is live in them (never less over the grid nor over 606 configs of an
         # 8B model: full/LoRA/QLoRA/freeze, FSDP1/2, every sharding, offload, 2-64 ranks, accumulation).
         out[ph] = [
