@@ -32,6 +32,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
+from vramledger.analytic.fsdp1_shards import layer_unit_tensors, trainable_per_rank
 from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
 from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
 from vramledger.analytic.fsdp_root_flatten import FlattenMoment, flattens_root, root_flatten_moments
@@ -209,6 +210,11 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         # when adapters and base share a dtype and so a unit (use_orig_params=True, e.g. LitGPT, torchtune); fp32
         # adapters over a bf16 base cannot share one, and PEFT's fsdp_auto_wrap_policy wraps them on their own.
         grads_r = share(wb.trainable_layers * layer * wb.trainable_dtype.bytes, ranks)
+    uneven = _uneven_trainable(m, train, wb, one, ranks, u) if whole_units else None
+    heaviest, extra = 0, 0
+    if uneven is not None:
+        (trainable_r, states_r, temp_r, frozen_moved), (heaviest, extra) = uneven
+        frozen_r -= frozen_moved
     if train.offload_optimizer and not train.offload_params:
         notes.append(
             "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="
@@ -246,7 +252,31 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         sharded=("weights", "gradients", "optimizer state"),
         replicated=("activations", "logits", "one or two unsharded layers at a time"),
         notes=tuple(notes),
+        heaviest_rank=heaviest,
+        heaviest_extra_bytes=extra,
     )
+
+
+def _uneven_trainable(
+    m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines, ranks: int, u: int
+) -> tuple[tuple[int, int, int, int], tuple[int, int]] | None:
+    """Rank 0's trainable weights, optimizer state and step temporaries when FSDP1 flattens the adapters with their
+    layer (analytic/fsdp1_shards.py: each rank holds the adapters its chunk covers), the weight bytes that moves
+    out of the frozen line, and the rank that holds most with its excess over rank 0; None when something trains
+    outside the decoder layers' units (then the even share stands)."""
+    per_rank = trainable_per_rank(layer_unit_tensors(m, train, wb), ranks, u)
+    per_layer = sum(per_rank)
+    if not per_layer or wb.trainable_params != wb.trainable_layers * per_layer:
+        return None
+
+    def part(total: int, k: int) -> int:  # rank k's bytes of a line spread evenly over the trainable elements
+        return total * per_rank[k] // per_layer
+
+    heaviest = max(range(ranks), key=lambda k: (per_rank[k], -k))
+    extra = sum(part(x, heaviest) - part(x, 0) for x in (one.trainable, one.states, one.step_temp))
+    trainable_r = part(one.trainable, 0)
+    moved = trainable_r - share(one.trainable, ranks)  # the flat shard's size is fixed: frozen gives way
+    return (trainable_r, part(one.states, 0), part(one.step_temp, 0), moved), (heaviest, extra)
 
 
 def shard_ranks(train: TrainSpec) -> int:
@@ -512,6 +542,8 @@ def distributed_settings(m: ModelSpec, train: TrainSpec, single: Callable[..., A
         "sharded": list(rp.sharded),
         "replicated": list(rp.replicated),
         "host_bytes": rp.host_bytes,
+        "heaviest_rank": rp.heaviest_rank,
+        "heaviest_extra_bytes": rp.heaviest_extra_bytes,
         "model_states_bytes": p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.grad_bytes + p.state_bytes,
     }
     ds = deepspeed_estimate(m, train, p.weights.total_params)
@@ -535,4 +567,10 @@ def distributed_warnings(m: ModelSpec, train: TrainSpec, single: Callable[..., A
         out.append("FSDP on one GPU shards nothing: pass --world-size N")
     if rp.host_bytes:
         out.append(f"offload keeps {fmt_bytes(rp.host_bytes)} per rank in host memory (not counted on the GPU)")
+    if rp.heaviest_rank:
+        out.append(
+            f"FSDP1's flat shards split the adapters unevenly: rank {rp.heaviest_rank} holds "
+            f"{fmt_bytes(rp.heaviest_extra_bytes)} more trainable weights, optimizer state and step temporaries "
+            "than rank 0 shown here"
+        )
     return out

@@ -52,6 +52,11 @@ class RankParts:
     sharded: tuple[str, ...] = ()
     replicated: tuple[str, ...] = ()
     master_label: str = "fp32 master copy (ZeRO partition)"
+    heaviest_rank: int = 0
+    """The rank that holds most (0 unless FSDP1's flat shards split the trainable parameters unevenly)."""
+    heaviest_extra_bytes: int = 0
+    """What ``heaviest_rank`` holds beyond rank 0: its larger share of trainable weights, optimizer state and step
+    temporaries."""
     notes: tuple[str, ...] = field(default=(), compare=False)
 
 
