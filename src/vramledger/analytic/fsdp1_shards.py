@@ -13,9 +13,9 @@ LoRA layer's unit holds its frozen base weights and its adapters together (analy
 (q, k, v, o), ``mlp`` (gate, up, down), then the two norms, and PEFT's ``lora.Linear`` its ``base_layer`` before the
 ``lora_A`` / ``lora_B`` ModuleDicts (peft tuners/lora/layer.py ``LoraLayer.__init__``). So each rank holds the
 adapters of the weights its chunk covers: on the grid's mid model at 8 ranks rank 0's chunk ends inside v_proj's
-base weight and holds q's and k's adapters, 26,624 of a layer's 145,408 trainable elements (18.3%, not 12.5%), and
-the optimizer state of the sharded views (``use_orig_params``: the optimizer steps each parameter's part in the
-shard) follows. Checked against the trace of FSDP1 (rank 0's optimizer state, bench/distributed/grid.jsonl;
+base weight and holds q's and k's adapters (r = 16), 53,248 of a layer's 290,816 trainable elements (18.3%, not
+12.5%), and the optimizer state of the sharded views (``use_orig_params``: the optimizer steps each parameter's part
+in the shard) follows. Checked against the trace of FSDP1 (rank 0's optimizer state, bench/distributed/grid.jsonl;
 tests/analytic/test_fsdp1_shards.py).
 """
 
