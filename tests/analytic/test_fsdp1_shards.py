@@ -16,18 +16,6 @@ from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
 from vramledger.specs import LoraSpec, Method, Precision, Sharding, TrainSpec
 
-TINY = {
-    "model_type": "llama",
-    "hidden_size": 64,
-    "intermediate_size": 176,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "num_hidden_layers": 2,
-    "vocab_size": 128,
-    "torch_dtype": "bfloat16",
-    "tie_word_embeddings": False,
-}
-
 
 def _lora(world: int, rank: int = 8) -> TrainSpec:
     return TrainSpec(
@@ -43,18 +31,19 @@ def _lora(world: int, rank: int = 8) -> TrainSpec:
 
 
 def test_layer_unit_order_is_the_peft_models_parameter_order() -> None:
-    """FSDP1 flattens ``module.parameters()`` in order: a real PEFT LoRA model (all linears) on the meta device."""
+    """FSDP1 flattens ``module.parameters()`` in order: a real PEFT LoRA model (all linears) of the grid's mid
+    model, on the meta device."""
     import torch
     from peft import LoraConfig, get_peft_model
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    config = AutoConfig.for_model(**TINY)
+    config = AutoConfig.for_model(**runner().MID)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config)
     peft_model = get_peft_model(model, LoraConfig(r=8, target_modules="all-linear"))
     layer = peft_model.base_model.model.model.layers[0]
     want = tuple((p.numel(), p.requires_grad) for p in layer.parameters())
-    m = model_spec_from_config(TINY, name="tiny", source="test")
+    m = model_spec_from_config(runner().MID, name="mid", source="test")
     t = _lora(2)
     got = layer_unit_tensors(m, t, weight_budget(m, t))
     # the norms are one frozen tail in ours (their order among themselves does not move a chunk boundary)
