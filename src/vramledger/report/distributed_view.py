@@ -14,9 +14,16 @@ WIDTH = 100
 
 def render_distributed(settings: Mapping[str, object], options: Sequence[MultiGpuOption]) -> str:
     """``settings``: the ledger's ``settings["distributed"]``; ``options``: ``multi_gpu_options``."""
+    heaviest = int(settings.get("heaviest_rank", 0))  # type: ignore[call-overload]
+    holds = (
+        f"rank {heaviest} holds {fmt_bytes(int(settings['heaviest_extra_bytes']))} more: FSDP1's flat shards "  # type: ignore[call-overload]
+        "split the adapters unevenly"
+        if heaviest
+        else "rank 0 holds the largest padded shard"
+    )
     lines = [
         f"several GPUs: rank 0 of {settings['world_size']} ({settings['engine']}; shards over "
-        f"{settings['shard_ranks']} ranks, rank 0 holds the largest padded shard)",
+        f"{settings['shard_ranks']} ranks, {holds})",
         f"  sharded: {', '.join(map(str, settings['sharded'])) or 'nothing'}"  # type: ignore[call-overload]
         f"; replicated: {', '.join(map(str, settings['replicated']))}",  # type: ignore[call-overload]
     ]
