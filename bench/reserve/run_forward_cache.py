@@ -1,12 +1,12 @@
-"""The free cache at the end of a traced LoRA forward, against analytic/forward_cache.py, and the load's segment
-tails against analytic/load_residue.py.
+"""The free cache at the end of a traced LoRA forward, against analytic/reserve/forward_cache.py, and the load's segment
+tails against analytic/reserve/load_residue.py.
 
 For each LoRA config of the grid without checkpointing (bench/reserve/run_grid.py): trace two training steps
 (``vramledger.trace``), replay step 1 through the caching-allocator model, and record reserved − allocated at the
 start of each decoder layer and once the final norm is done (at lm_head), less what was free before the first
 layer; then the first layer's share (W1) and the mean per later layer (r). ``large``: the residual stream's
 requests (c·H·T) are above the allocator's 10 MiB threshold, as the bulk of a layer's are, so that the layout
-scales with T as analytic/forward_cache.py assumes; below it, 20 MiB segments serve them. And the large pool's
+scales with T as analytic/reserve/forward_cache.py assumes; below it, 20 MiB segments serve them. And the large pool's
 free blocks once the base is loaded, and those of the load's segments still free at step 2's peak.
 
 Run:  nice -n 10 python bench/reserve/run_forward_cache.py   # traces each config (~10-60 s each)
@@ -100,8 +100,8 @@ def measure(cid: str) -> dict[str, Any]:
 
 
 def analytic(cid: str) -> dict[str, int]:
-    from vramledger.analytic.forward_cache import adapter_forward_cache
-    from vramledger.analytic.load_residue import load_tails
+    from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
+    from vramledger.analytic.reserve.load_residue import load_tails
     from vramledger.analytic.step import step_parts
 
     model, train, _ = run_grid.specs({run_grid.config_id(r): r for r in run_grid.GRID}[cid])

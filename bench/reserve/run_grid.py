@@ -10,9 +10,9 @@ Run:  python bench/reserve/run_grid.py              # traces what is missing fro
       python bench/reserve/run_grid.py --table      # the markdown table of docs/reserve.md
       python bench/reserve/run_grid.py --states ID...  # where step 1's states land (replay_states.jsonl)
 Output: bench/reserve/replay_grid.jsonl, one JSON object per config (bytes everywhere).
-``analytic.peak_reserved_before`` is the flat assumption used before analytic/reserve.py (each phase's allocated
+``analytic.peak_reserved_before`` is the flat assumption used before analytic/reserve/ (each phase's allocated
 + 5% + 64 MiB); ``analytic.peak_reserved_v1`` the first closed form (until the full-fine-tuning mechanisms);
-``sequence`` is the modelled step sequence (analytic/reserve.py step_sequence) replayed through
+``sequence`` is the modelled step sequence (analytic/reserve/replay.py step_sequence) replayed through
 the allocator model: the analytic peak allocated plus that replay's reserved − allocated.
 """
 
@@ -100,7 +100,7 @@ def _r(
 # QLoRA is left out: bitsandbytes layers do not run on fake tensors, so a QLoRA trace is the bf16 step with its
 # weight bytes swapped (trace/api.py _apply_quantisation), without the dequantised weights of each matmul.
 GRID: list[Row] = [
-    # The first 35: checked since analytic/reserve.py was written.
+    # The first 35: checked since analytic/reserve/ was written.
     _r("llama-3.2-1b", "lora", 2, 2048, True),
     _r("llama-3.2-1b", "lora", 1, 4096, True),
     _r("llama-3.2-1b", "lora", 1, 1024, False),
@@ -236,7 +236,7 @@ def analytic_figures(model: ModelSpec, train: TrainSpec) -> dict[str, Any]:
     return {
         "peak_allocated": max(v["allocated"] for v in train_phases.values()),
         "peak_reserved": max(v["reserved"] for v in train_phases.values()),
-        # Before analytic/reserve.py: each phase's allocated + the flat assumption (5% + 64 MiB).
+        # Before analytic/reserve/: each phase's allocated + the flat assumption (5% + 64 MiB).
         "peak_reserved_before": max(
             v["allocated"] + allocator_reserve_bytes(v["allocated"]) for v in train_phases.values()
         ),
@@ -532,7 +532,7 @@ def main() -> None:
         if args.analytic:
             if cid in done:
                 a = done[cid]["analytic"]
-                # Keep the first closed form's figure (analytic/reserve.py before the full-fine-tuning mechanisms).
+                # Keep the first closed form's figure (analytic/reserve/ before the full-fine-tuning mechanisms).
                 v1 = a.get("peak_reserved_v1", a["peak_reserved"])
                 # and the single-shape closed form's (before the run rule, bench/reserve/run_runs.py).
                 v2 = a.get("peak_reserved_v2", a["peak_reserved"])

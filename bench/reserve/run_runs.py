@@ -69,7 +69,7 @@ CONFIGS: dict[str, str] = {
     "llama-3.2-1b/full/b1/L512/nockpt/sdpa/fp32": "act_unused",
     "llama-3.2-3b/full/b1/L2048/ckpt/sdpa": "tied_grad",
 }
-# Every other grid config whose estimate the held mechanisms change (analytic/reserve.py); the rest of the grid
+# Every other grid config whose estimate the held mechanisms change (analytic/reserve/); the rest of the grid
 # follows (``_order``): each config's runs are the reference the grid test compares a dynamic-padding estimate with.
 HELD: tuple[str, ...] = (
     "llama-3.2-1b/lora/b1/L1024/nockpt/sdpa",
@@ -409,12 +409,12 @@ def table(recs: list[dict[str, Any]]) -> str:
 
 
 def mechanisms(cid: str) -> str:
-    """The switching mechanisms the estimate applies to the config (analytic/reserve.py ``_switching``)."""
-    from vramledger.analytic.reserve import _switching
+    """The switching mechanisms the estimate applies to the config (analytic/reserve/runs.py ``switches_on``)."""
+    from vramledger.analytic.reserve.runs import switches_on
     from vramledger.analytic.step import step_parts
 
     model, train, _ = run_grid.specs(_rows()[cid])
-    on = _switching(model, train, step_parts(model, train))
+    on = switches_on(model, train, step_parts(model, train))
     return "+".join(name for name, f in on._asdict().items() if f is not None) or "none"
 
 

@@ -75,7 +75,7 @@ def test_the_floor_never_falls_as_the_sequence_grows(
     """The workspace finds another home once a forward-freed block outgrows it (the mid model: the fp32 norm
     intermediate 4·H·T from 8,192 tokens, a checkpointed layer's MLP product 2·I·T from 5,958): a run with dynamic
     padding keeps the segments its shorter batches made, so its peak reserved never falls as L grows (the
-    planner's searches need that, as for analytic/reserve.py)."""
+    planner's searches need that, as for analytic/reserve/)."""
     m = model_spec_from_config(runner().MID, name="mid", source="test")
     precision = Precision.BF16 if version == 1 and method is Method.LORA else Precision.BF16_MIXED
     t = TrainSpec(

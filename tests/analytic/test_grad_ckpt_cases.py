@@ -2,7 +2,7 @@
 real step does.
 
 - phi-4, freeze + paged_adamw_8bit + eager + fused loss, 59 × 413, accumulation 59: checkpointing must not raise
-  the device total. The cause was ``analytic/reserve.py stranded_bytes`` counting one layer's recompute and
+  the device total. The cause was ``analytic/reserve/shape.py stranded_bytes`` counting one layer's recompute and
   backward transients as stranded under a fused loss, which makes no V·T request that could not reuse them.
 - gemma-3-4b, freeze 1 layer, fp16-true, adafactor, eager, fused loss, packed, 1 × 1400: here checkpointing does
   raise the backward peak, in the real step too. With one trained layer there is nothing to drop (its saved
@@ -81,7 +81,7 @@ def test_gemma3_one_trained_layer_checkpointing_costs_what_it_keeps() -> None:
 
 @pytest.mark.xfail(
     strict=True,
-    reason="analytic/reserve.py stranded_bytes: nothing stranded without checkpointing in fp32 (no c<4 logits "
+    reason="analytic/reserve/shape.py stranded_bytes: nothing stranded without checkpointing in fp32 (no c<4 logits "
     "hole), one layer's recompute and backward transients with it; the trace's replay strands more without",
 )
 def test_llama3_full_fp32_checkpointing_does_not_raise_the_device_total() -> None:

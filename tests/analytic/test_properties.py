@@ -88,7 +88,7 @@ def test_checkpointing_never_raises_activations(spec: TrainSpec, model: str) -> 
     back. With one, it drops nothing and keeps that layer's input, eager's masks and the fp32 copy its input norm
     saves once the input requires grad (tests/analytic/test_grad_ckpt_cases.py, measured on the trace): at most
     4·H·T + 4·H·T + 2 masks of 4·B·L² bytes. The device total is not asserted here: the allocator reserve can
-    grow under checkpointing (analytic/reserve.py: one layer's recompute and backward transients stay cached)."""
+    grow under checkpointing (analytic/reserve/: one layer's recompute and backward transients stay cached)."""
     m = resolve_model(model)
     on = estimate(m, dataclasses.replace(spec, grad_ckpt=True))
     off = estimate(m, dataclasses.replace(spec, grad_ckpt=False))

@@ -30,7 +30,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
-from vramledger.analytic.reserve import blocks_with_states, replay_excess, stranded_bytes
+from vramledger.analytic.reserve import replay_excess, stranded_bytes
+from vramledger.analytic.reserve.full import blocks_with_states
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
 from vramledger.catalog.hfconfig import model_spec_from_config
@@ -53,7 +54,7 @@ DORA_CKPT = (
     "at step 2's peak the replay holds, beyond the logits hole and one checkpointed layer's transients, DoRA's "
     "fp32 identity (peft lora/dora.py get_lora_weight torch.eye(in_features): 0.30 GiB for down_proj) and the "
     "load's segment tails (0.17 GiB in 98 blocks, 1.75 MiB of each 28 MiB segment of a 26.25 MiB MLP weight: "
-    "analytic/load_residue.py, left out under checkpointing where LORA_OVER already over-counts)"
+    "analytic/reserve/load_residue.py, left out under checkpointing where LORA_OVER already over-counts)"
 )
 LORA_OVER = "the checkpointed layer's transients modelled as stranded are partly reused"
 CKPT_FORWARD = (
@@ -87,7 +88,7 @@ RUN_ACTIVATIONS = (
 )
 ADAFACTOR_HELD = (
     "Adafactor's four fp32 temporaries of the embedding get segments of their own wherever the 4·V·T logits segment "
-    "is under two of them: up to 2 × 2045 (reserve.py _temporaries_switch), past the envelope's last sample (2 × "
+    "is under two of them: up to 2 × 2045 (optimizers.py temporaries_switch), past the envelope's last sample (2 × "
     "1984: 13.46 GiB; 2 × 2047 already reserves the 2 × 2048 figure, 10.75 GiB), and the loss bound under it "
     "over-counts the checkpointed layer's transients by 0.42 GiB (9.96 against the replay's 9.54 GiB after the loss)"
 )
@@ -220,7 +221,7 @@ def test_a_state_in_a_logits_block_makes_step_2_remake_it() -> None:
 
 
 def test_states_spilling_into_two_logits_blocks_make_step_2_remake_both() -> None:
-    """Mechanism 2 counted in whole blocks (reserve.py ``blocks_with_states``, ``_relaid_counted``), from the
+    """Mechanism 2 counted in whole blocks (reserve/full.py ``blocks_with_states``, ``relaid_counted``), from the
     allocator rules alone.
 
     Weights W = 200 MiB; step 1 frees a c·V·T logits block X = 100 MiB and three fp32 blocks F = 200 MiB; AdamW
@@ -242,7 +243,7 @@ def test_states_spilling_into_two_logits_blocks_make_step_2_remake_both() -> Non
 
 
 def test_activation_blocks_too_small_for_the_optimizer_stay_cached() -> None:
-    """Activations too small for the optimizer (reserve.py ``_activations_unused``): eight 16 MiB activation
+    """Activations too small for the optimizer (reserve/full.py ``activations_unused``): eight 16 MiB activation
     blocks freed after backward cannot hold the optimizer's 96 MiB per-parameter tensors (an fp32 state of a
     3072×8192 matrix): each gets a new segment, and at the optimizer's peak the 128 MiB of activation blocks are
     free but reserved: reserved = W + 8·16 + 4·96 MiB."""
@@ -257,7 +258,7 @@ def test_activation_blocks_too_small_for_the_optimizer_stay_cached() -> None:
 
 
 def test_the_backward_workspace_in_a_logits_block_costs_step_2_a_segment() -> None:
-    """The backward workspace (reserve.py ``_workspace_lost``), from the allocator rules alone: forward leaves
+    """The backward workspace (reserve/workspace.py ``workspace_lost``), from the allocator rules alone: forward leaves
     three fp32 logits blocks F = 400 MiB and 20 MiB blocks free; the backward thread's 32 MiB cuBLAS workspace
     (allocated once, never freed) fits only an F and is cut from it. Step 2's backward needs three F at once
     (log-softmax, two gradients): two are whole, the third is made anew. Reserved = 3F + 20 + F = 1620 MiB;
@@ -281,7 +282,7 @@ def test_a_shorter_batchs_lost_segment_stays_cached_when_a_longer_batch_comes() 
     a later, longer step needs three blocks G = 600 MiB at once. Best fit finds no cached block ≥ G (the cut F,
     the whole F, the 20 MiB ones), so it makes three G segments and keeps every F one: 1620 + 1800 = 3420 MiB,
     more than the longer step alone reserves (3G + 20 MiB + workspace = 1852 MiB) and more than the short steps
-    alone (1620 MiB). The estimate of such a run is the most any shape it meets reserves on its own (reserve.py
+    alone (1620 MiB). The estimate of such a run is the most any shape it meets reserves on its own (reserve/runs.py
     ``held_reserved``: 1620 here); the longer step's segments on top of the kept ones are the order-dependent
     creep that ``vramledger simulate`` replays and the closed form leaves out."""
     F, G = 400 * MiB, 600 * MiB
@@ -392,7 +393,7 @@ def test_within_3_percent_of_the_committed_trace_replay(rec: dict[str, Any]) -> 
     assert abs(gap) <= TOLERANCE
 
 
-# Setups where the switching mechanisms apply (reserve.py ``_switching``): adapters (the workspace), full without
+# Setups where the switching mechanisms apply (reserve/runs.py ``switches_on``): adapters (the workspace), full without
 # checkpointing (the activations), tied embeddings (Llama-3.2-1B, Qwen2.5-0.5B) with full fine-tuning.
 switching_specs = st.builds(
     TrainSpec,

@@ -1,5 +1,5 @@
-"""The LoRA mechanisms of the analytic reserve (analytic/forward_cache.py, load_residue.py, softcap_reserve.py and
-reserve.py's eager workspace band) against the caching-allocator rules and against the traced step.
+"""The LoRA mechanisms of the analytic reserve (analytic/reserve/forward_cache.py, load_residue.py, softcap.py and
+workspace.py's eager workspace band) against the caching-allocator rules and against the traced step.
 
 Truths used: allocation sequences written here from transformers' and PEFT's code, replayed through
 ``allocator/model.py`` (the port of CUDACachingAllocator.cpp); bench/reserve/forward_cache.jsonl, the free cache
@@ -20,10 +20,10 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
-from vramledger.analytic.forward_cache import adapter_forward_cache
-from vramledger.analytic.load_residue import load_tails
 from vramledger.analytic.reserve import replay_excess
-from vramledger.analytic.softcap_reserve import softcap_remade
+from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
+from vramledger.analytic.reserve.load_residue import load_tails
+from vramledger.analytic.reserve.softcap import softcap_remade
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
@@ -166,9 +166,9 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     from the last layer's freed fp32 softmax block (4·16·2·ℓ²) once ℓ ≥ 1000; while the rest is under the 32 MiB
     workspace (ℓ ≤ 1215: ℓ² − 1000ℓ < 2^18) the workspace takes an fp32 logits block and step 2 makes one more F,
     as the trace replay shows at ℓ = 1024 and not at 864 or 1216 (bench/reserve/runs.jsonl). The band the
-    estimate holds for this shape (reserve.py ``_workspace_band``) ends at 1215; the 2 MiB rounding of the softmax
+    estimate holds for this shape (workspace.py ``workspace_band``) ends at 1215; the 2 MiB rounding of the softmax
     block's segment ends it a few tokens earlier in the replay (1207, with 1213-1214 again)."""
-    from vramledger.analytic.reserve import _workspace_band
+    from vramledger.analytic.reserve.workspace import workspace_band
 
     ws, s, x, f = 32 * MiB, 4 * 16 * 2 * ell * ell, 2 * 32000 * 2 * ell, 4 * 32000 * 2 * ell
     reserved, _ = replay_excess(_eager_tail(s, x, f, ws))
@@ -178,7 +178,7 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     assert (made > f // 2) == lost
     m, _ = _specs("mid/lora/b1/L4096/nockpt/sdpa")  # the 8-layer Llama of bench/reserve/run_grid.py
     train = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=1400, grad_ckpt=False, attn=Attention.EAGER)
-    assert (2, 1215) in _workspace_band(m, train, step_parts(m, train))
+    assert (2, 1215) in workspace_band(m, train, step_parts(m, train))
 
 
 @settings(max_examples=60, deadline=None)

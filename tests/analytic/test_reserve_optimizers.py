@@ -1,5 +1,5 @@
-"""The reserve of the optimizers other than foreach AdamW (analytic/reserve.py ``_end_of_backward_bound``,
-``_casts_unused``, ``_relaid_without_temporaries``, ``_temporaries_switch``), from the caching allocator's rules.
+"""The reserve of the optimizers other than foreach AdamW (analytic/reserve/optimizers.py ``end_of_backward_bound``,
+``casts_unused``, ``_relaid_without_temporaries``, ``temporaries_switch``), from the caching allocator's rules.
 
 Truths: hand-built allocation sequences replayed through ``allocator/model.py`` (the port of
 CUDACachingAllocator.cpp: best fit by size, blocks of different segments never merge, requests ≥ 10 MiB get a
@@ -15,7 +15,8 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
-from vramledger.analytic.reserve import _casts_unused, replay_excess
+from vramledger.analytic.reserve import replay_excess
+from vramledger.analytic.reserve.optimizers import casts_unused
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
@@ -56,7 +57,7 @@ def test_casts_unused_for_llama_3_2_1b_by_hand() -> None:
     got = {}
     for opt in (Optimizer.SGD, Optimizer.ADAMW_FUSED):
         train = TrainSpec(method=Method.FULL, optimizer=opt, micro_batch=2, seq_len=1024, grad_ckpt=True)
-        got[opt] = _casts_unused(m, train, step_parts(m, train))
+        got[opt] = casts_unused(m, train, step_parts(m, train))
     print(f"expected SGD {copies - fitting}, fused 0; got {got}")
     assert got == {Optimizer.SGD: copies - fitting, Optimizer.ADAMW_FUSED: 0}
 
@@ -82,7 +83,7 @@ def test_adafactors_temporaries_pair_up_only_in_blocks_of_two() -> None:
     model="llama-3.2-1b",
     db=0,
     dl=1,
-)  # 4·V·T reaches the V×H gradient: the fused step's one re-made fp32 block gives way to ``_relaid_bytes``'s
+)  # 4·V·T reaches the V×H gradient: the fused step's one re-made fp32 block gives way to ``relaid_bytes``'s
 @example(
     train=TrainSpec(method=Method.FULL, optimizer=Optimizer.SGD, micro_batch=2, seq_len=1023, grad_ckpt=True),
     model="llama-3.2-1b",
@@ -105,8 +106,8 @@ def test_adafactors_temporaries_pair_up_only_in_blocks_of_two() -> None:
     dl=st.integers(0, 1024),
 )
 def test_reserved_never_falls_as_batch_or_length_grows(train: TrainSpec, model: str, db: int, dl: int) -> None:
-    """The end-of-backward reserve of the optimizers without step temporaries (reserve.py
-    ``_end_of_backward_bound``) switches terms off as the shape grows, as the foreach AdamW one does: the estimate's
+    """The end-of-backward reserve of the optimizers without step temporaries (reserve/optimizers.py
+    ``end_of_backward_bound``) switches terms off as the shape grows, as the foreach AdamW one does: the estimate's
     reserved must still never fall as the micro-batch or the length grows (the planner's searches rely on it)."""
     m = resolve_model(model)
     more = dataclasses.replace(train, micro_batch=train.micro_batch + db, seq_len=train.seq_len + dl)

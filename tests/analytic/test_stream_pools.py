@@ -124,7 +124,7 @@ def test_ddp_reserve_adds_nothing_to_the_single_gpu_model(rec: dict[str, Any]) -
     misses by what the single-GPU reserve misses on the same step, and by nothing more (within 1%)."""
     m, t = specs(rec)
     one = rec["single_view"]
-    # the single-GPU estimate of today (the recorded one predates changes to analytic/reserve.py), its trace recorded
+    # the single-GPU estimate of today (the recorded one predates changes to analytic/reserve/), its trace recorded
     inherited = estimate(m, compute_view(t)).peak_reserved - one["trace_peak_reserved"]
     got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
     print(rec["id"], "estimate", got, "replay", want, "inherited", inherited)

@@ -1,4 +1,4 @@
-"""TRL's ``chunked_nll`` reserve in a run with dynamic padding (analytic/reserve.py ``trl_stranded_bytes``).
+"""TRL's ``chunked_nll`` reserve in a run with dynamic padding (analytic/reserve/trl.py ``trl_stranded_bytes``).
 
 What the chain strands at one shape swings with the last chunk's size, B·(L − 1) mod 256, so a single shape's
 reserve is not monotone in L. A run with dynamic padding meets the shorter lengths too and the allocator never
@@ -20,7 +20,9 @@ from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
 from vramledger.analytic.logits import trl_chunk
-from vramledger.analytic.reserve import _Events, _trl_chain, replay_excess
+from vramledger.analytic.reserve import replay_excess
+from vramledger.analytic.reserve.events import Events
+from vramledger.analytic.reserve.trl import trl_chain
 from vramledger.catalog import resolve_model
 from vramledger.specs import Loss, Method, Precision, TrainSpec
 from vramledger.specs.train import TRL_CHUNK_TOKENS
@@ -68,8 +70,8 @@ def _chain(m, train: TrainSpec, workspace: int) -> tuple[tuple[int, int], ...]: 
     n = train.micro_batch * (train.seq_len - 1)
     k = min(train.tokens, TRL_CHUNK_TOKENS)
     short = n - k * (-(-n // k) - 1)
-    seq = _Events()
-    _trl_chain(seq, t, seq.alloc(t.hidden), workspace, trl_chunk(m, train, short) if 0 < short < k else None)
+    seq = Events()
+    trl_chain(seq, t, seq.alloc(t.hidden), workspace, trl_chunk(m, train, short) if 0 < short < k else None)
     live: dict[int, int] = {}
     for i, size in seq.events:
         if size:

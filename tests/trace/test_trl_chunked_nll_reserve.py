@@ -1,6 +1,6 @@
 """TRL's ``chunked_nll``: the estimate's peak reserved against the trace's allocator replay (issue 14 item 3: within
 3%). The replay (``trace_step`` on fake tensors, its events through allocator/model.py) is the independent truth;
-the estimate's term is analytic/reserve.py ``trl_stranded_bytes``. A small Llama with Llama-3's vocabulary, so
+the estimate's term is analytic/reserve/trl.py ``trl_stranded_bytes``. A small Llama with Llama-3's vocabulary, so
 each chunk's blocks (4·V·256 fp32) are larger than the backward thread's 32 MiB cuBLAS workspace, as in real
 models. On main before that term these configs were 11-15% under."""
 

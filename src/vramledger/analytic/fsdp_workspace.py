@@ -15,9 +15,9 @@ hole, unless the step's own layer transients are cut from it (under checkpointin
 
 The replay of the traced default stream shows it in every FSDP row of the grid but the 1B-parameter ones
 (bench/distributed/grid.jsonl; ``python bench/distributed/run_grid.py --causes ID``): step 2 makes a 126 MiB
-``_log_softmax_backward_data`` (or ``_log_softmax``) segment with the workspace in step 1's. analytic/reserve.py
+``_log_softmax_backward_data`` (or ``_log_softmax``) segment with the workspace in step 1's. analytic/reserve/
 models the same mechanism for a single GPU only with adapters and a run with dynamic padding
-(``_workspace_lost``); under FSDP it applies whatever is trained, because what else forward frees differs:
+(``workspace_lost``); under FSDP it applies whatever is trained, because what else forward frees differs:
 
 - FSDP2 with ``reshard_after_forward`` (FULL_SHARD, HYBRID_SHARD): each layer's unsharded parameters are freed
   after its forward (fsdp/_fully_shard/_fsdp_param_group.py ``post_forward`` → ``reshard``; _fsdp_param.py
@@ -29,7 +29,7 @@ models the same mechanism for a single GPU only with adapters and a run with dyn
   (``pre_backward``) and are live then; SHARD_GRAD_OP keeps every layer's until its backward.
 - FSDP1 unshards into its unshard stream's pool (analytic/stream_pools.py): the default stream sees only the
   rivals of one GPU.
-- Either: the rivals analytic/reserve.py lists for one GPU (``_workspace_rivals_per_token``: the fp32 norm
+- Either: the rivals analytic/reserve/ lists for one GPU (``workspace_rivals_per_token``: the fp32 norm
   intermediates, PEFT's fp32 input casts, a checkpointed layer's MLP intermediates) and eager's scores.
 
 Not modelled: FSDP1's lazy initialisation (_flat_param.py ``init_flat_param_attributes``) allocates and frees each
@@ -56,12 +56,12 @@ from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import (
     ShapePeaks,
-    _workspace_rivals_per_token,
     cublas_workspace_block,
     logits_blocks,
     small_pool_excess,
     stranded_bytes,
 )
+from vramledger.analytic.reserve.workspace import workspace_rivals_per_token
 from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
 
 SOURCE = (
@@ -93,7 +93,7 @@ class _Band(NamedTuple):
 
 def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
     """The shapes where the workspace lands in an fp32 logits block (None: none). The rivals scale with the tokens
-    (b·ℓ; eager's scores with b·ℓ², DoRA's weight norm not at all), as in analytic/reserve.py ``_switching``."""
+    (b·ℓ; eager's scores with b·ℓ², DoRA's weight norm not at all), as in analytic/reserve/runs.py ``switches_on``."""
     c = train.precision.compute.bytes
     if train.fsdp is None or train.loss is not Loss.STANDARD or c == 4 or not p.weights.trainable_layers:
         return None
@@ -102,7 +102,7 @@ def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
         u = fsdp_gathered_bytes(train, p.weights)
         if u * max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0) >= ws:
             return None  # a freed unsharded parameter holds it, whatever the shape
-    per_token = max(_workspace_rivals_per_token(m, train, p))
+    per_token = max(workspace_rivals_per_token(m, train, p))
     scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
 
     def no_rival(b: int, ell: int) -> bool:
@@ -118,7 +118,7 @@ def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
 def held_floor(
     m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int, at: ShapePeaks | None, side: int
 ) -> int:
-    """The default pool's floor of a run (``default_pool_floor``), as analytic/reserve.py treats a mechanism that
+    """The default pool's floor of a run (``default_pool_floor``), as analytic/reserve/ treats a mechanism that
     switches off as the shape grows (``peak_reserved``, ``held_reserved``): a packed run leaves it out; a run with
     dynamic padding meets every shape up to (B, L) and keeps the segments each made, so it gets the largest floor
     over the shapes where the mechanism is on (it grows with the shape inside that band, so the band's upper edge is
@@ -157,10 +157,10 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
 
     ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over.
     On top of ``loss_peak``, cached and free: the c·V·T logits hole less the optimizer states step 1 put in it (the
-    first block they fill: analytic/reserve.py ``_single_shape``), and the larger of the workspace block's
+    first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
     remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
     that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
-    (analytic/distributed.py ``engine_dtypes``), as for analytic/reserve.py.
+    (analytic/distributed.py ``engine_dtypes``), as for analytic/reserve/.
     """
     if not workspace_in_logits(m, train, p):
         return 0

@@ -54,7 +54,7 @@ def cublas_workspace_bytes(gpu: GPUSpec | None) -> int:
         return sum(device_overhead("hopper").workspace_sizes())
 
 
-# Training steps take their reserve from analytic/reserve.py (the allocator's rules applied to the step); this
+# Training steps take their reserve from analytic/reserve/ (the allocator's rules applied to the step); this
 # flat assumption remains for inference and for evaluation phases that allocate beyond the training step's cache.
 RESERVE_FRACTION = 0.05
 RESERVE_SOURCE = (

@@ -62,8 +62,8 @@ DDP allocates its buckets and runs its all-reduce on the default stream's tensor
 and its reserve is the single-GPU model's.
 
 Each pool's reserved bytes are its two steps' allocations and frees, in the order above, replayed through the
-caching-allocator model (analytic/reserve.py ``replay_excess``: block rounding, 2 MiB small-pool and 20 MiB
-mid-size segments, best fit, splitting). The default pool is analytic/reserve.py's model applied to what is
+caching-allocator model (analytic/reserve/events.py ``replay_excess``: block rounding, 2 MiB small-pool and 20 MiB
+mid-size segments, best fit, splitting). The default pool is analytic/reserve's model applied to what is
 allocated on the default stream at each phase's peak (the moment's bytes less the side pools' live ones).
 Checked against the per-stream replay of the traces in bench/distributed/grid.jsonl
 (tests/analytic/test_stream_pools.py).
@@ -155,8 +155,8 @@ class SidePools:
         return self.all_gather + self.pre_unshard + self.reduce_scatter + self.all_reduce
 
 
-class _Events:
-    """Allocation/free sequence with fresh ids (analytic/reserve.py ``Seq``)."""
+class Events:
+    """Allocation/free sequence with fresh ids (analytic/reserve/events.py ``Seq``)."""
 
     def __init__(self) -> None:
         self.seq: list[tuple[int, int]] = []
@@ -256,7 +256,7 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
 
 def _fsdp2_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> int:
     """FSDP2's copy-in stream over two steps (module docstring)."""
-    ev = _Events()
+    ev = Events()
 
     def gather(x: Unit) -> int:
         host = ev.alloc(x.host_copy) if x.host_copy else None
@@ -284,7 +284,7 @@ def _no_shard_casts(root: Unit, layers: list[Unit], *, u: int) -> int:
     ``_use_low_precision_shard``), freed in ``post_reshard`` after its forward and after its backward; the root's
     spans the forward and is cast again by its pre-backward hook, which prefetches the last layer (``BACKWARD_PRE``:
     two layers' casts at once from then on)."""
-    pre = _Events()
+    pre = Events()
 
     def cast(x: Unit) -> int | None:
         return pre.alloc(u * x.cast) if x.cast else None
@@ -307,7 +307,7 @@ def _no_shard_casts(root: Unit, layers: list[Unit], *, u: int) -> int:
 def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: int, n: int) -> tuple[int, int]:
     """FSDP1's unshard and pre-unshard streams over two steps: the unsharded flat parameters themselves, and the
     low-precision (or host-copied) shards they are gathered from."""
-    ev, pre = _Events(), _Events()
+    ev, pre = Events(), Events()
     kept_root = not root.trainable  # a frozen root is never resharded in backward (analytic/distributed.py)
     sgo = train.fsdp is Sharding.SHARD_GRAD_OP
 
@@ -353,9 +353,9 @@ def _reduce_scatter(
     ``_all_reduce_stream``); ``held``: the r buffer stays until the end of backward (FSDP2's ``_all_reduce_state``;
     FSDP1 drops it once cast); ``in_place``: NO_SHARD all-reduces autograd's gradient where it is (the default
     stream's) and only the cast is this stream's (_runtime_utils.py ``_reduce_grad_no_shard``)."""
-    ev, ar = _Events(), _Events()
+    ev, ar = Events(), Events()
     for _ in range(2):
-        kept: list[tuple[_Events, int]] = []
+        kept: list[tuple[Events, int]] = []
         kept_r: list[int] = []
         for x in order:
             if not x.trainable:
@@ -434,9 +434,9 @@ class ReserveLine(NamedTuple):
 def pooled_phase_reserves(
     m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment], at: ShapePeaks | None = None
 ) -> dict[Phase, list[ReserveLine]]:
-    """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve.py ``phase_reserves`` of what the
+    """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve ``phase_reserves`` of what the
     default stream holds (at least analytic/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
-    of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve.py ``ShapePeaks``),
+    of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve ``ShapePeaks``),
     for a run with dynamic padding."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
     default = {ph: mo.total - off[ph] for ph, mo in moments.items()}
@@ -455,7 +455,9 @@ def pooled_phase_reserves(
         floor, floor_source = flat_floor, FLATTEN_POOL_SOURCE
     out: dict[Phase, list[ReserveLine]] = {}
     for ph, (n, source, basis) in base.items():
-        if not pools or basis is not Basis.FORMULA:  # no side pool; or a phase reserve.py leaves to its assumption
+        if (
+            not pools or basis is not Basis.FORMULA
+        ):  # no side pool; or a phase analytic/reserve/ leaves to its assumption
             out[ph] = [ReserveLine(n, RESERVE_LABEL, source, basis)]
             continue
         if floor - default[ph] > n:

@@ -25,7 +25,7 @@ and 2 MiB thresholds, the free cache per token is a property of the architecture
 per-token figure × T, which never falls as T grows: within 6% of the traced forwards where the residual stream's
 requests are ≥ 10 MiB. Below that the allocator's 20 MiB segments for smaller requests change the layout (the
 trace holds up to 39% more, the 8-layer toy of bench/reserve/ at 1 × 4096, or 12% less, Llama-3.2-1B at 1 × 1024).
-Eager attention's score blocks are not in the sequence (reserve.py counts the largest as stranded). DoRA (its
+Eager attention's score blocks are not in the sequence (reserve/ counts the largest as stranded). DoRA (its
 ``DoraLinearVariant.forward`` is another sequence), architectures whose projections are not named like Llama's
 (``q_proj`` … ``down_proj``, or Phi-3's fused ``qkv_proj``/``gate_up_proj``) and MoE layers are not modelled (0).
 
@@ -47,7 +47,7 @@ from vramledger.specs import Loss, ModelSpec, TrainSpec
 # far above kMinLargeAlloc (10 MiB), so the replayed layout scales with T.
 T_REF = 1 << 17
 # Losses whose requests at the peak are larger than these blocks (the standard loss's V·T ones, TRL's 4·256·V chunks);
-# a fused or chunked loss's chunk requests are cut from what the layers left cached (reserve.py ``stranded_bytes``).
+# a fused or chunked loss's chunk requests are cut from what the layers left cached (shape.py ``stranded_bytes``).
 _LOSSES_ABOVE = (Loss.STANDARD, Loss.CHUNKED_NLL)
 _NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 _FUSED = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")  # Phi-3

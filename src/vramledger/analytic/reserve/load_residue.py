@@ -13,7 +13,7 @@ hold its 4 MiB k and v at 4 × 2048). The trace replay shows them at step 2's pe
 in 84 blocks made by the load, Gemma-2-2B LoRA 2 × 1024: 195 MiB; a 2-layer toy's are used: bench/reserve/).
 
 Under checkpointing the tails stay cached too (Qwen3-1.7B LoRA 1 × 4096: 8 MiB, the custom 8-layer Llama 8 × 512: 18
-MiB), but there the checkpointed layer's transients counted as stranded (reserve.py ``stranded_bytes``) already
+MiB), but there the checkpointed layer's transients counted as stranded (reserve/shape.py ``stranded_bytes``) already
 over-count what is cached (tests/analytic/test_reserve.py LORA_OVER, +3 to +7%): the tails are left out until that
 term is right.
 

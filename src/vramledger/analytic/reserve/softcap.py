@@ -1,5 +1,5 @@
 """Gemma 2's final-logit softcapping: an fp32 logits block step 2 makes again, at the shapes where the 2 MiB rounding
-puts tanh's output into a freed fp32 block (analytic/reserve.py, a mechanism that switches on and off with the shape).
+puts tanh's output into a freed fp32 block (analytic/reserve/, a mechanism that switches on and off with the shape).
 
 transformers ``Gemma2ForCausalLM.forward``: ``logits = logits / cap; logits = torch.tanh(logits); logits = logits *
 cap`` on the c·V·T logits before ``ForCausalLMLoss`` casts them to fp32 (4·V·T = 2X with c = 2 bytes, X = c·V·T);

@@ -1,0 +1,226 @@
+"""Full fine-tuning (and freeze): the logits chain's blocks, the optimizer states step 1 creates into them, the
+whole blocks step 2 makes again, and the activation, temporary and tied-gradient blocks the per-parameter tensors
+cannot use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+
+from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.parts import StepParts
+from vramledger.specs import Attention, Loss, ModelSpec, Optimizer, TrainSpec
+
+
+def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
+    """The blocks of the standard loss's logits chain, smallest first: the c·V·T logits (with c < 4), the fp32 copy
+    (c < 4), the fp32 log-softmax and the fp32 ``_log_softmax_backward_data`` gradient, each 4·V·T (transformers
+    ``ForCausalLMLoss``; the trace shows each in a segment of its own). None for a chunked or fused loss."""
+    if train.loss is not Loss.STANDARD:
+        return ()
+    T, V, c = train.tokens, m.vocab_size, train.precision.compute.bytes
+    fp32 = (4 * V * T,) * (3 if c != 4 else 2)
+    return ((c * V * T,) if c != 4 else ()) + fp32
+
+
+def activations_unused(p: StepParts) -> int:
+    """Full fine-tuning without checkpointing where c·I·T < b·H·I (``switches_on``): every activation block is
+    smaller than a decoder matrix's gradient, state or foreach temporary (b·H·I), so ``optimizer.step()`` makes
+    its own segments and the saved activations' stay cached at its peak (bench/reserve/replay_causes.jsonl)."""
+    return p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
+
+
+def tied_gradient_block(p: StepParts) -> int:
+    """A V·H gradient block step 2 makes again for a tied embedding (full fine-tuning), where 4·V·T < V·H·b.
+
+    With tied weights backward holds three V·H tensors at once: lm_head's gradient (already in ``.grad``), the
+    embedding's (``embedding_dense_backward``) and their sum (AccumulateGrad's out-of-place ``add``). After step 1
+    the two freed ones are exactly the size of the embedding's states, which ``_init_group`` creates first (the
+    embedding is the first parameter), so best fit puts the states there. Step 2's backward then finds two V·H
+    blocks (the sum's, freed by ``zero_grad``, and the foreach temporary's of step 1's optimizer) and, where the
+    freed fp32 logits blocks are smaller than V·H, nothing else: it makes one more (the replay shows the ``add``
+    block made in step 2). Not seen with an fp32 compute dtype (Llama-3.2-1B fp32 in the grid: the replay makes
+    no such block; why is not known), so not applied there (``switches_on``).
+    """
+    return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+
+
+def decoder_mlp_width(m: ModelSpec) -> int:
+    """I: the MLP width one token goes through (top-k experts' for a MoE)."""
+    return m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size
+
+
+def _activations_too_small_for_parameters(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """No checkpointing and c·I·T < b·H·I: no gradient, state or foreach temporary of a decoder matrix fits in an
+    activation block."""
+    c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
+    I = decoder_mlp_width(m)  # noqa: E741
+    return not train.grad_ckpt and c * I * train.tokens < b * m.hidden_size * I
+
+
+def temporaries_unused_by_activations(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The foreach temporaries' segments, cached at step 2's loss peak where every c·I·T activation is larger than
+    a decoder matrix's per-parameter tensor (b·H·I) and so cannot use them (term 1)."""
+    c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
+    I = decoder_mlp_width(m)  # noqa: E741
+    if train.grad_ckpt or not p.weights.trainable_layers or c * I * train.tokens <= b * m.hidden_size * I:
+        return 0
+    return p.step_temp_bytes
+
+
+def states_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stranded: int) -> int:
+    """Bytes of optimizer states step 1 puts into the logits chain's blocks.
+
+    The cache outside the logits blocks after step 1's backward is R1 less the weights, the chain and the
+    stranded blocks (none of it usable when the activation blocks are too small); the gradients G are already
+    in it. States beyond what is left go into the logits blocks; and one state of the V·H embedding (or lm_head)
+    goes there anyway when it is larger than every activation block (c·I·T, a layer's forward transients).
+    """
+    S = p.state_bytes
+    chain = logits_blocks(m, train)
+    if not S or not chain:
+        return 0
+    wb = p.weights
+    W = p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes
+    outside = 0
+    if not _activations_too_small_for_parameters(m, train, p):
+        outside = max(r1 - W - sum(chain) - stranded, 0)
+    into = min(S, max(S + p.grad_bytes - outside, 0))
+    n_states = max(round(S / max(p.grad_bytes, 1)), 1)
+    one_state = wb.lm_head_weight_numel * S // max(n_states * wb.trainable_params, 1)
+    if one_state > max(train.precision.compute.bytes * decoder_mlp_width(m) * train.tokens, p.forward_layer_temp):
+        into = max(into, one_state)
+    return into
+
+
+def relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """fp32 logits bytes step 2 makes again because step 1's states sit in those blocks (term 2).
+
+    Step 2's backward needs three fp32 4·V·T blocks at once (the saved log-softmax and two gradients); the space
+    the states took in them is made again, up to the states' size. A request no larger than the V·H gradient
+    (lm_head's or the embedding's) finds a freed gradient or foreach-temporary block instead. Counted as if the
+    states went into the logits blocks whatever else is cached (an over-estimate where they fit in activation
+    blocks): the bytes they really take there shrink as a longer sequence brings larger activation blocks, and
+    the estimate must not fall with the shape.
+    """
+    chain = logits_blocks(m, train)
+    fp32 = [x for x in chain if x == 4 * m.vocab_size * train.tokens]
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    if not p.state_bytes or not fp32 or fp32[0] <= head:
+        return 0
+    return min(p.state_bytes, sum(fp32))
+
+
+def remade_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, tuple[int, ...]]:
+    """The c·V·T logits block (0 with c = 4), and the blocks step 2's backward needs whole, in the order step 1's
+    optimizer states reach them: the standard loss's fp32 4·V·T logits blocks (three with c < 4: the fp32 copy,
+    the log-softmax, ``_log_softmax_backward_data``'s gradient; two with c = 4), then, with eager attention, the
+    two fp32 4·nh·L² blocks per sequence of a layer's attention backward (the upcast gradient of the probabilities
+    and ``_softmax_backward_data``'s output: transformers ``eager_attention_forward`` computes the softmax in fp32).
+    Empty for a chunked or fused loss."""
+    chain = logits_blocks(m, train)
+    if not chain:
+        return 0, ()
+    hole = chain[0] if len(chain) == 4 else 0
+    fp32 = chain[1:] if hole else chain
+    eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    return hole, fp32 + ((eager, eager) if train.attn is Attention.EAGER else ())
+
+
+def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
+    """How many of ``blocks`` step 1's optimizer states S reach, counted as if they all go into the logits chain
+    and these blocks: what the c·V·T block (``hole``) cannot hold spills into them in order, each whole one after
+    the previous one is full.
+
+    torch/optim/adam.py ``Adam._init_group`` (AdamW subclasses it) creates ``exp_avg`` then ``exp_avg_sq`` with
+    ``torch.zeros_like``, parameter by parameter, after step 1's backward, into whatever the cache holds. Each takes
+    the smallest cached block at least as large (CUDACachingAllocator.cpp ``get_free_block``, best fit), and a
+    larger one is split, its rest staying cached (``alloc_found_block``, ``should_split``): the c·V·T block fills
+    first, and a split block's rest, smaller than a whole one, before the next whole one.
+    bench/reserve/replay_states.jsonl measures it: step 2 makes again the counted number of fp32 logits blocks on
+    17 of the 24 full fine-tuning configs with AdamW where 4·V·T exceeds the V·H gradient (the gradients, placed
+    in step 1's backward, fill the activation blocks the states could otherwise use); one block off on the others.
+
+    >>> blocks_with_states(S=300, hole=50, blocks=(100, 100, 100))  # 250 past the hole: three blocks reached
+    3
+    >>> blocks_with_states(S=120, hole=50, blocks=(100, 100, 100))
+    1
+    """
+    spill, reached = S - hole, 0
+    for size in blocks:
+        if spill <= 0:
+            break
+        reached, spill = reached + 1, spill - size
+    return reached
+
+
+def relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callable[[int, int], bool]]:
+    """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
+    for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
+    with the shape, the states do not). None with adapters, another optimizer or a chunked or fused loss."""
+    wb = p.weights
+    small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
+    _, blocks = remade_blocks(m, train)
+    if train.adapters or small or not blocks or not wb.trainable_layers or train.optimizer not in _ADAM_INIT_GROUP:
+        return []
+
+    def reached(b: int, ell: int) -> int:
+        hole, at = remade_blocks(m, replace(train, micro_batch=b, seq_len=ell))
+        return blocks_with_states(p.state_bytes, hole, at)
+
+    out: list[Callable[[int, int], bool]] = []
+    for k in range(1, len(blocks) + 1):
+
+        def on(b: int, ell: int, k: int = k) -> bool:
+            return reached(b, ell) >= k
+
+        out.append(on)
+    return out
+
+
+# torch.optim.AdamW in its three implementations: states created by Adam._init_group (torch/optim/adam.py).
+_ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
+
+
+def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The blocks step 2 makes again because step 1's states sit in them, counted at this shape (term 2,
+    ``on.relaid``): none where the states fit in the c·V·T logits block, the blocks they reach made again whole
+    where they reach two or more (``blocks_with_states``), the bound min(S, 3·4·V·T) in between.
+
+    A block with a state inside cannot serve step 2's request of its own size (``get_free_block`` needs one free
+    block at least that large; blocks of different segments never merge, ``try_merge_blocks``), so each block a
+    state reached is made again whole: the blocks' bytes, not the states' (Qwen2.5-0.5B full, 8 × 512: states of
+    1.59 fp32 logits blocks, two made again, 4.98 GB, where min(S, 3·4·V·T) counts 3.95 GB; Llama-3.2-3B eager,
+    2 × 2048: the three fp32 logits blocks and an eager backward block; Qwen3-0.6B 4 × 4096: states 0.48 of a
+    4·V·T block, the c·V·T block 0.5, none made again). Where the count is one (S − c·V·T < 4·V·T), whether a
+    state reaches an fp32 block at all depends on the room the gradients leave in the c·V·T block and the
+    activation blocks, which the estimate does not model (replay_states.jsonl: Qwen2.5-0.5B 16 × 256 one block,
+    Qwen2.5-1.5B 8 × 512 three): there the bound stays. The count falls as the shape grows, so a run with dynamic
+    padding counts it at the longest shapes ≤ (B, L) where it is at least 1, 2, … (``relaid_regions``,
+    ``held_reserved``); a packed run keeps the bound. As in ``relaid_bytes``, where a 4·V·T request is no larger
+    than the V·H gradient it finds a freed gradient block instead (0 then).
+    """
+    hole, blocks = remade_blocks(m, train)
+    if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
+        return relaid_bytes(m, train, p)
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    reached = blocks_with_states(p.state_bytes, hole, blocks)
+    if blocks[0] <= head or reached == 0:
+        return 0
+    return relaid_bytes(m, train, p) if reached == 1 else sum(blocks[:reached])
+
+
+def eager_backward_segments(m: ModelSpec, train: TrainSpec) -> int:
+    """Eager attention's two fp32 backward blocks, made as new segments after step 1's loss peak where they are
+    larger than every block backward has freed by then (full fine-tuning, the standard loss).
+
+    A layer's attention backward holds two fp32 4·nh·L² blocks per sequence at once (``remade_blocks``). The
+    largest blocks freed by then are the fp32 4·V·T logits blocks; where 4·nh·L²·B > 4·V·T (nh·L > V) best fit
+    finds none that holds them (``get_free_block``) and two segments are made on top of step 1's loss-peak reserve
+    (mid toy model of bench/reserve/, eager, 1 × 2048, nh·L = 32,768 > V = 32,000: the replay reserves 6.12 GB
+    at step 1's loss peak and 6.67 GB before its optimizer, the two 268 MB blocks of ``_to_copy`` and
+    ``_softmax_backward_data`` made in between)."""
+    if train.attn is not Attention.EAGER or train.loss is not Loss.STANDARD:
+        return 0
+    eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    return 2 * eager if eager > 4 * m.vocab_size * train.tokens else 0

@@ -1,0 +1,133 @@
+"""Optimizers other than foreach AdamW: without step temporaries (SGD, fused AdamW, the 8-bit ones) the step's
+reserve is set at the end of backward; Adafactor's temporaries get segments of their own where they cannot pair up
+in the logits blocks (docs/reserve.md "Optimizers other than foreach AdamW")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vramledger.allocator.conf import K_SMALL_SIZE, allocation_size, round_size
+from vramledger.analytic.params import in_layers, layer_linears
+from vramledger.analytic.parts import StepParts, embedding_gradient_before_accumulation, tied_gradient_sum
+from vramledger.analytic.reserve.full import activations_unused, logits_blocks
+from vramledger.analytic.reserve.switches import Switching
+from vramledger.specs import Loss, ModelSpec, Optimizer, TrainSpec
+
+# Optimizers whose step makes no temporaries (SGD, fused AdamW, the 8-bit ones): the step's last allocations are not
+# in ``optimizer.step()`` but at the end of backward, where a tied embedding's gradient and its sum with lm_head's
+# are live beside every gradient and state (analytic/parts.py ``tied_gradient_sum``). What the blocks freed before
+# then cannot hold stays cached there: the bench's replays of SGD and fused AdamW put the step's peak reserved at
+# that moment (bench/reserve/replay_causes.jsonl; docs/reserve.md "Optimizers other than foreach AdamW").
+
+
+def end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak: int, on: Switching) -> int:
+    """Reserved at the end of backward for full fine-tuning with an optimizer that makes no step temporaries (0
+    otherwise: a foreach step's temporaries make its own moment the larger, term 3 of ``single_shape``).
+
+    Allocated there: the optimizer's moment (weights, gradients, states) plus the embedding's new V×H gradient and
+    the tied sum (analytic/step.py ``_end_of_backward``). Cached and free:
+    the saved activations where they are too small for a decoder matrix's gradient (``on.activations``, as in term
+    3: backward has freed them all by then), the autocast copies no per-parameter tensor fits (``casts_unused``),
+    and with states the fp32 logits block step 2 makes again (``_relaid_without_temporaries``).
+    """
+    wb = p.weights
+    if p.step_temp_bytes or train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        return 0
+    allocated = opt_peak + embedding_gradient_before_accumulation(m, train, p) + tied_gradient_sum(m, train, p)
+    cached = (activations_unused(p) if on.activations else 0) + casts_unused(m, train, p)
+    return allocated + cached + _relaid_without_temporaries(m, train, p)
+
+
+def _relaid_without_temporaries(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """One fp32 logits block (4·V·T) step 2 makes again when step 1's optimizer created states and freed no
+    temporaries (fused AdamW), where 4·V·T is no larger than the V·H gradient (above it ``relaid_bytes`` counts
+    them all).
+
+    The states take the cached blocks best fit gives them (``_init_group``, after step 1's backward), the activation
+    blocks among them; step 2's forward, finding fewer, cuts its activations and casts from the logits chain's bf16
+    blocks, whose own requests then take the fp32 ones: the fp32 log-softmax finds no block left and gets a new
+    segment, cached and nearly free at the end of backward (the replay of Llama-3.2-1B full, fused AdamW, 2 × 1024:
+    made in step 2's forward, 0.79 of its 0.98 GiB free there). A foreach step's temporaries, freed after it, leave
+    V·H blocks that serve it instead. Without states (SGD) step 2 finds step 1's blocks as step 1 left them.
+    """
+    fp32 = [x for x in logits_blocks(m, train) if x == 4 * m.vocab_size * train.tokens]
+    head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    if not p.state_bytes or not fp32 or fp32[0] > head:
+        return 0
+    return fp32[0]
+
+
+def casts_unused(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Blocks of autocast's copies of the trained decoder matrices that no gradient, state or temporary can use.
+
+    Under AMP with fp32 trained weights, autocast caches a c-byte copy of each one for the whole forward (torch
+    autocast_mode.cpp ``cached_cast``; analytic/step.py ``_autocast_casts``) and frees them all when forward ends.
+    Each is half its matrix's fp32 gradient (c/b), so only the per-parameter tensors of the matrices whose b-byte
+    size is at most the largest copy fit in those blocks (Llama: q, k, v and o's in the MLP's copies); the rest of
+    the copies' bytes stay cached while the gradients of the larger matrices make segments of their own
+    (Llama-3.2-1B full SGD with checkpointing, 2 × 1024: 1.4 GiB of 32 MiB blocks free at backward's end).
+    """
+    wb = p.weights
+    c, b = train.precision.compute.bytes, wb.trainable_dtype.bytes
+    if not train.precision.mixed or c >= b or not wb.trainable_layers:
+        return 0
+    mats = [
+        (lin.in_features * lin.out_features, lin.per_layer * min(in_layers(m, lin), wb.trainable_layers))
+        for lin in layer_linears(m)
+    ]
+    largest = max((n for n, _ in mats), default=0)
+    copies = sum(c * n * k for n, k in mats)
+    fitting = sum(b * n * k for n, k in mats if b * n <= c * largest)
+    per_parameter = 1 + round(p.state_bytes / max(p.grad_bytes, 1))  # a gradient and its states
+    return max(copies - per_parameter * fitting, 0)
+
+
+# transformers ``Adafactor.step`` works one parameter at a time (analytic/optimizer.py): with the V×H embedding (the
+# first parameter, and the largest) it holds k fp32 temporaries of t = 4·n bytes at once, k = 4 with 16-bit
+# parameters (2 with fp32). They are made after backward has freed the logits chain, so best fit puts them in its
+# three fp32 4·V·T blocks, two to a block where 4·V·T ≥ 2·t. Below that the temporaries cannot pair up, and the
+# replay (Llama-3.2-1B full, bf16-true, Adafactor, checkpointing, 2 × ℓ: bench/reserve/runs.jsonl) shows the step
+# with k segments of t of its own over the two steps: step 1's gradients fill the chain's blocks, so the step makes
+# segments for its temporaries, and step 2's gradients, best fit, are cut from those (the smallest blocks that hold
+# them) while the temporaries take the chain's blocks and a new one: at 2 × 1984 reserved = the loss's 9.54 GiB + 4
+# · 0.98 GiB (13.46 GiB), against 10.75 GiB at 2 × 2048, where the chain's 2·t blocks hold them. The reserve above
+# the analytic loss bound (loss peak + stranded) is 3.6·t to 3.8·t at every length from 2 × 1024 to 2 × 1984 (the
+# bound over-counts the checkpointed layer's transients by about 0.4·t), 3.6·t to 4.7·t below, 0.6·t at 2 × 2048.
+# It switches off as the shape grows, like the three mechanisms above (``Switching.temporaries``): a packed run's
+# estimate leaves it out, a run with dynamic padding holds it at the edge of the shapes where it is on.
+
+
+def temporaries_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
+    """Where the step's k temporaries of t bytes cannot pair up in the fp32 logits blocks: the 4·V·T segment (its
+    cudaMalloc size, ``get_allocation_size``: rounded up to 2 MiB) under 2·t (None: never, or not an optimizer that
+    steps one tensor at a time with temporaries of its own). The rounding matters: at 2 × 2047 tokens 4·V·T is 1 MiB
+    under 2·t for Llama-3.2-1B, its segment exactly 2·t, and the replay reserves the 2 × 2048 figure."""
+    t = _step_temporary(m, train, p)
+    if not t or train.loss is not Loss.STANDARD or not logits_blocks(m, train):
+        return None
+    V = m.vocab_size
+
+    def temporaries(b: int, ell: int) -> bool:
+        return allocation_size(round_size(4 * V * b * ell)) < 2 * round_size(t)
+
+    return temporaries
+
+
+def _step_temporary(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """t: one of Adafactor's fp32 temporaries of the largest trained tensor, 4·n (0 for other optimizers, for
+    adapters, whose tensors live in the small pool, and without step temporaries)."""
+    wb = p.weights
+    if train.optimizer is not Optimizer.ADAFACTOR or train.adapters or not p.step_temp_bytes:
+        return 0
+    if wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        return 0
+    return 4 * wb.largest_trainable_numel
+
+
+def temporaries_bound(m: ModelSpec, train: TrainSpec, p: StepParts, loss_reserved: int, on: Switching) -> int:
+    """Where Adafactor's temporaries cannot pair up (``on.temporaries``): the loss's reserve (``loss_reserved``, term
+    1's loss peak + stranded) plus k segments of t made for them (see above); 0 otherwise."""
+    t = _step_temporary(m, train, p)
+    if not on.temporaries or not t:
+        return 0
+    return loss_reserved + p.step_temp_bytes // t * t

@@ -1,0 +1,177 @@
+"""A run's peak reserved (``peak_reserved``): a packed run meets one shape; a run with dynamic padding meets every
+shape up to (B, L) and the allocator keeps each one's segments, so it gets the largest single-shape reserve over
+them, the mechanisms that switch off as the shape grows included (``held_reserved``; docs/reserve.md "Runs")."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from functools import lru_cache
+from typing import NamedTuple
+
+from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.full import relaid_regions
+from vramledger.analytic.reserve.optimizers import temporaries_switch
+from vramledger.analytic.reserve.shape import single_shape
+from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
+from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
+from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_band, workspace_rivals_per_token
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+
+# Three mechanisms the replay shows switch OFF as the shape grows: a longer batch brings a block large enough
+# for what was stranded (the backward thread's cuBLAS workspace in an fp32 logits block, adapters; activation
+# blocks too small for the optimizer, full without checkpointing; a tied embedding's gradient block, full). A
+# single shape's reserve therefore falls from one length to the next. A run with dynamic padding meets shorter
+# batches too, and the allocator never gives their segments back: replayed through one allocator, a run whose
+# first steps are at a shorter length reserves at least what that length reserves on its own, and every longer
+# step adds its own segments on top (bench/reserve/runs.jsonl, docs/reserve.md "Runs"; Llama-3.2-3B full,
+# bf16-true, 4 × 768: 39.9 GiB when two steps at 648 tokens come first, 34.7 GiB for 768 alone). So the estimate
+# of such a run is the largest single-shape reserve, these mechanisms included, over the shapes ≤ (B, L): the
+# shorter batches of B sequences and the last, partial batch of an epoch (fewer sequences). Each mechanism is on
+# over a set of shapes closed downwards, and what it adds grows inside that set, so the largest is at a shape on
+# the set's upper edge (``_largest_on``); the set grows with (B, L), so the estimate never falls.
+
+
+def peak_reserved(
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    loss_peak: int,
+    step_peak: int,
+    opt_peak: int | None = None,
+    at: ShapePeaks | None = None,
+) -> int:
+    """Peak reserved of a run at (B, L), in closed form, from the caching allocator's rules; never falls as batch
+    or length grows (the planner's searches need that).
+
+    ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
+    phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``); ``at``: the
+    same peaks of the step at another shape (``StepParts`` and allocated bytes), for a run with dynamic padding.
+    A packed run (``train.packing``), or a call without ``at``, gets the single shape's reserve without the
+    mechanisms that switch off as the shape grows (``single_shape``); a run with dynamic padding meets every
+    shape up to (B, L) and keeps the segments each made, so it gets the largest single-shape reserve, those
+    mechanisms included, over the shapes it meets (``held_reserved``).
+    """
+    opt_peak = step_peak if opt_peak is None else opt_peak
+    if train.packing or at is None:
+        return single_shape(m, train, p, loss_peak, step_peak, opt_peak, NONE)
+    single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True))
+    return max(single, held_reserved(m, train, at, p))
+
+
+def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts | None = None) -> int:
+    """The largest single-shape reserve, the switching mechanisms included, over the shapes ≤ (B, L) where they
+    are on (0 where none is on anywhere); each set's upper edge is enough (see above). Beyond the largest
+    micro-batch and length where a mechanism is on nothing changes, so the figure is computed (and cached) for
+    (B, L) capped there: the planner asks for many shapes past the edge. ``p``: the step at (B, L), when the
+    caller has it (default ``at(train)``)."""
+    regions = _regions(m, train, at(train)[0] if p is None else p)
+    if not regions:
+        return 0
+    B = max((pts[-1][0] for _, pts in regions if pts), default=1)
+    L = max((ell for _, pts in regions for _, ell in pts), default=1)
+    return _held_capped(m, replace(train, micro_batch=min(B, train.micro_batch), seq_len=min(L, train.seq_len)), at)
+
+
+@lru_cache(maxsize=4096)
+def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    best = 0
+    for which, points in _regions(m, train, at(train)[0]):
+        # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
+        edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
+        for b, ell in edge:
+            t = replace(train, micro_batch=b, seq_len=ell)
+            pt, loss, step, opt = at(t)
+            best = max(best, single_shape(m, t, pt, loss, step, opt, which._replace(relaid=True)))
+    return best
+
+
+def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switching, list[tuple[int, int]]]]:
+    """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
+    shapes ≤ (B, L) where it is on (``_largest_on``)."""
+    on = switches_on(m, train, p)
+    regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
+    if on.workspace is not None:
+        regions.append((Switching(workspace=True), on.workspace))
+    if on.activations is not None:
+        regions.append((Switching(activations=True), on.activations))
+    if on.tied is not None:
+        regions.append((Switching(tied=True), on.tied))
+        if on.activations is not None:
+            both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
+            regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
+    temporaries = temporaries_switch(m, train, p)
+    if temporaries is not None:
+        regions.append((Switching(temporaries=True), temporaries))
+    regions += [(Switching(relaid=True), on_k) for on_k in relaid_regions(m, train, p)]
+    out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    band = workspace_band(m, train, p)
+    if band:
+        out.append((Switching(workspace=True), band))
+    softcap = softcap_remade(m, train) if train.adapters else None
+    if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on
+        out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
+    return out
+
+
+class _Predicates(NamedTuple):
+    workspace: Callable[[int, int], bool] | None
+    activations: Callable[[int, int], bool] | None
+    tied: Callable[[int, int], bool] | None
+
+
+def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
+    """For each switching mechanism that applies to the setup, whether it is on at (b, ℓ) (None: it never is)."""
+    wb = p.weights
+    c, bw = train.precision.compute.bytes, wb.trainable_dtype.bytes
+    standard = train.loss is Loss.STANDARD and c != 4 and wb.trainable_layers
+    adapters = train.adapters or wb.largest_trainable_numel * bw <= K_SMALL_SIZE
+    workspace = activations = tied = None
+    if adapters and train.adapters and standard:
+        ws = cublas_workspace_block(p)
+        per_token = max(workspace_rivals_per_token(m, train, p))
+        # eager's scores ∝ b·ℓ², DoRA's weight norm constant (StepParts.forward_layer_temp)
+        scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
+
+        def workspace(b: int, ell: int) -> bool:
+            layer_temp = p.dora_temp + scores * b * ell * ell // (B * L * L)
+            return max(per_token * b * ell, layer_temp) < ws and softmax32(b, ell) <= ws
+
+        def softmax32(b: int, ell: int) -> int:
+            """Eager's fp32 softmax, freed once cast back (transformers ``eager_attention_forward``:
+            ``softmax(attn_weights, dtype=torch.float32).to(query.dtype)``): 4·nh·ℓ² per sequence. One exactly the
+            workspace's size does not take it in the replay (Llama-3.2-1B LoRA eager 1 × 512: 32 MiB)."""
+            return 4 * m.num_heads * b * ell * ell if train.attn is Attention.EAGER else 0
+
+    if not adapters and wb.trainable_layers and not train.grad_ckpt:
+        # c·I·T < b·H·I ⟺ c·T < b·H (activations_unused)
+        def activations(b: int, ell: int) -> bool:
+            return c * b * ell < bw * m.hidden_size
+
+    tied_states = (
+        m.tie_word_embeddings and wb.embedding_trainable and (p.state_bytes >= p.grad_bytes or not p.state_bytes)
+    )
+    if not adapters and standard and tied_states:
+        # 4·V·T < V·H·b ⟺ 4·T < H·b (tied_gradient_block)
+        def tied(b: int, ell: int) -> bool:
+            return 4 * b * ell < bw * m.hidden_size
+
+    return _Predicates(workspace, activations, tied)
+
+
+def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+    """For each micro-batch b ≤ B, the longest length ℓ ≤ L with ``on(b, ℓ)`` (``on`` holds on every smaller
+    shape where it holds; micro-batches where it holds at no length are left out)."""
+    out = []
+    hi_b = L
+    for b in range(1, B + 1):
+        if not on(b, 1):
+            break
+        lo, hi = 1, hi_b  # closed downwards: ℓ_(b+1) ≤ ℓ_b
+        while lo < hi:  # the largest ℓ with on(b, ℓ)
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if on(b, mid) else (lo, mid - 1)
+        out.append((b, lo))
+        hi_b = lo
+    return out

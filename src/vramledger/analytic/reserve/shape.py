@@ -1,0 +1,130 @@
+"""Peak reserved of one steady-state shape, in closed form: the largest of the lower bounds the allocator's rules
+give (``single_shape``), and the blocks stranded at the loss's backward peak (``stranded_bytes``)."""
+
+from __future__ import annotations
+
+from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
+from vramledger.analytic.reserve.full import (
+    activations_unused,
+    decoder_mlp_width,
+    eager_backward_segments,
+    logits_blocks,
+    relaid_bytes,
+    relaid_counted,
+    states_in_logits,
+    temporaries_unused_by_activations,
+    tied_gradient_block,
+)
+from vramledger.analytic.reserve.load_residue import load_tails
+from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
+from vramledger.analytic.reserve.replay import small_pool_excess
+from vramledger.analytic.reserve.softcap import softcap_block
+from vramledger.analytic.reserve.switches import Switching
+from vramledger.analytic.reserve.trl import trl_stranded_bytes
+from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_lost
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+
+
+def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Cached blocks no request can use at the loss's backward peak, in closed form (monotone in B and L).
+
+    What the replay of ``step_sequence`` (and of real traces) shows is left cached and free there:
+    - the c·V·T logits block: forward frees it, and ``get_free_block`` cannot serve backward's 4·V·T requests
+      from it (best fit needs a block at least as large; segments never merge), so one of them gets a new
+      segment (only with a c < 4 compute dtype and the standard loss);
+    - the segments made for one layer's transients before the loss: under checkpointing the whole forward of a
+      layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
+      with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
+      larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
+      transients made before the loss; backward's reuse the freed logits blocks (split, should_split);
+    - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
+    """
+    wb = p.weights
+    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    c = train.precision.compute.bytes
+    s = residual_bytes(train, wb)
+    H, V = m.hidden_size, m.vocab_size
+    I = decoder_mlp_width(m)  # noqa: E741
+    logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    if train.loss is Loss.CHUNKED_NLL:
+        return trl_stranded_bytes(m, train, cublas_workspace_block(p))
+    if not wb.trainable_layers or train.loss is not Loss.STANDARD:
+        # A fused or chunked loss makes no V·T-sized request at its peak: its chunk-sized requests are cut from
+        # whatever the layers' transients left cached (get_free_block's best fit splits larger blocks), so
+        # nothing is stranded there.
+        return logits_hole
+    fwd = p.forward_layer_temp
+    if not train.grad_ckpt:
+        return logits_hole + fwd
+    fwd += (2 * c * I + s * H) * T
+    bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T
+    if train.attn is Attention.EAGER:
+        bwd += (c + 4) * m.num_heads * L * L * B
+    return logits_hole + max(fwd, bwd)
+
+
+def single_shape(
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    loss_peak: int,
+    step_peak: int,
+    opt_peak: int,
+    on: Switching,
+) -> int:
+    """Peak reserved of a steady-state step at one shape: the largest of these lower bounds.
+
+    CUDACachingAllocator.cpp never releases a segment during training and serves a request only from a cached
+    block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
+    segments made so far:
+
+    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``, less
+       the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
+       activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
+       own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
+       fp32 logits block lost to the backward thread's cuBLAS workspace (``on.workspace``, ``workspace_lost``);
+    2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
+       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
+       at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
+       (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
+       step 2 makes it again: reserved = max(R1 + eager's backward segments (``eager_backward_segments``),
+       ``opt_peak``) + the blocks the states reach, counted at this shape (``on.relaid``, ``relaid_counted``) or
+       bounded by min(S, 3·4·V·T) (``relaid_bytes``);
+    3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
+       the optimizer fits (``on.activations``, ``activations_unused``);
+    4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
+    5. an optimizer without step temporaries (SGD, fused AdamW): the end of backward (``end_of_backward_bound``);
+    6. Adafactor: its temporaries' own segments where they cannot pair up in the logits blocks (``on.temporaries``,
+       ``temporaries_bound``).
+    Terms 1's temporaries and 2 to 6 are for trained base weights (full, freeze), whose per-parameter tensors are
+    large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
+    (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``NONE``: left out).
+    """
+    stranded = stranded_bytes(m, train, p)
+    wb = p.weights
+    if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        lost = workspace_lost(m, train, p) if on.workspace else 0
+        cached = adapter_forward_cache(m, train, p)
+        remade = softcap_block(m, train) if on.softcap else 0
+        tails = load_tails(m, train, p)
+        return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
+    r1 = max(loss_peak - p.state_bytes + stranded, 0)
+    chain = logits_blocks(m, train)
+    hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
+    in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
+    return (
+        max(
+            step_peak,
+            loss_peak + stranded - in_hole + temporaries_unused_by_activations(m, train, p),
+            max(r1 + eager_backward_segments(m, train), opt_peak)
+            + (relaid_counted(m, train, p) if on.relaid else relaid_bytes(m, train, p)),
+            opt_peak + (activations_unused(p) if on.activations else 0),
+            end_of_backward_bound(m, train, p, opt_peak, on),
+            temporaries_bound(m, train, p, loss_peak + stranded, on),
+        )
+        + small_pool_excess(train, p)
+        + (tied_gradient_block(p) if on.tied else 0)
+    )

@@ -1,0 +1,30 @@
+"""Which of the mechanisms that switch off as the shape grows a single shape's reserve counts (``Switching``), and
+the step at another shape (``ShapePeaks``), for a run with dynamic padding (runs.py)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import NamedTuple
+
+from vramledger.analytic.parts import StepParts
+from vramledger.specs import TrainSpec
+
+
+class Switching(NamedTuple):
+    """Which of the mechanisms that switch off as the shape grows are counted."""
+
+    workspace: bool = False
+    activations: bool = False
+    tied: bool = False
+    temporaries: bool = False
+    relaid: bool = False
+    """The blocks step 2 makes again counted at this shape (``relaid_counted``; a run with dynamic padding);
+    False: the bound min(S, 3·4·V·T) (``relaid_bytes``), which never falls as the shape grows."""
+    softcap: bool = False
+
+
+NONE = Switching()
+
+ShapePeaks = Callable[[TrainSpec], tuple[StepParts, int, int, int]]
+"""The step at another shape: its ``StepParts``, and allocated bytes at the loss's peak, the step's peak and the
+optimizer's peak (analytic/step.py)."""

@@ -1,0 +1,106 @@
+"""The backward thread's cuBLAS workspace: which freed block best fit puts it in, and the fp32 logits block step 2
+makes again when that is a logits block (adapters; eager attention's band of lengths)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.full import decoder_mlp_width
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+
+
+def workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
+    """Adapters, eager attention, no checkpointing: for each micro-batch b ≤ B, the longest ℓ ≤ L at which the
+    logits leave the workspace no eager block (the upper edge of a band of lengths, not a set closed downwards).
+
+    Without checkpointing every layer's freed score blocks are cut by the next layer's saved activations, and the
+    last layer's by its MLP's; its fp32 softmax input (transformers ``eager_attention_forward``:
+    ``softmax(attn_weights, dtype=torch.float32)``, 4·nh·ℓ² per sequence, freed once cast back) is the one left
+    whole, and the c·V·T logits, made next, are cut from it where they fit (best fit, ``get_free_block``). Where
+    the rest is smaller than the backward thread's workspace, and every other block forward freed is too
+    (``workspace_rivals_per_token``), the workspace takes an fp32 logits block as ``workspace_lost`` describes.
+    The trace replay (custom 8-layer Llama, LoRA, 2 × ℓ) shows it: 476 MiB over allocated at ℓ = 1024 (the logits,
+    125 MiB, in the 128 MiB softmax block), 233 MiB at 864 (they do not fit) and 351 MiB at 1216 (the rest, 32.06
+    MiB, holds the workspace) (bench/reserve/runs.jsonl). The band starts where the logits fit (ℓ ≥ c·V/(4·nh))
+    and ends where the rest holds the workspace, or where a forward block does.
+    """
+    wb = p.weights
+    c = train.precision.compute.bytes
+    eager = train.attn is Attention.EAGER and not train.grad_ckpt
+    if not (train.adapters and eager and train.loss is Loss.STANDARD and c != 4 and wb.trainable_layers):
+        return []
+    ws = cublas_workspace_block(p)
+    per_token = max(workspace_rivals_per_token(m, train, p))
+    V, nh = m.vocab_size, m.num_heads
+    if p.dora_temp >= ws:
+        return []
+
+    lo = -(-c * V // (4 * nh))  # the logits fit from here on: c·V·b·ℓ ≤ 4·nh·b·ℓ²
+    out = []
+    for b in range(1, train.micro_batch + 1):
+        top = min(train.seq_len, (ws - 1) // (per_token * b))  # longer, a block forward freed holds the workspace
+
+        def holds(ell: int, b: int = b) -> bool:
+            """The rest holds the workspace (it grows with ℓ ≥ lo; the 2 MiB rounding of the softmax block's
+            segment is left out, so that the band's edge never moves back as L grows)."""
+            return 4 * nh * b * ell * ell - c * V * b * ell >= ws
+
+        hi = _first(lo, max(lo, top) + 1, holds)
+        ell = min(top, top + 1 if hi is None else hi - 1)
+        if ell >= lo and 4 * nh * b * ell * ell >= K_MIN_LARGE_ALLOC:  # the softmax block is a segment of its own
+            out.append((b, ell))
+    return out
+
+
+def _first(lo: int, hi: int, cond: Callable[[int], bool]) -> int | None:
+    """The smallest ℓ in [lo, hi] with ``cond`` (which holds from some ℓ on), or None."""
+    if not cond(hi):
+        return None
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if cond(mid) else (mid + 1, hi)
+    return lo
+
+
+def cublas_workspace_block(p: StepParts) -> int:
+    """One handle's cuBLAS workspace: the one large-pool block each thread's first matmul allocates. ``p`` holds
+    both threads' cuBLAS + cuBLASLt workspaces (analytic/overhead.py ``cublas_workspace_bytes``); the architecture
+    whose figures add up to it gives the cuBLAS one (catalog/device_overhead.json)."""
+    from vramledger.catalog.device_overhead import device_overhead, known_archs
+
+    for arch in ("hopper", *known_archs()):
+        ov = device_overhead(arch)
+        if sum(ov.workspace_sizes()) == p.workspace_bytes:
+            return ov.cublas_workspace.bytes
+    return device_overhead("hopper").cublas_workspace.bytes
+
+
+def workspace_rivals_per_token(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[int]:
+    """Bytes per token of the blocks forward frees that could take the backward thread's workspace instead of a
+    logits block: the fp32 norm intermediates (4·H), PEFT's fp32 casts of an adapted layer's input (4·in, with
+    fp32 adapters), under checkpointing a layer's c·I MLP intermediates."""
+    wb = p.weights
+    out = [4 * m.hidden_size]
+    if wb.trainable_dtype.bytes == 4:
+        out.append(4 * max((a.linear.in_features for a in wb.adapted), default=0))
+    if train.grad_ckpt:
+        out.append(train.precision.compute.bytes * decoder_mlp_width(m))
+    return out
+
+
+def workspace_lost(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Adapters: an fp32 logits block lost to the backward thread's cuBLAS workspace, cached at the loss's peak.
+
+    torch CublasHandlePool.cpp ``getCurrentCUDABlasHandle`` gives the autograd engine's thread its own handle,
+    whose workspace (``getChosenWorkspaceSize``: 32 MiB on Hopper) is allocated through the caching allocator at
+    that thread's first matmul (step 1's backward) and never freed. Best fit puts it in the smallest free block
+    that holds it. With adapters the blocks freed in forward are PEFT's fp32 casts of an adapted layer's input
+    (``lora.Linear.forward`` ``_cast_input_dtype``: 4·in·T), the fp32 norm intermediates (4·H·T), eager's
+    scores, DoRA's weight norm and, under checkpointing, a layer's c·I·T MLP intermediates; when all are smaller
+    than the workspace (``switches_on``) it lands in a freed fp32 copy of the logits (4·V·T), and from step 2 on
+    backward makes one more 4·V·T block: 4·V·T − workspace more is cached at the loss's peak (the replay shows it
+    in every LoRA config where the rule applies: bench/reserve/replay_causes.jsonl).
+    """
+    return max(4 * m.vocab_size * train.tokens - cublas_workspace_block(p), 0)
