@@ -177,7 +177,7 @@ def flatten_pool_floor(
 ) -> int:
     """The default pool's floor from step 2 on: step 1's optimizer peak on the default stream, which it reaches
     inside the segments backward freed (``packed``: its states and temporaries need at least what was cached free),
-    so that step 2 makes the loss's blocks again (``loss_blocks``, analytic/reserve.py's own mechanism) and each
+    so that step 2 makes the loss's blocks again (``loss_blocks``, analytic/reserve/full.py's own mechanism) and each
     flattening block larger than every block cached by then (the optimizer's, the loss's), POOL_SOURCE. Traced:
     Llama-3.1-8B FSDP1 on 8 ranks (bench/distributed/grid.jsonl): step 2 makes 502 + 502 MiB for the loss's fp32
     blocks and 2,006 + 1,002 + 1,002 MiB for the cat and the two pieces; the replay's default pool is 20,580 MiB
