@@ -90,6 +90,14 @@ def test_adafactors_temporaries_pair_up_only_in_blocks_of_two() -> None:
     db=0,
     dl=1,
 )  # the tied V×H block the SGD run's shorter batches make stops at 2 × 1024
+@example(
+    train=TrainSpec(
+        method=Method.FULL, optimizer=Optimizer.ADAMW_FUSED, precision=Precision.FP32, seq_len=449, grad_ckpt=True
+    ),
+    model="qwen2.5-0.5b",
+    db=0,
+    dl=448,
+)  # fused AdamW's re-made fp32 block stops where 4·V·T outgrows the head's gradient (1 × 896): held, not dropped
 @given(
     train=st.builds(
         TrainSpec,

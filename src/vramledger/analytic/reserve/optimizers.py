@@ -28,14 +28,15 @@ def end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak
     the tied sum (analytic/step.py ``_end_of_backward``). Cached and free:
     the saved activations where they are too small for a decoder matrix's gradient (``on.activations``, as in term
     3: backward has freed them all by then), the autocast copies no per-parameter tensor fits (``casts_unused``),
-    and with states the fp32 logits block step 2 makes again (``_relaid_without_temporaries``).
+    and with states the fp32 logits block step 2 makes again (``_relaid_without_temporaries``, ``on.fused_relaid``:
+    it stops where 4·V·T outgrows the V·H gradient, so it switches off as the shape grows).
     """
     wb = p.weights
     if p.step_temp_bytes or train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         return 0
     allocated = opt_peak + embedding_gradient_before_accumulation(m, train, p) + tied_gradient_sum(m, train, p)
     cached = (activations_unused(p) if on.activations else 0) + casts_unused(m, train, p)
-    return allocated + cached + _relaid_without_temporaries(m, train, p)
+    return allocated + cached + (_relaid_without_temporaries(m, train, p) if on.fused_relaid else 0)
 
 
 def _relaid_without_temporaries(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -55,6 +56,25 @@ def _relaid_without_temporaries(m: ModelSpec, train: TrainSpec, p: StepParts) ->
     if not p.state_bytes or not fp32 or fp32[0] > head:
         return 0
     return fp32[0]
+
+
+def fused_relaid_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
+    """Where ``_relaid_without_temporaries`` is on: 4·V·b·ℓ no larger than the head's V·H gradient, for full
+    fine-tuning with states and no step temporaries under the standard loss (None: never). Beyond that edge the
+    block is no longer made again (``relaid_bytes`` takes over with its own count), so the figure falls as the shape
+    grows: a run with dynamic padding holds it from its shorter shapes (runs.py), a packed run leaves it out
+    (Qwen2.5-0.5B, fp32, fused AdamW, 1 × 449: 8.69 GiB reserved, where 1 × 897 gave 8.59)."""
+    wb = p.weights
+    if p.step_temp_bytes or not p.state_bytes or train.adapters or train.loss is not Loss.STANDARD:
+        return None
+    if wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE or not logits_blocks(m, train):
+        return None
+    V, head = m.vocab_size, wb.lm_head_weight_numel * wb.trainable_dtype.bytes
+
+    def fused_relaid(b: int, ell: int) -> bool:
+        return 4 * V * b * ell <= head
+
+    return fused_relaid
 
 
 def casts_unused(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:

@@ -12,7 +12,7 @@ from typing import NamedTuple
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import relaid_regions
-from vramledger.analytic.reserve.optimizers import temporaries_switch
+from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import single_shape
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
@@ -77,13 +77,17 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts |
 @lru_cache(maxsize=4096)
 def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
-    for which, points in _regions(m, train, at(train)[0]):
+    p = at(train)[0]
+    # fused AdamW's re-made fp32 block adds to whatever else is on at the shape (the end of backward holds both)
+    fused = fused_relaid_switch(m, train, p)
+    for which, points in _regions(m, train, p):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
         for b, ell in edge:
             t = replace(train, micro_batch=b, seq_len=ell)
             pt, loss, step, opt = at(t)
-            best = max(best, single_shape(m, t, pt, loss, step, opt, which._replace(relaid=True)))
+            on = which._replace(relaid=True, fused_relaid=which.fused_relaid or (fused is not None and fused(b, ell)))
+            best = max(best, single_shape(m, t, pt, loss, step, opt, on))
     return best
 
 
@@ -104,6 +108,9 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     temporaries = temporaries_switch(m, train, p)
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
+    fused = fused_relaid_switch(m, train, p)
+    if fused is not None:
+        regions.append((Switching(fused_relaid=True), fused))
     regions += [(Switching(relaid=True), on_k) for on_k in relaid_regions(m, train, p)]
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)

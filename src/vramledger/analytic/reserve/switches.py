@@ -21,6 +21,9 @@ class Switching(NamedTuple):
     """The blocks step 2 makes again counted at this shape (``relaid_counted``; a run with dynamic padding);
     False: the bound min(S, 3·4·V·T) (``relaid_bytes``), which never falls as the shape grows."""
     softcap: bool = False
+    fused_relaid: bool = False
+    """Fused AdamW's fp32 logits block step 2 makes again, where 4·V·T is no larger than the V·H gradient
+    (optimizers.py ``fused_relaid_switch``)."""
 
 
 NONE = Switching()
