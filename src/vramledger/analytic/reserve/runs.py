@@ -78,17 +78,30 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts |
 def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
     p = at(train)[0]
-    # fused AdamW's re-made fp32 block adds to whatever else is on at the shape (the end of backward holds both)
-    fused = fused_relaid_switch(m, train, p)
+    also = _closed_switches(m, train, p)
     for which, points in _regions(m, train, p):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
         for b, ell in edge:
             t = replace(train, micro_batch=b, seq_len=ell)
             pt, loss, step, opt = at(t)
-            on = which._replace(relaid=True, fused_relaid=which.fused_relaid or (fused is not None and fused(b, ell)))
+            # the shape's own reserve: every mechanism on there, not only the region's
+            on = which._replace(relaid=True, **{name: True for name, holds in also.items() if holds(b, ell)})
             best = max(best, single_shape(m, t, pt, loss, step, opt, on))
     return best
+
+
+def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
+    """The switching mechanisms whose shapes are closed downwards, by ``Switching`` field, with where each is on."""
+    on = switches_on(m, train, p)
+    found = {
+        "workspace": on.workspace,
+        "activations": on.activations,
+        "tied": on.tied,
+        "temporaries": temporaries_switch(m, train, p),
+        "fused_relaid": fused_relaid_switch(m, train, p),
+    }
+    return {name: holds for name, holds in found.items() if holds is not None}
 
 
 def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switching, list[tuple[int, int]]]]:
