@@ -256,8 +256,8 @@ def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
     """Rank 0's peak reserved, the estimate against the trace's replay, and the side-stream pools apart (FSDP's
     all-gather + reduce-scatter pools: the replay's against analytic/stream_pools.py ``side_pools``)."""
     from vramledger.analytic import estimate
+    from vramledger.analytic.distributed.stream_pools import side_pools
     from vramledger.analytic.step import step_parts
-    from vramledger.analytic.stream_pools import side_pools
 
     lines = [
         "| config | trace reserved | estimate | error | side pools: trace | estimate |",

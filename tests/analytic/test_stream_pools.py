@@ -12,8 +12,8 @@ import pytest
 from tests.analytic._distributed_grid import mid_fsdp2, records, runner, specs
 from vramledger.analytic import estimate
 from vramledger.analytic.distributed import compute_view
+from vramledger.analytic.distributed.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
 from vramledger.analytic.step import step_parts
-from vramledger.analytic.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
 from vramledger.specs import Method, Precision, Sharding, TrainSpec

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramledger.analytic.distributed import Buffer
 from vramledger.analytic.paged import PAGED_SOURCE
-from vramledger.analytic.rank import Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import ModelSpec, TrainSpec

@@ -33,9 +33,18 @@ from vramledger.analytic.activations import (
     rope_bytes_per_token,
     runs_eager,
 )
-from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts, root_flatten
+from vramledger.analytic.distributed import (
+    PRE_FORWARD_NAME,
+    FlattenMoment,
+    add_buffers,
+    engine_dtypes,
+    holds_grads_into_forward,
+    nccl_lines,
+    rank_step_parts,
+    root_flatten,
+)
+from vramledger.analytic.distributed.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.evaluation import eval_moments
-from vramledger.analytic.fsdp_root_flatten import PRE_FORWARD_NAME, FlattenMoment, holds_grads_into_forward
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token, litgpt_layer_extra_scores_per_seq
 from vramledger.analytic.litgpt_loop import convert_output_moment
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
@@ -43,7 +52,6 @@ from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import litgpt_kept_logits_bytes, logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
-from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
@@ -63,7 +71,6 @@ from vramledger.analytic.parts import (
     tied_gradient_sum,
 )
 from vramledger.analytic.reserve import phase_reserves, training_peaks
-from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec

@@ -32,13 +32,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from vramledger.analytic.fsdp1_shards import layer_unit_tensors, trainable_per_rank
-from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
-from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_root_flatten import FlattenMoment, flattens_root, root_flatten_moments
-from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
-from vramledger.analytic.quant_state import quant_state_bytes
-from vramledger.analytic.rank import (
+from vramledger.analytic.distributed.fsdp1_shards import layer_unit_tensors, trainable_per_rank
+from vramledger.analytic.distributed.fsdp_no_sync import (
+    FSDP2_NOTE,
+    fsdp2_kept_buffers,
+    no_sync_buffers,
+    skips_gradient_sync,
+)
+from vramledger.analytic.distributed.fsdp_no_sync import NOTE as NO_SYNC_NOTE
+from vramledger.analytic.distributed.fsdp_root_flatten import FlattenMoment, flattens_root, root_flatten_moments
+from vramledger.analytic.distributed.rank import (
     ALL_PHASES,
     FWD_BWD,
     Buffer,
@@ -48,8 +51,10 @@ from vramledger.analytic.rank import (
     engine_name,
     share,
 )
+from vramledger.analytic.distributed.zero import deepspeed_estimate, zero_rank_parts
+from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
+from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.weights import WeightBudget
-from vramledger.analytic.zero import deepspeed_estimate, zero_rank_parts
 from vramledger.ledger import Category, Phase
 from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Precision, Sharding, TrainSpec
 

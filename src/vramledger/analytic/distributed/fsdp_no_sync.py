@@ -68,7 +68,7 @@ layer's backward, below the activations it frees).
 
 from __future__ import annotations
 
-from vramledger.analytic.rank import FWD_BWD, Buffer
+from vramledger.analytic.distributed.rank import FWD_BWD, Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category, Phase
 from vramledger.specs import TrainSpec

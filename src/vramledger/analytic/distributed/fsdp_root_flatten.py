@@ -33,9 +33,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramledger.analytic.fsdp_no_sync import root_trains
+from vramledger.analytic.distributed.fsdp_no_sync import root_trains
+from vramledger.analytic.distributed.rank import END_OF_BACKWARD, share
 from vramledger.analytic.params import embedding_params, head_params
-from vramledger.analytic.rank import END_OF_BACKWARD, share
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category
 from vramledger.specs import ModelSpec, Sharding, TrainSpec

@@ -51,7 +51,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE
-from vramledger.analytic.distributed import fsdp_gathered_bytes
+from vramledger.analytic.distributed.core import fsdp_gathered_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import (

@@ -74,7 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from vramledger.analytic.distributed import (
+from vramledger.analytic.distributed.core import (
     ALL_GATHER_BUFFER_LABEL,
     LAYER_UNSHARDED_LABEL,
     LAYERS_UNSHARDED_LABEL,
@@ -88,11 +88,11 @@ from vramledger.analytic.distributed import (
     fsdp_layer_elements,
     shard_ranks,
 )
-from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
-from vramledger.analytic.fsdp_root_flatten import POOL_SOURCE as FLATTEN_POOL_SOURCE
-from vramledger.analytic.fsdp_root_flatten import flatten_blocks, flatten_pool_floor
-from vramledger.analytic.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
-from vramledger.analytic.fsdp_workspace import held_floor
+from vramledger.analytic.distributed.fsdp_no_sync import skips_gradient_sync
+from vramledger.analytic.distributed.fsdp_root_flatten import POOL_SOURCE as FLATTEN_POOL_SOURCE
+from vramledger.analytic.distributed.fsdp_root_flatten import flatten_blocks, flatten_pool_floor
+from vramledger.analytic.distributed.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
+from vramledger.analytic.distributed.fsdp_workspace import held_floor
 from vramledger.analytic.params import embedding_params, head_params, layer_linears
 from vramledger.analytic.parts import Moment, StepParts
 from vramledger.analytic.reserve import ShapePeaks, phase_reserves, replay_excess, training_peaks
