@@ -1,5 +1,5 @@
-"""FSDP1's flat shards of a LoRA layer's unit (analytic/fsdp1_shards.py): the registration order against a real PEFT
-model, rank 0's optimizer state against the traces of FSDP1, and the rank that holds most derived by hand."""
+"""FSDP1's flat shards of a LoRA layer's unit (analytic/distributed/fsdp1_shards.py): the registration order against a
+real PEFT model, rank 0's optimizer state against the traces of FSDP1, and the rank that holds most derived by hand."""
 
 from __future__ import annotations
 

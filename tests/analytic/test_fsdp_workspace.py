@@ -1,5 +1,5 @@
-"""The default stream's floor under FSDP (analytic/fsdp_workspace.py): derived by hand, switched off where the trace
-shows another home for the backward thread's cuBLAS workspace, and never falling as the shape grows. The floor
+"""The default stream's floor under FSDP (analytic/distributed/fsdp_workspace.py): derived by hand, switched off where
+the trace shows another home for the backward thread's cuBLAS workspace, and never falling as the shape grows. The floor
 against the replay of the traced grid is in test_stream_pools.py (the default pool within 7%)."""
 
 from __future__ import annotations

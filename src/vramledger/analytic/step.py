@@ -80,7 +80,7 @@ from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec,
 def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
     """The sizes every moment of the step is assembled from: the persistent lines (weights, gradients, optimizer
     states, autocast copies), the saved activations, the loss's tensors and each phase's transients."""
-    if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed.py
+    if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed/core.py
         return rank_step_parts(m, train, gpu, single=step_parts)
     wb = weight_budget(m, train)
     c = train.precision.compute.bytes
@@ -378,8 +378,8 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
 
 def _before_forward(train: TrainSpec, p: StepParts) -> Moment:
     """The next step's batch moved to the GPU while FSDP1 still holds the previous step's gradients
-    (analytic/fsdp_root_flatten.py ``holds_grads_into_forward``): what the optimizer step leaves, and the engine's
-    buffers that outlive it."""
+    (analytic/distributed/fsdp_root_flatten.py ``holds_grads_into_forward``): what the optimizer step leaves, and the
+    engine's buffers that outlive it."""
     mo = Moment(name=PRE_FORWARD_NAME, phase=Phase.FORWARD)
     add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
     add_buffers(mo, Phase.OPTIMIZER, p.buffers)
@@ -459,7 +459,7 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
 
 def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
     """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in; under FSDP1 with a
-    trained root, the moments of its flattening instead (analytic/fsdp_root_flatten.py)."""
+    trained root, the moments of its flattening instead (analytic/distributed/fsdp_root_flatten.py)."""
     flattening = root_flatten(m, train, p.weights)
     if flattening:
         return tuple(_flatten_moment(train, p, f) for f in flattening)
@@ -518,7 +518,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
     p = step_parts(m, train, gpu)
-    if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
+    if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/distributed/stream_pools.py)
         at_fsdp = _ShapePeaks(m, gpu) if engine_dtypes(train) == train else None
         reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp)
     else:
