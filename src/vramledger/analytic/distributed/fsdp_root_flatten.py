@@ -157,7 +157,7 @@ POOL_SOURCE = (
     "caching allocator (CUDACachingAllocator.cpp get_free_block: best fit, a block never spans two segments): step "
     "1's optimizer creates its states (and foreach temporaries) after backward has freed the root's flattening "
     "blocks, and best fit packs them there; from step 2 on each of those blocks, larger than anything the optimizer "
-    "allocates, needs a segment of its own again (analytic/fsdp_root_flatten.py)"
+    "allocates, needs a segment of its own again (analytic/distributed/fsdp_root_flatten.py)"
 )
 
 

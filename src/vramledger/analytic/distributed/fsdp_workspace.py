@@ -68,7 +68,7 @@ SOURCE = (
     "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
     "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
     "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
-    "block's remainder and one layer's transients (analytic/fsdp_workspace.py)"
+    "block's remainder and one layer's transients (analytic/distributed/fsdp_workspace.py)"
 )
 
 

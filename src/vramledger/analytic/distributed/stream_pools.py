@@ -106,7 +106,7 @@ SOURCE = (
     "parameters, and its pre-unshard stream: their low-precision shards) and reduce-scatter streams (the sharded "
     "gradients and their casts; under HSDP the casts on an all-reduce stream) keep segments the default stream "
     "cannot use, replayed through the allocator model on top of the default stream's reserve "
-    "(analytic/stream_pools.py); not yet measured on a GPU"
+    "(analytic/distributed/stream_pools.py); not yet measured on a GPU"
 )
 
 RESERVE_LABEL = "cached, not allocated"
