@@ -7,15 +7,18 @@ Full fine-tuning's count (full.py ``relaid_counted``) does not carry over, for t
   4·V·T request, so the rule that drops the term where 4·V·T ≤ V·H·b does not apply;
 - the states of a few layers are about the size of the c·V·T block, so the other tenants of the chain decide how
   many fp32 blocks are reached: the workspace, which lands in the fp32 copy's block where no block forward freed
-  holds it (workspace.py ``workspace_lost``, the same rule as with adapters), and, where every activation block is
-  smaller than a decoder matrix's per-parameter tensor, the gradients, cut from the chain in step 1's backward
-  before the states come.
+  holds it (workspace.py ``workspace_lost``, the same rule as with adapters), and, where no block the trained
+  layers' activations free holds a decoder matrix's gradient, the gradients, cut from the chain in step 1's
+  backward before the states come.
 The trace replay of bench/reserve/'s mid model, 1 × 1024, bf16-mixed, two trained layers (S = 172 MiB of states,
-G = 86 MiB of gradients, c·V·T = 62.5 MiB, 4·V·T = 125 MiB): the workspace is cut from the fp32 copy's block, a
-gradient and four 11 MiB states from the c·V·T block, six states from the copy's block beside the workspace; the
-other states take blocks that step 2's forward needs for its saved activations, which are then cut from a third
-block. Step 2 makes two 126 MiB segments again: 1,264 MiB reserved, where the estimate had 1,094 (no reserve at
-all, −13.4%); G + S + workspace = 290 MiB spill 227.5 MiB past the c·V·T block, two fp32 blocks.
+c·V·T = 62.5 MiB, 4·V·T = 125 MiB): the workspace is cut from the fp32 copy's block, four 11 MiB states from the
+c·V·T block and six from the copy's block beside the workspace; the other states take blocks that step 2's forward
+needs for its saved activations, which are then cut from a third block. Step 2 makes two 126 MiB segments again:
+1,264 MiB reserved, where the estimate had 1,094 (no reserve at all, −13.4%); S + workspace = 204 MiB spill
+141.5 MiB past the c·V·T block: two fp32 blocks, 1,235 MiB (−2.3%). Over 22 traced freeze steps (0.5B to 3B shapes
+and the mid model; checkpointing on and off; sdpa and eager; 1 to 3 blocks made again) the count is the replay's on
+21; the mid model with eager attention makes two where one is counted (its states take the trained layers' 64 MiB
+fp32 softmax blocks, and step 2's softmax, displaced whole, is cut from the logits blocks): not modelled.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import replace
 
-from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.allocator.conf import K_LARGE_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import (
     _ADAM_INIT_GROUP,
@@ -62,7 +65,9 @@ def workspace_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     Only with a 16-bit compute dtype, as there. The replay: in the fp32 copy's block for the mid model at 1 × 1024
     and 2 × 1024 (with and without checkpointing), Qwen2.5-0.5B at 1 × 512 and 4 × 1024, Qwen2.5-1.5B at 1 × 4096,
     Llama-3.2-1B at 1 × 1024; elsewhere for Llama-3.2-1B at 2 × 2048 and Qwen2.5-1.5B at 2 × 1024 with
-    checkpointing (c·I·T ≥ 32 MiB), and with eager attention (its 64 MiB fp32 softmax).
+    checkpointing (c·I·T ≥ 32 MiB) and for the mid model with eager attention (a 64 MiB softmax block). With eager
+    attention the rule is the adapters' and can miss: Llama-3.2-1B at 4 × 512 puts it in the copy's block (the
+    trained layers' saved softmax took the frozen layers' freed ones), where the count is the same either way.
     """
     if train.precision.compute.bytes == 4:
         return False
@@ -79,24 +84,29 @@ def gradients_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """Whether step 1's backward cuts the trained layers' gradients from the logits chain's blocks: where every block
     the trained layers' activations free in backward (their saved c·I·T MLP tensors, or under checkpointing the
     recomputed layer's) is smaller than a decoder matrix's gradient (b·H·I), best fit (``get_free_block``) finds
-    only the chain's blocks, free once lm_head's backward is done, the c·V·T block first. Llama-3.2-1B with
-    checkpointing, 2 × 1984 (c·I·T = 62 MiB under the 64 MiB gradient): step 2 makes an fp32 block again though
-    the states (928 MiB) fit in the c·V·T block (971 MiB); at 2 × 2048 (c·I·T = 64 MiB) it makes none."""
+    only the chain's blocks, free once lm_head's backward is done, the c·V·T block first. A gradient of at most
+    20 MiB is left out: requests under 10 MiB share 20 MiB segments (``get_allocation_size``: kLargeBuffer below
+    kMinLargeAlloc), and one whose blocks are all freed is a 20 MiB block again (``try_merge_blocks``), which holds it
+    (the mid model, 11 MiB gradients: at 1 × 1536 the c·V·T block holds only states and step 2 makes one fp32 block
+    again, not the two that counting its gradients gives). Llama-3.2-1B with checkpointing, 2 × 1984 (c·I·T =
+    62 MiB under the 64 MiB gradient): step 2 makes an fp32 block again though the states (928 MiB) fit in the
+    c·V·T block (971 MiB); at 2 × 2048 (c·I·T = 64 MiB) it makes none. Closed downwards in the shape."""
     c, b = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
     I = decoder_mlp_width(m)  # noqa: E741
-    return c * I * train.tokens < b * m.hidden_size * I
+    grad_HI = b * m.hidden_size * I
+    return grad_HI > K_LARGE_BUFFER and c * I * train.tokens < grad_HI
 
 
 def chain_tenants(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Bytes step 1 leaves in the logits chain's blocks, counted as if they all go there: AdamW's states (as
     ``blocks_with_states`` counts them for full fine-tuning: those cut from other blocks displace step 2's forward
     tensors, which are then cut from the chain), the workspace where it lands there (``workspace_in_logits``), and
-    the gradients where every activation block is smaller than a decoder matrix's (``gradients_in_logits``).
-    Those are made in step 1's backward, after
-    lm_head's, when the chain's blocks are free; best fit cuts each from the smallest that holds it, the c·V·T
-    block first; the states, made next, go on from where the gradients stopped (``zero_grad`` frees the gradients
-    at the step's end, but the states sit past them). Llama-3.2-1B, 1 × 1024: the gradients fill the c·V·T block,
-    the states reach all three fp32 blocks (256, 448 and 64 MiB of them), and step 2 makes the three again.
+    the gradients where no activation block holds them (``gradients_in_logits``). Those are made in step 1's
+    backward, after lm_head's, when the chain's blocks are free; best fit cuts each from the smallest that holds
+    it, the c·V·T block first; the states, made next, go on from where the gradients stopped (``zero_grad`` frees
+    the gradients at the step's end, but the states sit past them). Llama-3.2-1B, 1 × 1024: the gradients fill the
+    c·V·T block, the states reach all three fp32 blocks (256, 448 and 64 MiB of them), and step 2 makes the three
+    again.
     """
     grads = p.grad_bytes if gradients_in_logits(m, train, p) else 0
     ws = cublas_workspace_block(p) if workspace_in_logits(m, train, p) else 0
