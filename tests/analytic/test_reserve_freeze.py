@@ -17,8 +17,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tests.analytic.test_reserve import TRAIN, _specs
-from vramledger.analytic import estimate
+from tests.analytic.test_reserve import _analytic_reserved, _specs
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_blocks, workspace_in_logits
 from vramledger.analytic.reserve.full import blocks_with_states
@@ -130,9 +129,4 @@ def test_freeze_reserved_never_falls_as_batch_or_length_grows(train: TrainSpec, 
     with dynamic padding holds it over the shorter shapes, a packed run keeps a bound that never falls."""
     m = resolve_model(model)
     more = dataclasses.replace(train, micro_batch=train.micro_batch + db, seq_len=train.seq_len + dl)
-
-    def reserved(t: TrainSpec) -> int:
-        led = estimate(m, t)
-        return max(led.reserved(p) for p in TRAIN)
-
-    assert reserved(more) >= reserved(train)
+    assert _analytic_reserved(m, more) >= _analytic_reserved(m, train)
