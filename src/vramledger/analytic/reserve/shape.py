@@ -6,6 +6,7 @@ from __future__ import annotations
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
 from vramledger.analytic.reserve.full import (
     activations_unused,
@@ -111,7 +112,7 @@ def single_shape(
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p)
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
-    r1 = max(loss_peak - p.state_bytes + stranded, 0)
+    r1 = max(loss_peak - p.state_bytes + stranded, forward_segments(m, train, p), 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
