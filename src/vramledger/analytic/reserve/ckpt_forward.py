@@ -78,12 +78,12 @@ def _mlp_product(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 
 
 def _smallest_large_request(m: ModelSpec, train: TrainSpec, p: StepParts, casts: bool) -> int:
-    """The smallest large-pool request (> kSmallSize, 1 MiB) among those ``forward_segments`` counts: a checkpointed
-    input (s·H·T) and, with autocast's casts, the smallest decoder matrix's copy above 1 MiB (smaller ones are
-    served from the small pool, ``get_pool``). A weight's tail smaller than this holds none of them."""
-    s = residual_bytes(train, p.weights)
-    sizes = [s * m.hidden_size * train.tokens]
+    """The smallest request ``forward_segments`` counts that a weight's tail could hold: a checkpointed input (s·H·T,
+    taken even where it is at most kSmallSize, 1 MiB, and served from the small pool, so that the bound never falls
+    as T grows) and, with autocast's casts, the smallest decoder matrix's copy above 1 MiB (smaller ones are served
+    from the small pool, ``get_pool``). A tail smaller than this holds none of them."""
+    sizes = [residual_bytes(train, p.weights) * m.hidden_size * train.tokens]
     if casts:
         c = train.precision.compute.bytes
-        sizes += [c * lin.in_features * lin.out_features for lin in layer_linears(m)]
-    return min(x for x in sizes if x > K_SMALL_SIZE) if any(x > K_SMALL_SIZE for x in sizes) else 0
+        sizes += [x for lin in layer_linears(m) if (x := c * lin.in_features * lin.out_features) > K_SMALL_SIZE]
+    return min(sizes)
