@@ -15,11 +15,11 @@ best fit among the free blocks at least as large; blocks of different segments n
 chain gets a segment on top. When autocast exits the casts' blocks are freed, and they stay cached and free at the
 loss's backward peak, where ``stranded_bytes`` counts only one layer's transients.
 
-The trace replay (bench/reserve/replay_grid.jsonl, Qwen2.5-0.5B full, bf16-mixed, 8 × 512, 24 layers): the forward
-makes thirty-two 38 MiB segments for c·I·T = 38 MiB MLP blocks; at step 1's loss backward 1.04 GiB of its
-segments is free where ``stranded_bytes`` counts 0.41 GiB beyond the logits hole, the 24 layers' casts (0.67 GiB)
-most of the difference; step 1 reserves 12.52 GB before its optimizer, ``single_shape``'s R1 without this bound
-11.86 GB.
+The trace replay (bench/reserve/ckpt_forward.jsonl, Qwen2.5-0.5B full, bf16-mixed, 8 × 512, 24 layers): the forward
+makes 1.42 GB of segments, mostly thirty-two 38 MiB ones for its c·I·T MLP blocks; at step 1's loss backward 1.00 GB
+of them is free where ``stranded_bytes`` counts 0.44 GB beyond the logits hole, the 24 layers' casts (0.72 GB) most
+of the difference; step 1 reserves 12.52 GB before its optimizer, ``single_shape``'s R1 without this bound 11.86 GB,
+with it 12.27 GB (docs/reserve.md "Step 1's checkpointed forward").
 
 Legend: T tokens per micro-batch, H hidden, I intermediate (``decoder_mlp_width``), c compute-dtype bytes, s
 residual-stream bytes, V vocabulary.
@@ -49,7 +49,7 @@ def forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     segments the loss makes on top: one per block of the logits chain (``logits_blocks``), and lm_head's cast by
     what it exceeds the largest transient block (it gets a segment of its own where no freed block holds it;
     counted so, the bound never falls as T grows). Left out, so that it stays a lower bound: what best fit wastes in
-    cutting the casts and the checkpointed inputs from the transients' blocks (Qwen2.5-0.5B 8 × 512: 0.28 GB free in
+    cutting the casts and the checkpointed inputs from the transients' blocks (Qwen2.5-0.5B 8 × 512: 0.18 GB free in
     the forward's segments at the MLP product of its last layer), the final norm's saved tensors, the backward
     thread's workspace.
     """

@@ -88,12 +88,13 @@ def single_shape(
        own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
        fp32 logits block lost to the backward thread's cuBLAS workspace (``on.workspace``, ``workspace_lost``);
     2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
-       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
-       at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
-       (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
-       step 2 makes it again: reserved = max(R1 + eager's backward segments (``eager_backward_segments``),
-       ``opt_peak``) + the blocks the states reach, counted at this shape (``on.relaid``, ``relaid_counted``) or
-       bounded by min(S, 3·4·V·T) (``relaid_bytes``);
+       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded (under checkpointing, at
+       least the segments its forward made, autocast's cached casts among them, and the loss's on top:
+       ``forward_segments``), and step 1's optimizer at least ``opt_peak``. The states take the smallest cached
+       blocks that hold them, the logits chain's (the largest) last; a logits block with a state inside cannot
+       serve step 2's request of its own size, so step 2 makes it again: reserved = max(R1 + eager's backward
+       segments (``eager_backward_segments``), ``opt_peak``) + the blocks the states reach, counted at this shape
+       (``on.relaid``, ``relaid_counted``) or bounded by min(S, 3·4·V·T) (``relaid_bytes``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``activations_unused``);
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
