@@ -3,17 +3,19 @@ forward made (``forward_segments``).
 
 Under autocast with fp32 weights every decoder matrix's low-precision copy is cached for the whole forward (torch
 ``aten/src/ATen/autocast_mode.cpp`` ``cached_cast``: the copy of a leaf that requires grad is cached whatever the grad
-mode, so the checkpointed layers' forward caches it too, though it saves nothing), and the cache is cleared only
-when the outermost autocast context exits (``torch/amp/autocast_mode.py`` ``autocast.__exit__``:
-``torch.clear_autocast_cache()`` at nesting level 0), after the loss: transformers ``Trainer.training_step`` runs
-``compute_loss`` inside ``autocast_smart_context_manager`` and ``backward`` outside it. So at its last decoder layer
-the forward holds the weights, every checkpointed layer input (torch/utils/checkpoint.py: a checkpointed layer keeps
-only its inputs), every layer's casts and that layer's transients, in blocks no larger than a layer's largest
-transient. The caching allocator never gives a segment back (``CUDACachingAllocator.cpp``: only ``empty_cache`` or
-a failed ``cudaMalloc`` releases one), and the loss then asks for blocks none of those can serve (``get_free_block``:
-best fit among the free blocks at least as large; blocks of different segments never merge), so each block of its
-chain gets a segment on top. When autocast exits the casts' blocks are freed, and they stay cached and free at the
-loss's backward peak, where ``stranded_bytes`` counts only one layer's transients.
+mode, so the checkpointed layers' forward caches it too, though it saves nothing), and the cache is cleared only when
+the outermost autocast context exits (``torch/amp/autocast_mode.py`` ``autocast.__exit__``:
+``torch.clear_autocast_cache()`` at nesting level 0), after the loss: accelerate's ``Accelerator.prepare_model`` wraps
+``model.forward`` in the autocast context (``get_mixed_precision_context_manager``), and transformers' causal LM
+computes its loss inside that forward (``self.loss_function``), before ``accelerator.backward``; the trace shows the
+casts freed right after ``nll_loss_forward``. So at its last decoder layer the forward holds the weights, every
+checkpointed layer input (torch/utils/checkpoint.py: a checkpointed layer keeps only its inputs), every layer's casts
+and that layer's transients, in blocks no larger than a layer's largest transient. The caching allocator never gives a
+segment back (``CUDACachingAllocator.cpp``: only ``empty_cache`` or a failed ``cudaMalloc`` releases one), and the loss
+then asks for blocks none of those can serve (``get_free_block``: best fit among the free blocks at least as large;
+blocks of different segments never merge), so each block of its chain gets a segment on top. When autocast exits the
+casts' blocks are freed, and they stay cached and free at the loss's backward peak, where ``stranded_bytes`` counts only
+one layer's transients.
 
 The trace replay (bench/reserve/ckpt_forward.jsonl, Qwen2.5-0.5B full, bf16-mixed, 8 × 512, 24 layers): the forward
 makes 1.42 GB of segments, mostly thirty-two 38 MiB ones for its c·I·T MLP blocks; at step 1's loss backward 1.00 GB
