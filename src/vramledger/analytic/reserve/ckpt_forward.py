@@ -29,6 +29,8 @@ residual-stream bytes, V vocabulary.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.params import layer_linears
@@ -66,7 +68,7 @@ def forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     largest = max(c * decoder_mlp_width(m) * T, p.forward_layer_temp)
     head = max(p.head_cast_bytes - largest, 0)
     counted = _smallest_large_request(m, train, p, casts > 0)
-    tails = sum(t for t in weight_tails(m, wb.trainable_dtype.bytes) if t < counted) if not p.frozen_bytes else 0
+    tails = _tails_below(m, wb.trainable_dtype.bytes, counted) if not p.frozen_bytes else 0
     saved = p.saved_layers_bytes + p.scores_bytes
     transients = max(_mlp_product(m, train, p), p.forward_layer_temp)
     return weights + tails + saved + casts + transients + head + sum(logits_blocks(m, train))
@@ -84,8 +86,19 @@ def _smallest_large_request(m: ModelSpec, train: TrainSpec, p: StepParts, casts:
     taken even where it is at most kSmallSize, 1 MiB, and served from the small pool, so that the bound never falls
     as T grows) and, with autocast's casts, the smallest decoder matrix's copy above 1 MiB (smaller ones are served
     from the small pool, ``get_pool``). A tail smaller than this holds none of them."""
-    sizes = [residual_bytes(train, p.weights) * m.hidden_size * train.tokens]
-    if casts:
-        c = train.precision.compute.bytes
-        sizes += [x for lin in layer_linears(m) if (x := c * lin.in_features * lin.out_features) > K_SMALL_SIZE]
-    return min(sizes)
+    checkpointed = residual_bytes(train, p.weights) * m.hidden_size * train.tokens
+    return min(checkpointed, _smallest_large_cast(m, train.precision.compute.bytes)) if casts else checkpointed
+
+
+@lru_cache(maxsize=256)
+def _smallest_large_cast(m: ModelSpec, c: int) -> int:
+    """The smallest decoder matrix's c-byte copy above kSmallSize (a large-pool request); 2^62 if none."""
+    return min(
+        (x for lin in layer_linears(m) if (x := c * lin.in_features * lin.out_features) > K_SMALL_SIZE), default=1 << 62
+    )
+
+
+@lru_cache(maxsize=4096)
+def _tails_below(m: ModelSpec, dtype_bytes: int, size: int) -> int:
+    """Bytes of the weights' segment tails smaller than ``size`` (``weight_tails``)."""
+    return sum(t for t in weight_tails(m, dtype_bytes) if t < size)
