@@ -9,18 +9,24 @@ replay makes again in step 2 (``python bench/reserve/run_spill.py``; no tracing 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
+from vramledger.analytic import estimate
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.full import blocks_with_states, relaid_counted, tied_gradient_block
 from vramledger.analytic.reserve.runs import switches_on
 from vramledger.analytic.reserve.spill import hole_remade, tied_remade
 from vramledger.analytic.step import step_parts
+from vramledger.catalog import resolve_model
+from vramledger.specs import Method, Optimizer, Precision, TrainSpec
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,3 +116,35 @@ def test_the_counted_blocks_cover_what_the_traced_step_2_makes_again(rec: dict[s
     made = rec["states"]["made_in_step_2_fp32_blocks"] * f
     print(f"{rec['id']}: replay makes {made / f:.2f} blocks again in step 2, the estimate counts {counted / f:.2f}")
     assert made - 0.05 * f <= counted <= made + f
+
+
+def _reserved(model: str, train: TrainSpec) -> int:
+    return estimate(resolve_model(model), train).peak_reserved
+
+
+@settings(max_examples=40, deadline=None)
+@example(model="llama-3.2-1b", b=1, ell=1024, dl=1, packing=False)  # T > H·b/8: the fp32 block beside V·H starts
+@example(model="llama-3.2-1b", b=1, ell=2047, dl=1, packing=False)  # 4·T = H·b: the tied blocks stop (held)
+@example(model="qwen2.5-3b", b=2, ell=1984, dl=64, packing=False)  # the c·V·T block made again at 1984, not 2048
+@example(model="qwen2.5-0.5b", b=1, ell=2048, dl=600, packing=True)  # where the count drops from three blocks
+@given(
+    model=st.sampled_from(["llama-3.2-1b", "qwen3-1.7b", "qwen2.5-3b", "qwen2.5-0.5b"]),
+    b=st.integers(1, 4),
+    ell=st.integers(256, 4096),
+    dl=st.integers(0, 300),
+    packing=st.booleans(),
+)
+def test_reserved_never_falls_across_the_spill_bounds(model: str, b: int, ell: int, dl: int, packing: bool) -> None:
+    """The spill bounds switch off as the shape grows (the count drops, 4·V·T outgrows the V·H gradient); a run with
+    dynamic padding holds them over the shorter shapes and a packed run leaves them out, so reserved never falls as
+    the length grows, for full fine-tuning with foreach AdamW under checkpointing (the configs they apply to)."""
+    train = TrainSpec(
+        method=Method.FULL,
+        precision=Precision.BF16 if model == "qwen2.5-3b" else Precision.BF16_MIXED,
+        optimizer=Optimizer.ADAMW,
+        micro_batch=b,
+        seq_len=ell,
+        grad_ckpt=True,
+        packing=packing,
+    )
+    assert _reserved(model, dataclasses.replace(train, seq_len=ell + dl)) >= _reserved(model, train)
