@@ -457,6 +457,7 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     made: dict[int, tuple[int, str, str, int]] = {}  # segment → (step, op, category, bytes)
     states: Counter[int] = Counter()
     end_of_step_1 = None
+    peak = 0
     for ev, src in zip(dev.events, dev.origin, strict=True):
         step = events[src].step if src >= 0 else 1
         if step == 2 and end_of_step_1 is None:
@@ -469,6 +470,7 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
         before = alloc.reserved
         blk = alloc.malloc(ev.size) if ev.size else None
         live[ev.id] = blk
+        peak = max(peak, alloc.reserved)
         cat = ev.category.value if ev.category else ""
         if blk is not None and alloc.reserved > before:
             made[blk.seg] = (step, ev.op, cat, alloc.reserved - before)
@@ -488,6 +490,7 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
         "fp32_blocks_with_states": sum(1 for s in chain if made[s][3] >= fp32 and states[s]),
         "made_in_step_2": [{"made_by": f"{op} ({cat})", "bytes": size} for op, cat, size in step2 if size >= 2**26],
         "made_in_step_2_fp32_blocks": round(sum(size for _, _, size in step2) / fp32, 2),
+        "peak_reserved": peak,
     }
 
 

@@ -65,16 +65,6 @@ TIED_OVER = (
     "the tied embedding's V·H block is added on top of the cached activations; near 4·T = b·H the replay makes none "
     "(1 × 1016: 13.11 GiB, the estimate's held shape 1 × 1023)"
 )
-RUN_STATES_SPLIT = (
-    "at some lengths below L (Qwen3-1.7B 2 × 576-608, 736-768, 864-896, 992; Llama-3.2-1B 1 × 1728, 1856) a few layer "
-    "states are cut from all three fp32 logits blocks, one more than the two freed V·H blocks (gradient, foreach "
-    "temporary) can replace, so step 2 makes an fp32 block again beside the tied embedding's V·H block (Qwen3-1.7B: "
-    "37.53 GB at 2 × 896, 36.30 GB at 2 × 928); which lengths depends on the rests the gradients leave, not modelled"
-)
-RUN_HOLE = (
-    "at 2 × 1920 and 2 × 1984 an 8.4 MB layer state lands in the c·V·T logits block too, so step 2's logits find no "
-    "block and it is made again with the three fp32 ones (+1.21 GB at 1984; none at 2048): not modelled"
-)
 RUN_ACTIVATIONS = (
     "at 4 × 928 the states take more of the activation blocks and step 2 makes 2.75 GB of activation segments again "
     "beside the three fp32 logits blocks (2.08 GB at 4 × 960): not modelled"
@@ -95,9 +85,7 @@ PADDED_MASK = (
     "is 58.16 GiB allocated and 61.75 GiB reserved against the replay's 58.27 and 62.01 GiB (−0.4%)"
 )
 KNOWN_MISSES: dict[str, str] = {
-    "llama-3.2-1b/full/b1/L2048/ckpt/sdpa": RUN_STATES_SPLIT,
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
-    "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": RUN_STATES_SPLIT,
     "tiny/full/b1/L256/nockpt/sdpa": TINY,
     "tiny/lora/b2/L256/nockpt/eager": TINY,
     "mid/full/b4/L2048/ckpt/sdpa": FULL_OVER,
@@ -107,7 +95,6 @@ KNOWN_MISSES: dict[str, str] = {
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": ADAFACTOR_HELD,
     "qwen2.5-1.5b/full/b4/L1024/nockpt/sdpa": RUN_ACTIVATIONS,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": FULL_OVER,
-    "qwen2.5-3b/full/b2/L2048/ckpt/sdpa/bf16-true": RUN_HOLE,
     "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": FULL_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,
     "llama-3-8b/full/b1/L4096/nockpt/sdpa/bf16-true": HELD_OVER,

@@ -24,6 +24,7 @@ from vramledger.analytic.reserve.load_residue import load_tails
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
+from vramledger.analytic.reserve.spill import hole_remade, tied_remade
 from vramledger.analytic.reserve.switches import Switching
 from vramledger.analytic.reserve.trl import trl_stranded_bytes
 from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_lost
@@ -95,7 +96,9 @@ def single_shape(
        blocks that hold them, the logits chain's (the largest) last; a logits block with a state inside cannot
        serve step 2's request of its own size, so step 2 makes it again: reserved = max(R1 + eager's backward
        segments (``eager_backward_segments``), ``opt_peak``) + the blocks the states reach, counted at this shape
-       (``on.relaid``, ``relaid_counted``) or bounded by min(S, 3·4·V·T) (``relaid_bytes``);
+       (``on.relaid``, ``relaid_counted``, and the c·V·T block where they reach every fp32 one, ``hole_remade``) or
+       bounded by min(S, 3·4·V·T) (``relaid_bytes``); with a tied embedding, the fp32 blocks the two freed V·H
+       blocks cannot hold (``on.tied``, ``tied_remade``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``activations_unused``);
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
@@ -122,7 +125,9 @@ def single_shape(
         max(
             step_peak,
             loss_peak + stranded - in_hole + temporaries_unused_by_activations(m, train, p),
-            max(r1 + eager_backward_segments(m, train), opt_peak) + _relaid(m, train, p, on),
+            max(r1 + eager_backward_segments(m, train), opt_peak)
+            + _relaid(m, train, p, on)
+            + (tied_remade(m, train, p) if on.tied else 0),
             opt_peak + (activations_unused(p) if on.activations else 0),
             end_of_backward_bound(m, train, p, opt_peak, on),
             temporaries_bound(m, train, p, loss_peak + stranded, on),
@@ -137,4 +142,6 @@ def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:
     count where the head and the embedding are frozen (freeze.py)."""
     if frozen_head(train, p):
         return frozen_head_relaid(m, train, p, counted=on.relaid)
-    return relaid_counted(m, train, p) if on.relaid else relaid_bytes(m, train, p)
+    if on.relaid:
+        return relaid_counted(m, train, p) + hole_remade(m, train, p)
+    return relaid_bytes(m, train, p)
