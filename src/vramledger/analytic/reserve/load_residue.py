@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
@@ -37,19 +38,36 @@ def load_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     checkpointing)."""
     wb = p.weights
     frozen = wb.total_params - wb.trainable_params
-    if train.quant is not None or not frozen or not train.adapters or m.is_moe or train.grad_ckpt:
+    if train.quant is not None or not frozen or not train.adapters or m.is_moe:
         return 0
     if train.loss not in (Loss.STANDARD, Loss.CHUNKED_NLL):  # a fused or chunked loss's chunks can take them
         return 0
-    # The smallest tensors a decoder layer keeps to the loss: k's and v's projections (c·kv·T; in the small pool
-    # up to 1 MiB, where no tail is counted, so that the figure never falls as T grows).
-    smallest = train.precision.compute.bytes * m.kv_dim * train.tokens
-    return sum(t for t in _tails(m, round(wb.frozen_bytes / frozen)) if t < smallest)
+    c, T = train.precision.compute.bytes, train.tokens
+    # The smallest tensors kept to the loss: without checkpointing a decoder layer's k and v projections (c·kv·T);
+    # under checkpointing the layers' inputs the checkpoints save (c·H·T). In the small pool up to 1 MiB, where no
+    # tail is counted, so that the figure never falls as T grows.
+    smallest = c * (m.hidden_size if train.grad_ckpt else m.kv_dim) * T
+    return sum(t for t in _tails(m, round(wb.frozen_bytes / frozen), _adapters_in_large_pool(train, p)) if t < smallest)
+
+
+def _adapters_in_large_pool(train: TrainSpec, p: StepParts) -> tuple[int, ...]:
+    """The adapter weights above the small pool's 1 MiB, in ``named_parameters`` order: ``lora_A`` (r·in) and
+    ``lora_B`` (out·r) of each adapted projection (Qwen2.5-7B's MLP adapters at r = 16: 1.16 MiB in fp32; most 7B
+    MLP adapters at r = 64)."""
+    wb = p.weights
+    assert train.lora is not None
+    r, b = train.lora.rank, wb.trainable_dtype.bytes
+    per_layer = [
+        n * b for a in wb.adapted for n in (r * a.linear.in_features, a.linear.out_features * r) if n * b > K_SMALL_SIZE
+    ]
+    return tuple(per_layer) * wb.trainable_layers
 
 
 @lru_cache(maxsize=256)
-def _tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
-    """The free large-pool blocks after loading the base in ``dtype_bytes`` per element, from an empty cache."""
+def _tails(m: ModelSpec, dtype_bytes: int, adapters: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The free large-pool blocks once the base is loaded in ``dtype_bytes`` per element from an empty cache and
+    the adapter weights above 1 MiB (``adapters``) are put on the device after it (PEFT ``lora.Linear.update_layer``
+    → ``_move_adapter_to_device_of_base_layer``): best fit cuts each from the smallest tail that holds it."""
     model = CachingAllocatorModel()
     H, V = m.hidden_size, m.vocab_size
     model.malloc(V * H * dtype_bytes)
@@ -63,6 +81,8 @@ def _tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
     model.malloc(H * dtype_bytes)
     if not m.tie_word_embeddings:
         model.malloc(V * H * dtype_bytes)
+    for size in adapters:
+        model.malloc(size)
     large = model.free_layout()[2]  # the large pool's cached blocks, (size, address)
     assert isinstance(large, tuple)
     return tuple(size for size, _ in large)

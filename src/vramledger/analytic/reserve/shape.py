@@ -3,10 +3,10 @@ give (``single_shape``), and the blocks stranded at the loss's backward peak (``
 
 from __future__ import annotations
 
-from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
-from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
+from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
 from vramledger.analytic.reserve.full import (
     activations_unused,
     decoder_mlp_width,
@@ -48,7 +48,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     s = residual_bytes(train, wb)
     H, V = m.hidden_size, m.vocab_size
     I = decoder_mlp_width(m)  # noqa: E741
-    logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    logits_hole = _logits_hole(m, train)
     if train.loss is Loss.CHUNKED_NLL:
         return trl_stranded_bytes(m, train, cublas_workspace_block(p))
     if not wb.trainable_layers or train.loss is not Loss.STANDARD:
@@ -64,6 +64,30 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.attn is Attention.EAGER:
         bwd += (c + 4) * m.num_heads * L * L * B
     return logits_hole + max(fwd, bwd)
+
+
+def _logits_hole(m: ModelSpec, train: TrainSpec) -> int:
+    """The c·V·T logits block the standard loss leaves cached at its peak (c < 4; ``stranded_bytes``)."""
+    c = train.precision.compute.bytes
+    return c * m.vocab_size * train.tokens if (train.loss is Loss.STANDARD and c != 4) else 0
+
+
+def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """``stranded_bytes`` with adapters: under checkpointing, where the layers are modelled, the logits hole and the
+    cache the checkpointed forward leaves free (``checkpointed_forward_cache``) in place of one layer's transients:
+    step 1's backward makes no segment of its own for them (its recomputed layers are cut from the freed logits
+    blocks), so what is cached at step 2's loss peak is what step 2's forward leaves of step 1's forward segments."""
+    layers = checkpointed_forward_cache(m, train, p)
+    return stranded_bytes(m, train, p) if layers is None else _logits_hole(m, train) + layers
+
+
+def _chain_segment_rests(m: ModelSpec, train: TrainSpec) -> int:
+    """What the standard loss's logits blocks leave of their segments: each is at least 10 MiB and gets a segment of
+    its size rounded up to 2 MiB (``get_allocation_size``, kRoundLarge), cached whole at the loss's peak (the hole)
+    or around a live block (the copy's, the log-softmax's, the second gradient's). Up to 2 MiB each: felt only by
+    small models (the 8-layer toy of bench/reserve/: 4.5 MiB of 1.5 MiB rests), where it is the size of the gap.
+    The reserve grows as T does even so: every block's segment does, and its bytes are in ``loss_peak``."""
+    return sum(-(-b // K_ROUND_LARGE) * K_ROUND_LARGE - b for b in logits_blocks(m, train) if b >= K_MIN_LARGE_ALLOC)
 
 
 def single_shape(
@@ -103,14 +127,15 @@ def single_shape(
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
     (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``NONE``: left out).
     """
-    stranded = stranded_bytes(m, train, p)
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        stranded = _adapter_stranded(m, train, p)
         lost = workspace_lost(m, train, p) if on.workspace else 0
         cached = adapter_forward_cache(m, train, p)
         remade = softcap_block(m, train) if on.softcap else 0
-        tails = load_tails(m, train, p)
+        tails = load_tails(m, train, p) + _chain_segment_rests(m, train)
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
+    stranded = stranded_bytes(m, train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
