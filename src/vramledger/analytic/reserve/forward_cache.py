@@ -1,4 +1,4 @@
-"""The cache a LoRA model's forward leaves free at its end, without checkpointing.
+"""The cache a LoRA model's forward leaves free at its end, without checkpointing and under it.
 
 Without checkpointing each decoder layer saves its activations and frees its transients; the caching allocator
 (``CUDACachingAllocator.cpp``: best fit by size, a new segment when no cached block is large enough, segments
@@ -28,6 +28,26 @@ trace holds up to 39% more, the 8-layer toy of bench/reserve/ at 1 × 4096, or 1
 Eager attention's score blocks are not in the sequence (reserve/ counts the largest as stranded). DoRA (its
 ``DoraLinearVariant.forward`` is another sequence), architectures whose projections are not named like Llama's
 (``q_proj`` … ``down_proj``, or Phi-3's fused ``qkv_proj``/``gate_up_proj``) and MoE layers are not modelled (0).
+
+Under checkpointing. transformers runs each decoder layer through ``torch.utils.checkpoint`` with
+``use_reentrant=False`` (``modeling_utils.py`` ``gradient_checkpointing_enable``; trace/build.py), whose saved-tensor
+hooks (``_checkpoint_hook.pack_hook``) store a ``_Holder`` for every tensor autograd would save: a layer's forward
+keeps only its input (the checkpoint's saved argument) and its output, and frees each of the tensors above when the
+layer's code drops it (the autocast copy once ``lora_A`` has run, the RMSNorm's fp32 input once its product is made,
+RoPE's results and SDPA's output after ``o_proj``, the MLP's halves after their product). Its transients make the
+first layer's segments; every later layer's output, saved as the next layer's input, is cut from them by best fit,
+and where what is left no longer holds a layer's working set (its MLP's c·I·T blocks, ``down_proj``'s fp32 input
+4·I·T) a layer makes one more segment (Llama-3-8B 1 × 16384: a 448 MiB one at layers 10, 20, 23, 26 and 29 in the
+trace). Step 1's backward makes no segment for its recomputed layers (``_recomputation_hook``: each layer's forward
+again, its saved tensors kept this time, then its backward): by then the loss has freed its fp32 logits blocks, far
+larger, and they are cut from those (the trace: none in any of the ten configs of
+bench/reserve/forward_cache_ckpt.jsonl). So at step 2's loss peak the layers' cache is step 1's forward segments
+less what step 2's forward keeps in them: the same sequence, the layers' own tensors dropped, replayed at ``T_REF``
+(``checkpointed_forward_cache``): within 25% of the trace (under it on the 7B-8B configs, whose per-layer pattern
+of new segments is shifted: the sequence leaves out the forward thread's cuBLAS workspace and RoPE's cos and sin,
+made before the first layer). Qwen3's ``q_norm`` and ``k_norm`` are in the sequence; eager attention (its scores
+grow with ℓ², not with T), DoRA and Phi-3's fused projections (their views' lifetimes) are not (None: the
+one-layer term of ``stranded_bytes`` stands).
 
 Legend: T tokens per micro-batch, H hidden, I intermediate, c compute-dtype bytes, in/out a projection's features.
 """
@@ -68,12 +88,25 @@ def checkpointed_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> 
     of the replayed checkpointed layers × T (see "Under checkpointing" above); None where the layers are not modelled
     (as ``adapter_forward_cache``, and Phi-3's fused projections, whose views' lifetimes are not written out; eager
     attention, whose scores grow with ℓ², not with T)."""
-    if not train.grad_ckpt or not _modelled(m, train, p) or train.attn is Attention.EAGER:
+    if (
+        not train.grad_ckpt
+        or not _modelled(m, train, p)
+        or train.attn is Attention.EAGER
+        or not one_copy_weights(train)
+    ):
         return None
     if train.loss is not Loss.STANDARD:  # TRL's chunked_nll under checkpointing: trl.py's own chain
         return None
     free = _per_token(m, train, p, checkpointed=True)
     return None if free is None else free * train.tokens // T_REF
+
+
+def one_copy_weights(train: TrainSpec) -> bool:
+    """The base's weights are whole tensors on the device, each in its own block: not quantised (bitsandbytes
+    dequantises a weight-sized block for every matmul), not sharded or flattened (ZeRO-3's partitions, FSDP's flat
+    parameters, gathered per layer), not offloaded."""
+    sharded = train.zero_stage >= 3 or (train.fsdp is not None and train.fsdp.shards_params) or train.offload_params
+    return train.quant is None and not sharded
 
 
 def _modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:

@@ -12,10 +12,17 @@ tails smaller than that stay free there (Qwen2.5-3B's 4 MiB tails, two 8 MiB pro
 hold its 4 MiB k and v at 4 × 2048). The trace replay shows them at step 2's peak (Qwen2.5-1.5B DoRA 2 × 1024: 147 MiB
 in 84 blocks made by the load, Gemma-2-2B LoRA 2 × 1024: 195 MiB; a 2-layer toy's are used: bench/reserve/).
 
-Under checkpointing the tails stay cached too (Qwen3-1.7B LoRA 1 × 4096: 8 MiB, the custom 8-layer Llama 8 × 512: 18
-MiB), but there the checkpointed layer's transients counted as stranded (reserve/shape.py ``stranded_bytes``) already
-over-count what is cached (tests/analytic/test_reserve.py LORA_OVER, +3 to +7%): the tails are left out until that
-term is right.
+Under checkpointing what is live at the loss's peak besides the weights is the layers' inputs the checkpoints save
+(c·H·T each; ``torch.utils.checkpoint``'s non-reentrant forward keeps nothing else of a layer) and the final norm's
+(larger), so the tails smaller than c·H·T stay free there (the trace, bench/reserve/forward_cache_ckpt.jsonl: Qwen3-8B
+LoRA 2 × 4096 144 MiB, analytic 144; Llama-3-8B 1 × 16384 120 MiB, analytic 128: RoPE's cos and sin, c·hd·T = 4 MiB
+each there, take two 4 MiB tails, not modelled).
+
+Adapter weights above the small pool's 1 MiB (``r·in`` or ``out·r`` fp32 elements: Qwen2.5-7B's MLP adapters at r =
+16, 1.16 MiB) go on the device after the base (PEFT ``lora.Linear.update_layer`` →
+``_move_adapter_to_device_of_base_layer``), and best fit cuts each from the smallest tail that holds it: Qwen2.5-7B's
+68 tails of 1.5 MiB (each 1.16 MiB adapter takes a whole one, the 0.34 MiB rest being under the 1 MiB a split needs)
+leave 9.6 MiB (the trace: 2.7 MiB free, its MLP adapters' states in a few more).
 
 The load order is the modules' (``named_parameters``: the embedding, each layer's projections in order and its
 norms, the final norm, lm_head), replayed through ``allocator/model.py``. Quantised bases (bitsandbytes storage) are
@@ -30,16 +37,16 @@ from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.forward_cache import one_copy_weights
 from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 
 def load_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """Bytes of the frozen base's segment tails that no request of the step fits in (see above; 0 under
-    checkpointing)."""
+    """Bytes of the frozen base's segment tails that no request of the step fits in (see above)."""
     wb = p.weights
     frozen = wb.total_params - wb.trainable_params
-    if train.quant is not None or not frozen or not train.adapters or m.is_moe:
-        return 0
+    if not one_copy_weights(train) or train.fsdp is not None or not frozen or not train.adapters or m.is_moe:
+        return 0  # FSDP's flat parameters (even unsharded), ZeRO-3's partitions: no segment per weight
     if train.loss not in (Loss.STANDARD, Loss.CHUNKED_NLL):  # a fused or chunked loss's chunks can take them
         return 0
     c, T = train.precision.compute.bytes, train.tokens

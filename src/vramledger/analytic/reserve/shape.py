@@ -46,7 +46,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     T, B, L = train.tokens, train.micro_batch, train.seq_len
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
-    H, V = m.hidden_size, m.vocab_size
+    H = m.hidden_size
     I = decoder_mlp_width(m)  # noqa: E741
     logits_hole = _logits_hole(m, train)
     if train.loss is Loss.CHUNKED_NLL:
@@ -81,13 +81,14 @@ def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return stranded_bytes(m, train, p) if layers is None else _logits_hole(m, train) + layers
 
 
-def _chain_segment_rests(m: ModelSpec, train: TrainSpec) -> int:
-    """What the standard loss's logits blocks leave of their segments: each is at least 10 MiB and gets a segment of
-    its size rounded up to 2 MiB (``get_allocation_size``, kRoundLarge), cached whole at the loss's peak (the hole)
-    or around a live block (the copy's, the log-softmax's, the second gradient's). Up to 2 MiB each: felt only by
-    small models (the 8-layer toy of bench/reserve/: 4.5 MiB of 1.5 MiB rests), where it is the size of the gap.
-    The reserve grows as T does even so: every block's segment does, and its bytes are in ``loss_peak``."""
-    return sum(-(-b // K_ROUND_LARGE) * K_ROUND_LARGE - b for b in logits_blocks(m, train) if b >= K_MIN_LARGE_ALLOC)
+def _segment_rest(block: int) -> int:
+    """What a block of at least 10 MiB leaves of the segment made for it: ``get_allocation_size`` rounds it up to
+    2 MiB (kRoundLarge). Counted for the whole segments cached at the loss's peak with adapters, the logits hole and
+    the fp32 block the backward workspace took: the block's bytes and its rest add up to the segment, which never
+    shrinks as T grows (the rests of the live blocks are left out: which of them the analytic loss peak counts is
+    not known here, and their rests alone fall and rise with T). Up to 2 MiB each: felt only by small models (the
+    2-layer toy of bench/reserve/ 1 × 2048: a 31.25 MiB hole in 32 MiB, 62.5 MiB fp32 blocks in 64 MiB)."""
+    return -(-block // K_ROUND_LARGE) * K_ROUND_LARGE - block if block >= K_MIN_LARGE_ALLOC else 0
 
 
 def single_shape(
@@ -131,9 +132,10 @@ def single_shape(
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         stranded = _adapter_stranded(m, train, p)
         lost = workspace_lost(m, train, p) if on.workspace else 0
+        rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
         cached = adapter_forward_cache(m, train, p)
         remade = softcap_block(m, train) if on.softcap else 0
-        tails = load_tails(m, train, p) + _chain_segment_rests(m, train)
+        tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
     stranded = stranded_bytes(m, train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, 0)
