@@ -43,7 +43,7 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
     """
     wb = p.weights
-    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    T = train.tokens
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
     H = m.hidden_size
@@ -60,10 +60,17 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if not train.grad_ckpt:
         return logits_hole + fwd
     fwd += (2 * c * I + s * H) * T
+    return logits_hole + max(fwd, _recomputed_layer(m, train, p))
+
+
+def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """A recomputed layer with its backward's gradients: 2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence."""
+    T, c = train.tokens, train.precision.compute.bytes
+    s, H, I = residual_bytes(train, p.weights), m.hidden_size, decoder_mlp_width(m)  # noqa: E741
     bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T
     if train.attn is Attention.EAGER:
-        bwd += (c + 4) * m.num_heads * L * L * B
-    return logits_hole + max(fwd, bwd)
+        bwd += (c + 4) * m.num_heads * train.seq_len**2 * train.micro_batch
+    return bwd
 
 
 def _logits_hole(m: ModelSpec, train: TrainSpec) -> int:
@@ -74,11 +81,16 @@ def _logits_hole(m: ModelSpec, train: TrainSpec) -> int:
 
 def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """``stranded_bytes`` with adapters: under checkpointing, where the layers are modelled, the logits hole and the
-    cache the checkpointed forward leaves free (``checkpointed_forward_cache``) in place of one layer's transients:
-    step 1's backward makes no segment of its own for them (its recomputed layers are cut from the freed logits
-    blocks), so what is cached at step 2's loss peak is what step 2's forward leaves of step 1's forward segments."""
+    cache the checkpointed forward leaves free (``checkpointed_forward_cache``) in place of one layer's transients.
+    Step 1's backward recomputes each layer after the loss has freed its logits chain, so it cuts a recomputed layer
+    and its gradients from the chain's blocks and that free cache, and makes segments only for what they cannot
+    hold (none in the traced configs: bench/reserve/forward_cache_ckpt.jsonl); what is cached at step 2's loss peak
+    is then what step 2's forward leaves of step 1's forward segments, and those segments."""
     layers = checkpointed_forward_cache(m, train, p)
-    return stranded_bytes(m, train, p) if layers is None else _logits_hole(m, train) + layers
+    if layers is None:
+        return stranded_bytes(m, train, p)
+    unserved = max(_recomputed_layer(m, train, p) - sum(logits_blocks(m, train)) - layers, 0)
+    return _logits_hole(m, train) + layers + unserved
 
 
 def _segment_rest(block: int) -> int:
