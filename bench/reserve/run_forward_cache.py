@@ -28,6 +28,7 @@ import json
 import re
 import sys
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 import run_grid  # noqa: E402
 
+MiB = 2**20
 OUT = Path(__file__).with_name("forward_cache.jsonl")
 CKPT_OUT = Path(__file__).with_name("forward_cache_ckpt.jsonl")
 CONFIGS = [
@@ -149,35 +151,55 @@ def analytic(cid: str) -> dict[str, int]:
     return {"analytic": cache or 0, "analytic_load_tails": load_tails(model, train, p)}
 
 
-def table(recs: list[dict[str, Any]]) -> str:
-    m = 2**20
-    rows = [
-        "| config | layers | traced W1 MiB | traced r MiB/layer | traced free at lm_head MiB | analytic MiB | gap |",
-        "|---|---:|---:|---:|---:|---:|---:|",
-    ]
+def _markdown(header: list[str], recs: list[dict[str, Any]], cells: Callable[[dict[str, Any]], list[str]]) -> str:
+    """A markdown table: one row per record, the config (marked where its requests are under 10 MiB), then
+    ``cells``."""
+    rows = ["| config | " + " | ".join(header) + " |", "|---|" + "---:|" * len(header)]
     for r in recs:
-        t, a = r["trace_free_after_norm"], r["analytic"]
-        rows.append(
-            f"| {r['id']}{'' if r['large'] else ' (requests < 10 MiB)'} | {r['layers']} | {r['trace_w1'] / m:.0f} | "
-            f"{r['trace_r'] / m:.1f} | {t / m:.0f} | {a / m:.0f} | {100 * (a / t - 1):+.0f}% |"
-        )
+        name = f"{r['id']}{'' if r['large'] else ' (requests < 10 MiB)'}"
+        rows.append(f"| {name} | " + " | ".join(cells(r)) + " |")
     return "\n".join(rows)
+
+
+def _gap(a: int, t: int) -> str:
+    return f"{100 * (a / t - 1):+.0f}%"
+
+
+def table(recs: list[dict[str, Any]]) -> str:
+    header = ["layers", "traced W1 MiB", "traced r MiB/layer", "traced free at lm_head MiB", "analytic MiB", "gap"]
+    return _markdown(
+        header,
+        recs,
+        lambda r: [
+            str(r["layers"]),
+            f"{r['trace_w1'] / MiB:.0f}",
+            f"{r['trace_r'] / MiB:.1f}",
+            f"{r['trace_free_after_norm'] / MiB:.0f}",
+            f"{r['analytic'] / MiB:.0f}",
+            _gap(r["analytic"], r["trace_free_after_norm"]),
+        ],
+    )
 
 
 def ckpt_table(recs: list[dict[str, Any]]) -> str:
-    m = 2**20
-    rows = [
-        "| config | traced free at lm_head, step 1 MiB | traced free at step 2's peak (layers' segments) MiB | "
-        "analytic MiB | gap | step 1's backward's own segments MiB |",
-        "|---|---:|---:|---:|---:|---:|",
+    header = [
+        "traced free at lm_head, step 1 MiB",
+        "traced free at step 2's peak (layers' segments) MiB",
+        "analytic MiB",
+        "gap",
+        "step 1's backward's own segments MiB",
     ]
-    for r in recs:
-        t, a = r["trace_layers_free_at_peak"], r["analytic"]
-        rows.append(
-            f"| {r['id']}{'' if r['large'] else ' (requests < 10 MiB)'} | {r['trace_free_after_norm'] / m:.0f} | "
-            f"{t / m:.0f} | {a / m:.0f} | {100 * (a / t - 1):+.0f}% | {r['trace_backward_made'] / m:.0f} |"
-        )
-    return "\n".join(rows)
+    return _markdown(
+        header,
+        recs,
+        lambda r: [
+            f"{r['trace_free_after_norm'] / MiB:.0f}",
+            f"{r['trace_layers_free_at_peak'] / MiB:.0f}",
+            f"{r['analytic'] / MiB:.0f}",
+            _gap(r["analytic"], r["trace_layers_free_at_peak"]),
+            f"{r['trace_backward_made'] / MiB:.0f}",
+        ],
+    )
 
 
 def main() -> None:
