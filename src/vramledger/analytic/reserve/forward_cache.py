@@ -290,7 +290,7 @@ class _Layer:
             return base
         x32 = r.alloc(4 * fin * T) if self.cast else 0
         if self.cast:
-            self._drop(r.alloc(c * fin * T))  # autocast's copy for lora_A, saved
+            self._drop(r.alloc(c * fin * T))  # autocast's copy for lora_A: saved, dropped under checkpointing
         lora_b = r.alloc(c * fout * T)
         scaled = r.alloc(c * fout * T)
         r.free(lora_b)
