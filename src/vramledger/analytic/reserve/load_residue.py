@@ -70,6 +70,12 @@ def _adapters_in_large_pool(train: TrainSpec, p: StepParts) -> tuple[int, ...]:
     return tuple(per_layer) * wb.trainable_layers
 
 
+def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
+    """The free large-pool blocks loading every weight in ``dtype_bytes`` per element leaves, from an empty cache
+    (trained weights are loaded the same way: reserve/ckpt_forward.py)."""
+    return _tails(m, dtype_bytes)
+
+
 @lru_cache(maxsize=256)
 def _tails(m: ModelSpec, dtype_bytes: int, adapters: tuple[int, ...] = ()) -> tuple[int, ...]:
     """The free large-pool blocks once the base is loaded in ``dtype_bytes`` per element from an empty cache and

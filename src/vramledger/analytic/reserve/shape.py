@@ -6,6 +6,7 @@ from __future__ import annotations
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
 from vramledger.analytic.reserve.full import (
     activations_unused,
@@ -125,12 +126,13 @@ def single_shape(
        own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
        fp32 logits block lost to the backward thread's cuBLAS workspace (``on.workspace``, ``workspace_lost``);
     2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
-       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
-       at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
-       (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
-       step 2 makes it again: reserved = max(R1 + eager's backward segments (``eager_backward_segments``),
-       ``opt_peak``) + the blocks the states reach, counted at this shape (``on.relaid``, ``relaid_counted``) or
-       bounded by min(S, 3·4·V·T) (``relaid_bytes``);
+       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded (under checkpointing, at
+       least the segments its forward made, autocast's cached casts among them, and the loss's on top:
+       ``forward_segments``), and step 1's optimizer at least ``opt_peak``. The states take the smallest cached
+       blocks that hold them, the logits chain's (the largest) last; a logits block with a state inside cannot
+       serve step 2's request of its own size, so step 2 makes it again: reserved = max(R1 + eager's backward
+       segments (``eager_backward_segments``), ``opt_peak``) + the blocks the states reach, counted at this shape
+       (``on.relaid``, ``relaid_counted``) or bounded by min(S, 3·4·V·T) (``relaid_bytes``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``activations_unused``);
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
@@ -151,7 +153,7 @@ def single_shape(
         tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
     stranded = stranded_bytes(m, train, p)
-    r1 = max(loss_peak - p.state_bytes + stranded, 0)
+    r1 = max(loss_peak - p.state_bytes + stranded, forward_segments(m, train, p), 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)

@@ -1,7 +1,7 @@
 """FSDP1 under gradient accumulation: ``no_sync`` keeps every unit's gradient unsharded on every rank.
 
 Legend: N ranks sharing a shard; u bytes per element of the unsharded parameters (what autograd writes the
-unsharded gradient in: analytic/distributed.py's ``u``); L decoder layers whose unit trains; E_layer elements of one
+unsharded gradient in: distributed/core.py's ``u``); L decoder layers whose unit trains; E_layer elements of one
 decoder layer's unit (its adapters included), E_root of the root unit (embeddings, final norm, output layer).
 
 On an accumulating micro-step the training loop runs forward and backward inside ``FullyShardedDataParallel.no_sync``
@@ -68,7 +68,7 @@ layer's backward, below the activations it frees).
 
 from __future__ import annotations
 
-from vramledger.analytic.rank import FWD_BWD, Buffer
+from vramledger.analytic.distributed.rank import FWD_BWD, Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category, Phase
 from vramledger.specs import TrainSpec
