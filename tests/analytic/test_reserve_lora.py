@@ -234,6 +234,8 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
 @example(
     model="mid", b=2, ell=999, db=0, dl=1, eager=True, packing=False, ckpt=False
 )  # the eager workspace band starts
+@example(model="gemma-2-2b", b=2, ell=420, db=0, dl=37, eager=False, packing=False, ckpt=True)  # the workspace stops
+# at 2 × 455, below 457: its edge's reserve with the softcap block too (runs.py ``_regions``), 10.82 → 10.07 GiB before
 @example(model="mid", b=1, ell=163, db=0, dl=2, eager=False, packing=True, ckpt=True)  # c·V·T reaches 10 MiB: the rest
 # of its 2 MiB-rounded segment is counted from there
 @given(
