@@ -323,14 +323,15 @@ def test_eager_attention_strands_its_scores_too() -> None:
 
 
 def test_the_grid_covers_what_it_claims() -> None:
-    """At least 80 traced configs: full, LoRA and DoRA; checkpointing on and off; sdpa and eager; 256 to 16k tokens;
-    0.5B to 8B catalog shapes; mixed and pure precision; four optimizers."""
+    """At least 80 traced configs: full, freeze, LoRA and DoRA; checkpointing on and off (freeze too); sdpa and eager;
+    256 to 16k tokens; 0.5B to 8B catalog shapes; mixed and pure precision; four optimizers."""
     recs = _records()
     g = _run_grid()
     rows = {g.config_id(r): r for r in g.GRID}
     assert len(recs) >= 80 and all(r["id"] in rows for r in recs)
     used = [rows[r["id"]] for r in recs]
-    assert {r.method for r in used} >= {"full", "lora", "dora"}
+    assert {r.method for r in used} >= {"full", "freeze", "lora", "dora"}
+    assert {r.ckpt for r in used if r.method == "freeze"} == {True, False}
     assert {r.ckpt for r in used} == {True, False} and {r.attn for r in used} >= {"sdpa", "eager"}
     assert min(r.seq for r in used) == 256 and max(r.seq for r in used) == 16384
     assert {"qwen2.5-0.5b", "llama-3-8b", "qwen3-8b"} <= {r.name for r in used}

@@ -37,10 +37,11 @@ bytes, b trainable-parameter bytes.
 
 Modules: ``events`` (allocation sequences and their replay), ``replay`` (the step as a sequence; the small pool),
 ``trl`` (TRL's chunked loss), ``workspace`` (the backward thread's cuBLAS workspace), ``full`` (full fine-tuning's
-logits blocks and optimizer states), ``optimizers`` (SGD, fused AdamW, Adafactor), ``forward_cache``,
-``load_residue`` and ``softcap`` (LoRA's forward cache, the base's segment tails, Gemma 2's softcapped logits),
-``ckpt_forward`` (step 1's checkpointed forward), ``shape`` (one shape's closed form), ``switches`` and ``runs``
-(runs with dynamic padding); this module: the ledger's reserve lines per phase.
+logits blocks and optimizer states), ``freeze`` (the same blocks with the head and the embedding frozen),
+``optimizers`` (SGD, fused AdamW, Adafactor), ``forward_cache``, ``load_residue`` and ``softcap`` (LoRA's forward
+cache, the base's segment tails, Gemma 2's softcapped logits), ``ckpt_forward`` (step 1's checkpointed forward),
+``shape`` (one shape's closed form), ``switches`` and ``runs`` (runs with dynamic padding); this module: the ledger's
+reserve lines per phase.
 """
 
 from __future__ import annotations

@@ -8,6 +8,7 @@ from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
+from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid
 from vramledger.analytic.reserve.full import (
     activations_unused,
     decoder_mlp_width,
@@ -161,8 +162,7 @@ def single_shape(
         max(
             step_peak,
             loss_peak + stranded - in_hole + temporaries_unused_by_activations(m, train, p),
-            max(r1 + eager_backward_segments(m, train), opt_peak)
-            + (relaid_counted(m, train, p) if on.relaid else relaid_bytes(m, train, p)),
+            max(r1 + eager_backward_segments(m, train), opt_peak) + _relaid(m, train, p, on),
             opt_peak + (activations_unused(p) if on.activations else 0),
             end_of_backward_bound(m, train, p, opt_peak, on),
             temporaries_bound(m, train, p, loss_peak + stranded, on),
@@ -170,3 +170,11 @@ def single_shape(
         + small_pool_excess(train, p)
         + (tied_gradient_block(p) if on.tied else 0)
     )
+
+
+def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:
+    """Term 2's blocks step 2 makes again: counted at this shape (``on.relaid``) or bounded; the freeze method's own
+    count where the head and the embedding are frozen (freeze.py)."""
+    if frozen_head(train, p):
+        return frozen_head_relaid(m, train, p, counted=on.relaid)
+    return relaid_counted(m, train, p) if on.relaid else relaid_bytes(m, train, p)
