@@ -86,10 +86,10 @@ RESERVE_SOURCE = (
     "blocks cached and unusable at the loss's peak (forward's c·V·T logits block; one layer's transients under "
     "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again "
     "whole, and foreach temporaries' blocks too small for the activations; SGD and fused AdamW: the end of "
-    "backward; Adafactor: its temporaries' own segments; LoRA: the small pool and, without checkpointing, the "
-    "cache its layers' forward leaves and the weights' segment tails; reserved stays at the "
-    "step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments of shorter "
-    "batches kept (analytic/reserve/); not yet measured on a GPU"
+    "backward; Adafactor: its temporaries' own segments; LoRA: the small pool, the cache its layers' forward "
+    "leaves (under checkpointing, in place of one layer's transients) and the weights' segment tails; reserved "
+    "stays at the step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments "
+    "of shorter batches kept (analytic/reserve/); not yet measured on a GPU"
 )
 
 

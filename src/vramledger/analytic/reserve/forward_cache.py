@@ -1,4 +1,4 @@
-"""The cache a LoRA model's forward leaves free at its end, without checkpointing.
+"""The cache a LoRA model's forward leaves free at its end, without checkpointing and under it.
 
 Without checkpointing each decoder layer saves its activations and frees its transients; the caching allocator
 (``CUDACachingAllocator.cpp``: best fit by size, a new segment when no cached block is large enough, segments
@@ -29,6 +29,26 @@ Eager attention's score blocks are not in the sequence (reserve/ counts the larg
 ``DoraLinearVariant.forward`` is another sequence), architectures whose projections are not named like Llama's
 (``q_proj`` … ``down_proj``, or Phi-3's fused ``qkv_proj``/``gate_up_proj``) and MoE layers are not modelled (0).
 
+Under checkpointing. transformers runs each decoder layer through ``torch.utils.checkpoint`` with
+``use_reentrant=False`` (``modeling_utils.py`` ``gradient_checkpointing_enable``; trace/build.py), whose saved-tensor
+hooks (``_checkpoint_hook.pack_hook``) store a ``_Holder`` for every tensor autograd would save: a layer's forward
+keeps only its input (the checkpoint's saved argument) and its output, and frees each of the tensors above when the
+layer's code drops it (the autocast copy once ``lora_A`` has run, the RMSNorm's fp32 input once its product is made,
+RoPE's results and SDPA's output after ``o_proj``, the MLP's halves after their product). Its transients make the
+first layer's segments; every later layer's output, saved as the next layer's input, is cut from them by best fit,
+and where what is left no longer holds a layer's working set (its MLP's c·I·T blocks, ``down_proj``'s fp32 input
+4·I·T) a layer makes one more segment (Llama-3-8B 1 × 16384: a 448 MiB one at layers 10, 20, 23, 26 and 29 in the
+trace). Step 1's backward makes no segment for its recomputed layers (``_recomputation_hook``: each layer's forward
+again, its saved tensors kept this time, then its backward): by then the loss has freed its fp32 logits blocks, far
+larger, and they are cut from those (the trace: none in any of the ten configs of
+bench/reserve/forward_cache_ckpt.jsonl). So at step 2's loss peak the layers' cache is step 1's forward segments
+less what step 2's forward keeps in them: the same sequence, the layers' own tensors dropped, replayed at ``T_REF``
+(``checkpointed_forward_cache``): within 25% of the trace (under it on the 7B-8B configs, whose per-layer pattern
+of new segments is shifted: the sequence leaves out the forward thread's cuBLAS workspace and RoPE's cos and sin,
+made before the first layer). Qwen3's ``q_norm`` and ``k_norm`` are in the sequence; eager attention (its scores
+grow with ℓ², not with T), DoRA and Phi-3's fused projections (their views' lifetimes) are not (None: the
+one-layer term of ``stranded_bytes`` stands).
+
 Legend: T tokens per micro-batch, H hidden, I intermediate, c compute-dtype bytes, in/out a projection's features.
 """
 
@@ -41,7 +61,7 @@ from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.weights import Adapted
-from vramledger.specs import Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 # Tokens the layer sequence is replayed at: its smallest request (RoPE's ``neg`` of a 128-wide k, c·64·T) is then
 # far above kMinLargeAlloc (10 MiB), so the replayed layout scales with T.
@@ -58,32 +78,68 @@ def adapter_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     figure of the replayed layer sequence × T (0 where the layers are not modelled: DoRA, whose
     ``DoraLinearVariant.forward`` is another sequence, MoE, other projection names; and under a fused or chunked
     loss, whose chunks reuse these blocks)."""
+    if train.grad_ckpt or not _modelled(m, train, p):
+        return 0
+    return (_per_token(m, train, p, checkpointed=False) or 0) * train.tokens // T_REF
+
+
+def checkpointed_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None:
+    """Bytes the forward of a LoRA model under checkpointing leaves cached and free at the loss: the per-token figure
+    of the replayed checkpointed layers × T (see "Under checkpointing" above); None where the layers are not modelled
+    (as ``adapter_forward_cache``, and Phi-3's fused projections, whose views' lifetimes are not written out; eager
+    attention, whose scores grow with ℓ², not with T)."""
+    if (
+        not train.grad_ckpt
+        or not _modelled(m, train, p)
+        or train.attn is Attention.EAGER
+        or not one_copy_weights(train)
+    ):
+        return None
+    if train.loss is not Loss.STANDARD:  # TRL's chunked_nll under checkpointing: trl.py's own chain
+        return None
+    free = _per_token(m, train, p, checkpointed=True)
+    return None if free is None else free * train.tokens // T_REF
+
+
+def one_copy_weights(train: TrainSpec) -> bool:
+    """The base's weights are whole tensors on the device, each in its own block: not quantised (bitsandbytes
+    dequantises a weight-sized block for every matmul), not sharded or flattened (ZeRO-3's partitions, FSDP's flat
+    parameters, gathered per layer), not offloaded."""
+    sharded = train.zero_stage >= 3 or (train.fsdp is not None and train.fsdp.shards_params) or train.offload_params
+    return train.quant is None and not sharded
+
+
+def _modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     wb = p.weights
-    if not train.adapters or train.grad_ckpt or not wb.adapted or m.is_moe or p.dora_temp:
-        return 0
-    if train.loss not in _LOSSES_ABOVE:
-        return 0
+    return bool(train.adapters and wb.adapted and not m.is_moe and not p.dora_temp and train.loss in _LOSSES_ABOVE)
+
+
+def _per_token(m: ModelSpec, train: TrainSpec, p: StepParts, *, checkpointed: bool) -> int | None:
+    wb = p.weights
     c = train.precision.compute.bytes
     cast = wb.trainable_dtype.bytes == 4 and c != 4
-    return _free_at_end(m, wb.adapted, wb.trainable_layers, c, cast) * train.tokens // T_REF
+    return _free_at_end(m, wb.adapted, wb.trainable_layers, c, cast, checkpointed)
 
 
 @lru_cache(maxsize=256)
-def _free_at_end(m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool) -> int:
+def _free_at_end(
+    m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool, checkpointed: bool
+) -> int | None:
     """Reserved − allocated after ``layers`` decoder layers' forward and the final norm at ``T_REF`` tokens,
-    replayed from an empty cache (what else the step's cache holds is counted elsewhere)."""
+    replayed from an empty cache (what else the step's cache holds is counted elsewhere); 0 (None under
+    checkpointing) where the projections are not named like Llama's or Phi-3's (Phi-3's under checkpointing)."""
     # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
     shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
     fused = set(shapes) == set(_FUSED)
-    if not fused and set(shapes) != set(_NAMES):
-        return 0
+    if (not fused and set(shapes) != set(_NAMES)) or (fused and checkpointed):
+        return None if checkpointed else 0
     replay = _Replay()
-    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast)
+    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed)
     x = replay.alloc(c * m.hidden_size * T_REF)  # the embedding's output, the first layer's input
     before = replay.free_bytes
     for _ in range(layers):
         x = layer.forward(x, fused)
-    layer.norm()  # the final norm: its fp32 input (saved) and its output (lm_head's input) are cut from the cache
+    layer.norm()  # the final norm (never checkpointed): its fp32 input (saved) and its output (lm_head's input)
     return replay.free_bytes - before
 
 
@@ -115,45 +171,67 @@ class _Replay:
 
 
 class _Layer:
-    """One decoder layer's forward at ``T_REF`` tokens: the blocks it saves stay allocated, its transients are
-    freed in program order (the order of transformers' ``LlamaDecoderLayer`` and PEFT's ``lora.Linear``)."""
+    """One decoder layer's forward at ``T_REF`` tokens, freeing its transients in program order (the order of
+    transformers' ``LlamaDecoderLayer`` and PEFT's ``lora.Linear``). Without checkpointing the tensors autograd saves
+    stay allocated; under checkpointing (``checkpointed``) the layer runs inside ``torch.utils.checkpoint``'s
+    non-reentrant forward, whose saved-tensor hooks (``_checkpoint_hook``) keep none of them, so each is freed when
+    the layer's Python code drops it, and only the layer's input (the checkpoint's saved argument) and its output
+    stay (``_drop``)."""
 
     def __init__(
-        self, r: _Replay, m: ModelSpec, adapted: set[str], shapes: dict[str, tuple[int, int]], c: int, cast: bool
+        self,
+        r: _Replay,
+        m: ModelSpec,
+        adapted: set[str],
+        shapes: dict[str, tuple[int, int]],
+        c: int,
+        cast: bool,
+        checkpointed: bool = False,
     ) -> None:
         self.r, self.m, self.adapted, self.shapes, self.c, self.cast = r, m, adapted, shapes, c, cast
+        self.checkpointed = checkpointed
+
+    def _drop(self, *blocks: int) -> None:
+        """Blocks autograd would save: freed here under checkpointing only."""
+        if self.checkpointed:
+            for i in blocks:
+                self.r.free(i)
 
     def forward(self, x: int, fused: bool) -> int:
-        """Returns the layer's output block; ``x`` (the layer's input) is freed by the first residual sum."""
+        """Returns the layer's output block; ``x`` (the layer's input) is freed by the first residual sum, or kept
+        under checkpointing (the checkpoint saves it)."""
         r, c, T, H = self.r, self.c, T_REF, self.m.hidden_size
-        normed = self.norm()
+        normed = self.norm(saved=not self.checkpointed)
         if fused:
-            self._linear("qkv_proj")  # q, k and v are views of it, and SDPA saves v: it stays
+            qkv = self._linear("qkv_proj")  # q, k and v are views of it, and SDPA saves v: it stays
         else:
-            q, k = self._linear("q_proj"), self._linear("k_proj")
-            self._linear("v_proj")  # saved by SDPA
-        for width in (self.m.q_dim, self.m.kv_dim):
-            self._rope(width)
+            q, k = self._qk("q_proj", self.m.q_dim), self._qk("k_proj", self.m.kv_dim)
+            v = self._linear("v_proj")  # saved by SDPA
+        embedded = [self._rope(width) for width in (self.m.q_dim, self.m.kv_dim)]  # saved by SDPA
         if not fused:
             r.free(q)
             r.free(k)
-        r.alloc(c * self.m.q_dim * T)  # SDPA's output, saved by o_proj's lora_A (or its autocast copy)
-        attn = self._linear("o_proj")
+        attn = r.alloc(c * self.m.q_dim * T)  # SDPA's output, saved by o_proj's lora_A (or its autocast copy)
+        out_attn = self._linear("o_proj")
+        self._drop(attn, *embedded, qkv if fused else v)
         r.free(normed)
         h = r.alloc(c * H * T)  # residual + attention
-        r.free(attn)
-        r.free(x)
-        normed = self.norm()
+        r.free(out_attn)
+        if not self.checkpointed:
+            r.free(x)
+        normed = self.norm(saved=not self.checkpointed)
         if fused:
-            self._linear("gate_up_proj")  # gate and up are views of it, saved by act_fn and the product
+            gate = self._linear("gate_up_proj")  # gate and up are views of it, saved by act_fn and the product
             width = self.shapes["gate_up_proj"][1] // 2
         else:
-            self._linear("gate_proj")  # saved by act_fn
+            gate = self._linear("gate_proj")  # saved by act_fn
             width = self.shapes["gate_proj"][1]
-        r.alloc(c * width * T)  # act_fn(gate), saved by the product
+        act = r.alloc(c * width * T)  # act_fn(gate), saved by the product
         if not fused:
-            self._linear("up_proj")  # saved by the product
+            self._drop(gate)
+            up = self._linear("up_proj")  # saved by the product
         product = r.alloc(c * width * T)  # down_proj's input: its base does not save it, lora_A saves a copy
+        self._drop(act, gate if fused else up)
         down = self._linear("down_proj")
         r.free(product)
         r.free(normed)
@@ -162,22 +240,35 @@ class _Layer:
         r.free(h)
         return out
 
-    def norm(self) -> int:
-        """LlamaRMSNorm: ``to(float32)`` (saved), ``pow(2)``, the normalised product, its cast back, the weight
-        product (returned; freed when the block is done with it)."""
-        r, c, n = self.r, self.c, self.m.hidden_size * T_REF
-        r.alloc(4 * n)
+    def norm(self, width: int = 0, *, saved: bool = True) -> int:
+        """LlamaRMSNorm over ``width`` features (default H): ``to(float32)`` (saved, else freed once the normalised
+        product is made), ``pow(2)``, the normalised product, its cast back, the weight product (returned; freed
+        when the block is done with it)."""
+        r, c, n = self.r, self.c, (width or self.m.hidden_size) * T_REF
+        f32 = r.alloc(4 * n)
         r.free(r.alloc(4 * n))
         prod = r.alloc(4 * n)
+        if not saved:
+            r.free(f32)
         down = r.alloc(c * n)
         out = r.alloc(c * n)
         r.free(down)
         r.free(prod)
         return out
 
-    def _rope(self, width: int) -> None:
+    def _qk(self, name: str, width: int) -> int:
+        """q or k's projection and, where the model has them (Qwen3's ``q_norm``/``k_norm``), its RMSNorm over the
+        head dimension (saved by RoPE's products; the projection's output is then dropped)."""
+        proj = self._linear(name)
+        if not self.m.qk_norm:
+            return proj
+        normed = self.norm(width, saved=not self.checkpointed)
+        self.r.free(proj)
+        return normed
+
+    def _rope(self, width: int) -> int:
         """apply_rotary_pos_emb on one of q, k: ``q * cos``, ``rotate_half`` (``neg``, ``cat``), ``* sin``, the sum
-        (saved by SDPA)."""
+        (returned: saved by SDPA)."""
         r, n = self.r, self.c * width * T_REF
         cos = r.alloc(n)
         neg = r.alloc(n // 2)
@@ -185,9 +276,10 @@ class _Layer:
         r.free(neg)
         sin = r.alloc(n)
         r.free(cat)
-        r.alloc(n)
+        out = r.alloc(n)
         r.free(cos)
         r.free(sin)
+        return out
 
     def _linear(self, name: str) -> int:
         """One projection: the frozen base's output, and where it is adapted PEFT's ``lora.Linear.forward``."""
@@ -198,7 +290,7 @@ class _Layer:
             return base
         x32 = r.alloc(4 * fin * T) if self.cast else 0
         if self.cast:
-            r.alloc(c * fin * T)  # autocast's copy for lora_A, saved
+            self._drop(r.alloc(c * fin * T))  # autocast's copy for lora_A: saved, dropped under checkpointing
         lora_b = r.alloc(c * fout * T)
         scaled = r.alloc(c * fout * T)
         r.free(lora_b)

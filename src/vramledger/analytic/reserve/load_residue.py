@@ -12,10 +12,17 @@ tails smaller than that stay free there (Qwen2.5-3B's 4 MiB tails, two 8 MiB pro
 hold its 4 MiB k and v at 4 × 2048). The trace replay shows them at step 2's peak (Qwen2.5-1.5B DoRA 2 × 1024: 147 MiB
 in 84 blocks made by the load, Gemma-2-2B LoRA 2 × 1024: 195 MiB; a 2-layer toy's are used: bench/reserve/).
 
-Under checkpointing the tails stay cached too (Qwen3-1.7B LoRA 1 × 4096: 8 MiB, the custom 8-layer Llama 8 × 512: 18
-MiB), but there the checkpointed layer's transients counted as stranded (reserve/shape.py ``stranded_bytes``) already
-over-count what is cached (tests/analytic/test_reserve.py LORA_OVER, +3 to +7%): the tails are left out until that
-term is right.
+Under checkpointing what is live at the loss's peak besides the weights is the layers' inputs the checkpoints save
+(c·H·T each; ``torch.utils.checkpoint``'s non-reentrant forward keeps nothing else of a layer) and the final norm's
+(larger), so the tails smaller than c·H·T stay free there (the trace, bench/reserve/forward_cache_ckpt.jsonl: Qwen3-8B
+LoRA 2 × 4096 144 MiB, analytic 144; Llama-3-8B 1 × 16384 120 MiB, analytic 128: RoPE's cos and sin, c·hd·T = 4 MiB
+each there, take two 4 MiB tails, not modelled).
+
+Adapter weights above the small pool's 1 MiB (``r·in`` or ``out·r`` fp32 elements: Qwen2.5-7B's MLP adapters at r =
+16, 1.16 MiB) go on the device after the base (PEFT ``lora.Linear.update_layer`` →
+``_move_adapter_to_device_of_base_layer``), and best fit cuts each from the smallest tail that holds it: Qwen2.5-7B's
+68 tails of 1.5 MiB (each 1.16 MiB adapter takes a whole one, the 0.34 MiB rest being under the 1 MiB a split needs)
+leave 9.6 MiB (the trace: 2.7 MiB free, its MLP adapters' states in a few more).
 
 The load order is the modules' (``named_parameters``: the embedding, each layer's projections in order and its
 norms, the final norm, lm_head), replayed through ``allocator/model.py``. Quantised bases (bitsandbytes storage) are
@@ -26,25 +33,41 @@ from __future__ import annotations
 
 from functools import lru_cache
 
+from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.allocator.model import CachingAllocatorModel
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.forward_cache import one_copy_weights
 from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 
 def load_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """Bytes of the frozen base's segment tails that no request of the step fits in (see above; 0 under
-    checkpointing)."""
+    """Bytes of the frozen base's segment tails that no request of the step fits in (see above)."""
     wb = p.weights
     frozen = wb.total_params - wb.trainable_params
-    if train.quant is not None or not frozen or not train.adapters or m.is_moe or train.grad_ckpt:
-        return 0
+    if not one_copy_weights(train) or train.fsdp is not None or not frozen or not train.adapters or m.is_moe:
+        return 0  # FSDP's flat parameters (even unsharded), ZeRO-3's partitions: no segment per weight
     if train.loss not in (Loss.STANDARD, Loss.CHUNKED_NLL):  # a fused or chunked loss's chunks can take them
         return 0
-    # The smallest tensors a decoder layer keeps to the loss: k's and v's projections (c·kv·T; in the small pool
-    # up to 1 MiB, where no tail is counted, so that the figure never falls as T grows).
-    smallest = train.precision.compute.bytes * m.kv_dim * train.tokens
-    return sum(t for t in _tails(m, round(wb.frozen_bytes / frozen)) if t < smallest)
+    c, T = train.precision.compute.bytes, train.tokens
+    # The smallest tensors kept to the loss: without checkpointing a decoder layer's k and v projections (c·kv·T);
+    # under checkpointing the layers' inputs the checkpoints save (c·H·T). In the small pool up to 1 MiB, where no
+    # tail is counted, so that the figure never falls as T grows.
+    smallest = c * (m.hidden_size if train.grad_ckpt else m.kv_dim) * T
+    return sum(t for t in _tails(m, round(wb.frozen_bytes / frozen), _adapters_in_large_pool(train, p)) if t < smallest)
+
+
+def _adapters_in_large_pool(train: TrainSpec, p: StepParts) -> tuple[int, ...]:
+    """The adapter weights above the small pool's 1 MiB, in ``named_parameters`` order: ``lora_A`` (r·in) and
+    ``lora_B`` (out·r) of each adapted projection (Qwen2.5-7B's MLP adapters at r = 16: 1.16 MiB in fp32; most 7B
+    MLP adapters at r = 64)."""
+    wb = p.weights
+    assert train.lora is not None
+    r, b = train.lora.rank, wb.trainable_dtype.bytes
+    per_layer = [
+        n * b for a in wb.adapted for n in (r * a.linear.in_features, a.linear.out_features * r) if n * b > K_SMALL_SIZE
+    ]
+    return tuple(per_layer) * wb.trainable_layers
 
 
 def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
@@ -54,8 +77,10 @@ def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
 
 
 @lru_cache(maxsize=256)
-def _tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
-    """The free large-pool blocks after loading the base in ``dtype_bytes`` per element, from an empty cache."""
+def _tails(m: ModelSpec, dtype_bytes: int, adapters: tuple[int, ...] = ()) -> tuple[int, ...]:
+    """The free large-pool blocks once the base is loaded in ``dtype_bytes`` per element from an empty cache and
+    the adapter weights above 1 MiB (``adapters``) are put on the device after it (PEFT ``lora.Linear.update_layer``
+    → ``_move_adapter_to_device_of_base_layer``): best fit cuts each from the smallest tail that holds it."""
     model = CachingAllocatorModel()
     H, V = m.hidden_size, m.vocab_size
     model.malloc(V * H * dtype_bytes)
@@ -69,6 +94,8 @@ def _tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
     model.malloc(H * dtype_bytes)
     if not m.tie_word_embeddings:
         model.malloc(V * H * dtype_bytes)
+    for size in adapters:
+        model.malloc(size)
     large = model.free_layout()[2]  # the large pool's cached blocks, (size, address)
     assert isinstance(large, tuple)
     return tuple(size for size, _ in large)

@@ -80,6 +80,8 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
     p = at(train)[0]
     also = _closed_switches(m, train, p)
+    if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
+        also["softcap"] = softcap  # not closed downwards, but a shape's own reserve has it where it is on
     for which, points in _regions(m, train, p):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
@@ -132,7 +134,11 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     if band:
         out.append((Switching(workspace=True), band))
     softcap = softcap_remade(m, train) if train.adapters else None
-    if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on
+    if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on, and the
+        # latest under each other region's edge (b, ℓ_b), where both are on: a closed region (the workspace's) can
+        # stop below L, and its edge's reserve then lacks the softcap block (Gemma-2-2B LoRA 2 × 420 → 2 × 457)
+        under = [pt for _, points in out for b, ell in points for pt in latest_on(b, ell, softcap) if pt[0] == b]
+        out += [(Switching(softcap=True), [pt]) for pt in sorted(set(under))]
         out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
     return out
 

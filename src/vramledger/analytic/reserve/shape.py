@@ -3,11 +3,11 @@ give (``single_shape``), and the blocks stranded at the loss's backward peak (``
 
 from __future__ import annotations
 
-from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import forward_segments
-from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
+from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid
 from vramledger.analytic.reserve.full import (
     activations_unused,
@@ -46,12 +46,12 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
     """
     wb = p.weights
-    T, B, L = train.tokens, train.micro_batch, train.seq_len
+    T = train.tokens
     c = train.precision.compute.bytes
     s = residual_bytes(train, wb)
-    H, V = m.hidden_size, m.vocab_size
+    H = m.hidden_size
     I = decoder_mlp_width(m)  # noqa: E741
-    logits_hole = c * V * T if (train.loss is Loss.STANDARD and c != 4) else 0
+    logits_hole = _logits_hole(m, train)
     if train.loss is Loss.CHUNKED_NLL:
         return trl_stranded_bytes(m, train, cublas_workspace_block(p))
     if not wb.trainable_layers or train.loss is not Loss.STANDARD:
@@ -63,10 +63,47 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if not train.grad_ckpt:
         return logits_hole + fwd
     fwd += (2 * c * I + s * H) * T
+    return logits_hole + max(fwd, _recomputed_layer(m, train, p))
+
+
+def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """A recomputed layer with its backward's gradients: 2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence."""
+    T, c = train.tokens, train.precision.compute.bytes
+    s, H, I = residual_bytes(train, p.weights), m.hidden_size, decoder_mlp_width(m)  # noqa: E741
     bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T
     if train.attn is Attention.EAGER:
-        bwd += (c + 4) * m.num_heads * L * L * B
-    return logits_hole + max(fwd, bwd)
+        bwd += (c + 4) * m.num_heads * train.seq_len**2 * train.micro_batch
+    return bwd
+
+
+def _logits_hole(m: ModelSpec, train: TrainSpec) -> int:
+    """The c·V·T logits block the standard loss leaves cached at its peak (c < 4; ``stranded_bytes``)."""
+    c = train.precision.compute.bytes
+    return c * m.vocab_size * train.tokens if (train.loss is Loss.STANDARD and c != 4) else 0
+
+
+def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """``stranded_bytes`` with adapters: under checkpointing, where the layers are modelled, the logits hole and the
+    cache the checkpointed forward leaves free (``checkpointed_forward_cache``) in place of one layer's transients.
+    Step 1's backward recomputes each layer after the loss has freed its logits chain, so it cuts a recomputed layer
+    and its gradients from the chain's blocks and that free cache, and makes segments only for what they cannot
+    hold (none in the traced configs: bench/reserve/forward_cache_ckpt.jsonl); what is cached at step 2's loss peak
+    is then what step 2's forward leaves of step 1's forward segments, and those segments."""
+    layers = checkpointed_forward_cache(m, train, p)
+    if layers is None:
+        return stranded_bytes(m, train, p)
+    unserved = max(_recomputed_layer(m, train, p) - sum(logits_blocks(m, train)) - layers, 0)
+    return _logits_hole(m, train) + layers + unserved
+
+
+def _segment_rest(block: int) -> int:
+    """What a block of at least 10 MiB leaves of the segment made for it: ``get_allocation_size`` rounds it up to
+    2 MiB (kRoundLarge). Counted for the whole segments cached at the loss's peak with adapters, the logits hole and
+    the fp32 block the backward workspace took: the block's bytes and its rest add up to the segment, which never
+    shrinks as T grows (the rests of the live blocks are left out: which of them the analytic loss peak counts is
+    not known here, and their rests alone fall and rise with T). Up to 2 MiB each: felt only by small models (the
+    2-layer toy of bench/reserve/ 1 × 2048: a 31.25 MiB hole in 32 MiB, 62.5 MiB fp32 blocks in 64 MiB)."""
+    return -(-block // K_ROUND_LARGE) * K_ROUND_LARGE - block if block >= K_MIN_LARGE_ALLOC else 0
 
 
 def single_shape(
@@ -84,7 +121,8 @@ def single_shape(
     block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
     segments made so far:
 
-    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``) are cached on top of ``loss_peak``, less
+    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``; with adapters ``_adapter_stranded``, and the
+       2 MiB rests of the whole segments cached there, ``_segment_rest``) are cached on top of ``loss_peak``, less
        the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
        activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
        own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
@@ -109,14 +147,16 @@ def single_shape(
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
     (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``NONE``: left out).
     """
-    stranded = stranded_bytes(m, train, p)
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
+        stranded = _adapter_stranded(m, train, p)
         lost = workspace_lost(m, train, p) if on.workspace else 0
+        rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
         cached = adapter_forward_cache(m, train, p)
         remade = softcap_block(m, train) if on.softcap else 0
-        tails = load_tails(m, train, p)
+        tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
+    stranded = stranded_bytes(m, train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, forward_segments(m, train, p), 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
