@@ -15,10 +15,8 @@ from __future__ import annotations
 
 import ast
 import collections
-import contextlib
 import subprocess
 import weakref
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -138,9 +136,10 @@ class LiveBytes:
         self._mode.__exit__(*exc)
         self._mode = None
 
-    def resized(self, storage: Any, nbytes: int) -> None:
+    def on_resize(self, storage: Any, before: int, nbytes: int) -> None:
         """``storage`` now holds ``nbytes`` (FSDP frees and re-allocates its unsharded flat parameters by resizing
-        their storage in place: torch distributed/utils.py ``_free_storage``/``_alloc_storage``)."""
+        their storage in place: torch distributed/utils.py ``_free_storage``/``_alloc_storage``); called by
+        vramledger's ``trace.distributed.recorded_resizes``, as for its own recorder."""
         key = storage._cdata
         n = -(-nbytes // 512) * 512
         old, what = self._live.get(key, (0, "resize_"))
@@ -153,25 +152,6 @@ class LiveBytes:
         if self.now > self.peak:
             self.peak = self.now
             self._at_peak = dict(self._live)
-
-    @contextlib.contextmanager
-    def counting_resizes(self) -> Iterator[None]:
-        """Report ``UntypedStorage.resize_`` to :meth:`resized` (restored on exit), as vramledger's trace does
-        (trace/distributed.py ``recorded_resizes``)."""
-        import torch
-
-        original = torch.UntypedStorage.resize_
-
-        def resize_(storage: Any, size: int) -> Any:
-            out = original(storage, size)
-            self.resized(storage, int(size))
-            return out
-
-        torch.UntypedStorage.resize_ = resize_  # type: ignore[method-assign,assignment]
-        try:
-            yield
-        finally:
-            torch.UntypedStorage.resize_ = original  # type: ignore[method-assign]
 
     def forget(self, t: Any) -> None:
         """Stop counting ``t``'s storage (a tensor a CUDA run keeps on the host, e.g. a non-fused optimizer's

@@ -598,7 +598,7 @@ def replay_fsdp(package: str, plan: Plan) -> dict[str, Any]:
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from vramledger.trace.distributed import fake_process_group
+    from vramledger.trace.distributed import fake_process_group, recorded_resizes
     from vramledger.trace.shims import dropout_as_cuda, sdpa_as_cuda
 
     script = SCRIPTS[plan.script]
@@ -613,7 +613,7 @@ def replay_fsdp(package: str, plan: Plan) -> dict[str, Any]:
         for ctx in (FakeTensorMode(), sdpa_as_cuda(), dropout_as_cuda()):
             stack.enter_context(ctx)
         live = stack.enter_context(LiveBytes())
-        stack.enter_context(live.counting_resizes())
+        stack.enter_context(recorded_resizes(live))  # type: ignore[arg-type]  # LiveBytes.on_resize
         model, config = _build(mod, plan, script)
         wrapped = _fsdp_wrap(mod, model, int(s["world_size"]))
         optimizer = _optimizer([p for p in wrapped.parameters() if p.requires_grad], script, s)

@@ -12,11 +12,12 @@ from typing import Any
 
 import pytest
 
+from tests.analytic.test_fsdp_no_sync import _litgpt_lora
 from vramledger.analytic import estimate
 from vramledger.analytic.fsdp1_layer_grad import NAME, PREFETCH_LABEL
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
-from vramledger.specs import LoraSpec, Method, Precision, Sharding, TrainSpec
+from vramledger.specs import TrainSpec
 
 
 class _Live:
@@ -140,20 +141,8 @@ def test_real_fsdp1_holds_four_units_inside_the_top_layers_backward() -> None:
 
 
 def _litgpt_lora_fsdp(batch: int, accum: int) -> TrainSpec:
-    """lit-gpt 8641822 finetune/lora.py on 2 GPUs (rows 42-44): LoRA r8 on q, v, bf16-true, FSDP1 FULL_SHARD with
-    Block wrap and Block checkpointing, 1304 tokens."""
-    return TrainSpec(
-        method=Method.LORA,
-        precision=Precision.BF16,
-        lora=LoraSpec(rank=8, alpha=16, targets=("q_proj", "v_proj"), dropout=0.05, adapter_fp32=False),
-        micro_batch=batch,
-        seq_len=1304,
-        grad_accum=accum,
-        grad_ckpt=True,
-        world_size=2,
-        fsdp=Sharding.FULL_SHARD,
-        fsdp_version=1,
-    )
+    """lit-gpt 8641822 finetune/lora.py on 2 GPUs (rows 42-44: test_fsdp_no_sync.py's setup) at ``batch``."""
+    return replace(_litgpt_lora(accum), micro_batch=batch)
 
 
 def test_litgpt_fsdp_lora_backward_peak_holds_the_layer_gradient_instant() -> None:
