@@ -5,9 +5,9 @@ Legend: u bytes per element of the unsharded parameters and of the gradients aut
 included (``fsdp_layer_elements``).
 
 With ``use_orig_params=True`` (Lightning Fabric's default for torch ≥ 2.0, accelerate's, torchtune's) a unit's
-parameters are views of its unsharded flat parameter (torch 2.13 fsdp/_flat_param.py ``_use_unsharded_views`` and
-``_get_unflat_views_unaligned``, l. 1894-1901: ``torch.split(tensor, flat_param._numels)`` then ``view``; the same in
-2.1.0). When the flat parameter requires grad (a full fine-tune, or adapters flattened with their layer's frozen
+parameters are views of its unsharded flat parameter (torch fsdp ``_use_unsharded_views`` and ``_get_unflat_views_*``:
+``torch.split`` of the flat parameter then ``view``; 2.1.0 flat_param.py l. 1729-1785, 2.13 _flat_param.py
+l. 1894-1901). When the flat parameter requires grad (a full fine-tune, or adapters flattened with their layer's frozen
 weights: analytic/distributed.py ``adapters_in_layer_units``) every view's gradient is computed, the frozen ones'
 too, and autograd's ``SplitWithSizesBackward0`` holds them until the last one is ready, then concatenates them into
 one new tensor of the unit's size, which ``AccumulateGrad`` adds into the unsharded ``flat_param.grad`` that
@@ -15,8 +15,9 @@ one new tensor of the unit's size, which ``AccumulateGrad`` adds into the unshar
 and its output are alive: 2·u·E_layer. FSDP1's default ``backward_prefetch=BACKWARD_PRE`` (Lightning 71aed751
 ``FSDPStrategy`` passes none of its own) has all-gathered the next unit by then: ``_pre_backward_hook`` unshards this
 unit and calls ``_prefetch_handle(state, handle, _PrefetchMode.BACKWARD)`` before the unit's backward runs
-(torch 2.13 _runtime_utils.py l. 673-693), and the unit is resharded only in ``_post_backward_hook`` (l. 742), a hook
-on the flat parameter's ``AccumulateGrad``, which runs after the addition. So, beside what the step keeps (shards,
+(torch 2.1.0 _runtime_utils.py l. 696-714; 2.13 l. 673-693), and the unit is resharded only in
+``_post_backward_hook`` (2.1.0 l. 761; 2.13 l. 742), registered on the flat parameter's ``AccumulateGrad`` node
+(2.1.0 l. 1440-1444: ``acc_grad.register_hook``), which runs after the addition. So, beside what the step keeps (shards,
 the root unsharded, the kept gradients, LitGPT's fp32 logits, the checkpointed inputs) and this unit unsharded
 (analytic/distributed.py's one decoder layer):
 
@@ -26,8 +27,9 @@ The layer's own saved (or recomputed) activations and its MLP gradients are free
 backward; the gradient of the layer's input is alive. The top layer's instant holds the most (every checkpointed
 input below it, or every lower layer's saved activations). It is the backward peak when the units are large beside
 one micro-step's activations: LoRA under Block checkpointing at micro-batch 1 (bench/published/
-litgpt_fsdp_trace.py: LitGPT 8641822's step under PyTorch's FSDP1 on a fake process group, StableLM-Alpha-3B
-1 × 1034: 17 unit-sized gradients, the current and the next unit unsharded and the views' gradients at the peak).
+litgpt_trace.py ``replay_fsdp``: LitGPT 8641822's step under PyTorch's FSDP1 on a fake process group,
+StableLM-Alpha-3B 1 × 1034: 17 unit-sized gradients, the current and the next unit unsharded and the views' gradients
+at the peak).
 """
 
 from __future__ import annotations
