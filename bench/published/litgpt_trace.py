@@ -38,13 +38,14 @@ run on fake tensors, so every ``nn.Linear`` (lm_head too) keeps the tensors bits
 (the fp16 dequantised weight and its bf16 cast in forward and backward; the input kept as a plain ``ctx`` attribute,
 alive as long as the graph), and ``PagedAdamW`` allocates nothing through PyTorch (its states are managed memory).
 
-lit-gpt 8641822's multi-GPU LoRA rows (``finetune/lora.py`` with ``devices > 1``) run under PyTorch's FSDP1 on a fake
-process group of the row's world size, rank 0, as Lightning's ``FSDPStrategy`` wraps the model for that script
-(:func:`replay_fsdp`): the first micro-step, the steady state at the row's length and later micro-steps at shorter
-lengths are recorded, and the steady state (an upper bound) is the figure compared (:func:`_fsdp_record`).
+The multi-GPU rows of lit-gpt 8641822's LoRA script and litgpt 43c44323's full fine-tuning script (``devices > 1``) run
+under PyTorch's FSDP1 on a fake process group of the row's world size, rank 0, as Lightning's ``FSDPStrategy`` wraps
+the model for those scripts (:func:`replay_fsdp`): the first micro-step, the steady state at the row's length and, for
+the 2023 rows, later micro-steps at shorter lengths are recorded, and the steady state (for the 2023 rows an upper
+bound) is the figure compared (:func:`_fsdp_record`).
 
-Rows that cannot run here are written with the reason and never guessed: DDP and the 2024 and thunder scripts' FSDP,
-bf16-mixed, the Thunder compiler, inference.
+Rows that cannot run here are written with the reason and never guessed: DDP and thunder's FSDP, bf16-mixed, the
+Thunder compiler, inference.
 
 Results go to litgpt_trace.jsonl, one object per row, written as each row finishes; rows already there are skipped
 unless ``--redo``. ``run.py --trace`` reads the file (it never re-traces) for the tables of docs/published.md.
@@ -179,14 +180,18 @@ def _litgpt_name(csv_model: str) -> str:
     return csv_model.split("/")[-1]
 
 
+FSDP_SCRIPTS = ("lora-2023", "full-2024")
+"""Scripts whose ``FSDPStrategy`` is replayed (:func:`_fsdp_wrap`): lit-gpt 8641822 ``finetune/lora.py`` l. 83-89 and
+litgpt 43c44323 ``litgpt/finetune/full.py`` l. 89-96 build the same one."""
+
+
 def fsdp_replayed(setup: Mapping[str, Any], script: str) -> bool:
-    """Whether the row runs under FSDP1 FULL_SHARD with a script whose FSDP set-up is replayed here (lit-gpt 8641822
-    ``finetune/lora.py``'s ``FSDPStrategy``, :func:`_fsdp_wrap`)."""
+    """Whether the row runs under FSDP1 FULL_SHARD with a script whose FSDP set-up is replayed here."""
     return (
         int(setup.get("world_size", 1)) > 1
         and setup.get("fsdp") == "full_shard"
         and int(setup.get("fsdp_version", 1)) == 1
-        and script == "lora-2023"
+        and script in FSDP_SCRIPTS
     )
 
 
@@ -196,7 +201,7 @@ def _not_traced(setup: Mapping[str, Any], *, multi_gpu: bool) -> str | None:
     if setup.get("quant") and setup.get("method") == "full":
         return "a quantised base under full fine-tuning is not replayed"
     if multi_gpu:
-        return "several GPUs: DDP and the 2024 and thunder scripts' FSDP are not replayed"
+        return "several GPUs: DDP and thunder's FSDP are not replayed"
     if str(setup.get("precision", "bf16-true")) != "bf16-true":
         return "bf16-mixed (fp32 weights under Fabric's autocast) is not replayed"
     return None
@@ -590,11 +595,15 @@ def replay_fsdp(package: str, plan: Plan) -> dict[str, Any]:
     lit-gpt 8641822 ``finetune/lora.py`` runs it with ``devices > 1``: every micro-step but the accumulation window's
     last inside ``fabric.no_backward_sync(model, enabled=is_accumulating)`` (l. 214-215: FSDP's ``no_sync``).
 
+    litgpt 43c44323 ``litgpt/finetune/full.py`` (l. 227-238) runs the same loop on whole logits.
+
     Returns the peaks (bytes): ``first``, the sanity validate and iteration 0 (the longest sample, accumulating: no
-    gradient exists before its backward); ``steady``, iterations 1 (accumulating) and 2 (synchronising, then the
-    optimizer step) at the same length, each beside the previous micro-step's logits and, from the second on, the
-    unsharded gradients ``no_sync`` keeps; ``later``, for shorter lengths (:data:`LATER`), an accumulating
-    micro-step after one of its own length: what a later, random batch of that padded length holds."""
+    gradient exists before its backward); ``steady``, after a synchronising micro-step and its optimizer step (the
+    states exist from then on), two accumulating micro-steps (when ``accum`` > 1) and a synchronising one at the same
+    length, each beside the previous micro-step's logits and, from the second on, the unsharded gradients
+    ``no_sync`` keeps; ``later``, for the scripts that run their longest
+    sample first and for shorter lengths (:data:`LATER`), an accumulating micro-step after one of its own length: what
+    a later, random batch of that padded length holds."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -606,7 +615,8 @@ def replay_fsdp(package: str, plan: Plan) -> dict[str, Any]:
     loss_fn = importlib.import_module(f"{package}.utils").chunked_cross_entropy
     s = plan.setup
     batch, seq, accum = int(s["batch"]), int(s["seq"]), int(s.get("accum", 1))
-    lengths = [seq // k for k in LATER] + [3 * seq // 4] if plan.measured_gb else []
+    longest_first = script.longest_first and plan.measured_gb is not None
+    lengths = [seq // k for k in LATER] + [3 * seq // 4] if longest_first else []
     peaks: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         stack.enter_context(fake_process_group(int(s["world_size"])))
@@ -634,10 +644,12 @@ def replay_fsdp(package: str, plan: Plan) -> dict[str, Any]:
                 optimizer.step()
                 optimizer.zero_grad()
 
-        micro_step(seq, True)
+        micro_step(seq, accum > 1)
         peaks["first"] = live.peak
+        if accum > 1:  # close the first accumulation window: the optimizer's states exist from its step on
+            micro_step(seq, False)
         live.restart_peak()
-        for accumulating in (True, False):
+        for accumulating in (accum > 1, accum > 1, False):  # the first makes the kept gradients again
             micro_step(seq, accumulating)
         peaks["steady"], peaks["largest"] = live.peak, live.largest(8)
         peaks["later"] = {}
@@ -704,9 +716,11 @@ def _fsdp_record(plan: Plan, peaks: Mapping[str, Any], seconds: float) -> dict[s
     first micro-step's peak and this one's, wherever the data puts it."""
     steady = peaks["steady"]
     error = None if plan.measured_gb is None else round(steady / 1e9 / plan.measured_gb - 1, 5)
+    no_sync = int(plan.setup.get("accum", 1)) > 1
     return _record(plan, traced=True, peak_bytes=steady, error=error, steady_peak_bytes=steady,
-                   first_step_peak_bytes=peaks["first"], later_peak_bytes=peaks["later"], fsdp_no_sync=True,
-                   largest=[[n, what] for n, what in peaks["largest"]], seconds=seconds)  # fmt: skip
+                   first_step_peak_bytes=peaks["first"], later_peak_bytes=peaks["later"], fsdp=True,
+                   fsdp_no_sync=no_sync, largest=[[n, what] for n, what in peaks["largest"]],
+                   seconds=seconds)  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:

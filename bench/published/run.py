@@ -549,7 +549,7 @@ def longest_first_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: b
     micro-step's peak (the trace table's figure: the only micro-step at that length, nothing of a previous one alive)
     beside the steady state at that length, which such a run never reaches (an upper bound)."""
     rows = [r for _, r in sorted(records.items()) if r["traced"] and r["longest_first"] and r["measured_gb"]]
-    rows = [r for r in rows if not r.get("fsdp_no_sync")]  # fsdp_bounds_lines
+    rows = [r for r in rows if not r.get("fsdp")]  # fsdp_bounds_lines
     if not rows:
         return []
     body = []
@@ -589,7 +589,8 @@ def fsdp_bounds_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: boo
     """LitGPT's FSDP1 rows (litgpt_trace.py ``replay_fsdp``): the first micro-step (the longest sample, no gradient
     before its backward) and the steady state at that length bound the run's peak, which is the longest later
     batch's; the later batch length at which the trace reaches the measured figure."""
-    rows = [r for _, r in sorted(records.items()) if r["traced"] and r.get("fsdp_no_sync") and r["measured_gb"]]
+    rows = [r for _, r in sorted(records.items()) if r["traced"] and r.get("fsdp") and r["longest_first"]]
+    rows = [r for r in rows if r["measured_gb"]]
     if not rows:
         return []
     body = []

@@ -30,16 +30,17 @@ def test_every_mapped_litgpt_row_is_traced_or_says_why_not() -> None:
         assert rec is not None, f"row {r.row}: no record (run litgpt_trace.py --only {r.row})"
         s = r.setup
         # What a replay on fake tensors can run, stated from the setup alone: a bf16-true training step (QLoRA
-        # included: bitsandbytes' kernels are stood in for) on one GPU, or under FSDP1 FULL_SHARD with lit-gpt
-        # 8641822's finetune/lora.py (the resource tables' multi-GPU rows, on a fake process group).
-        fsdp_2023 = (
+        # included: bitsandbytes' kernels are stood in for) on one GPU, or under FSDP1 FULL_SHARD with the fine-tuning
+        # scripts of the resource tables and config_hub (on a fake process group).
+        source = CSV[r.row - 1]["source"]
+        fsdp1 = (
             s.get("fsdp") == "full_shard"
             and s.get("fsdp_version") == 1
-            and "resource-tables" in CSV[r.row - 1]["source"]
+            and ("resource-tables" in source or "config_hub" in source)
         )
         replayable = (
             s.get("mode", "train") == "train"
-            and (int(s.get("world_size", 1)) == 1 or fsdp_2023)
+            and (int(s.get("world_size", 1)) == 1 or fsdp1)
             and s.get("precision") == "bf16-true"
         )
         assert rec["traced"] is replayable, (r.row, rec.get("reason"))
@@ -118,7 +119,7 @@ def test_2024_rows_replay_a_commit_whose_table_holds_their_figure() -> None:
     assert checked >= 20
 
 
-FSDP_RECORDS = [rec for rec in RECORDS.values() if rec.get("fsdp_no_sync")]
+FSDP_RECORDS = [rec for rec in RECORDS.values() if rec.get("fsdp") and rec["longest_first"]]
 
 
 def test_fsdp_rows_measured_figure_lies_between_the_first_micro_step_and_the_steady_state() -> None:
