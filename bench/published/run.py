@@ -12,7 +12,7 @@ when its device total exceeds the GPU's capacity.
   PYTHONPATH=src python bench/published/run.py --rows          # one line per row: measured, predicted, error
   PYTHONPATH=src python bench/published/run.py --trace --markdown  # also the trace table (2 min; LitGPT's rows
                                                                    # are read from litgpt_trace.jsonl)
-  nice -n 10 env PYTHONPATH=src python bench/published/litgpt_trace.py --redo   # re-trace LitGPT's rows (~15 min)
+  nice -n 10 env PYTHONPATH=src python bench/published/litgpt_trace.py --redo   # re-trace LitGPT's rows (~30 min)
 
 Errors are signed: (predicted − measured) / measured; an under-estimate is negative.
 """
