@@ -100,7 +100,7 @@ GRID += [
 ]
 
 # An 8B shape under FSDP1, where the peak is the root unit's gradients flattened at the end of backward
-# (analytic/fsdp_root_flatten.py), not the loss.
+# (analytic/distributed/fsdp_root_flatten.py), not the loss.
 GRID += [("llama-3.1-8b", "fsdp1", 8, "full", "bf16-mixed", 1, 1024, True)]
 
 
@@ -210,7 +210,7 @@ def traced(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any
 
 
 def single_view(row: tuple[str, str, int, str, str, int, int, bool]) -> dict[str, Any]:
-    """The same step on one GPU in the dtype the engine computes in (analytic/distributed.py ``single_gpu_spec``
+    """The same step on one GPU in the dtype the engine computes in (analytic/distributed/core.py ``single_gpu_spec``
     and ``_engine_casts``), traced and estimated: the single-GPU error the per-rank figures inherit."""
     from vramledger.analytic import estimate
     from vramledger.analytic.distributed import compute_view
@@ -254,10 +254,10 @@ def table(rows: dict[str, dict[str, Any]]) -> str:
 
 def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
     """Rank 0's peak reserved, the estimate against the trace's replay, and the side-stream pools apart (FSDP's
-    all-gather + reduce-scatter pools: the replay's against analytic/stream_pools.py ``side_pools``)."""
+    all-gather + reduce-scatter pools: the replay's against analytic/distributed/stream_pools.py ``side_pools``)."""
     from vramledger.analytic import estimate
+    from vramledger.analytic.distributed.stream_pools import side_pools
     from vramledger.analytic.step import step_parts
-    from vramledger.analytic.stream_pools import side_pools
 
     lines = [
         "| config | trace reserved | estimate | error | side pools: trace | estimate |",

@@ -72,7 +72,8 @@ CUSTOM: dict[str, dict[str, Any]] = {
 
 @dataclass(frozen=True, slots=True)
 class Row:
-    """One traced configuration. ``method`` "dora" is LoRA with ``use_dora``."""
+    """One traced configuration. ``method`` "dora" is LoRA with ``use_dora``; "freeze" trains the last two decoder
+    layers (``TrainSpec.freeze_trainable_layers``' default)."""
 
     name: str
     method: str
@@ -190,6 +191,12 @@ GRID: list[Row] = [
     _r("qwen3-1.7b", "dora", 1, 4096, True),
     _r("qwen3-1.7b", "lora", 4, 1024, True, "eager"),
     _r("llama-3.2-1b", "lora", 4, 1024, False, precision="bf16-true"),
+    # Freeze (LLaMA-Factory's default: the last two decoder layers train, the embedding and the head stay frozen).
+    _r("mid", "freeze", 1, 1024, False),
+    _r("mid", "freeze", 2, 1024, True),
+    _r("qwen2.5-0.5b", "freeze", 4, 1024, False),
+    _r("llama-3.2-1b", "freeze", 1, 1024, False),
+    _r("llama-3.2-1b", "freeze", 2, 2048, True),
 ]
 
 

@@ -4,7 +4,7 @@ Semantics. A line item says: *at the moment this phase reaches its highest alloc
 this category are live.* The lines of one phase therefore add up to that phase's peak allocated bytes, and
 the step's peak is the largest phase. Reserve and CUDA context are lines too, but outside "allocated":
 reserved = allocated + allocator reserve; device total = reserved + CUDA context (what nvidia-smi shows)
-+ NCCL's communicators (with several GPUs: cuMemCreate outside PyTorch's allocator, ``analytic/nccl.py``)
++ NCCL's communicators (with several GPUs: cuMemCreate outside PyTorch's allocator, ``analytic/distributed/nccl.py``)
 + CUDA managed memory (paged optimizer states, allocated by bitsandbytes outside PyTorch's allocator: in neither
 ``max_memory_allocated`` nor ``max_memory_reserved``, resident on the device until the driver pages it out).
 
@@ -40,7 +40,7 @@ class Category(str, enum.Enum):
     (``optim/optimizer.py`` ``get_state_buffer`` → ``F.get_paged``, ``cudaMallocManaged``)."""
     NCCL = "nccl"
     """NCCL's own device memory with several GPUs: channel structures and protocol buffers of each communicator,
-    allocated with ``cuMemCreate`` outside PyTorch's allocator (``analytic/nccl.py``)."""
+    allocated with ``cuMemCreate`` outside PyTorch's allocator (``analytic/distributed/nccl.py``)."""
 
     @property
     def allocated(self) -> bool:

@@ -62,7 +62,7 @@ def test_llamafactory_full_with_ds3() -> None:
     assert rc.deepspeed.buckets["stage3_prefetch_bucket_size"] == int(0.9 * 4096 * 4096)
     assert rc.deepspeed.buckets["stage3_param_persistence_threshold"] == 40960
     assert any("world_size" in w for w in rc.warnings)  # the launcher decides; we say so
-    # the buckets are modelled now (analytic/distributed.py): they reach the spec instead of a warning
+    # the buckets are modelled now (analytic/distributed/core.py): they reach the spec instead of a warning
     assert t.zero_buffers is not None and t.zero_buffers.reduce_bucket_size == 4096 * 4096
     assert t.zero_buffers.max_live_parameters == int(1e9)  # ds_z3_config.json stage3_max_live_parameters: 1e9
     assert not any("stage3_max_live_parameters" in w for w in rc.warnings)

@@ -1,5 +1,5 @@
 """The advice for gradients names a change the run has not made: under FSDP1 with accumulation (no_sync keeps the
-unsharded gradients, analytic/fsdp_no_sync.py) the sync on every micro-step, never "LoRA" for a LoRA run."""
+unsharded gradients, analytic/distributed/fsdp_no_sync.py) the sync on every micro-step, never "LoRA" for a LoRA run."""
 
 from __future__ import annotations
 

@@ -7,8 +7,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
+from vramledger.analytic.distributed import deepspeed_estimate
 from vramledger.analytic.step import step_parts
-from vramledger.analytic.zero import deepspeed_estimate
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Category, Phase
 from vramledger.specs import Method, Precision, Sharding, TrainSpec, ZeroBuffers

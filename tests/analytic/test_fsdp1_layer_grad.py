@@ -1,6 +1,6 @@
-"""FSDP1's decoder-layer gradient instant (analytic/fsdp1_layer_grad.py): the fact on PyTorch's FSDP1 itself (fake
-process group, CPU, live bytes counted per storage), and the estimate's lines derived by hand for LitGPT's 2023
-multi-GPU LoRA rows."""
+"""FSDP1's decoder-layer gradient instant (analytic/distributed/fsdp1_layer_grad.py): the fact on PyTorch's FSDP1
+itself (fake process group, CPU, live bytes counted per storage), and the estimate's lines derived by hand for
+LitGPT's 2023 multi-GPU LoRA rows."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 
 from tests.analytic.test_fsdp_no_sync import _litgpt_lora
 from vramledger.analytic import estimate
-from vramledger.analytic.fsdp1_layer_grad import NAME, PREFETCH_LABEL
+from vramledger.analytic.distributed.fsdp1_layer_grad import NAME, PREFETCH_LABEL
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
 from vramledger.specs import TrainSpec
@@ -135,8 +135,9 @@ def test_real_fsdp1_holds_four_units_inside_the_top_layers_backward() -> None:
                 model(x).sum().backward()
     extra = live.peak - start
     print("peak beyond the start:", extra, "expected the root and 4 units:", root + 4 * unit)
-    # The root gathered again (analytic/distributed.py's root line) and four units: the top unit unsharded, the next
-    # one prefetched, the top unit's view gradients and their concatenation; plus one token's hidden states (< 8 KB).
+    # The root gathered again (analytic/distributed/core.py's root line) and four units: the top unit unsharded, the
+    # next one prefetched, the top unit's view gradients and their concatenation; plus one token's hidden states
+    # (< 8 KB).
     assert root + 4 * unit <= extra < root + 4 * unit + 8 * 1024
 
 

@@ -1,5 +1,5 @@
-"""FSDP1's flat shards of a LoRA layer's unit (analytic/fsdp1_shards.py): the registration order against a real PEFT
-model, rank 0's optimizer state against the traces of FSDP1, and the rank that holds most derived by hand."""
+"""FSDP1's flat shards of a LoRA layer's unit (analytic/distributed/fsdp1_shards.py): the registration order against a
+real PEFT model, rank 0's optimizer state against the traces of FSDP1, and the rank that holds most derived by hand."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from tests.analytic._distributed_grid import records, runner, specs
 from vramledger.analytic import estimate
-from vramledger.analytic.fsdp1_shards import layer_unit_tensors, trainable_per_rank
+from vramledger.analytic.distributed.fsdp1_shards import layer_unit_tensors, trainable_per_rank
 from vramledger.analytic.weights import weight_budget
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase

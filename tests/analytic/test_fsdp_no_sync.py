@@ -233,8 +233,8 @@ def test_real_fsdp1_keeps_unsharded_flat_gradients_inside_no_sync() -> None:
 
 
 def test_real_fsdp1_root_gradient_is_concatenated_beside_the_kept_one() -> None:
-    """The root transient of analytic/fsdp_no_sync.py on PyTorch's FSDP1 (rank 0 of 4, fake process group, CPU,
-    bf16): a LitGPT-shaped model (embedding, Block units, final norm, untied head), fully trained, a second
+    """The root transient of analytic/distributed/fsdp_no_sync.py on PyTorch's FSDP1 (rank 0 of 4, fake process group,
+    CPU, bf16): a LitGPT-shaped model (embedding, Block units, final norm, untied head), fully trained, a second
     ``no_sync`` micro-step profiled with PyTorch's memory profiler. At its peak the autograd temporaries are the
     root's gradient pieces (embedding and head, V·H each) and their concatenation (the unit, 2·V·H + 2·H): 2·u·E_root,
     beside the kept unsharded gradients of the whole model."""

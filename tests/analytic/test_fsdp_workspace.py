@@ -1,5 +1,5 @@
-"""The default stream's floor under FSDP (analytic/fsdp_workspace.py): derived by hand, switched off where the trace
-shows another home for the backward thread's cuBLAS workspace, and never falling as the shape grows. The floor
+"""The default stream's floor under FSDP (analytic/distributed/fsdp_workspace.py): derived by hand, switched off where
+the trace shows another home for the backward thread's cuBLAS workspace, and never falling as the shape grows. The floor
 against the replay of the traced grid is in test_stream_pools.py (the default pool within 7%)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from tests.analytic._distributed_grid import mid_fsdp2, runner
 from vramledger.analytic import estimate
 from vramledger.analytic.distributed import engine_dtypes
-from vramledger.analytic.fsdp_workspace import default_pool_floor, workspace_in_logits
+from vramledger.analytic.distributed.fsdp_workspace import default_pool_floor, workspace_in_logits
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
 from vramledger.catalog.hfconfig import model_spec_from_config

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
-from vramledger.analytic.nccl import nccl_bill, nccl_lines, pair_bytes, process_groups
+from vramledger.analytic.distributed.nccl import nccl_bill, nccl_lines, pair_bytes, process_groups
 from vramledger.catalog import resolve_gpu, resolve_model
 from vramledger.catalog.nccl import nccl_figures
 from vramledger.ledger import Basis, Category, Phase

@@ -1,4 +1,4 @@
-"""QLoRA under FSDP and ZeRO-3 (analytic/quant_state.py, analytic/distributed.py): bitsandbytes' QuantState stays
+"""QLoRA under FSDP and ZeRO-3 (analytic/quant_state.py, analytic/distributed/core.py): bitsandbytes' QuantState stays
 whole on every rank and on the GPU under CPU offload, and FSDP all-gathers the packed 4-bit codes. Each figure is
 derived here by hand for Llama-2-70B (80 layers; H 8192, 8 K/V heads of 128, MLP 28672) in NF4 with double
 quantisation: one uint8 absmax per 64 weights and one fp32 absmax per 256 of those (bitsandbytes

@@ -1,6 +1,6 @@
-"""The per-rank reserve under FSDP (analytic/stream_pools.py) against the allocator replay of the real FSDP2/FSDP1/DDP
-wrappers traced on the fake process group (bench/distributed/grid.jsonl, written by bench/distributed/run_grid.py:
-one caching-allocator pool per CUDA stream, trace/oom.py), and one pool derived by hand.
+"""The per-rank reserve under FSDP (analytic/distributed/stream_pools.py) against the allocator replay of the real
+FSDP2/FSDP1/DDP wrappers traced on the fake process group (bench/distributed/grid.jsonl, written by
+bench/distributed/run_grid.py: one caching-allocator pool per CUDA stream, trace/oom.py), and one pool derived by hand.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ import pytest
 from tests.analytic._distributed_grid import mid_fsdp2, records, runner, specs
 from vramledger.analytic import estimate
 from vramledger.analytic.distributed import compute_view
+from vramledger.analytic.distributed.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
 from vramledger.analytic.step import step_parts
-from vramledger.analytic.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
 from vramledger.catalog.hfconfig import model_spec_from_config
 from vramledger.ledger import Category, Phase
 from vramledger.specs import Method, Precision, Sharding, TrainSpec
@@ -110,8 +110,8 @@ def test_no_side_pool_line_without_sharding() -> None:
 def test_fsdp_peak_reserved_within_10_percent(rec: dict[str, Any]) -> None:
     """Rank 0's peak reserved (default stream + side pools) against the replay's. Before the side pools were
     modelled the estimate was 10-32% under on these configs; before the backward workspace's logits segment
-    (analytic/fsdp_workspace.py) the four frozen-base rows of the mid model at 8 ranks (and FSDP1 at 2) were 11-13%
-    under."""
+    (analytic/distributed/fsdp_workspace.py) the four frozen-base rows of the mid model at 8 ranks (and FSDP1 at 2) were
+    11-13% under."""
     m, t = specs(rec)
     got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
     print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")
@@ -161,7 +161,7 @@ def _default_pool(rec: dict[str, Any]) -> int:
 @pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(FSDP)])
 def test_default_pool_within_7_percent_of_the_replays(rec: dict[str, Any]) -> None:
     """The default stream's pool against the replay of the trace's default stream alone. Before the backward
-    thread's workspace was modelled (analytic/fsdp_workspace.py) it was 0-17% under (median 6.7%); now -6.3%
+    thread's workspace was modelled (analytic/distributed/fsdp_workspace.py) it was 0-17% under (median 6.7%); now -6.3%
     (FSDP2 LoRA under checkpointing) to +5.9% (FSDP1 LoRA, 2 ranks)."""
     got, want = _default_pool(rec), rec["trace"]["replay"]["pools"]["default"]["reserved"]
     print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import dataclasses
 
 from tests.trace._trace_tiny import TINY
-from vramledger.analytic.nccl import nccl_bill
+from vramledger.analytic.distributed import nccl_bill
 from vramledger.analytic.overhead import obtainable_bytes
 from vramledger.catalog import resolve_gpu
 from vramledger.catalog.hfconfig import model_spec_from_config

@@ -250,9 +250,9 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
 def frozen_weights_grad_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
     """Per token per adapted layer: what the layer saves more when its frozen weights require grad too, as under
     FSDP1, whose flat parameter requires grad when any tensor in it does and whose modules compute with views of it
-    (analytic/fsdp_root_flatten.py): each norm saves its normalised input for its weight's gradient, and each linear
-    without an adapter keeping the same tensor saves its input (the rule bitsandbytes' old MatMul4Bit follows:
-    ``quantised_inputs_bytes``). ``train`` is the step as computed (FSDP's compute dtype, adapters in it)."""
+    (analytic/distributed/fsdp_root_flatten.py): each norm saves its normalised input for its weight's gradient, and
+    each linear without an adapter keeping the same tensor saves its input (the rule bitsandbytes' old MatMul4Bit
+    follows: ``quantised_inputs_bytes``). ``train`` is the step as computed (FSDP's compute dtype, adapters in it)."""
     if train.lora is None:
         return 0
     s, amp = residual_bytes(train, wb), train.precision.mixed

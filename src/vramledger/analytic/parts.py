@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from vramledger.analytic.distributed import Buffer
 from vramledger.analytic.paged import PAGED_SOURCE
-from vramledger.analytic.rank import Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import ModelSpec, TrainSpec
@@ -201,7 +201,7 @@ def tied_gradient_sum(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """A tied, trained embedding: the out-of-place sum of lm_head's and the embedding's gradients (``TIED_SUM``), a
     third V×H tensor beside the two at the end of backward; the trace shows it (``add``, Llama-3.2-1B full SGD 2 ×
     1024: 11.23 GiB at backward's peak = every gradient + two more V×H fp32). FSDP's flat parameters accumulate
-    otherwise (analytic/fsdp_no_sync.py): left out there."""
+    otherwise (analytic/distributed/fsdp_no_sync.py): left out there."""
     if not (m.tie_word_embeddings and p.weights.embedding_trainable) or train.fsdp is not None:
         return 0
     return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes

@@ -33,11 +33,20 @@ from vramledger.analytic.activations import (
     rope_bytes_per_token,
     runs_eager,
 )
-from vramledger.analytic.distributed import add_buffers, engine_dtypes, rank_step_parts, root_flatten
+from vramledger.analytic.distributed import (
+    LAYER_GRADIENT_NAME,
+    PRE_FORWARD_NAME,
+    FlattenMoment,
+    add_buffers,
+    engine_dtypes,
+    holds_grads_into_forward,
+    layer_gradient_lines,
+    nccl_lines,
+    rank_step_parts,
+    root_flatten,
+)
+from vramledger.analytic.distributed.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.evaluation import eval_moments
-from vramledger.analytic.fsdp1_layer_grad import NAME as LAYER_GRADIENT_NAME
-from vramledger.analytic.fsdp1_layer_grad import layer_gradient_lines
-from vramledger.analytic.fsdp_root_flatten import PRE_FORWARD_NAME, FlattenMoment, holds_grads_into_forward
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token, litgpt_layer_extra_scores_per_seq
 from vramledger.analytic.litgpt_loop import convert_output_moment
 from vramledger.analytic.litgpt_qlora import dequant_transient_bytes, next_forward_moment
@@ -45,7 +54,6 @@ from vramledger.analytic.load import SOURCES as LOAD_SOURCES
 from vramledger.analytic.load import load_transient_bytes
 from vramledger.analytic.logits import litgpt_kept_logits_bytes, logits_bytes
 from vramledger.analytic.loop import offloaded_layers, optimizer_in_backward
-from vramledger.analytic.nccl import nccl_lines
 from vramledger.analytic.optimizer import optimizer_bytes
 from vramledger.analytic.overhead import (
     CONTEXT_SOURCE,
@@ -65,7 +73,6 @@ from vramledger.analytic.parts import (
     tied_gradient_sum,
 )
 from vramledger.analytic.reserve import phase_reserves, training_peaks
-from vramledger.analytic.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
 from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec
@@ -75,7 +82,7 @@ from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec,
 def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> StepParts:
     """The sizes every moment of the step is assembled from: the persistent lines (weights, gradients, optimizer
     states, autocast copies), the saved activations, the loss's tensors and each phase's transients."""
-    if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed.py
+    if train.distributed:  # rank 0 of a data-parallel run: analytic/distributed/core.py
         return rank_step_parts(m, train, gpu, single=step_parts)
     wb = weight_budget(m, train)
     c = train.precision.compute.bytes
@@ -378,8 +385,8 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
 
 def _before_forward(train: TrainSpec, p: StepParts) -> Moment:
     """The next step's batch moved to the GPU while FSDP1 still holds the previous step's gradients
-    (analytic/fsdp_root_flatten.py ``holds_grads_into_forward``): what the optimizer step leaves, and the engine's
-    buffers that outlive it."""
+    (analytic/distributed/fsdp_root_flatten.py ``holds_grads_into_forward``): what the optimizer step leaves, and the
+    engine's buffers that outlive it."""
     mo = Moment(name=PRE_FORWARD_NAME, phase=Phase.FORWARD)
     add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
     add_buffers(mo, Phase.OPTIMIZER, p.buffers)
@@ -459,7 +466,7 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
 
 def _layer_gradient(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
     """FSDP1: the top decoder layer's flat gradient concatenated, the next unit prefetched
-    (analytic/fsdp1_layer_grad.py); the layer's own saved or recomputed activations are freed by then."""
+    (analytic/distributed/fsdp1_layer_grad.py); the layer's own saved or recomputed activations are freed by then."""
     lines = layer_gradient_lines(m, train, p.weights)
     if not lines:
         return ()
@@ -487,7 +494,7 @@ def _layer_gradient(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Momen
 
 def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
     """Every gradient allocated, with the embedding's gradient before AccumulateGrad adds it in; under FSDP1 with a
-    trained root, the moments of its flattening instead (analytic/fsdp_root_flatten.py)."""
+    trained root, the moments of its flattening instead (analytic/distributed/fsdp_root_flatten.py)."""
     flattening = root_flatten(m, train, p.weights)
     if flattening:
         return tuple(_flatten_moment(train, p, f) for f in flattening)
@@ -546,7 +553,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     names: dict[Phase, str] = {}
     mos = moments(m, train, gpu)
     p = step_parts(m, train, gpu)
-    if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/stream_pools.py)
+    if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/distributed/stream_pools.py)
         at_fsdp = _ShapePeaks(m, gpu) if engine_dtypes(train) == train else None
         reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp)
     else:

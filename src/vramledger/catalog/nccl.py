@@ -4,7 +4,7 @@ Each NCCL communicator allocates device memory outside PyTorch's caching allocat
 ``memory_reserved`` and inside what nvidia-smi shows. The JSON holds NCCL's constants (protocol buffer sizes, the
 allocation granularity, the structures allocated per communicator and per channel), the channel counts NCCL's
 topology search gives on each kind of node, the GPUs taken on each kind of node, and the communicators each
-data-parallel engine creates. ``analytic/nccl.py`` turns them into bytes per rank.
+data-parallel engine creates. ``analytic/distributed/nccl.py`` turns them into bytes per rank.
 
 Every figure carries its source: ``basis`` ``code`` (a constant in NCCL's source, or derived from it) or
 ``measured`` (a published measurement); none is measured by vramledger yet, so the ledger line is a

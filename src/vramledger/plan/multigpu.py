@@ -1,6 +1,6 @@
 """Remedies that exist only with several GPUs: another data-parallel engine, priced in memory and in time.
 
-Memory comes from the estimate of each variant (analytic/distributed.py). Time is the communication one step adds:
+Memory comes from the estimate of each variant (analytic/distributed/core.py). Time is the communication one step adds:
 bytes each rank sends per optimizer step over the interconnect's bus bandwidth. Ring collectives send
 (N−1)/N of the message per rank (NCCL docs, "Performance": algorithm bandwidth vs bus bandwidth), so with B the
 bus bandwidth a collective of S bytes takes S·(N−1)/N / B:

@@ -1,5 +1,5 @@
 """How a data-parallel run spreads one model over several GPUs: FSDP's sharding strategy and DeepSpeed ZeRO's
-communication buffers. TrainSpec holds these; ``analytic/distributed.py`` and ``trace/distributed.py`` read them.
+communication buffers. TrainSpec holds these; ``analytic/distributed/core.py`` and ``trace/distributed.py`` read them.
 """
 
 from __future__ import annotations

@@ -407,7 +407,7 @@ class TrainSpec:
     def keeps_unsharded_grads(self) -> bool:
         """FSDP1 sharding under gradient accumulation: the accumulating micro-steps run inside ``no_sync`` (Fabric's
         ``no_backward_sync``, accelerate's ``accumulate``), so every rank keeps unsharded gradients between optimizer
-        steps (analytic/fsdp_no_sync.py)."""
+        steps (analytic/distributed/fsdp_no_sync.py)."""
         return (
             self.fsdp is not None
             and self.fsdp.shards_params

@@ -8,7 +8,7 @@ from typing import Any
 
 from vramledger.advice import advice_sentence
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
-from vramledger.analytic.nccl import nccl_bill, nccl_lines
+from vramledger.analytic.distributed import nccl_bill, nccl_lines
 from vramledger.analytic.vision import lm_view
 from vramledger.ledger import Category, Ledger, Phase, ledger_verdict
 from vramledger.specs import GPUSpec, ModelSpec, QuantSpec, TrainSpec

@@ -354,7 +354,8 @@ def _fsdp1(hf: Any, m: ModelSpec, train: TrainSpec) -> Any:
     if train.base_dtype is not None and train.adapters:
         # The HF Trainer's path (a base loaded in a dtype of its own, TRL's fp32 default): transformers
         # distributed/fsdp.py update_fsdp_plugin_peft sets PEFT's fsdp_auto_wrap_policy, which wraps each leaf with a
-        # trainable weight (lora_A, lora_B) in a unit of its own beside the decoder layers (analytic/distributed.py).
+        # trainable weight (lora_A, lora_B) in a unit of its own beside the decoder layers
+        # (analytic/distributed/core.py).
         from peft.utils.other import fsdp_auto_wrap_policy
 
         policy = fsdp_auto_wrap_policy(hf)

@@ -14,7 +14,9 @@ reserves more than it allocates where blocks freed earlier are too small for a l
 - in the first step the optimizer states are created into whatever the cache holds: into the activation blocks
   where they fit, else into the logits chain's blocks, which step 2 then has to make again;
 - per-parameter tensors (gradients, states, foreach temporaries) and activations reuse each other's blocks only
-  where they fit.
+  where they fit;
+- under checkpointing with autocast, step 1's forward keeps every layer's cached weight casts until the loss is
+  computed, in segments the loss's requests cannot use (``ckpt_forward``).
 
 The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
 and never falls as batch or length grows, as the planner's searches need. The replay shows three more places
@@ -35,8 +37,9 @@ bytes, b trainable-parameter bytes.
 
 Modules: ``events`` (allocation sequences and their replay), ``replay`` (the step as a sequence; the small pool),
 ``trl`` (TRL's chunked loss), ``workspace`` (the backward thread's cuBLAS workspace), ``full`` (full fine-tuning's
-logits blocks and optimizer states), ``optimizers`` (SGD, fused AdamW, Adafactor), ``forward_cache``,
-``load_residue`` and ``softcap`` (LoRA's forward cache, the base's segment tails, Gemma 2's softcapped logits),
+logits blocks and optimizer states), ``freeze`` (the same blocks with the head and the embedding frozen),
+``optimizers`` (SGD, fused AdamW, Adafactor), ``forward_cache``, ``load_residue`` and ``softcap`` (LoRA's forward
+cache, the base's segment tails, Gemma 2's softcapped logits), ``ckpt_forward`` (step 1's checkpointed forward),
 ``shape`` (one shape's closed form), ``switches`` and ``runs`` (runs with dynamic padding); this module: the ledger's
 reserve lines per phase.
 """

@@ -47,6 +47,12 @@ def load_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return sum(t for t in _tails(m, round(wb.frozen_bytes / frozen)) if t < smallest)
 
 
+def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
+    """The free large-pool blocks loading every weight in ``dtype_bytes`` per element leaves, from an empty cache
+    (trained weights are loaded the same way: reserve/ckpt_forward.py)."""
+    return _tails(m, dtype_bytes)
+
+
 @lru_cache(maxsize=256)
 def _tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
     """The free large-pool blocks after loading the base in ``dtype_bytes`` per element, from an empty cache."""

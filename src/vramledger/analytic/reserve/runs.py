@@ -11,6 +11,7 @@ from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import relaid_regions
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import single_shape
@@ -124,7 +125,8 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     fused = fused_relaid_switch(m, train, p)
     if fused is not None:
         regions.append((Switching(fused_relaid=True), fused))
-    regions += [(Switching(relaid=True), on_k) for on_k in relaid_regions(m, train, p)]
+    relaid = frozen_head_regions if frozen_head(train, p) else relaid_regions
+    regions += [(Switching(relaid=True), on_k) for on_k in relaid(m, train, p)]
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)
     if band:

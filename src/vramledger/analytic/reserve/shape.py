@@ -6,7 +6,9 @@ from __future__ import annotations
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache
+from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid
 from vramledger.analytic.reserve.full import (
     activations_unused,
     decoder_mlp_width,
@@ -87,12 +89,13 @@ def single_shape(
        own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
        fp32 logits block lost to the backward thread's cuBLAS workspace (``on.workspace``, ``workspace_lost``);
     2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
-       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded, and step 1's optimizer
-       at least ``opt_peak``. The states take the smallest cached blocks that hold them, the logits chain's
-       (the largest) last; a logits block with a state inside cannot serve step 2's request of its own size, so
-       step 2 makes it again: reserved = max(R1 + eager's backward segments (``eager_backward_segments``),
-       ``opt_peak``) + the blocks the states reach, counted at this shape (``on.relaid``, ``relaid_counted``) or
-       bounded by min(S, 3·4·V·T) (``relaid_bytes``);
+       after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded (under checkpointing, at
+       least the segments its forward made, autocast's cached casts among them, and the loss's on top:
+       ``forward_segments``), and step 1's optimizer at least ``opt_peak``. The states take the smallest cached
+       blocks that hold them, the logits chain's (the largest) last; a logits block with a state inside cannot
+       serve step 2's request of its own size, so step 2 makes it again: reserved = max(R1 + eager's backward
+       segments (``eager_backward_segments``), ``opt_peak``) + the blocks the states reach, counted at this shape
+       (``on.relaid``, ``relaid_counted``) or bounded by min(S, 3·4·V·T) (``relaid_bytes``);
     3. full fine-tuning without checkpointing: ``opt_peak`` + the saved activations no per-parameter tensor of
        the optimizer fits (``on.activations``, ``activations_unused``);
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
@@ -111,7 +114,7 @@ def single_shape(
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p)
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
-    r1 = max(loss_peak - p.state_bytes + stranded, 0)
+    r1 = max(loss_peak - p.state_bytes + stranded, forward_segments(m, train, p), 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
@@ -119,8 +122,7 @@ def single_shape(
         max(
             step_peak,
             loss_peak + stranded - in_hole + temporaries_unused_by_activations(m, train, p),
-            max(r1 + eager_backward_segments(m, train), opt_peak)
-            + (relaid_counted(m, train, p) if on.relaid else relaid_bytes(m, train, p)),
+            max(r1 + eager_backward_segments(m, train), opt_peak) + _relaid(m, train, p, on),
             opt_peak + (activations_unused(p) if on.activations else 0),
             end_of_backward_bound(m, train, p, opt_peak, on),
             temporaries_bound(m, train, p, loss_peak + stranded, on),
@@ -128,3 +130,11 @@ def single_shape(
         + small_pool_excess(train, p)
         + (tied_gradient_block(p) if on.tied else 0)
     )
+
+
+def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:
+    """Term 2's blocks step 2 makes again: counted at this shape (``on.relaid``) or bounded; the freeze method's own
+    count where the head and the embedding are frozen (freeze.py)."""
+    if frozen_head(train, p):
+        return frozen_head_relaid(m, train, p, counted=on.relaid)
+    return relaid_counted(m, train, p) if on.relaid else relaid_bytes(m, train, p)

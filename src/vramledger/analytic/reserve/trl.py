@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 from functools import lru_cache
 
+from vramledger.allocator.conf import allocation_size
 from vramledger.analytic.logits import TrlChunk, trl_chunk
 from vramledger.analytic.reserve.events import Events, replay_excess
 from vramledger.specs import ModelSpec, TrainSpec
@@ -122,11 +123,46 @@ def _trl_run_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:
     give target counts b·(ℓ − 1) there, and counting every n' there bounds them from above (by at most the
     swing) and never falls as n grows. Each at b = B's tokens n' + B, the most any b ≤ B gives. Lower target
     counts repeat the same last-chunk sizes, stranding less by the slice gradients (r·H·T, cut from the
-    stranded blocks) that grow with the count, at a lower loss peak; they are left out."""
+    stranded blocks) that grow with the count, at a lower loss peak, as long as the freed hidden-states block
+    serves the same requests; where it grows past one of them, that request stops taking a chain block
+    (``_hidden_edges``: Qwen2.5-0.5B full, bf16-mixed, 4 × 2241: the 32 MiB workspace fits the freed 32 MiB
+    hidden segment and the chain strands 1.10 GB, against 1.52 GB at 4 × 2240, where it went into a logits
+    block), so the last period below each such edge is counted too."""
     n, B = train.micro_batch * (train.seq_len - 1), train.micro_batch
     dtypes = replace(train, micro_batch=1, seq_len=1)  # the chain's sizes depend on the shape only through n, T
+    ends = {n, *_hidden_edges(m, dtypes, n, B, workspace)}
+    return max(_trl_period_stranded(m, dtypes, end, B, workspace) for end in ends)
+
+
+@lru_cache(maxsize=4096)
+def _trl_period_stranded(m: ModelSpec, dtypes: TrainSpec, n: int, B: int, workspace: int) -> int:
+    """The most the chain strands at a target count in (n − 256, n], each with n' + B tokens."""
     low = max(n - TRL_CHUNK_TOKENS + 1, 1)
     return max((_trl_chain_stranded(m, dtypes, k, k + B, workspace) for k in range(low, n + 1)), default=0)
+
+
+def _hidden_edges(m: ModelSpec, dtypes: TrainSpec, n: int, B: int, workspace: int) -> set[int]:
+    """For each request of the chain (and the workspace) that the freed hidden-states block holds at n target
+    counts but not at fewer, the largest count below n where it does not. The block forward frees is one
+    segment (``allocation_size``: 2 MiB rounding, 20 MiB segments between 1 and 10 MiB), so whether best fit
+    can cut a request from it (``get_free_block``) depends on the count through that segment's size only."""
+    t = trl_chunk(m, dtypes, n + B)
+    requests = {workspace, t.h_up, t.head32, t.cast, t.logits, t.fp32, t.upcast, t.grad_cast, t.grad_h}
+    requests |= {t.weight_grad, t.weight_cast, t.buffer}
+
+    def segment(k: int) -> int:
+        return allocation_size(trl_chunk(m, dtypes, k + B).hidden)
+
+    edges = set()
+    for size in sorted(requests - {0}):
+        if segment(n) < size or segment(1) >= size:
+            continue  # the same at every count ≤ n
+        lo, hi = 1, n  # segment(lo) < size ≤ segment(hi): the largest count where the block cannot hold it
+        while hi - lo > 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if segment(mid) < size else (lo, mid)
+        edges.add(lo)
+    return edges
 
 
 def _trl_shape_stranded(m: ModelSpec, train: TrainSpec, workspace: int) -> int:

@@ -9,7 +9,7 @@ step long (no segment is released without ``empty_cache``): at the loss, where t
 all-gather pool is idle and, from step 2 on, so is the reduce-scatter pool (``zero_grad(set_to_none=True)`` freed
 the sharded gradients into it), yet both stay reserved.
 
-Legend: N ranks sharing a shard; u bytes per element as all-gathered (analytic/distributed.py ``u``); r bytes per
+Legend: N ranks sharing a shard; u bytes per element as all-gathered (distributed/core.py ``u``); r bytes per
 element of the reduce-scatter (the policy's ``reduce_dtype``: the compute dtype under a mixed-precision policy,
 else the gradient's); b bytes per element of a trainable parameter's storage (its sharded gradient's dtype);
 E elements of a unit (the root: embeddings, final norm and output layer; or one decoder layer), t its trainable
@@ -48,7 +48,7 @@ FSDP1 (``FullyShardedDataParallel``)
   (``_alloc_padded_unsharded_flat_param``: the whole unit, u·E) inside that stream: here the **unsharded parameters
   themselves** live in a side pool. Forward frees each layer after its forward (``_post_forward_reshard``), keeps
   the root; backward prefetches one unit ahead (``BACKWARD_PRE``), so two layers are unsharded at once; a root
-  without trainable parameters is never resharded (analytic/distributed.py).
+  without trainable parameters is never resharded (distributed/core.py).
 - pre-unshard pool (``_pre_unshard_stream``, a stream of its own: _runtime_utils.py ``_init_streams``): ``_unshard``
   runs ``handle.pre_unshard()`` there first (_flat_param.py ``_use_low_precision_shard``: the u·E/N ``_mp_shard``,
   "allocated in the pre-unshard stream"; also the host-to-device copy under ``CPUOffload``), freed by
@@ -74,7 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
-from vramledger.analytic.distributed import (
+from vramledger.analytic.distributed.core import (
     ALL_GATHER_BUFFER_LABEL,
     LAYER_UNSHARDED_LABEL,
     LAYERS_UNSHARDED_LABEL,
@@ -88,12 +88,12 @@ from vramledger.analytic.distributed import (
     fsdp_layer_elements,
     shard_ranks,
 )
-from vramledger.analytic.fsdp1_layer_grad import PREFETCH_LABEL
-from vramledger.analytic.fsdp_no_sync import skips_gradient_sync
-from vramledger.analytic.fsdp_root_flatten import POOL_SOURCE as FLATTEN_POOL_SOURCE
-from vramledger.analytic.fsdp_root_flatten import flatten_blocks, flatten_pool_floor
-from vramledger.analytic.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
-from vramledger.analytic.fsdp_workspace import held_floor
+from vramledger.analytic.distributed.fsdp1_layer_grad import PREFETCH_LABEL
+from vramledger.analytic.distributed.fsdp_no_sync import skips_gradient_sync
+from vramledger.analytic.distributed.fsdp_root_flatten import POOL_SOURCE as FLATTEN_POOL_SOURCE
+from vramledger.analytic.distributed.fsdp_root_flatten import flatten_blocks, flatten_pool_floor
+from vramledger.analytic.distributed.fsdp_workspace import SOURCE as WORKSPACE_SOURCE
+from vramledger.analytic.distributed.fsdp_workspace import held_floor
 from vramledger.analytic.params import embedding_params, head_params, layer_linears
 from vramledger.analytic.parts import Moment, StepParts
 from vramledger.analytic.reserve import ShapePeaks, phase_reserves, replay_excess, training_peaks
@@ -107,7 +107,7 @@ SOURCE = (
     "parameters, and its pre-unshard stream: their low-precision shards) and reduce-scatter streams (the sharded "
     "gradients and their casts; under HSDP the casts on an all-reduce stream) keep segments the default stream "
     "cannot use, replayed through the allocator model on top of the default stream's reserve "
-    "(analytic/stream_pools.py); not yet measured on a GPU"
+    "(analytic/distributed/stream_pools.py); not yet measured on a GPU"
 )
 
 RESERVE_LABEL = "cached, not allocated"
@@ -119,7 +119,7 @@ SIDE_POOLS_LABEL = "FSDP's all-gather and reduce-scatter streams' pools: cached,
 _NO_SHARD_CASTS = frozenset({NO_SHARD_CAST_LABEL, NO_SHARD_LAYER_CAST_LABEL})  # NO_SHARD's pre-unshard stream
 _ALL_GATHER_LABELS = {
     1: frozenset({ROOT_UNSHARDED_LABEL, LAYER_UNSHARDED_LABEL, LAYERS_UNSHARDED_LABEL, OFFLOAD_COPY_LABEL})
-    | {PREFETCH_LABEL}  # analytic/fsdp1_layer_grad.py: the next unit, gathered on the unshard stream
+    | {PREFETCH_LABEL}  # fsdp1_layer_grad.py: the next unit, gathered on the unshard stream
     | _NO_SHARD_CASTS,
     2: frozenset({ALL_GATHER_BUFFER_LABEL, OFFLOAD_COPY_LABEL}) | _NO_SHARD_CASTS,
 }
@@ -190,7 +190,7 @@ def units(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[Unit, list[
     ranks = shard_ranks(train)
 
     # FSDP1 flattens a unit into one tensor of one dtype: a whole unit trains when any of it does (full, freeze, or
-    # adapters in the base dtype: analytic/distributed.py's whole units); fp32 adapters over another base dtype are
+    # adapters in the base dtype: distributed/core.py's whole units); fp32 adapters over another base dtype are
     # wrapped in units of their own (PEFT's fsdp_auto_wrap_policy), counted here with their layer.
     flat_units = train.fsdp_version == 1 and (not train.adapters or adapters_in_layer_units(train, wb))
 
@@ -310,7 +310,7 @@ def _fsdp1_all_gather(train: TrainSpec, root: Unit, layers: list[Unit], *, u: in
     """FSDP1's unshard and pre-unshard streams over two steps: the unsharded flat parameters themselves, and the
     low-precision (or host-copied) shards they are gathered from."""
     ev, pre = Events(), Events()
-    kept_root = not root.trainable  # a frozen root is never resharded in backward (analytic/distributed.py)
+    kept_root = not root.trainable  # a frozen root is never resharded in backward (distributed/core.py)
     sgo = train.fsdp is Sharding.SHARD_GRAD_OP
 
     def unshard(x: Unit) -> int:
@@ -385,7 +385,7 @@ def _reduce_scatter(
 
 
 def _flatten_floor(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[Phase, int]) -> int:
-    """FSDP1's root flattening blocks made again from step 2 on (analytic/fsdp_root_flatten.py
+    """FSDP1's root flattening blocks made again from step 2 on (distributed/fsdp_root_flatten.py
     ``flatten_pool_floor``). Step 1 holds no states until its optimizer step, so the cached bytes free when that
     step begins are its forward's or backward's peak less the states, less what the optimizer moment holds besides
     its states and temporaries; the optimizer's largest block is one state of the largest parameter's share (a
@@ -437,7 +437,7 @@ def pooled_phase_reserves(
     m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment], at: ShapePeaks | None = None
 ) -> dict[Phase, list[ReserveLine]]:
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve ``phase_reserves`` of what the
-    default stream holds (at least analytic/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
+    default stream holds (at least distributed/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
     of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve ``ShapePeaks``),
     for a run with dynamic padding."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
@@ -447,7 +447,8 @@ def pooled_phase_reserves(
     engine = engine_dtypes(train)
     base = phase_reserves(m, engine, p, default)
     pools = side_pools(m, train, p.weights).total
-    # step 1's backward workspace in an fp32 logits block: a floor under the default pool (analytic/fsdp_workspace.py)
+    # step 1's backward workspace in an fp32 logits block: a floor under the default pool
+    # (distributed/fsdp_workspace.py)
     loss_peak = training_peaks(default)[0]
     side_at_loss = next((off[ph] for ph in (Phase.BACKWARD, Phase.FORWARD) if default.get(ph) == loss_peak), 0)
     floor = held_floor(m, engine, p, loss_peak, shard_ranks(train), at, side_at_loss) if pools else 0

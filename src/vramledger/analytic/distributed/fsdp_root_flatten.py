@@ -1,6 +1,6 @@
 """FSDP1's end of backward with a trained root unit: its gradients are flattened before they are reduce-scattered.
 
-Legend: N ranks sharing a shard; u bytes per element of the unsharded parameters (analytic/distributed.py ``u``,
+Legend: N ranks sharing a shard; u bytes per element of the unsharded parameters (distributed/core.py ``u``,
 what autograd writes their gradients in); E_root elements of the root unit (embeddings, final norm, output layer),
 R the same padded to a multiple of N (the flat parameter's unsharded size); E_head the output layer's weight; g
 bytes per element of the sharded gradient (the parameter dtype: fp32 under a mixed-precision policy).
@@ -26,16 +26,16 @@ FSDP1 FULL_SHARD on 8 ranks, checkpointing, 1,024 tokens peaks at that ``cat`` (
 pieces, 2004 MiB concatenated, the layers' shards, the root still unsharded); Llama-3.2-1B (tied) at the sum
 (bench/distributed/grid.jsonl). A decoder layer's unit goes through the same split and concatenation inside its own
 backward (2·u·E_layer), below the activations it frees: not modelled. Under ``no_sync`` (gradient accumulation)
-analytic/fsdp_no_sync.py models the root's pieces instead.
+distributed/fsdp_no_sync.py models the root's pieces instead.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from vramledger.analytic.fsdp_no_sync import root_trains
+from vramledger.analytic.distributed.fsdp_no_sync import root_trains
+from vramledger.analytic.distributed.rank import END_OF_BACKWARD, share
 from vramledger.analytic.params import embedding_params, head_params
-from vramledger.analytic.rank import END_OF_BACKWARD, share
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category
 from vramledger.specs import ModelSpec, Sharding, TrainSpec
@@ -73,7 +73,7 @@ class FlattenMoment:
 
 def flattens_root(train: TrainSpec, wb: WeightBudget) -> bool:
     """Whether the end of backward is FSDP1 flattening a trained root unit and then reduce-scattering it: a sharding
-    strategy, gradients synchronised on every backward (under ``no_sync`` analytic/fsdp_no_sync.py holds it)."""
+    strategy, gradients synchronised on every backward (under ``no_sync`` distributed/fsdp_no_sync.py holds it)."""
     return (
         train.fsdp is not None
         and train.fsdp is not Sharding.NO_SHARD
@@ -142,7 +142,8 @@ def holds_grads_into_forward(train: TrainSpec) -> bool:
     """Whether the next step begins with the previous step's gradients still allocated: FSDP1 with
     ``use_orig_params=True`` frees ``flat_param.grad`` only in the root's pre-forward (``PRE_FORWARD_SOURCE``), so the
     batch is moved to the GPU beside weights, gradients and states (traced: the Llama-3.1-8B FSDP1 row's forward peak
-    is a ``clone`` of the inputs in step 2). Under ``no_sync`` analytic/fsdp_no_sync.py holds the gradients instead."""
+    is a ``clone`` of the inputs in step 2). Under ``no_sync`` distributed/fsdp_no_sync.py holds the gradients
+    instead."""
     return (
         train.fsdp is not None
         and train.fsdp_version == 1
@@ -156,7 +157,7 @@ POOL_SOURCE = (
     "caching allocator (CUDACachingAllocator.cpp get_free_block: best fit, a block never spans two segments): step "
     "1's optimizer creates its states (and foreach temporaries) after backward has freed the root's flattening "
     "blocks, and best fit packs them there; from step 2 on each of those blocks, larger than anything the optimizer "
-    "allocates, needs a segment of its own again (analytic/fsdp_root_flatten.py)"
+    "allocates, needs a segment of its own again (analytic/distributed/fsdp_root_flatten.py)"
 )
 
 

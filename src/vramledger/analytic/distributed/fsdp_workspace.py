@@ -27,7 +27,7 @@ models the same mechanism for a single GPU only with adapters and a run with dyn
   (Llama-3.2-1B: the 2048 × 8192 MLP matrices in bf16, exactly 32 MiB; the trace puts the workspace there and
   makes no logits segment again). The root's (embeddings, lm_head) are gathered again before the loss's backward
   (``pre_backward``) and are live then; SHARD_GRAD_OP keeps every layer's until its backward.
-- FSDP1 unshards into its unshard stream's pool (analytic/stream_pools.py): the default stream sees only the
+- FSDP1 unshards into its unshard stream's pool (distributed/stream_pools.py): the default stream sees only the
   rivals of one GPU.
 - Either: the rivals analytic/reserve/ lists for one GPU (``workspace_rivals_per_token``: the fp32 norm
   intermediates, PEFT's fp32 input casts, a checkpointed layer's MLP intermediates) and eager's scores.
@@ -41,7 +41,7 @@ and forward's workspace fill it first. The estimate counts the logits segment in
 of the 1B FSDP1 row.
 
 Legend: V vocabulary, T tokens per micro-batch, c compute-dtype bytes, u bytes per all-gathered element
-(analytic/distributed.py), S the rank's optimizer states (sharded), W the backward thread's cuBLAS workspace.
+(distributed/core.py), S the rank's optimizer states (sharded), W the backward thread's cuBLAS workspace.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ from dataclasses import replace
 from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE
-from vramledger.analytic.distributed import fsdp_gathered_bytes
+from vramledger.analytic.distributed.core import fsdp_gathered_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import (
@@ -68,7 +68,7 @@ SOURCE = (
     "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
     "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
     "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
-    "block's remainder and one layer's transients (analytic/fsdp_workspace.py)"
+    "block's remainder and one layer's transients (analytic/distributed/fsdp_workspace.py)"
 )
 
 
@@ -160,7 +160,7 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
     remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
     that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
-    (analytic/distributed.py ``engine_dtypes``), as for analytic/reserve/.
+    (distributed/core.py ``engine_dtypes``), as for analytic/reserve/.
     """
     if not workspace_in_logits(m, train, p):
         return 0

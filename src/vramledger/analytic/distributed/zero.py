@@ -21,9 +21,9 @@ Sources:
 
 from __future__ import annotations
 
+from vramledger.analytic.distributed.rank import ALL_PHASES, FWD_BWD, Buffer, RankParts, engine_name, share
 from vramledger.analytic.params import embedding_params, layer_norm_params, layer_params
 from vramledger.analytic.quant_state import quant_state_bytes
-from vramledger.analytic.rank import ALL_PHASES, FWD_BWD, Buffer, RankParts, engine_name, share
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category, Phase
 from vramledger.specs import ModelSpec, Optimizer, TrainSpec, ZeroBuffers

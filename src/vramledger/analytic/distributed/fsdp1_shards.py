@@ -8,7 +8,7 @@ FSDP1 flattens each unit's parameters into one flat parameter in the order ``mod
 ``use_orig_params=True`` padding before each tensor to an a-element boundary (``align_addresses``,
 ``_get_aligned_numel``: 16 bytes, "from TorchInductor"), and gives rank r the r-th of N equal chunks
 (``_get_shard`` → ``_get_unpadded_shard``: ``torch.flatten(tensor).chunk(world_size)``, the last padded). A
-LoRA layer's unit holds its frozen base weights and its adapters together (analytic/distributed.py
+LoRA layer's unit holds its frozen base weights and its adapters together (distributed/core.py
 ``adapters_in_layer_units``), in registration order: ``LlamaDecoderLayer.__init__`` registers ``self_attn``
 (q, k, v, o), ``mlp`` (gate, up, down), then the two norms, and PEFT's ``lora.Linear`` its ``base_layer`` before the
 ``lora_A`` / ``lora_B`` ModuleDicts (peft tuners/lora/layer.py ``LoraLayer.__init__``). So each rank holds the

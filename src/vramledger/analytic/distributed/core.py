@@ -32,13 +32,16 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
-from vramledger.analytic.fsdp1_shards import layer_unit_tensors, trainable_per_rank
-from vramledger.analytic.fsdp_no_sync import FSDP2_NOTE, fsdp2_kept_buffers, no_sync_buffers, skips_gradient_sync
-from vramledger.analytic.fsdp_no_sync import NOTE as NO_SYNC_NOTE
-from vramledger.analytic.fsdp_root_flatten import FlattenMoment, flattens_root, root_flatten_moments
-from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
-from vramledger.analytic.quant_state import quant_state_bytes
-from vramledger.analytic.rank import (
+from vramledger.analytic.distributed.fsdp1_shards import layer_unit_tensors, trainable_per_rank
+from vramledger.analytic.distributed.fsdp_no_sync import (
+    FSDP2_NOTE,
+    fsdp2_kept_buffers,
+    no_sync_buffers,
+    skips_gradient_sync,
+)
+from vramledger.analytic.distributed.fsdp_no_sync import NOTE as NO_SYNC_NOTE
+from vramledger.analytic.distributed.fsdp_root_flatten import FlattenMoment, flattens_root, root_flatten_moments
+from vramledger.analytic.distributed.rank import (
     ALL_PHASES,
     FWD_BWD,
     Buffer,
@@ -48,8 +51,10 @@ from vramledger.analytic.rank import (
     engine_name,
     share,
 )
+from vramledger.analytic.distributed.zero import deepspeed_estimate, zero_rank_parts
+from vramledger.analytic.params import embedding_params, head_params, layer_linears, layer_params
+from vramledger.analytic.quant_state import quant_state_bytes
 from vramledger.analytic.weights import WeightBudget
-from vramledger.analytic.zero import deepspeed_estimate, zero_rank_parts
 from vramledger.ledger import Category, Phase
 from vramledger.specs import DType, GPUSpec, Method, ModelSpec, Precision, Sharding, TrainSpec
 
@@ -75,7 +80,7 @@ FSDP_ROOT_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_state.py _lazy_init: the root unit is not resharded after forward "
     "(FSDP1 _runtime_utils.py _post_forward_reshard likewise)"
 )
-# Labels of the buffers that analytic/stream_pools.py places in a side stream's pool.
+# Labels of the buffers that distributed/stream_pools.py places in a side stream's pool.
 ROOT_UNSHARDED_LABEL = "root unit unsharded (embeddings, final norm, output layer)"
 LAYER_UNSHARDED_LABEL = "one decoder layer unsharded"
 LAYERS_UNSHARDED_LABEL = "every decoder layer unsharded (kept from forward to backward)"
@@ -227,7 +232,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         buffers.append(_fsdp_offload_buffer(layer, u, ranks))
         trainable_r = grads_r = states_r = temp_r = 0
         frozen_r = qstate  # not a parameter: FSDP does not offload it
-    kept = no_sync_buffers(  # FSDP1 + accumulation (analytic/fsdp_no_sync.py); offload leaves these on the GPU too
+    kept = no_sync_buffers(  # FSDP1 + accumulation (distributed/fsdp_no_sync.py); offload leaves these on the GPU too
         train, wb, u=u, sharded_grad_bytes=grads_r, layer_elements=layer, root_elements=root, whole_units=whole_units
     )
     if kept:
@@ -261,7 +266,7 @@ def _uneven_trainable(
     m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines, ranks: int, u: int
 ) -> tuple[tuple[int, int, int, int], tuple[int, int]] | None:
     """Rank 0's trainable weights, optimizer state and step temporaries when FSDP1 flattens the adapters with their
-    layer (analytic/fsdp1_shards.py: each rank holds the adapters its chunk covers), the weight bytes that moves
+    layer (distributed/fsdp1_shards.py: each rank holds the adapters its chunk covers), the weight bytes that moves
     out of the frozen line, and the rank that holds most with its excess over rank 0; None when something trains
     outside the decoder layers' units (then the even share stands)."""
     per_rank = trainable_per_rank(layer_unit_tensors(m, train, wb), ranks, u)
@@ -286,7 +291,7 @@ def shard_ranks(train: TrainSpec) -> int:
 
 
 def root_flatten(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> tuple[FlattenMoment, ...]:
-    """FSDP1's end-of-backward moments with a trained root unit (analytic/fsdp_root_flatten.py); none otherwise."""
+    """FSDP1's end-of-backward moments with a trained root unit (distributed/fsdp_root_flatten.py); none otherwise."""
     if not flattens_root(train, wb):
         return ()
     return root_flatten_moments(m, train, wb, u=fsdp_gathered_bytes(train, wb), ranks=shard_ranks(train))
@@ -376,7 +381,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
         # layer, gathered for the start of backward; FSDP1 frees it after forward and gathers it again in the loss's
         # backward, FSDP2 keeps it (the bench/distributed traces). Inside a layer's backward it is two (current +
         # prefetch) plus that layer's unsharded gradients and reduce-scatter input (FSDP_RS_SOURCE), a moment that
-        # peaks only when the loss is small; modelled for FSDP1 in analytic/fsdp1_layer_grad.py, not for FSDP2.
+        # peaks only when the loss is small; modelled for FSDP1 in fsdp1_layer_grad.py, not for FSDP2.
         buffers.append(
             Buffer(
                 label=LAYER_UNSHARDED_LABEL,
@@ -396,7 +401,7 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
     root_trained = root if trained else 0
     if not root_trained or train.keeps_unsharded_grads or skips_gradient_sync(train):  # inside the kept gradients
         return []
-    if flattens_root(train, wb):  # FSDP1: its own end-of-backward moments (analytic/fsdp_root_flatten.py)
+    if flattens_root(train, wb):  # FSDP1: its own end-of-backward moments (distributed/fsdp_root_flatten.py)
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).

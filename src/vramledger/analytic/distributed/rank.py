@@ -1,5 +1,5 @@
 """What one rank holds under a data-parallel engine: rank 0's share of the single-GPU lines, and the engine's
-buffers with the phases they live in. Shared by analytic/distributed.py (DDP, FSDP) and analytic/zero.py (ZeRO)."""
+buffers with the phases they live in. Shared by distributed/core.py (DDP, FSDP) and distributed/zero.py (ZeRO)."""
 
 from __future__ import annotations
 

@@ -1,14 +1,14 @@
 """FSDP1: the instant a decoder layer's unit gradient is made, inside that layer's backward.
 
 Legend: u bytes per element of the unsharded parameters and of the gradients autograd writes for them
-(analytic/distributed.py ``fsdp_gathered_bytes``); E_layer elements of one decoder layer's unit, its adapters
+(analytic/distributed/core.py ``fsdp_gathered_bytes``); E_layer elements of one decoder layer's unit, its adapters
 included (``fsdp_layer_elements``).
 
 With ``use_orig_params=True`` (Lightning Fabric's default for torch ≥ 2.0, accelerate's, torchtune's) a unit's
 parameters are views of its unsharded flat parameter (torch fsdp ``_use_unsharded_views`` and ``_get_unflat_views_*``:
 ``torch.split`` of the flat parameter then ``view``; 2.1.0 flat_param.py l. 1729-1785, 2.13 _flat_param.py
 l. 1894-1901). When the flat parameter requires grad (a full fine-tune, or adapters flattened with their layer's frozen
-weights: analytic/distributed.py ``adapters_in_layer_units``) every view's gradient is computed, the frozen ones'
+weights: analytic/distributed/core.py ``adapters_in_layer_units``) every view's gradient is computed, the frozen ones'
 too, and autograd's ``SplitWithSizesBackward0`` holds them until the last one is ready, then concatenates them into
 one new tensor of the unit's size, which ``AccumulateGrad`` adds into the unsharded ``flat_param.grad`` that
 ``no_sync`` keeps (or makes the gradient a synchronising micro-step reduce-scatters). While ``cat`` runs, its inputs
@@ -19,7 +19,7 @@ unit and calls ``_prefetch_handle(state, handle, _PrefetchMode.BACKWARD)`` befor
 ``_post_backward_hook`` (2.1.0 l. 761; 2.13 l. 742), registered on the flat parameter's ``AccumulateGrad`` node
 (2.1.0 l. 1440-1444: ``acc_grad.register_hook``), which runs after the addition. So, beside what the step keeps (shards,
 the root unsharded, the kept gradients, LitGPT's fp32 logits, the checkpointed inputs) and this unit unsharded
-(analytic/distributed.py's one decoder layer):
+(analytic/distributed/core.py's one decoder layer):
 
     extra = u·E_layer (the next unit, prefetched) + 2·u·E_layer (the views' gradients and their concatenation)
 
@@ -36,14 +36,14 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from vramledger.analytic.distributed import adapters_in_layer_units, fsdp_gathered_bytes, fsdp_layer_elements
+from vramledger.analytic.distributed.core import adapters_in_layer_units, fsdp_gathered_bytes, fsdp_layer_elements
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category
 from vramledger.specs import Method, ModelSpec, Sharding, TrainSpec
 
 NAME = "a decoder layer's flat gradient concatenated (FSDP1), the next unit prefetched"
 PREFETCH_LABEL = "the next decoder layer unsharded (BACKWARD_PRE prefetch)"
-"""Allocated on FSDP1's unshard stream (analytic/stream_pools.py counts it in the all-gather pool)."""
+"""Allocated on FSDP1's unshard stream (stream_pools.py counts it in the all-gather pool)."""
 PREFETCH_SOURCE = (
     "torch fsdp _runtime_utils.py _pre_backward_hook: _unshard(this unit), then _prefetch_handle(BACKWARD) "
     "all-gathers the next unit (backward_prefetch=BACKWARD_PRE, the default); this unit is resharded in "

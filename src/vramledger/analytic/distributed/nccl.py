@@ -214,8 +214,8 @@ def _source(bill: NcclBill, gpu: GPUSpec | None) -> str:
     return (
         f"NCCL's own device memory (cuMemCreate, outside PyTorch's allocator), one communicator per process "
         f"group: {'; '.join(parts)}. {node}. Constants from NCCL's source ({f.source.split(';')[0]}), "
-        f"catalog/nccl.json and analytic/nccl.py; channel counts derived from NCCL's topology search for that "
-        f"node, not measured"
+        f"catalog/nccl.json and analytic/distributed/nccl.py; channel counts derived from NCCL's topology search for "
+        f"that node, not measured"
     )
 
 

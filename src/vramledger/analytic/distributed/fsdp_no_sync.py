@@ -1,7 +1,7 @@
 """FSDP1 under gradient accumulation: ``no_sync`` keeps every unit's gradient unsharded on every rank.
 
 Legend: N ranks sharing a shard; u bytes per element of the unsharded parameters (what autograd writes the
-unsharded gradient in: analytic/distributed.py's ``u``); L decoder layers whose unit trains; E_layer elements of one
+unsharded gradient in: distributed/core.py's ``u``); L decoder layers whose unit trains; E_layer elements of one
 decoder layer's unit (its adapters included), E_root of the root unit (embeddings, final norm, output layer).
 
 On an accumulating micro-step the training loop runs forward and backward inside ``FullyShardedDataParallel.no_sync``
@@ -63,12 +63,12 @@ gradients (which frees them) - no whole units, no root concatenation. Checked on
 process group (tests/analytic/test_fsdp_no_sync.py).
 
 The same split-and-concatenate transient of an FSDP1 decoder layer's unit (2·u·E_layer inside that layer's backward,
-beside the next unit prefetched) is a moment of its own: analytic/fsdp1_layer_grad.py.
+beside the next unit prefetched) is a moment of its own: analytic/distributed/fsdp1_layer_grad.py.
 """
 
 from __future__ import annotations
 
-from vramledger.analytic.rank import FWD_BWD, Buffer
+from vramledger.analytic.distributed.rank import FWD_BWD, Buffer
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Category, Phase
 from vramledger.specs import TrainSpec

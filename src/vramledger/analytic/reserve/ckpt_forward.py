@@ -1,0 +1,104 @@
+"""Full fine-tuning under checkpointing: what step 1 has reserved by its loss's backward, from the segments its
+forward made (``forward_segments``).
+
+Under autocast with fp32 weights every decoder matrix's low-precision copy is cached for the whole forward (torch
+``aten/src/ATen/autocast_mode.cpp`` ``cached_cast``: the copy of a leaf that requires grad is cached whatever the grad
+mode, so the checkpointed layers' forward caches it too, though it saves nothing), and the cache is cleared only when
+the outermost autocast context exits (``torch/amp/autocast_mode.py`` ``autocast.__exit__``:
+``torch.clear_autocast_cache()`` at nesting level 0), after the loss: accelerate's ``Accelerator.prepare_model`` wraps
+``model.forward`` in the autocast context (``get_mixed_precision_context_manager``), and transformers' causal LM
+computes its loss inside that forward (``self.loss_function``), before ``accelerator.backward``; the trace shows the
+casts freed right after ``nll_loss_forward``. So at its last decoder layer the forward holds the weights, every
+checkpointed layer input (torch/utils/checkpoint.py: a checkpointed layer keeps only its inputs), every layer's casts
+and that layer's transients, in blocks no larger than a layer's largest transient. The caching allocator never gives a
+segment back (``CUDACachingAllocator.cpp``: only ``empty_cache`` or a failed ``cudaMalloc`` releases one), and the loss
+then asks for blocks none of those can serve (``get_free_block``: best fit among the free blocks at least as large;
+blocks of different segments never merge), so each block of its chain gets a segment on top. When autocast exits the
+casts' blocks are freed, and they stay cached and free at the loss's backward peak, where ``stranded_bytes`` counts only
+one layer's transients.
+
+The trace replay (bench/reserve/ckpt_forward.jsonl, Qwen2.5-0.5B full, bf16-mixed, 8 × 512, 24 layers): the forward
+makes 1.42 GB of segments, mostly thirty-two 38 MiB ones for its c·I·T MLP blocks; at step 1's loss backward 1.00 GB
+of them is free where ``stranded_bytes`` counts 0.44 GB beyond the logits hole, the 24 layers' casts (0.72 GB) most
+of the difference; step 1 reserves 12.52 GB before its optimizer, ``single_shape``'s R1 without this bound 11.86 GB,
+with it 12.27 GB (docs/reserve.md "Step 1's checkpointed forward").
+
+Legend: T tokens per micro-batch, H hidden, I intermediate (``decoder_mlp_width``), c compute-dtype bytes, s
+residual-stream bytes, V vocabulary.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.params import layer_linears
+from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.full import decoder_mlp_width, logits_blocks
+from vramledger.analytic.reserve.load_residue import weight_tails
+from vramledger.analytic.reserve.workspace import cublas_workspace_block
+from vramledger.specs import ModelSpec, TrainSpec
+
+
+def forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes step 1 has reserved by its loss's backward, full fine-tuning of a dense model under checkpointing (0
+    otherwise): a lower bound on what it reserves before its optimizer (``single_shape``'s R1).
+
+    The segments made by the product in the last decoder layer's MLP (transformers ``LlamaMLP.forward``:
+    ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``): the weights' (each of at least 10 MiB in a segment of its
+    own rounded up to 2 MiB, ``get_allocation_size``, whose tail no counted request fits: ``weight_tails``), the
+    forward thread's cuBLAS workspace, the checkpointed inputs (and eager's masks), autocast's cached casts of the
+    decoder matrices but that layer's ``down_proj``, and the transients live there (``_mlp_product``); then the
+    segments the loss makes on top: one per block of the logits chain (``logits_blocks``), and lm_head's cast by
+    what it exceeds the largest transient block (it gets a segment of its own where no freed block holds it;
+    counted so, the bound never falls as T grows). Left out, so that it stays a lower bound: what best fit wastes in
+    cutting the casts and the checkpointed inputs from the transients' blocks (Qwen2.5-0.5B 8 × 512: 0.18 GB free in
+    the forward's segments at the MLP product of its last layer), the final norm's saved tensors, the backward
+    thread's workspace.
+    """
+    wb = p.weights
+    if not train.grad_ckpt or train.adapters or not wb.trainable_layers or m.is_moe:
+        return 0
+    c, T = train.precision.compute.bytes, train.tokens
+    weights = p.frozen_bytes + p.trainable_bytes + p.master_bytes + cublas_workspace_block(p)
+    casts = p.autocast_copy_bytes - p.head_cast_bytes
+    if casts:
+        casts -= c * m.hidden_size * decoder_mlp_width(m)  # the last layer's down_proj, cast after the product
+    largest = max(c * decoder_mlp_width(m) * T, p.forward_layer_temp)
+    head = max(p.head_cast_bytes - largest, 0)
+    counted = _smallest_large_request(m, train, p, casts > 0)
+    tails = _tails_below(m, wb.trainable_dtype.bytes, counted) if not p.frozen_bytes else 0
+    saved = p.saved_layers_bytes + p.scores_bytes
+    transients = max(_mlp_product(m, train, p), p.forward_layer_temp)
+    return weights + tails + saved + casts + transients + head + sum(logits_blocks(m, train))
+
+
+def _mlp_product(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """The transients of a checkpointed layer at its MLP's product: ``act_fn(gate)``, ``up`` and their product (three
+    c·I·T), the attention's residual sum and the post-attention norm's output, the MLP's input (two s·H·T)."""
+    c, s, T = train.precision.compute.bytes, residual_bytes(train, p.weights), train.tokens
+    return (3 * c * decoder_mlp_width(m) + 2 * s * m.hidden_size) * T
+
+
+def _smallest_large_request(m: ModelSpec, train: TrainSpec, p: StepParts, casts: bool) -> int:
+    """The smallest request ``forward_segments`` counts that a weight's tail could hold: a checkpointed input (s·H·T,
+    taken even where it is at most kSmallSize, 1 MiB, and served from the small pool, so that the bound never falls
+    as T grows) and, with autocast's casts, the smallest decoder matrix's copy above 1 MiB (smaller ones are served
+    from the small pool, ``get_pool``). A tail smaller than this holds none of them."""
+    checkpointed = residual_bytes(train, p.weights) * m.hidden_size * train.tokens
+    return min(checkpointed, _smallest_large_cast(m, train.precision.compute.bytes)) if casts else checkpointed
+
+
+@lru_cache(maxsize=256)
+def _smallest_large_cast(m: ModelSpec, c: int) -> int:
+    """The smallest decoder matrix's c-byte copy above kSmallSize (a large-pool request); 2^62 if none."""
+    return min(
+        (x for lin in layer_linears(m) if (x := c * lin.in_features * lin.out_features) > K_SMALL_SIZE), default=1 << 62
+    )
+
+
+@lru_cache(maxsize=4096)
+def _tails_below(m: ModelSpec, dtype_bytes: int, size: int) -> int:
+    """Bytes of the weights' segment tails smaller than ``size`` (``weight_tails``)."""
+    return sum(t for t in weight_tails(m, dtype_bytes) if t < size)
