@@ -136,6 +136,23 @@ class LiveBytes:
         self._mode.__exit__(*exc)
         self._mode = None
 
+    def on_resize(self, storage: Any, before: int, nbytes: int) -> None:
+        """``storage`` now holds ``nbytes`` (FSDP frees and re-allocates its unsharded flat parameters by resizing
+        their storage in place: torch distributed/utils.py ``_free_storage``/``_alloc_storage``); called by
+        vramledger's ``trace.distributed.recorded_resizes``, as for its own recorder."""
+        key = storage._cdata
+        n = -(-nbytes // 512) * 512
+        old, what = self._live.get(key, (0, "resize_"))
+        if key not in self._live:
+            if not n:
+                return
+            weakref.finalize(storage, self._free, key)
+        self._live[key] = (n, what)
+        self.now += n - old
+        if self.now > self.peak:
+            self.peak = self.now
+            self._at_peak = dict(self._live)
+
     def forget(self, t: Any) -> None:
         """Stop counting ``t``'s storage (a tensor a CUDA run keeps on the host, e.g. a non-fused optimizer's
         ``step`` counter)."""

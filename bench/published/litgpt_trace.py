@@ -38,8 +38,14 @@ run on fake tensors, so every ``nn.Linear`` (lm_head too) keeps the tensors bits
 (the fp16 dequantised weight and its bf16 cast in forward and backward; the input kept as a plain ``ctx`` attribute,
 alive as long as the graph), and ``PagedAdamW`` allocates nothing through PyTorch (its states are managed memory).
 
-Rows that cannot run here are written with the reason and never guessed: FSDP/DDP over several GPUs (this replays
-one process), bf16-mixed, the Thunder compiler, inference.
+The multi-GPU rows of lit-gpt 8641822's LoRA script and litgpt 43c44323's full fine-tuning script (``devices > 1``) run
+under PyTorch's FSDP1 on a fake process group of the row's world size, rank 0, as Lightning's ``FSDPStrategy`` wraps
+the model for those scripts (:func:`replay_fsdp`): the first micro-step, the steady state at the row's length and, for
+the 2023 rows, later micro-steps at shorter lengths are recorded, and the steady state (for the 2023 rows an upper
+bound) is the figure compared (:func:`_fsdp_record`).
+
+Rows that cannot run here are written with the reason and never guessed: DDP and thunder's FSDP, bf16-mixed, the
+Thunder compiler, inference.
 
 Results go to litgpt_trace.jsonl, one object per row, written as each row finishes; rows already there are skipped
 unless ``--redo``. ``run.py --trace`` reads the file (it never re-traces) for the tables of docs/published.md.
@@ -69,7 +75,7 @@ from litgpt_fake import LiveBytes, extract  # noqa: E402  bench/published/litgpt
 MIRROR = Path("/work/.mirror/Lightning-AI+litgpt/repo")
 SETUP_KEYS = (
     "model", "method", "lora_rank", "lora_alpha", "lora_dropout", "lora_targets", "precision", "optimizer",
-    "batch", "seq", "accum", "loss", "world_size", "quant", "metric", "gpu",
+    "batch", "seq", "accum", "loss", "world_size", "quant", "metric", "gpu", "grad_ckpt", "fsdp", "fsdp_version",
 )  # fmt: skip
 """The setup keys a row's record keeps (tests/published/test_litgpt_trace.py checks them against mapping.yaml)."""
 
@@ -174,13 +180,28 @@ def _litgpt_name(csv_model: str) -> str:
     return csv_model.split("/")[-1]
 
 
+FSDP_SCRIPTS = ("lora-2023", "full-2024")
+"""Scripts whose ``FSDPStrategy`` is replayed (:func:`_fsdp_wrap`): lit-gpt 8641822 ``finetune/lora.py`` l. 83-89 and
+litgpt 43c44323 ``litgpt/finetune/full.py`` l. 89-96 build the same one."""
+
+
+def fsdp_replayed(setup: Mapping[str, Any], script: str) -> bool:
+    """Whether the row runs under FSDP1 FULL_SHARD with a script whose FSDP set-up is replayed here."""
+    return (
+        int(setup.get("world_size", 1)) > 1
+        and setup.get("fsdp") == "full_shard"
+        and int(setup.get("fsdp_version", 1)) == 1
+        and script in FSDP_SCRIPTS
+    )
+
+
 def _not_traced(setup: Mapping[str, Any], *, multi_gpu: bool) -> str | None:
     if setup.get("mode", "train") == "infer":
         return "inference row (the step replayed here is training)"
     if setup.get("quant") and setup.get("method") == "full":
         return "a quantised base under full fine-tuning is not replayed"
     if multi_gpu:
-        return "several GPUs (FSDP or DDP): this replays one process"
+        return "several GPUs: DDP and thunder's FSDP are not replayed"
     if str(setup.get("precision", "bf16-true")) != "bf16-true":
         return "bf16-mixed (fp32 weights under Fabric's autocast) is not replayed"
     return None
@@ -200,6 +221,7 @@ def _mapped_plan(r: run.Row) -> Plan | None:
         commit, script = THUNDER, "pretrain-thunder"
     else:
         return None
+    multi = multi and not fsdp_replayed(s, script)
     return Plan(row=r.row, commit=commit, script=script, config_name=_litgpt_name(csv_model), setup=s,
                 measured_gb=r.measured_gb, reason=_not_traced(s, multi_gpu=multi))  # fmt: skip
 
@@ -432,6 +454,52 @@ def _fabric_forward(model: Any) -> Any:
     return forward
 
 
+def _build(mod: Any, plan: Plan, script: Script) -> tuple[Any, Any]:
+    """``GPT(Config.from_name(...))`` as the script builds it under Fabric's ``bf16-true``: (model, config)."""
+    import torch
+
+    s = plan.setup
+    method = str(s.get("method", "full"))
+    kwargs = _lora_kwargs(mod.__name__.split(".")[0], s) if method in ("lora", "qlora") else {}
+    config = mod.Config.from_name(plan.config_name, **kwargs)
+    with _default_dtype(torch.bfloat16):  # fabric.init_module: HalfPrecision's init context
+        model = mod.GPT(config)
+    _mark_trainable(mod, method, model)
+    if s.get("quant"):  # fabric.setup_module under BitsandbytesPrecision: convert_module quantises
+        _quantise_linears(model, str(s["quant"]))
+    if script.loss_chunk == 0:
+        model.max_seq_length = int(s["seq"])  # pretrain.py: before fabric.setup
+    _convert_module(model)  # fabric.setup_module: HalfPrecision.convert_module
+    return model, config
+
+
+def _micro_step(
+    forward: Any, loss_fn: Any, script: Script, shape: tuple[int, int], vocab: int, accum: int, held: list[Any]
+) -> None:
+    """One micro-step of the script's loop: forward, loss, ``fabric.backward(loss / accum)``. ``held[0]`` is the
+    loop's ``logits``: rebound when the forward returns (the previous micro-step's list lives until then), alive
+    through backward, the optimizer step and the next forward; None where the script's function frees them."""
+    import torch
+
+    from vramledger.trace.step import _backward  # loss.backward() past the shims' torch-function modes
+
+    batch, seq = shape
+    data = torch.randint(0, vocab, (batch, seq + 1))
+    input_ids, targets = data[:, :seq].contiguous(), data[:, 1:].contiguous()
+    del data
+    if script.logits_local:  # forward_and_loss: the logits die with the function's frame
+        held[0] = None
+        loss = loss_fn(forward(input_ids), targets, chunk_size=0)
+    elif script.chunked_head:
+        held[0] = forward(input_ids, lm_head_chunk_size=128)
+        held[0][-1] = held[0][-1][..., :-1, :]
+        loss = loss_fn(held[0], targets[..., 1:])
+    else:
+        held[0] = forward(input_ids)
+        loss = loss_fn(held[0][..., :-1, :], targets[..., 1:])
+    _backward(loss / accum)  # fabric.backward
+
+
 def replay(package: str, plan: Plan) -> tuple[int, int, list[tuple[int, str]]]:
     """(peak live bytes of the measured iterations, the peak of the first iteration, the largest groups live at the
     peak) of the row's loop on fake tensors. The first iteration has no previous micro-step alive beside it (its
@@ -446,19 +514,9 @@ def replay(package: str, plan: Plan) -> tuple[int, int, list[tuple[int, str]]]:
     mod = importlib.import_module(f"{package}.{script.module}")
     loss_fn = importlib.import_module(f"{package}.utils").chunked_cross_entropy
     s = plan.setup
-    method = str(s.get("method", "full"))
     batch, seq, accum = int(s["batch"]), int(s["seq"]), int(s.get("accum", 1))
     with FakeTensorMode(), sdpa_as_cuda(), dropout_as_cuda(), LiveBytes() as live:
-        kwargs = _lora_kwargs(package, s) if method in ("lora", "qlora") else {}
-        config = mod.Config.from_name(plan.config_name, **kwargs)
-        with _default_dtype(torch.bfloat16):  # fabric.init_module: HalfPrecision's init context
-            model = mod.GPT(config)
-        _mark_trainable(mod, method, model)
-        if s.get("quant"):  # fabric.setup_module under BitsandbytesPrecision: convert_module quantises
-            _quantise_linears(model, str(s["quant"]))
-        if script.loss_chunk == 0:
-            model.max_seq_length = seq  # pretrain.py: before fabric.setup
-        _convert_module(model)  # fabric.setup_module: HalfPrecision.convert_module
+        model, config = _build(mod, plan, script)
         optimizer = _optimizer([p for p in model.parameters() if p.requires_grad], script, s)
         if script.loss_chunk != 0:
             model.max_seq_length = seq  # fit: min(longest_seq_length, train.max_seq_length)
@@ -475,21 +533,10 @@ def replay(package: str, plan: Plan) -> tuple[int, int, list[tuple[int, str]]]:
         first = 0  # the peak of the validate and iteration 0
         # Iteration 0 is a whole optimizer step (the states exist from it on); 1 and 2 are measured: with accum > 1
         # the first accumulates and the second steps, with accum = 1 both step.
+        logits: list[Any] = [None]  # the loop's local
         for it in (0, 1, 2):
             is_accumulating = accum > 1 and it == 1
-            data = torch.randint(0, vocab, (batch, seq + 1))
-            input_ids, targets = data[:, :seq].contiguous(), data[:, 1:].contiguous()
-            del data
-            if script.logits_local:  # forward_and_loss: the logits die with the function's frame
-                loss = loss_fn(forward(input_ids), targets, chunk_size=0)
-            elif script.chunked_head:
-                logits = forward(input_ids, lm_head_chunk_size=128)
-                logits[-1] = logits[-1][..., :-1, :]
-                loss = loss_fn(logits, targets[..., 1:])
-            else:
-                logits = forward(input_ids)
-                loss = loss_fn(logits[..., :-1, :], targets[..., 1:])
-            (loss / accum).backward()  # fabric.backward
+            _micro_step(forward, loss_fn, script, (batch, seq), vocab, accum, logits)
             if not is_accumulating:
                 optimizer.step()
                 optimizer.zero_grad()
@@ -500,6 +547,118 @@ def replay(package: str, plan: Plan) -> tuple[int, int, list[tuple[int, str]]]:
                 first = live.peak
                 live.restart_peak()
     return live.peak, first, live.largest(8)
+
+
+LATER = (8, 4, 2)
+"""FSDP rows: later micro-steps at ``seq // k`` tokens (and at 3/4 of ``seq``), each after one of its own length."""
+
+
+def _fsdp_wrap(mod: Any, model: Any, world_size: int) -> Any:
+    """Lightning 71aed751 ``FSDPStrategy.setup_module`` as lit-gpt 8641822 ``finetune/lora.py`` l. 83-89 configures
+    it: ``FullyShardedDataParallel(module, cpu_offload=CPUOffload(False), mixed_precision=FSDPPrecision(
+    "bf16-true").mixed_precision_config`` (bf16 parameters, reductions and buffers), ``sharding_strategy=FULL_SHARD``,
+    ``auto_wrap_policy=ModuleWrapPolicy({Block})``, ``use_orig_params=True`` (the strategy's default for torch ≥ 2.0),
+    ``limit_all_gathers=True``; FSDP1's own ``backward_prefetch=BACKWARD_PRE``), then ``_setup_activation_
+    checkpointing``: ``apply_activation_checkpointing(module, checkpoint_wrapper(checkpoint_impl=NO_REENTRANT),
+    check_fn=isinstance Block)`` (fabric/strategies/fsdp.py l. 272-300, 736-757). The device is the CPU (the fake
+    process group's ranks, rank 0 traced)."""
+    import functools
+
+    import torch
+    from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+        CheckpointImpl,
+        apply_activation_checkpointing,
+        checkpoint_wrapper,
+    )
+    from torch.distributed.fsdp import CPUOffload, MixedPrecision, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    bf16 = torch.bfloat16
+    wrapped = FSDP(
+        model,
+        cpu_offload=CPUOffload(offload_params=False),
+        mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16),
+        sharding_strategy=ShardingStrategy.FULL_SHARD,
+        device_id=torch.device("cpu"),
+        auto_wrap_policy=ModuleWrapPolicy({mod.Block}),
+        use_orig_params=True,
+        limit_all_gathers=True,
+    )
+    wrapper = functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT)
+    apply_activation_checkpointing(wrapped, checkpoint_wrapper_fn=wrapper, check_fn=lambda m: isinstance(m, mod.Block))
+    return wrapped
+
+
+def replay_fsdp(package: str, plan: Plan) -> dict[str, Any]:
+    """The row's loop under FSDP1 on a fake process group of the row's world size, rank 0 (:func:`_fsdp_wrap`), as
+    lit-gpt 8641822 ``finetune/lora.py`` runs it with ``devices > 1``: every micro-step but the accumulation window's
+    last inside ``fabric.no_backward_sync(model, enabled=is_accumulating)`` (l. 214-215: FSDP's ``no_sync``).
+
+    litgpt 43c44323 ``litgpt/finetune/full.py`` (l. 227-238) runs the same loop on whole logits.
+
+    Returns the peaks (bytes): ``first``, the sanity validate and iteration 0 (the longest sample, accumulating: no
+    gradient exists before its backward); ``steady``, after a synchronising micro-step and its optimizer step (the
+    states exist from then on), two accumulating micro-steps (when ``accum`` > 1) and a synchronising one at the same
+    length, each beside the previous micro-step's logits and, from the second on, the unsharded gradients
+    ``no_sync`` keeps; ``later``, for the scripts that run their longest
+    sample first and for shorter lengths (:data:`LATER`), an accumulating micro-step after one of its own length: what
+    a later, random batch of that padded length holds."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from vramledger.trace.distributed import fake_process_group, recorded_resizes
+    from vramledger.trace.shims import dropout_as_cuda, sdpa_as_cuda
+
+    script = SCRIPTS[plan.script]
+    mod = importlib.import_module(f"{package}.{script.module}")
+    loss_fn = importlib.import_module(f"{package}.utils").chunked_cross_entropy
+    s = plan.setup
+    batch, seq, accum = int(s["batch"]), int(s["seq"]), int(s.get("accum", 1))
+    longest_first = script.longest_first and plan.measured_gb is not None
+    lengths = [seq // k for k in LATER] + [3 * seq // 4] if longest_first else []
+    peaks: dict[str, Any] = {}
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(fake_process_group(int(s["world_size"])))
+        for ctx in (FakeTensorMode(), sdpa_as_cuda(), dropout_as_cuda()):
+            stack.enter_context(ctx)
+        live = stack.enter_context(LiveBytes())
+        stack.enter_context(recorded_resizes(live))  # type: ignore[arg-type]  # LiveBytes.on_resize
+        model, config = _build(mod, plan, script)
+        wrapped = _fsdp_wrap(mod, model, int(s["world_size"]))
+        optimizer = _optimizer([p for p in wrapped.parameters() if p.requires_grad], script, s)
+        model.max_seq_length = seq  # train(): model.max_seq_length = longest_seq_length
+        forward = _fabric_forward(wrapped)
+        vocab = config.padded_vocab_size
+        live.restart_peak()
+        with torch.no_grad():  # the sanity validate
+            forward(torch.randint(0, vocab, (1, 16)))
+
+        logits: list[Any] = [None]  # the loop's local
+
+        def micro_step(length: int, accumulating: bool) -> None:
+            sync = wrapped.no_sync() if accumulating else contextlib.nullcontext()
+            with sync:  # fabric.no_backward_sync(model, enabled=is_accumulating)
+                _micro_step(forward, loss_fn, script, (batch, length), vocab, accum, logits)
+            if not accumulating:
+                optimizer.step()
+                optimizer.zero_grad()
+
+        micro_step(seq, accum > 1)
+        peaks["first"] = live.peak
+        if accum > 1:  # close the first accumulation window: the optimizer's states exist from its step on
+            micro_step(seq, False)
+        live.restart_peak()
+        for accumulating in (accum > 1, accum > 1, False):  # the first makes the kept gradients again
+            micro_step(seq, accumulating)
+        peaks["steady"], peaks["largest"] = live.peak, live.largest(8)
+        peaks["later"] = {}
+        for length in lengths:
+            micro_step(length, True)  # after the step's zero_grad: makes the kept gradients again
+            live.restart_peak()
+            micro_step(length, True)
+            peaks["later"][str(length)] = live.peak
+    return peaks
 
 
 # -- the results file ---------------------------------------------------------------------------------------------
@@ -533,6 +692,8 @@ def trace_plan(plan: Plan, checkout: Path) -> dict[str, Any]:
         package = extract(checkout, plan.commit, Path(tmp))
         sys.path.insert(0, tmp)
         try:
+            if fsdp_replayed(plan.setup, plan.script):
+                return _fsdp_record(plan, replay_fsdp(package, plan), round(time.perf_counter() - t0, 1))
             steady, first, largest = replay(package, plan)
         finally:
             sys.path.remove(tmp)
@@ -545,6 +706,20 @@ def trace_plan(plan: Plan, checkout: Path) -> dict[str, Any]:
     error = None if plan.measured_gb is None else round(peak / 1e9 / plan.measured_gb - 1, 5)
     return _record(plan, traced=True, peak_bytes=peak, error=error, steady_peak_bytes=steady,
                    first_step_peak_bytes=first, largest=[[n, what] for n, what in largest],
+                   seconds=seconds)  # fmt: skip
+
+
+def _fsdp_record(plan: Plan, peaks: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+    """An FSDP row's record (:func:`replay_fsdp`). The figure compared is the steady state at the row's length, an
+    upper bound: under ``no_sync`` a later micro-step runs beside the unsharded gradients that the first one (the
+    longest sample) lacks until its backward, so the run's peak is that of its longest later batch, between the
+    first micro-step's peak and this one's, wherever the data puts it."""
+    steady = peaks["steady"]
+    error = None if plan.measured_gb is None else round(steady / 1e9 / plan.measured_gb - 1, 5)
+    no_sync = int(plan.setup.get("accum", 1)) > 1
+    return _record(plan, traced=True, peak_bytes=steady, error=error, steady_peak_bytes=steady,
+                   first_step_peak_bytes=peaks["first"], later_peak_bytes=peaks["later"], fsdp=True,
+                   fsdp_no_sync=no_sync, largest=[[n, what] for n, what in peaks["largest"]],
                    seconds=seconds)  # fmt: skip
 
 

@@ -12,7 +12,7 @@ when its device total exceeds the GPU's capacity.
   PYTHONPATH=src python bench/published/run.py --rows          # one line per row: measured, predicted, error
   PYTHONPATH=src python bench/published/run.py --trace --markdown  # also the trace table (2 min; LitGPT's rows
                                                                    # are read from litgpt_trace.jsonl)
-  nice -n 10 env PYTHONPATH=src python bench/published/litgpt_trace.py --redo   # re-trace LitGPT's rows (~15 min)
+  nice -n 10 env PYTHONPATH=src python bench/published/litgpt_trace.py --redo   # re-trace LitGPT's rows (~30 min)
 
 Errors are signed: (predicted − measured) / measured; an under-estimate is negative.
 """
@@ -549,6 +549,7 @@ def longest_first_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: b
     micro-step's peak (the trace table's figure: the only micro-step at that length, nothing of a previous one alive)
     beside the steady state at that length, which such a run never reaches (an upper bound)."""
     rows = [r for _, r in sorted(records.items()) if r["traced"] and r["longest_first"] and r["measured_gb"]]
+    rows = [r for r in rows if not r.get("fsdp")]  # fsdp_bounds_lines
     if not rows:
         return []
     body = []
@@ -568,6 +569,45 @@ def longest_first_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: b
         f"trace, LitGPT scripts that run their longest sample first: {len(rows)} rows; median |error| first "
         f"micro-step {100 * statistics.median(abs(e) for e in first_errs):.1f}%, steady state "
         f"{100 * statistics.median(abs(e) for e in steady_errs):.1f}%"
+    )
+    return [title, *[""] * markdown] + _grid(head, body, markdown=markdown)
+
+
+def later_length(rec: Mapping[str, Any]) -> float | None:
+    """The padded length of a later micro-step (after one of its own length) at which the FSDP trace reaches the
+    measured figure, linear between the traced lengths; None outside them (litgpt_trace.py ``replay_fsdp``)."""
+    points = sorted((int(n), b) for n, b in rec["later_peak_bytes"].items())
+    points.append((int(rec["setup"]["seq"]), rec["steady_peak_bytes"]))
+    want = rec["measured_gb"] * 1e9
+    for (n0, b0), (n1, b1) in zip(points, points[1:], strict=False):
+        if b0 <= want <= b1 and b1 > b0:
+            return n0 + (want - b0) / (b1 - b0) * (n1 - n0)
+    return None
+
+
+def fsdp_bounds_lines(records: Mapping[int, Mapping[str, Any]], *, markdown: bool) -> list[str]:
+    """LitGPT's FSDP1 rows (litgpt_trace.py ``replay_fsdp``): the first micro-step (the longest sample, no gradient
+    before its backward) and the steady state at that length bound the run's peak, which is the longest later
+    batch's; the later batch length at which the trace reaches the measured figure."""
+    rows = [r for _, r in sorted(records.items()) if r["traced"] and r.get("fsdp") and r["longest_first"]]
+    rows = [r for r in rows if r["measured_gb"]]
+    if not rows:
+        return []
+    body = []
+    for rec in rows:
+        m, first, steady = rec["measured_gb"], rec["first_step_peak_bytes"] / 1e9, rec["steady_peak_bytes"] / 1e9
+        n = later_length(rec)
+        s = rec["setup"]
+        body.append(
+            [str(rec["row"]), str(s["model"]), str(s["batch"]), str(s["seq"]), f"{m:.2f}", f"{first:.2f}",
+             _pct(first / m - 1), f"{steady:.2f}", _pct(steady / m - 1), "-" if n is None else f"{n:.0f}"]
+        )  # fmt: skip
+    head = ["row", "model", "micro-batch", "longest", "measured GB", "first micro-step GB", "error",
+            "steady state GB", "error", "later batch length at the measured figure"]  # fmt: skip
+    inside = sum(r["first_step_peak_bytes"] <= r["measured_gb"] * 1e9 <= r["steady_peak_bytes"] for r in rows)
+    title = (
+        f"trace, LitGPT FSDP1 rows (no_sync): {len(rows)} rows; the measured figure lies between the first micro-step "
+        f"and the steady state in {inside}"
     )
     return [title, *[""] * markdown] + _grid(head, body, markdown=markdown)
 
@@ -640,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
                 out += row_lines(extra, markdown=args.markdown) + [""]
         if engine == "trace" and (first := longest_first_lines(read_litgpt_trace(), markdown=args.markdown)):
             out += first + [""]
+        if engine == "trace" and (bounds := fsdp_bounds_lines(read_litgpt_trace(), markdown=args.markdown)):
+            out += bounds + [""]
     out += unexpressible_lines(mapping, markdown=args.markdown)
     sys.stdout.write("\n".join(out) + "\n")
     return 0

@@ -29,10 +29,19 @@ def test_every_mapped_litgpt_row_is_traced_or_says_why_not() -> None:
         rec = RECORDS.get(r.row)
         assert rec is not None, f"row {r.row}: no record (run litgpt_trace.py --only {r.row})"
         s = r.setup
-        # What a replay of one process on fake tensors can run, stated from the setup alone: a training step on one
-        # GPU, bf16-true (QLoRA included: bitsandbytes' kernels are stood in for).
+        # What a replay on fake tensors can run, stated from the setup alone: a bf16-true training step (QLoRA
+        # included: bitsandbytes' kernels are stood in for) on one GPU, or under FSDP1 FULL_SHARD with the fine-tuning
+        # scripts of the resource tables and config_hub (on a fake process group).
+        source = CSV[r.row - 1]["source"]
+        fsdp1 = (
+            s.get("fsdp") == "full_shard"
+            and s.get("fsdp_version") == 1
+            and ("resource-tables" in source or "config_hub" in source)
+        )
         replayable = (
-            s.get("mode", "train") == "train" and int(s.get("world_size", 1)) == 1 and s.get("precision") == "bf16-true"
+            s.get("mode", "train") == "train"
+            and (int(s.get("world_size", 1)) == 1 or fsdp1)
+            and s.get("precision") == "bf16-true"
         )
         assert rec["traced"] is replayable, (r.row, rec.get("reason"))
         if not rec["traced"]:
@@ -108,3 +117,22 @@ def test_2024_rows_replay_a_commit_whose_table_holds_their_figure() -> None:
             assert re.search(rf"\|\s*{re.escape(value)}\s*\|", _show(rec["commit"], "extensions/thunder/README.md")), n
             checked += 1
     assert checked >= 20
+
+
+FSDP_RECORDS = [rec for rec in RECORDS.values() if rec.get("fsdp") and rec["longest_first"]]
+
+
+def test_fsdp_rows_measured_figure_lies_between_the_first_micro_step_and_the_steady_state() -> None:
+    """lit-gpt 8641822's multi-GPU LoRA rows replayed under FSDP1 (no_sync): the first micro-step (the longest
+    sample, with no unsharded gradient before its backward) is a lower bound of the run's peak, and the steady
+    state at that length (a previous micro-step of the same length and the kept gradients beside it) an upper one;
+    every published figure lies between, and a later micro-step's peak grows with its length between them."""
+    rows = [rec for rec in FSDP_RECORDS if rec["measured_gb"]]
+    assert {rec["row"] for rec in rows} >= {36, 37, 38, 39, 40, 41, 42, 43, 44, 46}
+    for rec in rows:
+        first, steady, measured = rec["first_step_peak_bytes"], rec["steady_peak_bytes"], rec["measured_gb"] * 1e9
+        later = [b for _, b in sorted((int(n), b) for n, b in rec["later_peak_bytes"].items())]
+        print(rec["row"], "first", first, "measured", measured, "steady", steady, "later", later)
+        assert first <= measured <= steady, rec["row"]
+        assert later == sorted(later) and later[-1] <= steady, rec["row"]
+        assert rec["peak_bytes"] == steady  # the figure compared: the upper bound

@@ -16,7 +16,9 @@ the new list and the log-softmax outputs (8·V·T) after the previous list is fr
 previous graph's MatMul4Bit inputs are alive here too (analytic/litgpt_qlora.py: the previous graph is reachable
 from the previous list until it is rebound).
 
-The steady state is modelled: the first micro-step of a run has no previous list; the peak comes at the second.
+The steady state is modelled: the first micro-step of a run has no previous list; the peak comes at the second. Where
+the longest batch runs once, first (lit-gpt 8641822's ``get_batch(..., longest_seq_ix if iter_num == 0 else None)``),
+the steady state at that length is an upper bound (docs/published.md, "LitGPT FSDP LoRA rows 36-46").
 """
 
 from __future__ import annotations

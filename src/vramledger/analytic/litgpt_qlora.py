@@ -36,8 +36,9 @@ inputs (3) and lm_head dequantised (2). A moment later Fabric's ``convert_output
 (4·V·T) with lm_head's dequantised weight gone (analytic/litgpt_loop.py). lm_head's backward (the same dequantised head,
 without the previous micro-step's tensors) is smaller, and the loss's moments do not hold the dequantised head, so no
 other moment changes. The steady state is modelled as everywhere in analytic/: the previous micro-step had the same
-shape (under dynamic padding it may have been shorter; lit-gpt 8641822 runs the longest sample first, so there the step
-after it is the case).
+shape (under dynamic padding it may have been shorter; lit-gpt 8641822 runs its longest sample once, first, so there
+this is an upper bound: bench/published/litgpt_trace.py finds those runs' peak at the first micro-step, which has no
+previous micro-step beside it).
 
 Checked on CPU: a function that keeps ``ctx.tensors = (A, B)`` keeps A alive after backward until the output list
 is dropped, one that uses ``save_for_backward`` does not (tests/analytic/test_litgpt_qlora.py).

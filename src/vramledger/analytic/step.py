@@ -34,11 +34,13 @@ from vramledger.analytic.activations import (
     runs_eager,
 )
 from vramledger.analytic.distributed import (
+    LAYER_GRADIENT_NAME,
     PRE_FORWARD_NAME,
     FlattenMoment,
     add_buffers,
     engine_dtypes,
     holds_grads_into_forward,
+    layer_gradient_lines,
     nccl_lines,
     rank_step_parts,
     root_flatten,
@@ -303,7 +305,12 @@ def _layer_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> in
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
     p = step_parts(m, train, gpu)
-    backward = (_loss_backward(train, p), _top_layer_backward(train, p), *_end_of_backward(m, train, p))
+    backward = (
+        _loss_backward(train, p),
+        _top_layer_backward(train, p),
+        *_layer_gradient(m, train, p),
+        *_end_of_backward(m, train, p),
+    )
     for mo in backward:  # the engine's buffers before the choice: some live only at the end of backward
         add_buffers(mo, Phase.BACKWARD, p.buffers)
     forward = _forward_moment(m, train, p)
@@ -455,6 +462,34 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
         "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)",
     )
     return mo
+
+
+def _layer_gradient(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
+    """FSDP1: the top decoder layer's flat gradient concatenated, the next unit prefetched
+    (analytic/distributed/fsdp1_layer_grad.py); the layer's own saved or recomputed activations are freed by then."""
+    lines = layer_gradient_lines(m, train, p.weights)
+    if not lines:
+        return ()
+    mo = Moment(name=LAYER_GRADIENT_NAME, phase=Phase.BACKWARD)
+    add_persistent(mo, p, train, grads=_previous_grads(train, p), autocast=False, states=True)
+    if train.grad_ckpt:
+        add_activations(mo, p, train)
+    else:
+        mo.add(Category.ACTIVATIONS, "saved by every trained layer below", p.saved_layers_bytes - p.layer_bytes,
+               SOURCES["acts"])  # fmt: skip
+        mo.add(Category.ACTIVATIONS, "final norm, RoPE tables", p.extra_saved_bytes, SOURCES["acts"])
+        mo.add(Category.ATTENTION_SCORES, "length² tensors of every layer below",
+               p.scores_bytes - p.layer_scores_bytes, "analytic/activations.py")  # fmt: skip
+    s = residual_bytes(train, p.weights)
+    mo.add(
+        Category.TEMPORARIES,
+        "gradient of the layer's input hidden state",
+        s * m.hidden_size * train.tokens,
+        "autograd: the layer's input gradient, passed to the layer below",
+    )
+    for line in lines:
+        mo.add(line.category, line.label, line.bytes, line.source)
+    return (mo,)
 
 
 def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:

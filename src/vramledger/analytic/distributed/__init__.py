@@ -10,9 +10,10 @@ Modules, each on the ones before it: ``rank`` (what one rank holds: ``Buffer``, 
 ``share``), ``fsdp1_shards`` (FSDP1's uneven flat shards of a unit's adapters), ``fsdp_no_sync`` (FSDP1 under
 gradient accumulation), ``fsdp_root_flatten`` (FSDP1's end of backward with a trained root unit), ``zero``
 (DeepSpeed ZeRO-1/2/3 buffer by buffer, and DeepSpeed's own figure), ``core`` (DDP and FSDP per rank, the engine's
-dtypes, rank 0's step; it was analytic/distributed.py), ``nccl`` (NCCL's communicators), ``fsdp_workspace`` (the
-default stream's floor under FSDP: the backward thread's cuBLAS workspace) and ``stream_pools`` (the side streams'
-pools and the rank's reserve lines).
+dtypes, rank 0's step; it was analytic/distributed.py), ``fsdp1_layer_grad`` (FSDP1's instant inside a decoder
+layer's backward: its flat gradient made, the next unit prefetched), ``nccl`` (NCCL's communicators),
+``fsdp_workspace`` (the default stream's floor under FSDP: the backward thread's cuBLAS workspace) and
+``stream_pools`` (the side streams' pools and the rank's reserve lines).
 
 Imports: the modules import one another by module path (``vramledger.analytic.distributed.core``), never through
 this package, and the rest of vramledger imports the names below from the package. ``fsdp_workspace`` and
@@ -32,12 +33,15 @@ from vramledger.analytic.distributed.core import (
     root_flatten,
     single_gpu_spec,
 )
+from vramledger.analytic.distributed.fsdp1_layer_grad import NAME as LAYER_GRADIENT_NAME
+from vramledger.analytic.distributed.fsdp1_layer_grad import layer_gradient_lines
 from vramledger.analytic.distributed.fsdp_root_flatten import PRE_FORWARD_NAME, FlattenMoment, holds_grads_into_forward
 from vramledger.analytic.distributed.nccl import nccl_bill, nccl_lines
 from vramledger.analytic.distributed.rank import Buffer, add_buffers
 from vramledger.analytic.distributed.zero import deepspeed_estimate
 
 __all__ = [
+    "LAYER_GRADIENT_NAME",
     "PRE_FORWARD_NAME",
     "Buffer",
     "FlattenMoment",
@@ -48,6 +52,7 @@ __all__ = [
     "distributed_warnings",
     "engine_dtypes",
     "holds_grads_into_forward",
+    "layer_gradient_lines",
     "nccl_bill",
     "nccl_lines",
     "rank_step_parts",

@@ -381,7 +381,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
         # layer, gathered for the start of backward; FSDP1 frees it after forward and gathers it again in the loss's
         # backward, FSDP2 keeps it (the bench/distributed traces). Inside a layer's backward it is two (current +
         # prefetch) plus that layer's unsharded gradients and reduce-scatter input (FSDP_RS_SOURCE), a moment that
-        # peaks only when the loss is small; not modelled.
+        # peaks only when the loss is small; modelled for FSDP1 in fsdp1_layer_grad.py, not for FSDP2.
         buffers.append(
             Buffer(
                 label=LAYER_UNSHARDED_LABEL,

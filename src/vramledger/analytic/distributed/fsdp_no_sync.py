@@ -62,8 +62,8 @@ from the first accumulating micro-step's backward until the synchronising micro-
 gradients (which frees them) - no whole units, no root concatenation. Checked on PyTorch's FSDP2 itself on a fake
 process group (tests/analytic/test_fsdp_no_sync.py).
 
-Not modelled: the same split-and-concatenate transient of an FSDP1 decoder layer's unit (2·u·E_layer inside that
-layer's backward, below the activations it frees).
+The same split-and-concatenate transient of an FSDP1 decoder layer's unit (2·u·E_layer inside that layer's backward,
+beside the next unit prefetched) is a moment of its own: analytic/distributed/fsdp1_layer_grad.py.
 """
 
 from __future__ import annotations

@@ -88,6 +88,7 @@ from vramledger.analytic.distributed.core import (
     fsdp_layer_elements,
     shard_ranks,
 )
+from vramledger.analytic.distributed.fsdp1_layer_grad import PREFETCH_LABEL
 from vramledger.analytic.distributed.fsdp_no_sync import skips_gradient_sync
 from vramledger.analytic.distributed.fsdp_root_flatten import POOL_SOURCE as FLATTEN_POOL_SOURCE
 from vramledger.analytic.distributed.fsdp_root_flatten import flatten_blocks, flatten_pool_floor
@@ -118,6 +119,7 @@ SIDE_POOLS_LABEL = "FSDP's all-gather and reduce-scatter streams' pools: cached,
 _NO_SHARD_CASTS = frozenset({NO_SHARD_CAST_LABEL, NO_SHARD_LAYER_CAST_LABEL})  # NO_SHARD's pre-unshard stream
 _ALL_GATHER_LABELS = {
     1: frozenset({ROOT_UNSHARDED_LABEL, LAYER_UNSHARDED_LABEL, LAYERS_UNSHARDED_LABEL, OFFLOAD_COPY_LABEL})
+    | {PREFETCH_LABEL}  # fsdp1_layer_grad.py: the next unit, gathered on the unshard stream
     | _NO_SHARD_CASTS,
     2: frozenset({ALL_GATHER_BUFFER_LABEL, OFFLOAD_COPY_LABEL}) | _NO_SHARD_CASTS,
 }
