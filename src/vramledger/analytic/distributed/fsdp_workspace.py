@@ -69,7 +69,8 @@ SOURCE = (
     "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
     "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
     "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
-    "block's remainder and one layer's transients (analytic/distributed/fsdp_workspace.py)"
+    "block's remainder and one layer's transients (with FSDP2 and adapters: the remainder + LoRA's layers' cache) "
+    "(analytic/distributed/fsdp_workspace.py)"
 )
 
 
@@ -160,7 +161,8 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     On top of ``loss_peak``, cached and free: the c·V·T logits hole less the optimizer states step 1 put in it (the
     first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
     remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
-    that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
+    that remainder (with FSDP2 and adapters the remainder and LoRA's layers' cache: ``_beside_hole``); plus the
+    small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
     (distributed/core.py ``engine_dtypes``), as for analytic/reserve/.
     """
     if not workspace_in_logits(m, train, p):
