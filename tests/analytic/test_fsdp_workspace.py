@@ -90,3 +90,33 @@ def test_the_floor_never_falls_as_the_sequence_grows(
     )
     a, b = estimate(m, t).peak_reserved, estimate(m, dataclasses.replace(t, seq_len=short + longer)).peak_reserved
     assert b >= a, (a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    ckpt=st.booleans(),
+    sharding=st.sampled_from([Sharding.FULL_SHARD, Sharding.SHARD_GRAD_OP]),
+    batch=st.integers(1, 3),
+    more_batch=st.integers(0, 2),
+    short=st.integers(128, 6000),
+    longer=st.integers(0, 4000),
+)
+def test_fsdp2_lora_reserve_never_falls_as_batch_or_length_grow(
+    ckpt: bool, sharding: Sharding, batch: int, more_batch: int, short: int, longer: int
+) -> None:
+    """The FSDP2 LoRA floor adds the layers' cache (``adapter_forward_cache``, ``checkpointed_forward_cache``: per
+    token × T): the peak reserved never falls as the micro-batch or the length grows."""
+    m = model_spec_from_config(runner().MID, name="mid", source="test")
+    t = TrainSpec(
+        method=Method.LORA,
+        precision=Precision.BF16_MIXED,
+        micro_batch=batch,
+        seq_len=short,
+        grad_ckpt=ckpt,
+        world_size=8,
+        fsdp=sharding,
+        fsdp_version=2,
+    )
+    bigger = dataclasses.replace(t, micro_batch=batch + more_batch, seq_len=short + longer)
+    a, b = estimate(m, t).peak_reserved, estimate(m, bigger).peak_reserved
+    assert b >= a, (a, b)

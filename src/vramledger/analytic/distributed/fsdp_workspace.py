@@ -61,6 +61,7 @@ from vramledger.analytic.reserve import (
     small_pool_excess,
     stranded_bytes,
 )
+from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
 from vramledger.analytic.reserve.workspace import workspace_rivals_per_token
 from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
 
@@ -68,7 +69,8 @@ SOURCE = (
     "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
     "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
     "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
-    "block's remainder and one layer's transients (analytic/distributed/fsdp_workspace.py)"
+    "block's remainder and one layer's transients (with FSDP2 and adapters: the remainder + LoRA's layers' cache) "
+    "(analytic/distributed/fsdp_workspace.py)"
 )
 
 
@@ -159,7 +161,8 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     On top of ``loss_peak``, cached and free: the c·V·T logits hole less the optimizer states step 1 put in it (the
     first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
     remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
-    that remainder; plus the small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
+    that remainder (with FSDP2 and adapters the remainder and LoRA's layers' cache: ``_beside_hole``); plus the
+    small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
     (distributed/core.py ``engine_dtypes``), as for analytic/reserve/.
     """
     if not workspace_in_logits(m, train, p):
@@ -169,7 +172,35 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     states_in_hole = min(_large_pool_states(m, train, p, ranks), hole)
     transients = stranded_bytes(m, train, p) - hole
     remainder = 4 * m.vocab_size * train.tokens - cublas_workspace_block(p)
-    return loss_peak + hole - states_in_hole + max(transients, remainder) + small_pool_excess(train, p)
+    return (
+        loss_peak
+        + hole
+        - states_in_hole
+        + _beside_hole(m, train, p, transients, remainder)
+        + small_pool_excess(train, p)
+    )
+
+
+def _beside_hole(m: ModelSpec, train: TrainSpec, p: StepParts, transients: int, remainder: int) -> int:
+    """The free bytes at step 2's loss peak besides the c·V·T hole: the workspace block's remainder, and the layers'.
+
+    Without a model of the layers' cache, the larger of the remainder and one layer's transients (under checkpointing
+    best fit cuts a recomputed layer from the remainder). With FSDP2 and adapters, LoRA's forward cache
+    (analytic/reserve/forward_cache.py) as analytic/reserve/shape.py ``single_shape`` counts it on one GPU: without
+    checkpointing the blocks forward leaves free in the layers' segments (``adapter_forward_cache``), under it what
+    step 1's checkpointed forward made, in place of one layer's transients (``checkpointed_forward_cache``, as
+    ``_adapter_stranded``): both made before the loss, in segments of their own, so that none of them is the
+    remainder's (the replay, ``python bench/distributed/run_grid.py --causes``: the mid model's LoRA at 8 ranks,
+    126 MiB for the workspace's fp32 block, 94 MiB free in it, 64 MiB for the hole, and 56 MiB free in 20 MiB
+    segments step 1's forward made; under checkpointing 60 MiB in four of them, the replayed layers 31 MiB). FSDP1:
+    its lazy initialisation leaves the root's unsharded buffer cached on the default stream and the layers'
+    transients are cut from it (module docstring, "Not modelled"): the larger of the two, as before."""
+    if train.fsdp_version != 2 or not train.adapters:
+        return max(transients, remainder)
+    if not train.grad_ckpt:
+        return max(transients, remainder) + adapter_forward_cache(m, train, p)
+    layers = checkpointed_forward_cache(m, train, p, gathered_per_layer=True)
+    return max(transients, remainder) if layers is None else remainder + layers
 
 
 def _large_pool_states(m: ModelSpec, train: TrainSpec, p: StepParts, ranks: int) -> int:

@@ -83,16 +83,22 @@ def adapter_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return (_per_token(m, train, p, checkpointed=False) or 0) * train.tokens // T_REF
 
 
-def checkpointed_forward_cache(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None:
+def checkpointed_forward_cache(
+    m: ModelSpec, train: TrainSpec, p: StepParts, *, gathered_per_layer: bool = False
+) -> int | None:
     """Bytes the forward of a LoRA model under checkpointing leaves cached and free at the loss: the per-token figure
     of the replayed checkpointed layers × T (see "Under checkpointing" above); None where the layers are not modelled
     (as ``adapter_forward_cache``, and Phi-3's fused projections, whose views' lifetimes are not written out; eager
-    attention, whose scores grow with ℓ², not with T)."""
+    attention, whose scores grow with ℓ², not with T). ``gathered_per_layer``: the base is FSDP2's, each layer's
+    unsharded parameters gathered before its forward and freed after it, one block per parameter
+    (_fsdp_param.py ``alloc_all_gather_outputs``, ``free_unsharded_param``); the next layer's, of the same sizes, are
+    cut back from those blocks (best fit, exact sizes), so the layers' transients lie as with whole weights
+    (distributed/fsdp_workspace.py)."""
     if (
         not train.grad_ckpt
         or not _modelled(m, train, p)
         or train.attn is Attention.EAGER
-        or not one_copy_weights(train)
+        or not (gathered_per_layer or one_copy_weights(train))
     ):
         return None
     if train.loss is not Loss.STANDARD:  # TRL's chunked_nll under checkpointing: trl.py's own chain
