@@ -13,36 +13,21 @@ from unittest import mock
 
 import pytest
 
+from tests.analytic.test_quant_state import KV, L70B, LAYERS, H, I, _qlora
 from vramledger.analytic.distributed.core import OFFLOAD_GRADS_LABEL
 from vramledger.analytic.distributed.stream_pools import side_pools
 from vramledger.analytic.weights import weight_budget
-from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
-from vramledger.specs import LoraSpec, Method, Precision, QuantSpec, Sharding, TrainSpec
+from vramledger.specs import TrainSpec
 
-L70B = resolve_model("llama-2-70b")
-H, KV, I, LAYERS = 8192, 1024, 28672, 80
 # LoRA r 8 on q, k, v, o, gate, up, down: r·(in + out) each
 LORA = LAYERS * 8 * (2 * (H + H) + 2 * (H + KV) + 3 * (H + I))
 SHARDED_FP32 = 4 * LORA // 2  # rank 0's fp32 shard of the adapters' gradients (each unit padded: < 1 KiB more)
 
 
 def _qlora_offload(**kw: Any) -> TrainSpec:
-    return TrainSpec(
-        method=Method.QLORA,
-        precision=Precision.BF16_MIXED,
-        quant=QuantSpec(bits=4, double_quant=True),
-        lora=LoraSpec(rank=8, alpha=16, targets=("all",), dropout=0.1),
-        micro_batch=2,
-        seq_len=2048,
-        grad_ckpt=True,
-        world_size=2,
-        fsdp=Sharding.FULL_SHARD,
-        fsdp_version=1,
-        offload_params=True,
-        offload_optimizer=True,
-        **kw,
-    )
+    """PEFT's FSDP QLoRA guide (row 165): test_quant_state.py's setup with ``fsdp_offload_params``."""
+    return _qlora(offload_params=True, offload_optimizer=True, **kw)
 
 
 def test_real_fsdp1_keeps_every_offloaded_gradient_shard_until_the_end_of_backward() -> None:
