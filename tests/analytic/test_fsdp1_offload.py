@@ -18,7 +18,7 @@ from vramledger.analytic.distributed.core import OFFLOAD_GRADS_LABEL
 from vramledger.analytic.distributed.stream_pools import side_pools
 from vramledger.analytic.weights import weight_budget
 from vramledger.ledger import Phase
-from vramledger.specs import TrainSpec
+from vramledger.specs import Method, ModelSpec, Precision, Sharding, TrainSpec
 
 # LoRA r 8 on q, k, v, o, gate, up, down: r·(in + out) each
 LORA = LAYERS * 8 * (2 * (H + H) + 2 * (H + KV) + 3 * (H + I))
@@ -145,12 +145,35 @@ def test_post_backward_pool_holds_every_sharded_gradient_at_once() -> None:
     assert side_pools(L70B, fsdp2, weight_budget(L70B, fsdp2)).reduce_scatter == 20 * 2**20
 
 
-def _backward_moments(train: TrainSpec) -> list[Any]:
-    """Every backward moment the estimate chooses its peak from (analytic/step.py ``moments`` keeps the largest)."""
+def _backward_moments(train: TrainSpec, m: ModelSpec = L70B) -> list[Any]:
+    """The end-of-backward moments the estimate chooses its backward peak from (analytic/step.py ``moments``)."""
     from vramledger.analytic import step
 
-    p = step.step_parts(L70B, train, None)
-    out = [*step._end_of_backward(L70B, train, p)]
+    p = step.step_parts(m, train, None)
+    out = [*step._end_of_backward(m, train, p)]
     for mo in out:
         step.add_buffers(mo, Phase.BACKWARD, p.buffers)
     return out
+
+
+def test_root_flattening_moments_hold_every_shard_but_the_roots() -> None:
+    # Llama-3.1-8B full fine-tuning, fp32 parameters under bf16-mixed, 8 ranks: the ends of backward are FSDP1's
+    # root-flattening moments (fsdp_root_flatten.py), when every decoder layer's fp32 shard is made and the root's
+    # (embeddings, final norm, untied output layer) not yet: 4·8,030,261,248/8 − 4·⌈1,050,677,248/8⌉ bytes.
+    from vramledger.catalog import resolve_model
+
+    m = resolve_model("llama-3.1-8b")
+    train = TrainSpec(
+        method=Method.FULL,
+        precision=Precision.BF16_MIXED,
+        grad_ckpt=True,
+        world_size=8,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=1,
+        offload_params=True,
+    )
+    ends = [mo for mo in _backward_moments(train, m) if mo.name.startswith("end of backward")]
+    assert ends and all("flattens" in mo.name or "sums" in mo.name for mo in ends)
+    for mo in ends:
+        lines = {i.label: i.bytes for i in mo.items}
+        assert lines[OFFLOAD_GRADS_LABEL] == 4 * 8_030_261_248 // 8 - 4 * -(-1_050_677_248 // 8)

@@ -240,6 +240,9 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
         host = frozen_r - qstate + trainable_r + grads_r + states_r
         buffers.append(_fsdp_offload_buffer(layer, u, ranks))
         offloaded_grads = grads_r if train.fsdp_version == 1 else 0  # FSDP2 drops its GPU copy at once
+        flattening = root_flatten(m, train, wb) if offloaded_grads else ()
+        if flattening:  # its moments are then the ends of backward, before the root's own shard is made
+            offloaded_grads -= flattening[0].pending_shard
         trainable_r = grads_r = states_r = temp_r = 0
         frozen_r = qstate  # not a parameter: FSDP does not offload it
     kept = no_sync_buffers(  # FSDP1 + accumulation (distributed/fsdp_no_sync.py); offload leaves these on the GPU too
