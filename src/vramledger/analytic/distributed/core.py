@@ -86,6 +86,14 @@ LAYER_UNSHARDED_LABEL = "one decoder layer unsharded"
 LAYERS_UNSHARDED_LABEL = "every decoder layer unsharded (kept from forward to backward)"
 ALL_GATHER_BUFFER_LABEL = "one more layer-sized all-gather buffer (traced, unexplained)"
 OFFLOAD_COPY_LABEL = "host-to-device copy of one unit's shard"
+OFFLOAD_GRADS_LABEL = "sharded gradients kept on the GPU until the end of backward (FSDP1 CPU offload)"
+FSDP1_OFFLOAD_GRADS_SOURCE = (
+    "torch fsdp _runtime_utils.py _accumulate_sharded_grad keeps each unit's reduce-scattered gradient, cast to the "
+    "parameter dtype, as flat_param._saved_grad_shard, and _offload_grad only copies it into the pinned _cpu_grad; "
+    "the attribute is deleted by _flat_param.py prepare_gradient_for_optim, which _post_backward_final_callback "
+    "(_finalize_params) runs at the end of backward (torch 2.1.0 _runtime_utils.py l. 899-920, flat_param.py "
+    "l. 1530-1575; the same in 2.13)"
+)
 NO_SHARD_CAST_LABEL = "root unit cast to the compute dtype (NO_SHARD mixed precision)"
 NO_SHARD_LAYER_CAST_LABEL = "last decoder layer cast to the compute dtype, prefetched for backward (NO_SHARD)"
 NO_SHARD_CAST_SOURCE = (
@@ -225,11 +233,16 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
             "FSDP offloads the optimizer only together with the parameters (CPUOffload(offload_params="
             "True)): modelled as --offload param"
         )
+    offloaded_grads = 0
     if train.offload_optimizer or train.offload_params:
         # CPUOffload / CPUOffloadPolicy: sharded parameters, their gradients and the optimizer step on the host; each
         # unit's shard is copied to the GPU for its all-gather.
         host = frozen_r - qstate + trainable_r + grads_r + states_r
         buffers.append(_fsdp_offload_buffer(layer, u, ranks))
+        offloaded_grads = grads_r if train.fsdp_version == 1 else 0  # FSDP2 drops its GPU copy at once
+        flattening = root_flatten(m, train, wb) if offloaded_grads else ()
+        if flattening:  # its moments are then the ends of backward, before the root's own shard is made
+            offloaded_grads -= flattening[0].pending_shard
         trainable_r = grads_r = states_r = temp_r = 0
         frozen_r = qstate  # not a parameter: FSDP does not offload it
     kept = no_sync_buffers(  # FSDP1 + accumulation (distributed/fsdp_no_sync.py); offload leaves these on the GPU too
@@ -238,6 +251,8 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     if kept:
         buffers.extend(kept)
         notes.append(NO_SYNC_NOTE)
+    if offloaded_grads:
+        buffers.extend(_fsdp1_offloaded_grads_buffer(offloaded_grads, kept))
     kept = fsdp2_kept_buffers(train, wb, sharded_grad_bytes=grads_r)  # FSDP2 + accumulation (fsdp_no_sync.py)
     if kept:
         buffers.extend(kept)
@@ -426,6 +441,27 @@ def _fsdp_offload_buffer(layer: int, u: int, ranks: int) -> Buffer:
         phases=FWD_BWD,
         source="torch fsdp _fsdp_param.py: offloaded shards copied to the device before all-gather",
     )
+
+
+def _fsdp1_offloaded_grads_buffer(sharded: int, kept: tuple[Buffer, ...]) -> list[Buffer]:
+    """Under FSDP1's CPU offload, the rank's sharded gradients (cast to the parameters' dtype) stay on the GPU, in the
+    post-backward stream's pool, from each unit's reduce-scatter to the end of the synchronising backward
+    (FSDP1_OFFLOAD_GRADS_SOURCE). Under accumulation the other micro-steps' backward ends with the unsharded
+    gradients ``no_sync`` keeps instead (``kept``, already in the moment), which the synchronising one has freed unit
+    by unit: the moment holds the larger, so only the excess over those is added."""
+    unsharded = sum(b.bytes for b in kept if b.category is Category.GRADIENTS)
+    if sharded <= unsharded:
+        return []
+    return [
+        Buffer(
+            label=OFFLOAD_GRADS_LABEL,
+            category=Category.GRADIENTS,
+            bytes=sharded - unsharded,
+            phases=frozenset((Phase.BACKWARD,)),
+            source=FSDP1_OFFLOAD_GRADS_SOURCE,
+            at_end_of_backward=True,
+        )
+    ]
 
 
 def single_gpu_spec(train: TrainSpec) -> TrainSpec:

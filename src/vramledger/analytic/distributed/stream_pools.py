@@ -81,6 +81,7 @@ from vramledger.analytic.distributed.core import (
     NO_SHARD_CAST_LABEL,
     NO_SHARD_LAYER_CAST_LABEL,
     OFFLOAD_COPY_LABEL,
+    OFFLOAD_GRADS_LABEL,
     ROOT_UNSHARDED_LABEL,
     adapters_in_layer_units,
     engine_dtypes,
@@ -120,7 +121,8 @@ _NO_SHARD_CASTS = frozenset({NO_SHARD_CAST_LABEL, NO_SHARD_LAYER_CAST_LABEL})  #
 _ALL_GATHER_LABELS = {
     1: frozenset({ROOT_UNSHARDED_LABEL, LAYER_UNSHARDED_LABEL, LAYERS_UNSHARDED_LABEL, OFFLOAD_COPY_LABEL})
     | {PREFETCH_LABEL}  # fsdp1_layer_grad.py: the next unit, gathered on the unshard stream
-    | _NO_SHARD_CASTS,
+    | _NO_SHARD_CASTS
+    | {OFFLOAD_GRADS_LABEL},  # the reduce-scatter (post-backward) stream's: live in a side pool too
     2: frozenset({ALL_GATHER_BUFFER_LABEL, OFFLOAD_COPY_LABEL}) | _NO_SHARD_CASTS,
 }
 _SHARDED_GRADIENTS = "gradients"
@@ -248,7 +250,9 @@ def side_pools(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> SidePools:
         r=r,
         b=b,
         n=n,
-        offload=offload,
+        # FSDP1 keeps each offloaded shard on the GPU until the end of backward (core.py FSDP1_OFFLOAD_GRADS_SOURCE): in
+        # this pool, as a kept gradient (nothing else is allocated here before zero_grad); FSDP2 drops it at once
+        offload=offload and train.fsdp_version == 2,
         hsdp=hsdp,
         held=hsdp and train.fsdp_version == 2,
         in_place=no_shard,
