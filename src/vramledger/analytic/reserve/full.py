@@ -154,10 +154,14 @@ def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
     return reached
 
 
-def relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callable[[int, int], bool]]:
+def relaid_regions(
+    m: ModelSpec, train: TrainSpec, p: StepParts, beside: Callable[[TrainSpec], int] | None = None
+) -> list[Callable[[int, int], bool]]:
     """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
     for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
-    with the shape, the states do not). None with adapters, another optimizer or a chunked or fused loss."""
+    with the shape, the states do not, and the room ``beside`` them outside the chain, shape.py
+    ``states_beside_chain`` at that shape, grows with it). None with adapters, another optimizer or a chunked or
+    fused loss."""
     wb = p.weights
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     _, blocks = remade_blocks(m, train)
@@ -165,8 +169,9 @@ def relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callabl
         return []
 
     def reached(b: int, ell: int) -> int:
-        hole, at = remade_blocks(m, replace(train, micro_batch=b, seq_len=ell))
-        return blocks_with_states(p.state_bytes, hole, at)
+        t = replace(train, micro_batch=b, seq_len=ell)
+        hole, at = remade_blocks(m, t)
+        return blocks_with_states(p.state_bytes - (beside(t) if beside else 0), hole, at)
 
     out: list[Callable[[int, int], bool]] = []
     for k in range(1, len(blocks) + 1):
@@ -182,7 +187,7 @@ def relaid_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callabl
 _ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
 
 
-def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0) -> int:
     """The blocks step 2 makes again because step 1's states sit in them, counted at this shape (term 2,
     ``on.relaid``): none where the states fit in the c·V·T logits block, the blocks they reach made again whole
     where they reach two or more (``blocks_with_states``), the bound min(S, 3·4·V·T) in between.
@@ -198,13 +203,15 @@ def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     Qwen2.5-1.5B 8 × 512 three): there the bound stays. The count falls as the shape grows, so a run with dynamic
     padding counts it at the longest shapes ≤ (B, L) where it is at least 1, 2, … (``relaid_regions``,
     ``held_reserved``); a packed run keeps the bound. As in ``relaid_bytes``, where a 4·V·T request is no larger
-    than the V·H gradient it finds a freed gradient block instead (0 then).
+    than the V·H gradient it finds a freed gradient block instead (0 then). ``beside``: the states best fit puts
+    outside the chain where step 2's loss peak has free blocks for them (shape.py ``states_beside_chain``), left
+    out of the count.
     """
     hole, blocks = remade_blocks(m, train)
     if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
         return relaid_bytes(m, train, p)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    reached = blocks_with_states(p.state_bytes, hole, blocks)
+    reached = blocks_with_states(p.state_bytes - beside, hole, blocks)
     if blocks[0] <= head or reached == 0:
         return 0
     return relaid_bytes(m, train, p) if reached == 1 else sum(blocks[:reached])

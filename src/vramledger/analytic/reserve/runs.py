@@ -14,7 +14,7 @@ from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import relaid_regions
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
-from vramledger.analytic.reserve.shape import single_shape
+from vramledger.analytic.reserve.shape import single_shape, states_beside_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
 from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_band, workspace_rivals_per_token
@@ -67,7 +67,7 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts |
     micro-batch and length where a mechanism is on nothing changes, so the figure is computed (and cached) for
     (B, L) capped there: the planner asks for many shapes past the edge. ``p``: the step at (B, L), when the
     caller has it (default ``at(train)``)."""
-    regions = _regions(m, train, at(train)[0] if p is None else p)
+    regions = _regions(m, train, at(train)[0] if p is None else p, at)
     if not regions:
         return 0
     B = max((pts[-1][0] for _, pts in regions if pts), default=1)
@@ -82,7 +82,7 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     also = _closed_switches(m, train, p)
     if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
         also["softcap"] = softcap  # not closed downwards, but a shape's own reserve has it where it is on
-    for which, points in _regions(m, train, p):
+    for which, points in _regions(m, train, p, at):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
         for b, ell in edge:
@@ -107,7 +107,9 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
     return {name: holds for name, holds in found.items() if holds is not None}
 
 
-def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switching, list[tuple[int, int]]]]:
+def _regions(
+    m: ModelSpec, train: TrainSpec, p: StepParts, at: ShapePeaks
+) -> list[tuple[Switching, list[tuple[int, int]]]]:
     """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
     shapes ≤ (B, L) where it is on (``_largest_on``)."""
     on = switches_on(m, train, p)
@@ -127,8 +129,11 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     fused = fused_relaid_switch(m, train, p)
     if fused is not None:
         regions.append((Switching(fused_relaid=True), fused))
-    relaid = frozen_head_regions if frozen_head(train, p) else relaid_regions
-    regions += [(Switching(relaid=True), on_k) for on_k in relaid(m, train, p)]
+    if frozen_head(train, p):
+        relaid = frozen_head_regions(m, train, p)
+    else:
+        relaid = relaid_regions(m, train, p, lambda t: states_beside_chain(m, t, at(t)[0]))
+    regions += [(Switching(relaid=True), on_k) for on_k in relaid]
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)
     if band:

@@ -15,7 +15,8 @@ Whether a state reaches the last fp32 block and the c·V·T block at a given sha
 and activations leave in the freed blocks (bench/reserve/replay_states.jsonl), which the estimate does not model:
 both terms count the blocks as the states' count has them (``full.blocks_with_states``: every block filled in turn),
 an upper bound that the replay meets at the shapes a run with dynamic padding holds (docs/reserve.md "Where the
-states spill").
+states spill"). ``beside``: the states that stay outside the chain (shape.py ``states_beside_chain``), left out as
+``full.relaid_counted`` leaves them out.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ def _head_gradient(p: StepParts) -> int:
     return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
 
 
-def hole_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+def hole_remade(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0) -> int:
     """The c·V·T logits block step 2 makes again, on top of the fp32 blocks ``relaid_counted`` counts: where the
     count puts states in every fp32 logits block (and so in the c·V·T block, which it fills first), and no other
     block it counts as whole (eager attention's backward blocks) holds c·V·T.
@@ -47,12 +48,12 @@ def hole_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     n_fp32 = len(logits_blocks(m, train)) - 1
     if not hole or not blocks or blocks[0] <= _head_gradient(p):
         return 0
-    reached = blocks_with_states(p.state_bytes, hole, blocks)
+    reached = blocks_with_states(p.state_bytes - beside, hole, blocks)
     whole = [b for b in blocks[reached:] if b >= hole]
     return hole if reached >= n_fp32 and not whole else 0
 
 
-def tied_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+def tied_remade(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0) -> int:
     """fp32 logits blocks step 2 makes again beside a tied embedding's V·H block (``full.tied_gradient_block``),
     where 4·V·T is no larger than the V·H gradient.
 
@@ -72,5 +73,5 @@ def tied_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if not fp32 or fp32[0] > _head_gradient(p):
         return 0
     held = 2 * (_head_gradient(p) // fp32[0])
-    reached = blocks_with_states(p.state_bytes, hole, fp32)
+    reached = blocks_with_states(p.state_bytes - beside, hole, fp32)
     return max(reached - held, 0) * fp32[0]
