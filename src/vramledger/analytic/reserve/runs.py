@@ -132,7 +132,11 @@ def _regions(
     if frozen_head(train, p):
         relaid = frozen_head_regions(m, train, p)
     else:
-        relaid = relaid_regions(m, train, p, lambda t: states_beside_chain(m, t, at(t)[0]))
+        # the states beside the chain at each shape; none at (B, L), where the room for them is the largest, means
+        # none anywhere (and no step to compute at each shape)
+        some = states_beside_chain(m, train, p) > 0
+        beside = (lambda t: states_beside_chain(m, t, at(t)[0])) if some else None
+        relaid = relaid_regions(m, train, p, beside)
     regions += [(Switching(relaid=True), on_k) for on_k in relaid]
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)
