@@ -67,17 +67,6 @@ RUN_ACTIVATIONS = (
     "at 4 × 928 the states take more of the activation blocks and step 2 makes 2.75 GB of activation segments again "
     "beside the three fp32 logits blocks (2.08 GB at 4 × 960): not modelled"
 )
-ADAFACTOR_HELD = (
-    "Adafactor's four fp32 temporaries of the embedding get segments of their own wherever the 4·V·T logits segment "
-    "is under two of them: up to 2 × 2045 (optimizers.py temporaries_switch), past the envelope's last sample (2 × "
-    "1984: 13.46 GiB; 2 × 2047 already reserves the 2 × 2048 figure, 10.75 GiB), and the loss bound under it "
-    "over-counts the checkpointed layer's transients by 0.42 GiB (9.96 against the replay's 9.54 GiB after the loss)"
-)
-FULL_OVER = (
-    "the states reach one fp32 logits block by the count, where the bound min(S, 3·4·V·T) counts S (1.16 GiB) for the "
-    "one 0.98 GiB block step 2 makes again (replay_states.jsonl), on a step 1 reserve over the replay's (5.11 against "
-    '4.82 GiB: one layer\'s transients counted as stranded, as the LoRA "over" class)'
-)
 TEMPS_OVER = (
     "the loss bound adds the foreach temporaries' own segments (c·I·T > b·H·I), but step 1's optimizer peak is far "
     "under step 1's reserve and the replay cuts every temporary from its cache (Gemma-3-1B: 66 MiB made by step 1's "
@@ -95,11 +84,9 @@ KNOWN_MISSES: dict[str, str] = {
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
     "tiny/full/b1/L256/nockpt/sdpa": TINY,
     "tiny/lora/b2/L256/nockpt/eager": TINY,
-    "mid/full/b4/L2048/ckpt/sdpa": FULL_OVER,
     "tiny/lora/b1/L2048/ckpt/sdpa": TINY_CKPT,
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
-    "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": ADAFACTOR_HELD,
     "qwen2.5-1.5b/full/b4/L1024/nockpt/sdpa": RUN_ACTIVATIONS,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,

@@ -155,13 +155,18 @@ def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
 
 
 def relaid_regions(
-    m: ModelSpec, train: TrainSpec, p: StepParts, beside: Callable[[TrainSpec], int] | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    beside: Callable[[TrainSpec], int] | None = None,
+    workspace: Callable[[TrainSpec], bool] | None = None,
 ) -> list[Callable[[int, int], bool]]:
     """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
     for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
     with the shape, the states do not, and the room ``beside`` them outside the chain, shape.py
-    ``states_beside_chain`` at that shape, grows with it). None with adapters, another optimizer or a chunked or
-    fused loss."""
+    ``states_beside_chain`` at that shape, grows with it); the first also where the backward workspace takes an
+    fp32 block (``workspace``, shape.py ``workspace_in_chain``: closed downwards too). None with adapters, another
+    optimizer or a chunked or fused loss."""
     wb = p.weights
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     _, blocks = remade_blocks(m, train)
@@ -173,11 +178,14 @@ def relaid_regions(
         hole, at = remade_blocks(m, t)
         return blocks_with_states(p.state_bytes - (beside(t) if beside else 0), hole, at)
 
+    def lost(b: int, ell: int) -> bool:
+        return workspace is not None and workspace(replace(train, micro_batch=b, seq_len=ell))
+
     out: list[Callable[[int, int], bool]] = []
     for k in range(1, len(blocks) + 1):
 
         def on(b: int, ell: int, k: int = k) -> bool:
-            return reached(b, ell) >= k
+            return reached(b, ell) >= k or (k == 1 and lost(b, ell))
 
         out.append(on)
     return out
@@ -187,7 +195,7 @@ def relaid_regions(
 _ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
 
 
-def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0) -> int:
+def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0, workspace: bool = False) -> int:
     """The blocks step 2 makes again because step 1's states sit in them, counted at this shape (term 2,
     ``on.relaid``): none where the states fit in the c·V·T logits block, the blocks they reach made again whole
     where they reach two or more (``blocks_with_states``), the bound min(S, 3·4·V·T) in between.
@@ -205,16 +213,20 @@ def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0
     ``held_reserved``); a packed run keeps the bound. As in ``relaid_bytes``, where a 4·V·T request is no larger
     than the V·H gradient it finds a freed gradient block instead (0 then). ``beside``: the states best fit puts
     outside the chain where step 2's loss peak has free blocks for them (shape.py ``states_beside_chain``), left
-    out of the count.
+    out of the count; ``workspace``: the backward workspace sits in the fp32 copy's block (shape.py
+    ``workspace_in_chain``), which step 2 then makes again whole, at least.
     """
     hole, blocks = remade_blocks(m, train)
     if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
         return relaid_bytes(m, train, p)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
     reached = blocks_with_states(p.state_bytes - beside, hole, blocks)
-    if blocks[0] <= head or reached == 0:
+    if blocks[0] <= head:
         return 0
-    return relaid_bytes(m, train, p) if reached == 1 else sum(blocks[:reached])
+    least = blocks[0] if workspace else 0
+    if reached == 0:
+        return least
+    return max(relaid_bytes(m, train, p), least) if reached == 1 else sum(blocks[:reached])
 
 
 def eager_backward_segments(m: ModelSpec, train: TrainSpec) -> int:

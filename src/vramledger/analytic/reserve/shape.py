@@ -8,7 +8,7 @@ from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
-from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid
+from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid, workspace_in_logits
 from vramledger.analytic.reserve.full import (
     activations_unused,
     decoder_mlp_width,
@@ -46,11 +46,6 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
     """
     wb = p.weights
-    T = train.tokens
-    c = train.precision.compute.bytes
-    s = residual_bytes(train, wb)
-    H = m.hidden_size
-    I = decoder_mlp_width(m)  # noqa: E741
     logits_hole = _logits_hole(m, train)
     if train.loss is Loss.CHUNKED_NLL:
         return trl_stranded_bytes(m, train, cublas_workspace_block(p))
@@ -59,11 +54,49 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
         # whatever the layers' transients left cached (get_free_block's best fit splits larger blocks), so
         # nothing is stranded there.
         return logits_hole
-    fwd = p.forward_layer_temp
     if not train.grad_ckpt:
-        return logits_hole + fwd
-    fwd += (2 * c * I + s * H) * T
-    return logits_hole + max(fwd, _recomputed_layer(m, train, p))
+        return logits_hole + p.forward_layer_temp
+    return logits_hole + max(_checkpointed_layer(m, train, p), _recomputed_layer(m, train, p))
+
+
+def _checkpointed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """A checkpointed layer's forward transients: c·I·T twice, s·H·T, eager's scores (``forward_layer_temp``)."""
+    c, s, T = train.precision.compute.bytes, residual_bytes(train, p.weights), train.tokens
+    return p.forward_layer_temp + (2 * c * decoder_mlp_width(m) + s * m.hidden_size) * T
+
+
+def _full_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """``stranded_bytes`` for full fine-tuning under checkpointing (the head trained; the standard loss): the c·V·T
+    hole and one checkpointed layer's forward transients, and of a recomputed layer with its backward's gradients
+    only what the logits chain's blocks and those transients cannot hold.
+
+    Step 1's backward recomputes each layer (torch/utils/checkpoint.py ``_recomputation_hook``) after the loss has
+    freed its chain, and best fit (CUDACachingAllocator.cpp ``get_free_block``) cuts the recomputed layer and its
+    gradients from those blocks, as with adapters (``_adapter_stranded``): in the replays of the mid model 4 × 2048,
+    the 2-layer toy 8 × 1024 and the freeze configs step 1's backward makes no segment but the chain's second
+    fp32 gradient. Counting the recomputed layer as stranded put step 1's reserve 0.29 GiB over the replay's for
+    the mid model (5.11 against 4.82 GiB; +8.2% of its reference). The freeze method keeps the larger of the two:
+    without it the mid model's freeze config at 2 × 1024 falls to −4.7% (its 4 MiB requests share 20 MiB
+    segments, not modelled, which that term covered); so does FSDP, whose backward also gathers each layer's
+    parameters and makes its unsharded gradients in the default pool before the reduce-scatter (without it the
+    default pool of Llama-3.2-1B, FSDP2 on 8 ranks, 1 × 1024, falls 7.7% under the replay's,
+    tests/analytic/test_stream_pools.py)."""
+    trained_head = not frozen_head(train, p) and p.weights.trainable_layers
+    if not train.grad_ckpt or not trained_head or train.loss is not Loss.STANDARD or train.fsdp is not None:
+        return stranded_bytes(m, train, p)
+    layer = _checkpointed_layer(m, train, p)
+    unserved = max(_recomputed_layer(m, train, p) - sum(logits_blocks(m, train)) - layer, 0)
+    return _logits_hole(m, train) + layer + unserved
+
+
+def workspace_in_chain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Full fine-tuning under checkpointing: whether the backward thread's cuBLAS workspace is cut from an fp32
+    logits block in step 1 (freeze.py ``workspace_in_logits``: no block forward freed, a checkpointed layer's c·I·T
+    MLP intermediates or the fp32 norm intermediates, holds it), so that step 2 makes that block again whatever the
+    states reach (the 2-layer toy 8 × 1024: c·I·T = 22 MiB under the 32 MiB workspace, 218 MiB of the copy's 250 MiB
+    block free at step 2's peak and one fp32 block made again, with every state outside the chain). Without
+    checkpointing not counted for full fine-tuning (no replay of it in the grid)."""
+    return train.grad_ckpt and workspace_in_logits(m, train, p)
 
 
 def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -78,22 +111,24 @@ def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 
 def states_beside_chain(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Bytes of step 1's optimizer states that stay outside the logits chain without displacing anything step 2's
-    loss peak holds (full fine-tuning under checkpointing; 0 without): the blocks one layer's transients leave
-    cached and free there (``stranded_bytes`` less the c·V·T hole), less the gradients backward made into them first.
+    loss peak holds (full fine-tuning under checkpointing; 0 without): the blocks one checkpointed layer's forward
+    transients leave cached and free there (``_full_stranded`` less the c·V·T hole), less the gradients backward
+    made into them first.
 
-    Under checkpointing (``torch.utils.checkpoint``, ``use_reentrant=False``) a layer's forward and its recomputation
-    in backward free their transients, so those segments are free when ``Adam._init_group`` (torch/optim/adam.py)
-    creates ``exp_avg`` and ``exp_avg_sq`` after step 1's backward; best fit (CUDACachingAllocator.cpp
-    ``get_free_block``: the smallest cached block at least as large) takes them before the chain's blocks, the
-    largest. Step 2's forward needs them again only for transients, freed before the loss, so a state there moves
-    nothing into the chain at the loss's peak (the saved activations, whose blocks states also take, do: counted
-    in the chain, ``full.blocks_with_states``). The gradients come first: backward cuts them from the same free
-    blocks, and they are still live when the states are made. Qwen3-0.6B, eager, bf16-true, 8 × 1024: 1.39 GiB of
-    its 2.22 GiB of states outside the chain, the rest in the c·V·T block, none in an fp32 block
-    (replay_states.jsonl), where this leaves 1.08 GiB to the chain, within the 2.32 GiB c·V·T block."""
+    Under checkpointing (``torch.utils.checkpoint``, ``use_reentrant=False``) a layer's forward frees its transients,
+    so those segments are free when ``Adam._init_group`` (torch/optim/adam.py) creates ``exp_avg`` and ``exp_avg_sq``
+    after step 1's backward; best fit (CUDACachingAllocator.cpp ``get_free_block``: the smallest cached block at least
+    as large) takes them before the chain's blocks, the largest. Step 2's forward needs them again only for
+    transients, freed before the loss, so a state there moves nothing into the chain at the loss's peak (the saved
+    activations, whose blocks states also take, do: counted in the chain, ``full.blocks_with_states``). The
+    gradients come first: backward cuts them from the same free blocks, and they are still live when the states are
+    made. A lower bound of what the replays put outside the chain (test_reserve_full_ckpt.py): on the grid the
+    gradients fill those blocks but for the 2-layer toy (7 MiB left); Qwen3-0.6B eager 8 × 1024 puts 1.39 GiB of
+    states outside the chain, where this counts none (its 1.11 GiB of gradients exceed a layer's 0.36 GiB of
+    transients)."""
     if not train.grad_ckpt:
         return 0
-    return max(stranded_bytes(m, train, p) - _logits_hole(m, train) - p.grad_bytes, 0)
+    return max(_full_stranded(m, train, p) - _logits_hole(m, train) - p.grad_bytes, 0)
 
 
 def _logits_hole(m: ModelSpec, train: TrainSpec) -> int:
@@ -176,7 +211,7 @@ def single_shape(
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
-    stranded = stranded_bytes(m, train, p)
+    stranded = _full_stranded(m, train, p)
     r1 = max(loss_peak - p.state_bytes + stranded, forward_segments(m, train, p), 0)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
@@ -204,5 +239,6 @@ def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:
         return frozen_head_relaid(m, train, p, counted=on.relaid)
     if on.relaid:
         beside = states_beside_chain(m, train, p)
-        return relaid_counted(m, train, p, beside) + hole_remade(m, train, p, beside)
+        workspace = workspace_in_chain(m, train, p)
+        return relaid_counted(m, train, p, beside, workspace) + hole_remade(m, train, p, beside)
     return relaid_bytes(m, train, p)
