@@ -176,8 +176,9 @@ def single_shape(
     block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
     segments made so far:
 
-    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``; with adapters ``_adapter_stranded``, and the
-       2 MiB rests of the whole segments cached there, ``_segment_rest``) are cached on top of ``loss_peak``, less
+    1. at step 2's loss peak, the stranded blocks (``stranded_bytes``; full fine-tuning under checkpointing
+       ``_full_stranded``; with adapters ``_adapter_stranded``, and the 2 MiB rests of the whole segments cached
+       there, ``_segment_rest``) are cached on top of ``loss_peak``, less
        the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
        activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
        own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
