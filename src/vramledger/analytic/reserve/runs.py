@@ -81,10 +81,10 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
     p = at(train)[0]
     also = _closed_switches(m, train, p)
+    if (rests := rests_band(m, train, p)) is not None:
+        also["state_rests"] = rests  # a band, as softcap's below
     if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
         also["softcap"] = softcap  # not closed downwards, but a shape's own reserve has it where it is on
-    if (rests := rests_band(m, train, p)) is not None:
-        also["state_rests"] = rests  # a band, as softcap's
     for which, points in _regions(m, train, p):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
