@@ -91,7 +91,6 @@ KNOWN_MISSES: dict[str, str] = {
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": FULL_OVER,
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": ADAFACTOR_HELD,
-    "qwen2.5-1.5b/full/b4/L1024/nockpt/sdpa": RUN_ACTIVATIONS,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": FULL_OVER,
     "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": FULL_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,
