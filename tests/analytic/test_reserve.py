@@ -63,10 +63,6 @@ TIED_OVER = (
     "the tied embedding's V·H block is added on top of the cached activations; near 4·T = b·H the replay makes none "
     "(1 × 1016: 13.11 GiB, the estimate's held shape 1 × 1023)"
 )
-RUN_ACTIVATIONS = (
-    "at 4 × 928 the states take more of the activation blocks and step 2 makes 2.75 GB of activation segments again "
-    "beside the three fp32 logits blocks (2.08 GB at 4 × 960): not modelled"
-)
 ADAFACTOR_HELD = (
     "Adafactor's four fp32 temporaries of the embedding get segments of their own wherever the 4·V·T logits segment "
     "is under two of them: up to 2 × 2045 (optimizers.py temporaries_switch), past the envelope's last sample (2 × "
