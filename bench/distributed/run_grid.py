@@ -335,6 +335,10 @@ def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> 
 def _segment_kind(maker: tuple[int, str, str], size: int, holds_workspace: bool) -> str:
     """What made a default-pool segment, in the terms of analytic/distributed/fsdp_workspace.py's floor."""
     step, op, cat = maker
+    if cat == "logits_loss" and op in ("empty", "empty_like", "resize_"):
+        # made inside the root's forward, but FSDP's: the root's unsharded parameters (FSDP2), FSDP1's lazy-init
+        # flat buffers (_flat_param.py init_flat_param_attributes), where forward's cuBLAS workspace may sit
+        return "FSDP's unsharded-buffer segments"
     if holds_workspace:
         return "workspace block's segment"
     if size <= 2 * 2**20:
