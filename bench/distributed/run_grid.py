@@ -280,13 +280,8 @@ def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> list[str]:
-    """The default stream's pool at step 2's peak allocated, in the replay of the trace: the segments step 2 had to
-    make (what step 1's cache could not serve) and what lives then in the segments step 1's logits chain made."""
-    from collections import Counter
-
-    from vramledger.allocator.model import CachingAllocatorModel
-    from vramledger.allocator.replay import EventKind
+def _replay_input(row: tuple[str, str, int, str, str, int, int, bool]) -> tuple[list[Any], Any]:
+    """One config traced: its events and the device events trace/oom.py replays (with each one's stream)."""
     from vramledger.trace import trace_events
     from vramledger.trace.oom import device_events
 
@@ -294,7 +289,18 @@ def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         events = trace_events(m, t, config=config)
-    dev = device_events(events, None)
+    return events, device_events(events, None)
+
+
+def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> list[str]:
+    """The default stream's pool at step 2's peak allocated, in the replay of the trace: the segments step 2 had to
+    make (what step 1's cache could not serve) and what lives then in the segments step 1's logits chain made."""
+    from collections import Counter
+
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+
+    events, dev = _replay_input(row)
     pool = CachingAllocatorModel()
     live: dict[int, Any] = {}
     what: dict[int, str] = {}
@@ -360,14 +366,8 @@ def default_pool_free(row: tuple[str, str, int, str, str, int, int, bool]) -> st
     under 10 MiB; the small pool's 2 MiB segments; the rest)."""
     from vramledger.allocator.model import CachingAllocatorModel
     from vramledger.allocator.replay import EventKind
-    from vramledger.trace import trace_events
-    from vramledger.trace.oom import device_events
 
-    m, t, config = _specs(row)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        events = trace_events(m, t, config=config)
-    dev = device_events(events, None)
+    events, dev = _replay_input(row)
     pool = CachingAllocatorModel()
     live: dict[int, Any] = {}
     asked: dict[int, tuple[int, str, int]] = {}  # size, category, step
