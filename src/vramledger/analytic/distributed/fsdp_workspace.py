@@ -70,9 +70,9 @@ from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
 SOURCE = (
     "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
     "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
-    "reserve is at least the loss's peak (its blocks' segments rounded up to 2 MiB) + the c·V·T hole less the states "
-    "in it + the larger of the workspace "
-    "block's remainder and one layer's transients (with FSDP2 and adapters: the remainder + LoRA's layers' cache) "
+    "reserve is at least the loss's peak + the c·V·T hole's segment less the states in it + the larger of the "
+    "workspace block's remainder in its segment and one layer's transients (with FSDP2 and adapters: the "
+    "remainder + LoRA's layers' cache) "
     "(analytic/distributed/fsdp_workspace.py)"
 )
 
@@ -160,14 +160,13 @@ def _upper_edge(B: int, L: int, band: _Band) -> list[tuple[int, int]]:
 def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int) -> int:
     """Reserved bytes of the default stream's pool at step 2's loss peak where ``workspace_in_logits`` (else 0).
 
-    ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over.
-    On top of ``loss_peak``: the rounding of the three fp32 blocks live there to their segments; cached and free,
-    the c·V·T logits hole's segment less the optimizer states step 1 put in it (the first block they fill:
-    analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's remainder (its segment
-    less W) and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from that remainder
-    (with FSDP2 and adapters the remainder and LoRA's layers' cache: ``_beside_hole``); plus the small pool's
-    cached bytes (``small_pool_excess``). ``train``: the engine's dtypes (distributed/core.py ``engine_dtypes``),
-    as for analytic/reserve/.
+    ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over. On
+    top of ``loss_peak``, cached and free: the c·V·T logits hole's segment less the optimizer states step 1 put in it
+    (the first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
+    remainder (its segment less W) and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts
+    from that remainder (with FSDP2 and adapters the remainder and LoRA's layers' cache: ``_beside_hole``); plus the
+    small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes (distributed/core.py
+    ``engine_dtypes``), as for analytic/reserve/.
     """
     if not workspace_in_logits(m, train, p):
         return 0
@@ -176,15 +175,17 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     fp32 = 4 * m.vocab_size * train.tokens
     # Each of the loss's blocks is a segment of its own, of the request rounded up to kRoundLarge (2 MiB) above
     # kMinLargeAlloc (CUDACachingAllocator.cpp ``get_allocation_size``): the hole is the whole segment once its block
-    # is freed, the workspace's remainder is the segment's rest, and the three fp32 blocks live at the peak keep their
-    # rounding (in the block where the rest is ≤ kSmallSize, ``should_split``; split off and free above it).
+    # is freed, and the workspace's remainder is the segment's rest. The three fp32 blocks live at the log-softmax
+    # backward keep their rounding too, but it is left out: ``loss_peak`` is the larger of forward's and backward's
+    # peaks, which holds those blocks only where the log-softmax backward is the peak (FSDP1's end of backward is
+    # at short lengths), and added to any other moment the rounding falls as the blocks grow into their segments
+    # (mid FSDP1 full 1 × 263 → 264: −375 KB), which a run with dynamic padding never does.
     hole_segment = allocation_size(hole) if hole else 0
     states_in_hole = min(_large_pool_states(m, train, p, ranks), hole_segment)
     transients = stranded_bytes(m, train, p) - hole
     remainder = allocation_size(fp32) - cublas_workspace_block(p)
     return (
         loss_peak
-        + 3 * (allocation_size(fp32) - fp32)
         + hole_segment
         - states_in_hole
         + _beside_hole(m, train, p, transients, remainder)
