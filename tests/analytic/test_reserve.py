@@ -63,10 +63,6 @@ TIED_OVER = (
     "the tied embedding's V·H block is added on top of the cached activations; near 4·T = b·H the replay makes none "
     "(1 × 1016: 13.11 GiB, the estimate's held shape 1 × 1023)"
 )
-RUN_ACTIVATIONS = (
-    "at 4 × 928 the states take more of the activation blocks and step 2 makes 2.75 GB of activation segments again "
-    "beside the three fp32 logits blocks (2.08 GB at 4 × 960): not modelled"
-)
 TEMPS_OVER = (
     "the loss bound adds the foreach temporaries' own segments (c·I·T > b·H·I), but step 1's optimizer peak is far "
     "under step 1's reserve and the replay cuts every temporary from its cache (Gemma-3-1B: 66 MiB made by step 1's "
@@ -87,7 +83,6 @@ KNOWN_MISSES: dict[str, str] = {
     "tiny/lora/b1/L2048/ckpt/sdpa": TINY_CKPT,
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
-    "qwen2.5-1.5b/full/b4/L1024/nockpt/sdpa": RUN_ACTIVATIONS,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,
     "llama-3-8b/full/b1/L4096/nockpt/sdpa/bf16-true": HELD_OVER,
