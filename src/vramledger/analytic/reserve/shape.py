@@ -42,8 +42,9 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     - the segments made for one layer's transients before the loss: under checkpointing the whole forward of a
       layer runs unsaved (c·I·T twice, s·H·T, eager's scores) and, from step 1's backward, a recomputed layer
       with its backward's gradients (2·s·H·T + 3·c·I·T, eager's (c+4)·nh·L² per sequence); the cache holds the
-      larger of the two. Without checkpointing only eager's pre-softmax scores (forward_layer_temp) are
-      transients made before the loss; backward's reuse the freed logits blocks (split, should_split);
+      larger of the two (full fine-tuning with the head trained, off FSDP: ``_full_stranded``). Without
+      checkpointing only eager's pre-softmax scores (forward_layer_temp) are transients made before the loss;
+      backward's reuse the freed logits blocks (split, should_split);
     - TRL's ``chunked_nll``: the chunks' blocks its chain leaves cached (``trl_stranded_bytes``).
     """
     wb = p.weights
