@@ -197,6 +197,13 @@ GRID: list[Row] = [
     _r("qwen2.5-0.5b", "freeze", 4, 1024, False),
     _r("llama-3.2-1b", "freeze", 1, 1024, False),
     _r("llama-3.2-1b", "freeze", 2, 2048, True),
+    # Full fine-tuning in fp32 (c = 4: the logits are an fp32 block themselves, no .float() copy).
+    _r("qwen2.5-0.5b", "full", 8, 512, True, precision="fp32", optimizer="adamw_torch_fused"),
+    _r("qwen2.5-0.5b", "full", 4, 512, True, precision="fp32"),
+    _r("qwen2.5-0.5b", "full", 2, 1024, False, precision="fp32"),
+    _r("qwen2.5-0.5b", "full", 4, 256, False, precision="fp32", optimizer="adamw_torch_fused"),
+    _r("llama-3.2-1b", "full", 2, 1024, True, precision="fp32"),
+    _r("llama-3.2-1b", "full", 4, 512, True, precision="fp32", optimizer="adamw_torch_fused"),
 ]
 
 
