@@ -13,14 +13,21 @@ from vramledger.specs import Attention, Loss, ModelSpec, Optimizer, TrainSpec
 
 
 def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
-    """The blocks of the standard loss's logits chain, smallest first: the c·V·T logits (with c < 4), the fp32 copy
-    (c < 4), the fp32 log-softmax and the fp32 ``_log_softmax_backward_data`` gradient, each 4·V·T (transformers
-    ``ForCausalLMLoss``; the trace shows each in a segment of its own). None for a chunked or fused loss."""
+    """The blocks of the standard loss's logits chain, smallest first: with c < 4 the c·V·T logits, then three fp32
+    4·V·T blocks: the fp32 copy (the logits themselves with c = 4), the fp32 log-softmax and the fp32
+    ``_log_softmax_backward_data`` gradient (transformers ``ForCausalLMLoss``; the trace shows each in a segment of
+    its own). None for a chunked or fused loss.
+
+    With c = 4 ``logits.float()`` returns the logits themselves (torch ``Tensor.float``: no copy when the dtype
+    already matches), so the chain is three 4·V·T blocks, not two: lm_head's ``mm`` output, ``_log_softmax``'s and
+    ``_log_softmax_backward_data``'s (torch/nn/functional.py ``cross_entropy``: ``log_softmax`` then ``nll_loss``;
+    ``nll_loss_backward``'s gradient is cut from the logits' block, freed once the loss is computed). The replays
+    of Qwen2.5-0.5B and Llama-3.2-1B in fp32 (bench/reserve/replay_states.jsonl) show those three segments, and step 2
+    making all three again where step 1's states sit in them."""
     if train.loss is not Loss.STANDARD:
         return ()
     T, V, c = train.tokens, m.vocab_size, train.precision.compute.bytes
-    fp32 = (4 * V * T,) * (3 if c != 4 else 2)
-    return ((c * V * T,) if c != 4 else ()) + fp32
+    return ((c * V * T,) if c != 4 else ()) + (4 * V * T,) * 3
 
 
 def activations_unused(p: StepParts) -> int:
@@ -39,10 +46,24 @@ def tied_gradient_block(p: StepParts) -> int:
     embedding is the first parameter), so best fit puts the states there. Step 2's backward then finds two V·H
     blocks (the sum's, freed by ``zero_grad``, and the foreach temporary's of step 1's optimizer) and, where the
     freed fp32 logits blocks are smaller than V·H, nothing else: it makes one more (the replay shows the ``add``
-    block made in step 2). Not seen with an fp32 compute dtype (Llama-3.2-1B fp32 in the grid: the replay makes
-    no such block; why is not known), so not applied there (``switches_on``).
+    block made in step 2). With an fp32 compute dtype only under checkpointing (``tied_fp32``).
     """
     return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+
+
+def tied_fp32(train: TrainSpec, trainable_layers: int) -> bool:
+    """Whether ``tied_gradient_block`` applies with an fp32 compute dtype (c = 4; runs.py ``switches_on`` applies
+    it with c < 4): full fine-tuning with the standard loss under checkpointing.
+
+    The replays make the block there: Llama-3.2-1B (tied), fp32, checkpointing, 2 × 992 reserves 25.09 GiB, one
+    0.98 GiB V·H block over 2 × 1024 (24.07 GiB, where 4·V·T = V·H·b and it is off), and 4 × 496 22.53 GiB against
+    21.43 at 4 × 512 (bench/reserve/runs.jsonl). Without checkpointing the replay makes it too (Llama-3.2-1B fp32
+    1 × 512: ``add`` (gradients), 1.05 GB, made in step 2, replay_causes.jsonl), but not on top of the saved
+    activations the optimizer cannot use (``activations_unused``), as the estimate would add it: the most any
+    length ≤ 512 reserves is 24.81 GiB, and counting it puts the estimate at 25.61 GiB (+3.2%), against 24.63 GiB
+    (−0.7%) without. Left out there."""
+    c = train.precision.compute.bytes
+    return c == 4 and train.grad_ckpt and train.loss is Loss.STANDARD and trainable_layers > 0
 
 
 def decoder_mlp_width(m: ModelSpec) -> int:
@@ -91,6 +112,35 @@ def states_in_logits(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int, stra
     if one_state > max(train.precision.compute.bytes * decoder_mlp_width(m) * train.tokens, p.forward_layer_temp):
         into = max(into, one_state)
     return into
+
+
+def gradients_in_chain(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int) -> int:
+    """Bytes of gradients step 1's backward cuts from the logits chain's blocks under checkpointing (full
+    fine-tuning; 0 without checkpointing): the gradients G less the cache outside the chain, R1 less the weights
+    and the chain (the stranded layer's blocks and the checkpointed inputs' among it), at most the chain.
+
+    Under checkpointing (torch/utils/checkpoint.py, ``use_reentrant=False``) backward frees only the checkpointed
+    inputs and one recomputed layer's transients, whose segments the next layer reuses; every layer's gradients
+    stay live until ``optimizer.step()``, so once that cache is full best fit (CUDACachingAllocator.cpp
+    ``get_free_block``) cuts them from the chain's blocks, free after lm_head's backward. ``Adam._init_group``
+    (torch/optim/adam.py) then creates the states after them, so the states start where the gradients stop
+    (``relaid_counted``). Qwen2.5-0.5B fp32, 8 × 512 (replay_states.jsonl, and a per-segment count of the replay
+    at step 1's first state): 1.52 GiB of the 1.84 GiB of gradients sit in the fp32 logits blocks (1.18 GiB
+    counted), the states reach all three 2.32 GiB blocks and step 2 makes the three again (16.69 GiB replayed); in
+    bf16-mixed at the same shape autocast's cached casts and the larger forward segments hold all but 0.64 GiB
+    of them. Without checkpointing the saved activations backward frees hold the gradients (``blocks_with_states``).
+
+    Counted with c = 4 only. With c < 4 R1 (a lower bound: shape.py ``forward_segments``) leaves out forward
+    segments that hold gradients in the replays, so the room comes out short and the count too high: Qwen3-0.6B
+    eager, bf16-true, 8 × 1024 keeps 1.3 GiB of eager attention's fp32 softmax and cast blocks free outside the
+    chain at step 1's first state, where R1 leaves 0.88 GiB of room for 1.11 GiB of gradients; counted, the states
+    reach an fp32 block the replay leaves whole (+4.5% over the replay's 19.62 GiB, against +0.7% without)."""
+    chain = logits_blocks(m, train)
+    if not train.grad_ckpt or not chain or train.precision.compute.bytes != 4:
+        return 0
+    W = p.frozen_bytes + p.trainable_bytes + p.master_bytes + p.workspace_bytes
+    outside = max(r1 - W - sum(chain), 0)
+    return min(max(p.grad_bytes - outside, 0), sum(chain))
 
 
 def relaid_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -160,13 +210,15 @@ def relaid_regions(
     p: StepParts,
     beside: Callable[[TrainSpec], int] | None = None,
     workspace: Callable[[TrainSpec], bool] | None = None,
+    grads: Callable[[TrainSpec], int] | None = None,
 ) -> list[Callable[[int, int], bool]]:
     """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
     for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
     with the shape, the states do not, and the room ``beside`` them outside the chain, shape.py
     ``states_beside_chain`` at that shape, grows with it); the first also where the backward workspace takes an
-    fp32 block (``workspace``, shape.py ``workspace_in_chain``: closed downwards too). None with adapters, another
-    optimizer or a chunked or fused loss."""
+    fp32 block (``workspace``, shape.py ``workspace_in_chain``: closed downwards too). ``grads``: the gradients in
+    the chain at that shape (``gradients_in_chain``: the room outside the chain grows with the shape, so they do not
+    grow). None with adapters, another optimizer or a chunked or fused loss."""
     wb = p.weights
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     _, blocks = remade_blocks(m, train)
@@ -176,7 +228,7 @@ def relaid_regions(
     def reached(b: int, ell: int) -> int:
         t = replace(train, micro_batch=b, seq_len=ell)
         hole, at = remade_blocks(m, t)
-        return blocks_with_states(p.state_bytes - (beside(t) if beside else 0), hole, at)
+        return blocks_with_states(p.state_bytes - (beside(t) if beside else 0) + (grads(t) if grads else 0), hole, at)
 
     def lost(b: int, ell: int) -> bool:
         return workspace is not None and workspace(replace(train, micro_batch=b, seq_len=ell))
@@ -195,7 +247,9 @@ def relaid_regions(
 _ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
 
 
-def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0, workspace: bool = False) -> int:
+def relaid_counted(
+    m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0, workspace: bool = False, grads: int = 0
+) -> int:
     """The blocks step 2 makes again because step 1's states sit in them, counted at this shape (term 2,
     ``on.relaid``): none where the states fit in the c·V·T logits block, the blocks they reach made again whole
     where they reach two or more (``blocks_with_states``), the bound min(S, 3·4·V·T) in between.
@@ -214,13 +268,16 @@ def relaid_counted(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0
     than the V·H gradient it finds a freed gradient block instead (0 then). ``beside``: the states best fit puts
     outside the chain where step 2's loss peak has free blocks for them (shape.py ``states_beside_chain``), left
     out of the count; ``workspace``: the backward workspace sits in the fp32 copy's block (shape.py
-    ``workspace_in_chain``), which step 2 then makes again whole, at least.
+    ``workspace_in_chain``), which step 2 then makes again whole, at least; ``grads``: the gradients step 1's
+    backward cut from the chain before the states came (``gradients_in_chain``), counted with the states as if they
+    fill the blocks first: the states start where they stop. An over-count where the gradients alone fill a whole
+    block, which ``zero_grad`` frees before step 2 (G past the outside room by more than a block).
     """
     hole, blocks = remade_blocks(m, train)
     if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
         return relaid_bytes(m, train, p)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    reached = blocks_with_states(p.state_bytes - beside, hole, blocks)
+    reached = blocks_with_states(p.state_bytes - beside + grads, hole, blocks)
     if blocks[0] <= head:
         return 0
     least = blocks[0] if workspace else 0

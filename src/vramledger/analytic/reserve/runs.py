@@ -12,7 +12,7 @@ from typing import NamedTuple
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
-from vramledger.analytic.reserve.full import relaid_regions
+from vramledger.analytic.reserve.full import relaid_regions, tied_fp32
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
@@ -193,7 +193,7 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
     tied_states = (
         m.tie_word_embeddings and wb.embedding_trainable and (p.state_bytes >= p.grad_bytes or not p.state_bytes)
     )
-    if not adapters and standard and tied_states:
+    if not adapters and (standard or tied_fp32(train, wb.trainable_layers)) and tied_states:
         # 4·V·T < V·H·b ⟺ 4·T < H·b (tied_gradient_block)
         def tied(b: int, ell: int) -> bool:
             return 4 * b * ell < bw * m.hidden_size

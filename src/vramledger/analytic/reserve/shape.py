@@ -13,6 +13,7 @@ from vramledger.analytic.reserve.full import (
     activations_unused,
     decoder_mlp_width,
     eager_backward_segments,
+    gradients_in_chain,
     logits_blocks,
     relaid_bytes,
     relaid_counted,
@@ -230,7 +231,7 @@ def single_shape(
             + temporaries_unused_by_activations(m, train, p)
             + (state_rests_cached(m, train, p) if on.state_rests else 0),
             max(r1 + eager_backward_segments(m, train), opt_peak)
-            + _relaid(m, train, p, on)
+            + _relaid(m, train, p, on, gradients_in_chain(m, train, p, r1))
             + (tied_remade(m, train, p, states_beside_chain(m, train, p)) if on.tied else 0),
             opt_peak + (activations_unused(p) if on.activations else 0),
             end_of_backward_bound(m, train, p, opt_peak, on),
@@ -241,13 +242,14 @@ def single_shape(
     )
 
 
-def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:
-    """Term 2's blocks step 2 makes again: counted at this shape (``on.relaid``) or bounded; the freeze method's own
-    count where the head and the embedding are frozen (freeze.py)."""
+def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching, grads: int = 0) -> int:
+    """Term 2's blocks step 2 makes again: counted at this shape (``on.relaid``; ``grads``: the gradients in the
+    chain before the states, full.py ``gradients_in_chain``) or bounded; the freeze method's own count where the head
+    and the embedding are frozen (freeze.py)."""
     if frozen_head(train, p):
         return frozen_head_relaid(m, train, p, counted=on.relaid)
     if on.relaid:
         beside = states_beside_chain(m, train, p)
         workspace = workspace_in_chain(m, train, p)
-        return relaid_counted(m, train, p, beside, workspace) + hole_remade(m, train, p, beside)
+        return relaid_counted(m, train, p, beside, workspace, grads) + hole_remade(m, train, p, beside)
     return relaid_bytes(m, train, p)
