@@ -463,6 +463,8 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     live: dict[int, Any] = {}
     made: dict[int, tuple[int, str, str, int]] = {}  # segment → (step, op, category, bytes)
     states: Counter[int] = Counter()
+    grads: dict[int, Any] = {}  # the live gradients' blocks
+    grads_at_first_state: Counter[int] | None = None  # their bytes by segment when step 1's first state is made
     end_of_step_1 = None
     peak = 0
     for ev, src in zip(dev.events, dev.origin, strict=True):
@@ -471,14 +473,21 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
             end_of_step_1 = alloc.reserved
         if ev.kind is EventKind.FREE:
             blk = live.pop(ev.id)
+            grads.pop(ev.id, None)
             if blk is not None:
                 alloc.free(blk)
             continue
+        cat = ev.category.value if ev.category else ""
+        if step == 1 and cat == "optimizer_state" and grads_at_first_state is None:
+            grads_at_first_state = Counter()
+            for g in grads.values():
+                grads_at_first_state[g.seg] += g.size
         before = alloc.reserved
         blk = alloc.malloc(ev.size) if ev.size else None
         live[ev.id] = blk
         peak = max(peak, alloc.reserved)
-        cat = ev.category.value if ev.category else ""
+        if blk is not None and cat == "gradients":
+            grads[ev.id] = blk
         if blk is not None and alloc.reserved > before:
             made[blk.seg] = (step, ev.op, cat, alloc.reserved - before)
         if blk is not None and step == 1 and cat == "optimizer_state":
@@ -494,6 +503,8 @@ def replay_states(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
             {"made_by": made[s][1], "bytes": made[s][3], "states": states[s]} for s in sorted(chain)
         ],
         "states_elsewhere": sum(v for s, v in states.items() if s not in chain),
+        # the gradients live in the logits chain's segments when step 1's first state is made (Adam._init_group)
+        "gradients_in_logits_blocks": sum((grads_at_first_state or Counter())[s] for s in chain),
         "fp32_blocks_with_states": sum(1 for s in chain if made[s][3] >= fp32 and states[s]),
         "made_in_step_2": [{"made_by": f"{op} ({cat})", "bytes": size} for op, cat, size in step2 if size >= 2**26],
         "made_in_step_2_fp32_blocks": round(sum(size for _, _, size in step2) / fp32, 2),

@@ -125,7 +125,7 @@ def gradients_in_chain(m: ModelSpec, train: TrainSpec, p: StepParts, r1: int) ->
     ``get_free_block``) cuts them from the chain's blocks, free after lm_head's backward. ``Adam._init_group``
     (torch/optim/adam.py) then creates the states after them, so the states start where the gradients stop
     (``relaid_counted``). Qwen2.5-0.5B fp32, 8 × 512 (replay_states.jsonl, and a per-segment count of the replay
-    at step 1's first state): 1.52 GiB of the 1.84 GiB of gradients sit in the fp32 logits blocks (1.18 GiB
+    at step 1's first state): 1.52 GiB of the 1.84 GiB of gradients sit in the fp32 logits blocks (1.19 GiB
     counted), the states reach all three 2.32 GiB blocks and step 2 makes the three again (16.69 GiB replayed); in
     bf16-mixed at the same shape autocast's cached casts and the larger forward segments hold all but 0.64 GiB
     of them. Without checkpointing the saved activations backward frees hold the gradients (``blocks_with_states``).

@@ -218,7 +218,7 @@ def single_shape(
         tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
     stranded = _full_stranded(m, train, p)
-    r1 = max(loss_peak - p.state_bytes + stranded, forward_segments(m, train, p), 0)
+    r1 = step1_loss_reserve(m, train, p, loss_peak)
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
@@ -240,6 +240,12 @@ def single_shape(
         + small_pool_excess(train, p)
         + (tied_gradient_block(p) if on.tied else 0)
     )
+
+
+def step1_loss_reserve(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int) -> int:
+    """R1 of ``single_shape``'s term 2, full fine-tuning: step 1's reserve at its loss peak, ``loss_peak`` less the
+    states (made after it) plus the stranded blocks, and under checkpointing at least its forward's segments."""
+    return max(loss_peak - p.state_bytes + _full_stranded(m, train, p), forward_segments(m, train, p), 0)
 
 
 def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching, grads: int = 0) -> int:
