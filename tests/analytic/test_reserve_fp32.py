@@ -8,19 +8,18 @@ step 1's gradients and states land and what step 2 makes again; runs.jsonl: the 
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from tests.analytic.test_reserve import _specs
 from vramledger.analytic import estimate
 from vramledger.analytic.reserve import logits_blocks, replay_excess
 from vramledger.analytic.reserve.full import blocks_with_states, gradients_in_chain, relaid_counted, tied_fp32
 from vramledger.analytic.reserve.shape import states_beside_chain, step1_loss_reserve, workspace_in_chain
 from vramledger.analytic.step import step_parts
 from vramledger.ledger import Phase
-from vramledger.specs import ModelSpec, TrainSpec
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[2]
@@ -31,16 +30,6 @@ K_ROUND_LARGE = 2 * MiB  # CUDACachingAllocator.cpp kRoundLarge: a segment of â‰
 
 def _states() -> dict[str, dict[str, Any]]:
     return {r["id"]: r for r in map(json.loads, STATES.read_text().splitlines())}
-
-
-def _specs(cid: str) -> tuple[ModelSpec, TrainSpec]:
-    sys.path.insert(0, str(ROOT / "bench" / "reserve"))
-    try:
-        import run_grid
-    finally:
-        sys.path.pop(0)
-    model, train, _ = run_grid.specs({run_grid.config_id(r): r for r in run_grid.GRID}[cid])
-    return model, train
 
 
 FP32 = [cid for cid in _states() if cid.split("/")[6:7] == ["fp32"]]
