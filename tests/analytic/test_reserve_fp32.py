@@ -17,6 +17,7 @@ from tests.analytic.test_reserve import _specs
 from vramledger.analytic import estimate
 from vramledger.analytic.reserve import logits_blocks, replay_excess
 from vramledger.analytic.reserve.full import blocks_with_states, gradients_in_chain, relaid_counted, tied_fp32
+from vramledger.analytic.reserve.load_residue import optimizer_tails
 from vramledger.analytic.reserve.shape import states_beside_chain, step1_loss_reserve, workspace_in_chain
 from vramledger.analytic.step import step_parts
 from vramledger.ledger import Phase
@@ -134,3 +135,20 @@ def test_a_shorter_fp32_shape_makes_the_tied_block_under_checkpointing(cid: str)
     assert tied_fp32(train, model.num_layers)
     nockpt, t = _specs("llama-3.2-1b/full/b1/L512/nockpt/sdpa/fp32")
     assert not tied_fp32(t, nockpt.num_layers)
+
+
+def test_the_weights_tails_free_at_step_1s_optimizer_peak_by_hand() -> None:
+    """``optimizer_tails`` for Qwen2.5-0.5B in fp32, by hand from CUDACachingAllocator.cpp's rules
+    (``get_allocation_size``: a request of at least 10 MiB gets a segment of its size rounded up to 2 MiB, one of
+    1 to 10 MiB is cut from a 20 MiB segment; ``should_split``: a rest under 1 MiB stays in its block).
+
+    Each layer's three MLP weights (896 × 4864 × 4 B = 16.625 MiB) get 18 MiB segments: 72 tails of 1.375 MiB. The q
+    and o projections (896 × 896 × 4 B = 3.0625 MiB; k and v, 0.44 MiB, and the biases go to the small pool) share
+    20 MiB segments six at a time: 48 of them fill 8, each leaving 1.625 MiB. The embedding's 519.31 MiB in a
+    520 MiB segment leaves 0.69 MiB, under the 1 MiB a split needs. The smallest per-parameter tensor of the
+    optimizer in the large pool is a q or o projection's (3.0625 MiB), larger than every tail: 72 × 1.375 +
+    8 × 1.625 = 112 MiB stay free (the replay of the 4 × 512 step: 0.112 GiB in 91 blocks made by the load)."""
+    model, train = _specs("qwen2.5-0.5b/full/b4/L512/ckpt/sdpa/fp32")
+    got = optimizer_tails(model, train, step_parts(model, train))
+    print(f"expected {72 * 1.375 + 8 * 1.625} MiB, got {got / MiB} MiB")
+    assert got == 112 * MiB

@@ -70,6 +70,28 @@ def _adapters_in_large_pool(train: TrainSpec, p: StepParts) -> tuple[int, ...]:
     return tuple(per_layer) * wb.trainable_layers
 
 
+def optimizer_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes of the trained weights' segment tails free at step 1's optimizer peak (full fine-tuning, every weight
+    trained; 0 otherwise): those smaller than the smallest large-pool per-parameter tensor.
+
+    What is live there besides the weights is per-parameter: gradients, AdamW's states (torch/optim/adam.py
+    ``_init_group``: ``zeros_like`` of each parameter) and the foreach temporaries (``_foreach_sqrt``), each the size
+    of a parameter in its dtype; one above kSmallSize (1 MiB) is a large-pool request (``get_pool``) and best fit
+    (``get_free_block``) puts it in a tail only if the tail holds it, so the tails smaller than the smallest of them
+    are free and cached while step 1's optimizer allocates its peak (what it frees before is irrelevant: a freed
+    block in a tail is the tail again). Qwen2.5-0.5B fp32, 4 × 512 (bench/reserve/: a per-segment count of the
+    replay at step 1's optimizer peak): 0.112 GiB free in 91 blocks of the load's segments; counted 0.109 GiB, the
+    80 tails under its 3.06 MiB q and o projections."""
+    wb = p.weights
+    if train.adapters or p.frozen_bytes or not wb.trainable_layers or m.is_moe or train.fsdp is not None:
+        return 0  # FSDP's flat parameters, an MoE's fused experts: no segment per weight (as ``load_tails``)
+    b = wb.trainable_dtype.bytes
+    smallest = min(
+        (x for lin in layer_linears(m) if (x := b * lin.in_features * lin.out_features) > K_SMALL_SIZE), default=0
+    )
+    return sum(t for t in _tails(m, b) if t < smallest)
+
+
 def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
     """The free large-pool blocks loading every weight in ``dtype_bytes`` per element leaves, from an empty cache
     (trained weights are loaded the same way: reserve/ckpt_forward.py)."""

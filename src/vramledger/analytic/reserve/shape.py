@@ -21,7 +21,7 @@ from vramledger.analytic.reserve.full import (
     temporaries_unused_by_activations,
     tied_gradient_block,
 )
-from vramledger.analytic.reserve.load_residue import load_tails
+from vramledger.analytic.reserve.load_residue import load_tails, optimizer_tails
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
@@ -230,7 +230,7 @@ def single_shape(
             - in_hole
             + temporaries_unused_by_activations(m, train, p)
             + (state_rests_cached(m, train, p) if on.state_rests else 0),
-            max(r1 + eager_backward_segments(m, train), opt_peak)
+            max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
             + _relaid(m, train, p, on, gradients_in_chain(m, train, p, r1))
             + (tied_remade(m, train, p, states_beside_chain(m, train, p)) if on.tied else 0),
             opt_peak + (activations_unused(p) if on.activations else 0),
