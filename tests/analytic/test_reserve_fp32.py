@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tests.analytic.test_reserve import _specs
 from vramledger.analytic import estimate
@@ -20,7 +22,9 @@ from vramledger.analytic.reserve.full import blocks_with_states, gradients_in_ch
 from vramledger.analytic.reserve.load_residue import optimizer_tails
 from vramledger.analytic.reserve.shape import states_beside_chain, step1_loss_reserve, workspace_in_chain
 from vramledger.analytic.step import step_parts
+from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
+from vramledger.specs import Method, Optimizer, Precision, TrainSpec
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[2]
@@ -152,3 +156,35 @@ def test_the_weights_tails_free_at_step_1s_optimizer_peak_by_hand() -> None:
     got = optimizer_tails(model, train, step_parts(model, train))
     print(f"expected {72 * 1.375 + 8 * 1.625} MiB, got {got / MiB} MiB")
     assert got == 112 * MiB
+
+
+def _reserved(model: str, train: TrainSpec) -> int:
+    led = estimate(resolve_model(model), train)
+    return max(led.reserved(ph) for ph in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    model=st.sampled_from(["qwen2.5-0.5b", "llama-3.2-1b"]),
+    optimizer=st.sampled_from([Optimizer.ADAMW, Optimizer.ADAMW_FUSED]),
+    packing=st.booleans(),
+    b=st.integers(1, 12),
+    ell=st.integers(1, 2500),
+    db=st.integers(0, 4),
+    dl=st.integers(0, 1024),
+)
+def test_fp32_checkpointed_reserve_never_falls_as_the_shape_grows(
+    model: str, optimizer: Optimizer, packing: bool, b: int, ell: int, db: int, dl: int
+) -> None:
+    """The count with the gradients falls as the shape grows (the room outside the chain and the blocks grow), so a
+    run with dynamic padding holds it over the shorter shapes (reserve/shape.py ``chain_gradients_at``, full.py
+    ``relaid_regions``) and the estimate never falls."""
+    train = TrainSpec(
+        method=Method.FULL, precision=Precision.FP32, grad_ckpt=True, optimizer=optimizer, packing=packing,
+        micro_batch=b, seq_len=ell,
+    )  # fmt: skip
+    more = TrainSpec(
+        method=Method.FULL, precision=Precision.FP32, grad_ckpt=True, optimizer=optimizer, packing=packing,
+        micro_batch=b + db, seq_len=ell + dl,
+    )  # fmt: skip
+    assert _reserved(model, more) >= _reserved(model, train)

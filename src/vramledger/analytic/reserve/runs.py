@@ -14,7 +14,7 @@ from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import relaid_regions, tied_fp32
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
-from vramledger.analytic.reserve.shape import single_shape, states_beside_chain, workspace_in_chain
+from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.state_rests import band_edges, rests_band
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
@@ -139,7 +139,8 @@ def _regions(
         # none anywhere (and no step to compute at each shape)
         some = states_beside_chain(m, train, p) > 0
         beside = (lambda t: states_beside_chain(m, t, at(t)[0])) if some else None
-        relaid = relaid_regions(m, train, p, beside, lambda t: workspace_in_chain(m, t, p))
+        grads = chain_gradients_at(m, train, at)
+        relaid = relaid_regions(m, train, p, beside, lambda t: workspace_in_chain(m, t, p), grads)
     regions += [(Switching(relaid=True), on_k) for on_k in relaid]
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)

@@ -3,6 +3,8 @@ give (``single_shape``), and the blocks stranded at the loss's backward peak (``
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
@@ -27,7 +29,7 @@ from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
 from vramledger.analytic.reserve.spill import hole_remade, tied_remade
 from vramledger.analytic.reserve.state_rests import state_rests_cached
-from vramledger.analytic.reserve.switches import Switching
+from vramledger.analytic.reserve.switches import ShapePeaks, Switching
 from vramledger.analytic.reserve.trl import trl_stranded_bytes
 from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_lost
 from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
@@ -246,6 +248,19 @@ def step1_loss_reserve(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     """R1 of ``single_shape``'s term 2, full fine-tuning: step 1's reserve at its loss peak, ``loss_peak`` less the
     states (made after it) plus the stranded blocks, and under checkpointing at least its forward's segments."""
     return max(loss_peak - p.state_bytes + _full_stranded(m, train, p), forward_segments(m, train, p), 0)
+
+
+def chain_gradients_at(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> Callable[[TrainSpec], int] | None:
+    """``gradients_in_chain`` at another shape (from its step, ``at``), for runs.py's regions of a run with dynamic
+    padding (full.py ``relaid_regions``); None where it is 0 at every shape (c < 4, or no checkpointing)."""
+    if not train.grad_ckpt or train.precision.compute.bytes != 4:
+        return None
+
+    def grads(t: TrainSpec) -> int:
+        pt, loss_peak, _, _ = at(t)
+        return gradients_in_chain(m, t, pt, step1_loss_reserve(m, t, pt, loss_peak))
+
+    return grads
 
 
 def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching, grads: int = 0) -> int:
