@@ -12,7 +12,8 @@ from typing import NamedTuple
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
-from vramledger.analytic.reserve.full import relaid_regions
+from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
+from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
@@ -119,13 +120,16 @@ def _regions(
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
     if on.workspace is not None:
         regions.append((Switching(workspace=True), on.workspace))
-    if on.activations is not None:
-        regions.append((Switching(activations=True), on.activations))
+    acts = []
+    if on.activations is not None:  # and below each edge where more matrices' tensors fit (held_activations.py)
+        act = on.activations
+        edges = eligibility_edges(m, train, p, decoder_mlp_width(m))
+        acts = [act, *(lambda b, ell, e=e: act(b, ell) and e(b, ell) for e in edges)]
+        regions += [(Switching(activations=True), a) for a in acts]
     if on.tied is not None:
         regions.append((Switching(tied=True), on.tied))
-        if on.activations is not None:
-            both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
-            regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
+        both, tied = Switching(activations=True, tied=True), on.tied
+        regions += [(both, lambda b, ell, a=a: a(b, ell) and tied(b, ell)) for a in acts]
     temporaries = temporaries_switch(m, train, p)
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
@@ -186,14 +190,14 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
             return 4 * m.num_heads * b * ell * ell if train.attn is Attention.EAGER else 0
 
     if not adapters and wb.trainable_layers and not train.grad_ckpt:
-        # c·I·T < b·H·I ⟺ c·T < b·H (activations_unused)
+        # the c·I·T block's segment under b·H·I (held_activations.py)
         def activations(b: int, ell: int) -> bool:
-            return c * b * ell < bw * m.hidden_size
+            return mlp_tensors_unfit(c, bw, m.hidden_size, decoder_mlp_width(m), b * ell)
 
     tied_states = (
         m.tie_word_embeddings and wb.embedding_trainable and (p.state_bytes >= p.grad_bytes or not p.state_bytes)
     )
-    if not adapters and standard and tied_states:
+    if not adapters and train.loss is Loss.STANDARD and wb.trainable_layers and tied_states:
         # 4·V·T < V·H·b ⟺ 4·T < H·b (tied_gradient_block)
         def tied(b: int, ell: int) -> bool:
             return 4 * b * ell < bw * m.hidden_size
