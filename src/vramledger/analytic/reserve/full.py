@@ -39,8 +39,8 @@ def tied_gradient_block(p: StepParts) -> int:
     embedding is the first parameter), so best fit puts the states there. Step 2's backward then finds two V·H
     blocks (the sum's, freed by ``zero_grad``, and the foreach temporary's of step 1's optimizer) and, where the
     freed fp32 logits blocks are smaller than V·H, nothing else: it makes one more (the replay shows the ``add``
-    block made in step 2). Not seen with an fp32 compute dtype (Llama-3.2-1B fp32 in the grid: the replay makes
-    no such block; why is not known), so not applied there (``switches_on``).
+    block made in step 2). With an fp32 compute dtype too: Llama-3.2-1B fp32 1 × 512, the trace's replay makes the
+    1.05 GB ``add`` block in step 2 (bench/reserve/replay_causes.jsonl), so ``switches_on`` applies it there as well.
     """
     return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
 

@@ -17,7 +17,8 @@ So a decoder matrix's per-parameter tensors (its gradient, the ``exp_avg`` and `
 b bytes an element) fit an activation segment exactly when they are no larger than it. The largest saved block of a
 layer is the MLP's c·I·T; where its segment is smaller than an MLP matrix's b·H·I tensors (``mlp_tensors_unfit``)
 those tensors take no activation segment, and the activations' segments stay cached at the optimizer's peak, less
-what the smaller matrices' tensors (q, k, v and o's b·H·Dq, b·H·Dkv) were cut from them. The edge is where the
+what the smaller matrices' tensors (q, k, v and o's b·H·Dq, b·H·Dkv) were cut from them; step 2 then makes its fp32
+logits blocks again on top (``optimizer_peak_bound``). The edge is where the
 segment, not the block, reaches b·H·I: Llama-3.2-3B full, bf16-true, 4 × ℓ: 39.55 GiB replayed at ℓ = 728, 38.10 at
 736 (c·I·T = 46 MiB in a 46 MiB segment), 34.47 at 737 (46.06 MiB in 48 MiB = b·H·I); the block's own condition,
 c·T < b·H, held it to 767.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vramledger.allocator.conf import K_LARGE_BUFFER, K_SMALL_SIZE, allocation_size
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE, allocation_size
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import decoder_mlp_width
@@ -39,7 +40,6 @@ def mlp_tensors_unfit(c: int, bw: int, hidden: int, mlp_width: int, tokens: int)
     per-parameter tensor (b·H·I, ``bw`` bytes an element): the ``activations`` switch at T tokens. Closed downwards in
     T (the segment grows with it).
 
-    >>> MiB = 2**20
     >>> mlp_tensors_unfit(2, 2, 3072, 8192, 4 * 736)  # Llama-3.2-3B 4 × 736: 46 MiB in a 46 MiB segment < 48 MiB
     True
     >>> mlp_tensors_unfit(2, 2, 3072, 8192, 4 * 737)  # 46.06 MiB in a 48 MiB segment
@@ -49,15 +49,14 @@ def mlp_tensors_unfit(c: int, bw: int, hidden: int, mlp_width: int, tokens: int)
 
 
 def _room(block: int) -> int:
-    """The largest free block the forward's segments offer at step 1's optimizer peak, once backward has freed every
-    block forward made (``try_merge_blocks`` merges each with the rest of its segment), where the MLP's c·I·T is the
-    largest of them: its segment (``get_allocation_size``: from 10 MiB its size rounded up to 2 MiB); under 20 MiB
-    at least a whole 20 MiB kLargeBuffer segment, which the smaller blocks of every layer (c·H·T, c·Dkv·T, between 1
-    and 10 MiB there) share; none for a large request where every block is at most 1 MiB (the small pool). Never
-    falls as T grows, so ``mlp_tensors_unfit`` is closed downwards."""
-    if block <= K_SMALL_SIZE:
-        return K_SMALL_SIZE
-    return max(allocation_size(block), K_LARGE_BUFFER)
+    """The free block a block forward made offers at step 1's optimizer peak, once backward has freed it: where it had
+    a segment of its own (from 10 MiB, ``get_allocation_size``: its size rounded up to 2 MiB) the whole segment,
+    ``try_merge_blocks`` merging it with the segment's rest. A smaller block shares a 20 MiB kLargeBuffer segment
+    with other blocks, and whether that segment is whole by then depends on what backward cut from it (the replays
+    say it often is: Qwen3-0.6B full 1 × 1016 keeps 0.2 GiB of its forward's segments free at step 1's optimizer peak,
+    its 12 MiB fp32 MLP tensors taking them); not modelled: only the block's own bytes are counted, and
+    ``optimizer_peak_bound`` keeps the earlier term there."""
+    return allocation_size(block) if block >= K_MIN_LARGE_ALLOC else block
 
 
 def _matrices(m: ModelSpec, p: StepParts) -> list[tuple[int, int]]:
@@ -124,9 +123,18 @@ def optimizer_peak_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak:
     the fp32 logits blocks the states reach and a tied embedding's, as term 2 counts them; not the c·V·T block,
     which the MLP gradients, fitting no forward segment, take first in step 1's backward, best fit's smallest freed
     chain block, so that the states find it full and step 2's logits find it whole: the replays of Llama-3.2-3B 4 ×
-    696 to 736 and Llama-3-8B 1 × 3968 make the three fp32 blocks and not it). Replayed: Llama-3.2-3B bf16-true 4 ×
-    720, 29.99 + 5.15 free + 4.13 made in step 2 = 39.27 GiB; Llama-3-8B 1 × 3968, 74.85 + 14.72 + 5.69 = 95.26."""
-    return opt_peak + activations_cached(m, train, p, decoder_mlp_width(m)) + remade
+    696 to 736 and Llama-3-8B 1 × 3968 make fp32 blocks only, three, and two at 4 × 736). Replayed: Llama-3.2-3B bf16-true 4 ×
+    720, 29.99 + 5.15 free + 4.13 made in step 2 = 39.27 GiB; Llama-3-8B 1 × 3968, 74.85 + 14.72 + 5.69 = 95.26.
+
+    Where the MLP block is under 10 MiB (``_room``), the earlier bound stays: every saved activation cached, nothing on
+    top (the replays do not bear it out, Qwen3-0.6B full 1 × 1016 keeping 0.2 GiB of the forward's segments free, but
+    what it over-counts there stands in for the optimizer's own segment rests the closed form leaves out: Qwen2.5-0.5B
+    full eager 2 × 256, 0.48 GiB free at step 1's optimizer peak in 18 MiB segments of 16.6 MiB states and
+    temporaries and in the weights' segments; docs/reserve.md)."""
+    mlp = decoder_mlp_width(m)
+    if train.precision.compute.bytes * mlp * train.tokens < K_MIN_LARGE_ALLOC:
+        return opt_peak + p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
+    return opt_peak + activations_cached(m, train, p, mlp) + remade
 
 
 def eligibility_edges(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: int) -> list[Callable[[int, int], bool]]:
@@ -138,7 +146,11 @@ def eligibility_edges(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: i
     MLP block, 24.08 at 512)."""
     c, bw = train.precision.compute.bytes, p.weights.trainable_dtype.bytes
     sizes = sorted({bw * n for n, _ in _matrices(m, p)} - {bw * m.hidden_size * mlp_width})
-    out: list[Callable[[int, int], bool]] = []
+
+    def shared(b: int, ell: int) -> bool:  # the MLP block under 10 MiB: the earlier term (optimizer_peak_bound)
+        return c * mlp_width * b * ell < K_MIN_LARGE_ALLOC
+
+    out: list[Callable[[int, int], bool]] = [shared]
     for t in sizes:
         if t <= K_SMALL_SIZE:
             continue
@@ -148,19 +160,3 @@ def eligibility_edges(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: i
 
         out.append(below)
     return out
-
-
-def gradients_in_forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Whether step 1's backward finds room for every decoder gradient in the segments forward freed (no
-    checkpointing, the MLP's tensors fitting the forward's segments, ``mlp_tensors_unfit`` false, and the decoder
-    gradients no more than the saved activations and the decoder casts), so that none is cut from the logits chain's
-    freed blocks: the states, made after, then take the c·V·T block and lm_head's copy first of the chain (best fit,
-    the smallest). Elsewhere the gradients, cut from the chain's blocks smallest first, fill those two before the
-    states come, and ``zero_grad`` frees them whole for step 2 (Llama-3.2-1B full, checkpointed, 1 × 1856: 2% of the
-    c·V·T block holds states; Qwen3-0.6B full 1 × 1016: step 2 cuts its copy and logits from a freed V·H block)."""
-    c, bw, mlp = train.precision.compute.bytes, p.weights.trainable_dtype.bytes, decoder_mlp_width(m)
-    if train.grad_ckpt or mlp_tensors_unfit(c, bw, m.hidden_size, mlp, train.tokens) or not p.weights.trainable_params:
-        return False
-    decoder = p.grad_bytes * sum(n * k for n, k in _matrices(m, p)) // p.weights.trainable_params
-    saved = p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
-    return decoder <= saved + sum(one * k for one, k in _casts(m, train, p))
