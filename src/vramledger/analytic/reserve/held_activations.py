@@ -123,8 +123,9 @@ def optimizer_peak_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak:
     the fp32 logits blocks the states reach and a tied embedding's, as term 2 counts them; not the c·V·T block,
     which the MLP gradients, fitting no forward segment, take first in step 1's backward, best fit's smallest freed
     chain block, so that the states find it full and step 2's logits find it whole: the replays of Llama-3.2-3B 4 ×
-    696 to 736 and Llama-3-8B 1 × 3968 make fp32 blocks only, three, and two at 4 × 736). Replayed: Llama-3.2-3B bf16-true 4 ×
-    720, 29.99 + 5.15 free + 4.13 made in step 2 = 39.27 GiB; Llama-3-8B 1 × 3968, 74.85 + 14.72 + 5.69 = 95.26.
+    696 to 736 and Llama-3-8B 1 × 3968 make fp32 blocks only, three, and two at 4 × 736). Replayed: Llama-3.2-3B
+    bf16-true 4 × 720, 29.99 + 5.15 free + 4.13 made in step 2 = 39.27 GiB; Llama-3-8B 1 × 3968, 74.85 + 14.72 +
+    5.69 = 95.26.
 
     Where the MLP block is under 10 MiB (``_room``), the earlier bound stays: every saved activation cached, nothing on
     top (the replays do not bear it out, Qwen3-0.6B full 1 × 1016 keeping 0.2 GiB of the forward's segments free, but
