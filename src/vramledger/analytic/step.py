@@ -7,8 +7,9 @@ created inside it), so they are live through forward and backward of every later
 
 Each phase's peak is the largest of a few candidate moments (named in ``moments``):
 - forward: inside the loss (logits, fp32 copy, log-softmax) with every layer's saved activations;
-- backward: the log-softmax backward (12·V·T), lm_head's backward, the top layer's backward (with its recompute
-  under checkpointing), or the end (every gradient allocated);
+- backward: the log-softmax backward (12·V·T), lm_head's backward, the top layer's MLP backward (with its
+  recompute under checkpointing), its eager attention's softmax backward (the MLP's saved tensors freed, the
+  length² gradients live), or the end (every gradient allocated);
 - optimizer: weights + gradients + states + the step's temporaries.
 Gradients are absent in forward unless gradient accumulation keeps them across micro-steps.
 """
