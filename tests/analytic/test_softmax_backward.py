@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -27,7 +28,7 @@ from vramledger.analytic.step import moments
 from vramledger.analytic.weights import weight_budget
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
-from vramledger.specs import Attention, Method, Precision, TrainSpec
+from vramledger.specs import Attention, Method, ModelSpec, Precision, TrainSpec
 
 GRID = Path(__file__).resolve().parents[2] / "bench" / "reserve" / "replay_grid.jsonl"
 LLAMA_8B_EAGER = "llama-3-8b/lora/b1/L4096/ckpt/eager"
@@ -73,6 +74,15 @@ def test_llama_3_8b_eager_against_its_committed_trace() -> None:
     assert abs(got / traced - 1) <= 0.001
 
 
+def _backward_allocated(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any]) -> tuple[int, int, str]:
+    """Backward's peak allocated in a fresh trace and in the estimate, and the estimate's moment there."""
+    from vramledger.trace import trace_step
+
+    traced = trace_step(model, train, config=cfg).allocated(Phase.BACKWARD)
+    got = estimate(model, train).allocated(Phase.BACKWARD)
+    return traced, got, moments(model, train)[Phase.BACKWARD].name
+
+
 @pytest.mark.parametrize(
     ("family", "method", "precision"),
     [
@@ -90,16 +100,13 @@ def test_tiny_traces_peak_at_the_softmax_backward(family: str, method: Method, p
     pytest.importorskip("transformers")
     from tests.trace._trace_tiny import TINY
     from vramledger.catalog.hfconfig import model_spec_from_config
-    from vramledger.trace import trace_step
 
     cfg = TINY[family]
     model = model_spec_from_config(cfg, name=f"tiny-{family}", source="tests/trace/_trace_tiny.py")
     train = TrainSpec(
         method=method, precision=precision, micro_batch=1, seq_len=512, grad_ckpt=True, attn=Attention.EAGER
     )
-    traced = trace_step(model, train, config=cfg).allocated(Phase.BACKWARD)
-    got = estimate(model, train).allocated(Phase.BACKWARD)
-    name = moments(model, train)[Phase.BACKWARD].name
+    traced, got, name = _backward_allocated(model, train, cfg)
     print(
         f"tiny {family} {method.value} {precision.value}: trace {traced:,}, estimate {got:,} ({got / traced - 1:+.2%})"
     )
@@ -108,7 +115,7 @@ def test_tiny_traces_peak_at_the_softmax_backward(family: str, method: Method, p
 
 
 # A small vocabulary and a wide MLP, so that the top layer's MLP backward, not the loss, is the backward peak.
-WIDE_MLP = {
+WIDE_MLP: dict[str, Any] = {
     "model_type": "llama",
     "hidden_size": 256,
     "intermediate_size": 1024,
@@ -128,7 +135,6 @@ def test_the_mlp_backward_holds_no_length2_gradients() -> None:
     (113,679,872 against 107,802,624 bytes), and is within 1% without."""
     pytest.importorskip("transformers")
     from vramledger.catalog.hfconfig import model_spec_from_config
-    from vramledger.trace import trace_step
 
     model = model_spec_from_config(WIDE_MLP, name="wide-mlp", source="tests/analytic/test_softmax_backward.py")
     train = TrainSpec(
@@ -140,9 +146,7 @@ def test_the_mlp_backward_holds_no_length2_gradients() -> None:
         attn=Attention.EAGER,
         packing=True,
     )
-    traced = trace_step(model, train, config=WIDE_MLP).allocated(Phase.BACKWARD)
-    got = estimate(model, train).allocated(Phase.BACKWARD)
-    name = moments(model, train)[Phase.BACKWARD].name
+    traced, got, name = _backward_allocated(model, train, WIDE_MLP)
     print(f"wide MLP: trace {traced:,}, estimate {got:,} ({got / traced - 1:+.2%}) at {name!r}")
     assert traced == 107_802_624
     assert name.startswith("backward of the top decoder layer")
