@@ -21,14 +21,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramledger.analytic import estimate
-from vramledger.analytic.activations import softmax_backward_freed_bytes_per_token
+from vramledger.analytic.activations import layer_activations, softmax_backward_freed_bytes_per_token
 from vramledger.analytic.step import moments
 from vramledger.analytic.weights import weight_budget
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
-from vramledger.specs import Attention, Method, ModelSpec, Precision, TrainSpec
+from vramledger.specs import Attention, LoraSpec, Method, ModelSpec, Precision, TrainSpec
 
 GRID = Path(__file__).resolve().parents[2] / "bench" / "reserve" / "replay_grid.jsonl"
 LLAMA_8B_EAGER = "llama-3-8b/lora/b1/L4096/ckpt/eager"
@@ -151,3 +153,23 @@ def test_the_mlp_backward_holds_no_length2_gradients() -> None:
     assert traced == 107_802_624
     assert name.startswith("backward of the top decoder layer")
     assert abs(got / traced - 1) <= 0.01
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    model=st.sampled_from(["llama-3-8b", "qwen3-8b", "gemma-2-2b", "gemma-3-4b", "gpt2", "qwen3-30b-a3b", "olmo-2-7b"]),
+    method=st.sampled_from([Method.FULL, Method.LORA, Method.QLORA, Method.FREEZE]),
+    precision=st.sampled_from([Precision.BF16_MIXED, Precision.BF16, Precision.FP32]),
+    ckpt=st.booleans(),
+    lora=st.builds(LoraSpec, rank=st.integers(1, 128), dropout=st.sampled_from([0.0, 0.05]), dora=st.booleans()),
+)
+def test_a_layer_frees_no_more_than_it_saved(
+    model: str, method: Method, precision: Precision, ckpt: bool, lora: LoraSpec
+) -> None:
+    """What the softmax backward finds freed is part of the layer's saved set (every model shape: Gemma's four
+    norms, GPT-2's dropout masks, MoE experts, OLMo-2's post-norms; adapters, DoRA, dropout masks)."""
+    m = resolve_model(model)
+    train = TrainSpec(method=method, precision=precision, grad_ckpt=ckpt, attn=Attention.EAGER, seq_len=1024, lora=lora)
+    wb = weight_budget(m, train)
+    freed = softmax_backward_freed_bytes_per_token(m, train, wb)
+    assert 0 <= freed <= layer_activations(m, train, wb).per_token
