@@ -445,6 +445,15 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
     mo = _top_layer_moment(
         "backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""), train, p, freed=0
     )
+    if train.grad_ckpt:
+        # Stands for DoRA's transients in the MLP's backward too (traced: the peak of a small LoRA/DoRA model is in
+        # down_proj's DoRA backward; by the softmax's backward o_proj's is done and q/k/v's not begun).
+        mo.add(
+            Category.TEMPORARIES,
+            "DoRA weight norm in the recomputed forward",
+            p.dora_temp,
+            "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)",
+        )
     mo.add(
         Category.TEMPORARIES,
         "gradients of hidden states and MLP intermediates",
@@ -495,13 +504,6 @@ def _top_layer_moment(name: str, train: TrainSpec, p: StepParts, *, freed: int) 
             "one layer's length² tensors (recomputed)",
             p.layer_scores_bytes,
             "analytic/activations.py",
-        )
-    if train.grad_ckpt:
-        mo.add(
-            Category.TEMPORARIES,
-            "DoRA weight norm in the recomputed forward",
-            p.dora_temp,
-            "PEFT DoraLinearLayer.get_weight_norm, in² + 4·in·out fp32 (recomputed under checkpointing)",
         )
     mo.add(
         Category.TEMPORARIES,
