@@ -10,8 +10,8 @@ tensors went with the final norm's backward before. The estimate used to stack t
 the tiny traces below.
 
 Truths: the committed trace of that grid config, a hand derivation of what the layer frees, fresh traces of
-tiny Llama and Qwen3 models whose backward peak is that moment, and two of a small model (full, DoRA) whose peak is the MLP's
-backward before it (which holds no length² gradient yet).
+tiny Llama and Qwen3 models whose backward peak is that moment, and two of a small model (full, DoRA) whose peak
+is the MLP's backward before it (which holds no length² gradient yet).
 """
 
 from __future__ import annotations
