@@ -16,6 +16,7 @@ Run:  nice python bench/distributed/run_grid.py              # traces what is mi
       python bench/distributed/run_grid.py --table           # the markdown table of docs/distributed.md
       python bench/distributed/run_grid.py --reserved        # its reserved table (rank 0, side pools apart)
       python bench/distributed/run_grid.py --causes ID       # where one config's default-stream excess sits
+      python bench/distributed/run_grid.py --free ID         # its default pool's free bytes by kind of segment
 Output: bench/distributed/grid.jsonl, one JSON object per config (bytes everywhere).
 """
 
@@ -279,13 +280,8 @@ def reserved_table(rows: dict[str, dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> list[str]:
-    """The default stream's pool at step 2's peak allocated, in the replay of the trace: the segments step 2 had to
-    make (what step 1's cache could not serve) and what lives then in the segments step 1's logits chain made."""
-    from collections import Counter
-
-    from vramledger.allocator.model import CachingAllocatorModel
-    from vramledger.allocator.replay import EventKind
+def _replay_input(row: tuple[str, str, int, str, str, int, int, bool]) -> tuple[list[Any], Any]:
+    """One config traced: its events and the device events trace/oom.py replays (with each one's stream)."""
     from vramledger.trace import trace_events
     from vramledger.trace.oom import device_events
 
@@ -293,7 +289,18 @@ def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         events = trace_events(m, t, config=config)
-    dev = device_events(events, None)
+    return events, device_events(events, None)
+
+
+def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> list[str]:
+    """The default stream's pool at step 2's peak allocated, in the replay of the trace: the segments step 2 had to
+    make (what step 1's cache could not serve) and what lives then in the segments step 1's logits chain made."""
+    from collections import Counter
+
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+
+    events, dev = _replay_input(row)
     pool = CachingAllocatorModel()
     live: dict[int, Any] = {}
     what: dict[int, str] = {}
@@ -331,6 +338,86 @@ def default_pool_causes(row: tuple[str, str, int, str, str, int, int, bool]) -> 
     return out
 
 
+def _segment_kind(maker: tuple[int, str, str], size: int, holds_workspace: bool) -> str:
+    """What made a default-pool segment, in the terms of analytic/distributed/fsdp_workspace.py's floor."""
+    step, op, cat = maker
+    if cat == "logits_loss" and op in ("empty", "empty_like", "resize_"):
+        # made inside the root's forward, but FSDP's: the root's unsharded parameters (FSDP2), FSDP1's lazy-init
+        # flat buffers (_flat_param.py init_flat_param_attributes), where forward's cuBLAS workspace may sit
+        return "FSDP's unsharded-buffer segments"
+    if holds_workspace:
+        return "workspace block's segment"
+    if size <= 2 * 2**20:
+        return "small pool"
+    if step == 1 and cat == "logits_loss" and op == "mm":
+        return "c·V·T hole"
+    if cat == "logits_loss" and op not in ("empty", "resize_"):
+        return "other logits segments"
+    if size == 20 * 2**20:
+        return "20 MiB segments"
+    return "other"
+
+
+def default_pool_free(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
+    """The default stream's pool at step 2's peak allocated, in the replay of the trace: its reserved bytes, the
+    bytes its blocks hold (the requests, and the requests as the allocator rounds and splits them), what the side
+    pools hold then, and the free bytes by kind of segment (the segment holding step 1's backward cuBLAS workspace
+    among the logits blocks; forward's c·V·T logits block; the other logits blocks; the 20 MiB segments of requests
+    under 10 MiB; the small pool's 2 MiB segments; the rest)."""
+    from vramledger.allocator.model import CachingAllocatorModel
+    from vramledger.allocator.replay import EventKind
+
+    events, dev = _replay_input(row)
+    pool = CachingAllocatorModel()
+    live: dict[int, Any] = {}
+    asked: dict[int, tuple[int, str, int]] = {}  # size, category, step
+    side: dict[int, int] = {}
+    made: dict[int, tuple[tuple[int, str, str], int]] = {}  # segment -> (maker, reserved bytes)
+    peak: tuple[int, int, int, int, dict[str, int]] = (0, 0, 0, 0, {})
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        step = events[src].step if src >= 0 else 1
+        if dev.streams.get(ev.id, ""):
+            if ev.kind is EventKind.ALLOC:
+                side[ev.id] = ev.size
+            else:
+                side.pop(ev.id, None)
+            continue
+        cat = ev.category.value if ev.category else ""
+        if ev.kind is EventKind.ALLOC:
+            before = pool.reserved
+            live[ev.id] = blk = pool.malloc(ev.size) if ev.size else None
+            asked[ev.id] = (ev.size, cat, step)
+            if blk is not None and pool.reserved > before:
+                made[blk.seg] = ((step, ev.op, cat), pool.reserved - before)
+        else:
+            blk = live.pop(ev.id)
+            if blk is not None:
+                pool.free(blk)
+        if step == 2 and pool.allocated > peak[0]:
+            used: dict[int, int] = {}
+            workspace: set[int] = set()
+            for i, b in live.items():
+                if b is None:
+                    continue
+                used[b.seg] = used.get(b.seg, 0) + b.size
+                if asked[i][1] == "workspace" and asked[i][2] == 1 and made[b.seg][0][2] == "logits_loss":
+                    workspace.add(b.seg)
+            free: dict[str, int] = {}
+            for seg, (maker, size) in made.items():
+                kind = _segment_kind(maker, size, seg in workspace)
+                free[kind] = free.get(kind, 0) + size - used.get(seg, 0)
+            requested = sum(asked[i][0] for i, b in live.items() if b is not None)
+            peak = (pool.allocated, pool.reserved, requested, sum(side.values()), free)
+    allocated, reserved, requested, side_live, free = peak
+    mib = 2**20
+    out = [
+        f"default pool at step 2's peak allocated: reserved {reserved / mib:,.1f} MiB, allocated {allocated / mib:,.1f}"
+        f" (requested {requested / mib:,.1f}); side pools' live bytes then {side_live / mib:,.1f} MiB",
+    ]
+    out += [f"  free in {k}: {n / mib:,.1f} MiB" for k, n in sorted(free.items(), key=lambda kv: -kv[1]) if n]
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--analytic", action="store_true")
@@ -339,6 +426,7 @@ def main() -> None:
     ap.add_argument("--table", action="store_true")
     ap.add_argument("--reserved", action="store_true", help="the reserved table of docs/distributed.md")
     ap.add_argument("--causes", metavar="ID", help="trace one config and print where its default pool's excess sits")
+    ap.add_argument("--free", metavar="ID", help="trace one config and print its default pool's free bytes by kind")
     ap.add_argument("--views", action="store_true", help="add each row's single-GPU compute view, traced and estimated")
     args = ap.parse_args()
     rows = _load()
@@ -361,6 +449,9 @@ def main() -> None:
         return
     if args.reserved:
         print(reserved_table(rows))
+        return
+    if args.free:
+        print(default_pool_free(next(r for r in GRID if _id(r) == args.free)))
         return
     if args.causes:
         print("\n".join(default_pool_causes(next(r for r in GRID if _id(r) == args.causes))))

@@ -72,10 +72,6 @@ TIED_OVER = (
     "the tied embedding's V·H block is added on top of the cached activations; near 4·T = b·H the replay makes none "
     "(1 × 1016: 13.11 GiB, the estimate's held shape 1 × 1023)"
 )
-RUN_ACTIVATIONS = (
-    "at 4 × 928 the states take more of the activation blocks and step 2 makes 2.75 GB of activation segments again "
-    "beside the three fp32 logits blocks (2.08 GB at 4 × 960): not modelled"
-)
 ADAFACTOR_HELD = (
     "Adafactor's four fp32 temporaries of the embedding get segments of their own wherever the 4·V·T logits segment "
     "is under two of them: up to 2 × 2045 (optimizers.py temporaries_switch), past the envelope's last sample (2 × "
@@ -100,7 +96,6 @@ KNOWN_MISSES: dict[str, str] = {
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": FULL_OVER,
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": ADAFACTOR_HELD,
-    "qwen2.5-1.5b/full/b4/L1024/nockpt/sdpa": RUN_ACTIVATIONS,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": FULL_OVER,
     "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": FULL_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,

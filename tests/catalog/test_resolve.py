@@ -229,6 +229,14 @@ def test_custom_gpu_sizes() -> None:
     assert named.name == "my-card" and named.memory_bytes == 16 * 2**30
 
 
+def test_a_size_of_nothing_is_refused_naming_the_flag() -> None:
+    # "0GiB" parses as a size; a card with no memory used to pass through to GPUSpec's check, whose message named
+    # neither the flag nor the fix.
+    for text in ("0GiB", "card:0GB"):
+        with pytest.raises(VramledgerError, match=r"^gpu: '.*' is no memory; give the card's size, e.g. --gpu 24GiB$"):
+            resolve_gpu(text)
+
+
 def test_unknown_gpu_lists_close_matches() -> None:
     with pytest.raises(VramledgerError, match=r"gpu: 'h10' is not in the catalog; did you mean .*h100"):
         resolve_gpu("h10")

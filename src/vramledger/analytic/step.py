@@ -41,6 +41,7 @@ from vramledger.analytic.distributed import (
     FlattenMoment,
     add_buffers,
     engine_dtypes,
+    fsdp2_pending_root_shard,
     holds_grads_into_forward,
     layer_gradient_lines,
     nccl_lines,
@@ -549,7 +550,8 @@ def _end_of_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Mome
     if flattening:
         return tuple(_flatten_moment(train, p, f) for f in flattening)
     mo = Moment(name="end of backward (every gradient allocated)", phase=Phase.BACKWARD)
-    add_persistent(mo, p, train, grads=p.grad_bytes, autocast=False, states=True)
+    pending = fsdp2_pending_root_shard(m, train, p.weights)  # FSDP2: the root's shard comes after this moment
+    add_persistent(mo, p, train, grads=p.grad_bytes - pending, autocast=False, states=True)
     mo.add(
         Category.TEMPORARIES,
         "embedding gradient before accumulation",

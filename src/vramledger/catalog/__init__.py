@@ -278,6 +278,8 @@ def resolve_gpu(name: str) -> GPUSpec:
         return gpu_entries()[key]
     size_text = name.split(":")[-1]
     size = parse_size(size_text)
+    if size is not None and size <= 0:
+        raise VramledgerError(f"gpu: {name!r} is no memory; give the card's size, e.g. --gpu 24GiB")
     if size is not None:
         label = name.split(":")[0] if ":" in name else f"custom {size_text}"
         return GPUSpec(

@@ -101,6 +101,11 @@ NO_SHARD_CAST_SOURCE = (
     "(_mp_shard) is the unit's whole cast, allocated in the pre-unshard stream and freed only in post_reshard; the "
     "root's spans forward (its post-forward reshard comes last) and, cast again by its pre-backward hook, backward"
 )
+FSDP2_RS_STATES_SOURCE = (
+    "torch fsdp/_fully_shard/_fsdp_param_group.py post_backward: comm_ctx.reduce_scatter_states holds the last "
+    "reduce_scatter_input until the next unit's post_backward (reduce_scatter_max_input_buffers = 1)"
+)
+LAST_REDUCE_SCATTER_INPUT_LABEL = "last layer reduce-scatter input (until the root's post-backward)"
 FSDP_RS_SOURCE = (
     "torch fsdp/_fully_shard/_fsdp_collectives.py foreach_reduce: one unit's unsharded gradients and its "
     "reduce_scatter_input"
@@ -209,7 +214,7 @@ def _fsdp(m: ModelSpec, train: TrainSpec, wb: WeightBudget, one: SingleLines) ->
     buffers = [
         _fsdp_root_buffer(train, wb, root, u),
         *_fsdp_layer_buffers(m, train, strategy, layer, u),
-        *_fsdp_root_grad_buffers(train, wb, root, u),
+        *_fsdp_root_grad_buffers(m, train, wb, root, u),
     ]
     notes: list[str] = []
     host = 0
@@ -410,7 +415,7 @@ def _fsdp_layer_buffers(m: ModelSpec, train: TrainSpec, strategy: Sharding, laye
     return buffers
 
 
-def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: int) -> list[Buffer]:
+def _fsdp_root_grad_buffers(m: ModelSpec, train: TrainSpec, wb: WeightBudget, root: int, u: int) -> list[Buffer]:
     """The root's unsharded gradients when full fine-tuning trains the embeddings or the output layer."""
     trained = (wb.embedding_trainable or wb.head_trainable) and train.method is Method.FULL
     root_trained = root if trained else 0
@@ -420,16 +425,48 @@ def _fsdp_root_grad_buffers(train: TrainSpec, wb: WeightBudget, root: int, u: in
         return []
     # The root's gradients stay unsharded from the output layer's backward to the embeddings' (its
     # reduce-scatter runs when the whole unit is done): live at the end of backward (the traces).
-    return [
-        Buffer(
-            label="root unit's unsharded gradients (until its reduce-scatter)",
-            category=Category.GRADIENTS,
-            bytes=root_trained * u,
-            phases=frozenset((Phase.BACKWARD,)),
-            source=FSDP_RS_SOURCE,
-            at_end_of_backward=True,
-        )
-    ]
+    root_grads = Buffer(
+        label="root unit's unsharded gradients (until its reduce-scatter)",
+        category=Category.GRADIENTS,
+        bytes=root_trained * u,
+        phases=frozenset((Phase.BACKWARD,)),
+        source=FSDP_RS_SOURCE,
+        at_end_of_backward=True,
+    )
+    if train.fsdp_version != 2 or not wb.trainable_layers:
+        return [root_grads]
+    # FSDP2 keeps the last reduce-scatter input until the next unit's post_backward (the root's, after the
+    # embeddings' backward): _fsdp_param_group.py ``post_backward`` appends ``ReduceScatterState(
+    # reduce_scatter_input, ...)`` to ``comm_ctx.reduce_scatter_states`` and reclaims the oldest only when
+    # ``reduce_scatter_max_input_buffers`` (1) are held. That input is the lowest trained layer's unsharded
+    # gradients in the reduce dtype, made on the default stream (stream_pools.py): live beside the root's.
+    r = train.precision.compute.bytes if train.precision.mixed else wb.trainable_dtype.bytes
+    rs_input = Buffer(
+        label=LAST_REDUCE_SCATTER_INPUT_LABEL,
+        category=Category.GRADIENTS,
+        bytes=r * fsdp_layer_elements(m, train, wb, u),
+        phases=frozenset((Phase.BACKWARD,)),
+        source=FSDP2_RS_STATES_SOURCE,
+        at_end_of_backward=True,
+    )
+    return [root_grads, rs_input]
+
+
+def fsdp2_pending_root_shard(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Bytes of the root's gradient shard that rank 0 does not hold yet at the end of backward (FSDP2 with a trained
+    root, where ``_fsdp_root_grad_buffers`` keeps the root's unsharded gradients): ``foreach_reduce`` makes the
+    root's sharded gradients (one dim-0 shard per parameter, ⌈rows/N⌉ rows: _fsdp_param.py
+    ``_init_sharded_param``) only in the root's post_backward, after the embeddings' backward. 0 elsewhere."""
+    fsdp2 = train.fsdp not in (None, Sharding.NO_SHARD) and train.fsdp_version == 2
+    if not fsdp2 or train.offload_params or train.offload_optimizer:
+        return 0
+    if not _fsdp_root_grad_buffers(m, train, wb, embedding_params(m) + head_params(m), 1):
+        return 0
+    ranks, b, V, H = shard_ranks(train), wb.trainable_dtype.bytes, m.vocab_size, m.hidden_size
+    head = wb.head_trainable and not m.tie_word_embeddings
+    rows = (V if wb.embedding_trainable else 0) + (V if head else 0)
+    # the embedding and the output layer: ⌈V/N⌉ rows of H each; the final norm: ⌈H/N⌉ elements
+    return b * (-(-V // ranks) * H * (rows // V) + (-(-H // ranks) if wb.head_trainable else 0))
 
 
 def _fsdp_offload_buffer(layer: int, u: int, ranks: int) -> Buffer:

@@ -10,8 +10,10 @@ freed earlier are cut up by the saved activations. Where every other free block 
 (the rivals below), it is cut from an fp32 logits block (``should_split``: the remainder is > 1 MiB). From step 2
 on backward needs three 4·V·T blocks at once (the saved log-softmax and ``nll_loss_backward``'s and
 ``_log_softmax_backward_data``'s gradients): the block with the workspace inside cannot serve one, so one more
-4·V·T segment is made, and at the peak its remainder (4·V·T − workspace) is cached and free beside the c·V·T
-hole, unless the step's own layer transients are cut from it (under checkpointing: they share it).
+4·V·T segment is made, and at the peak its remainder (the segment less the workspace) is cached and free beside
+the c·V·T hole, unless the step's own layer transients are cut from it (under checkpointing: they share it). Each
+of the loss's blocks is a segment of its own, the request rounded up to 2 MiB (``get_allocation_size``); the
+floor counts the segments, not the requests.
 
 The replay of the traced default stream shows it in every FSDP row of the grid but the 1B-parameter ones
 (bench/distributed/grid.jsonl; ``python bench/distributed/run_grid.py --causes ID``): step 2 makes a 126 MiB
@@ -50,7 +52,7 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import NamedTuple
 
-from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.allocator.conf import K_SMALL_SIZE, allocation_size
 from vramledger.analytic.distributed.core import fsdp_gathered_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
@@ -68,8 +70,9 @@ from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
 SOURCE = (
     "FSDP: step 1's backward cuBLAS workspace (CublasHandlePool.cpp, never freed) is cut from a freed fp32 logits "
     "block (best fit: no other free block holds it), so step 2 makes one more 4·V·T segment; the default stream's "
-    "reserve is at least the loss's peak + the c·V·T hole less the states in it + the larger of the workspace "
-    "block's remainder and one layer's transients (with FSDP2 and adapters: the remainder + LoRA's layers' cache) "
+    "reserve is at least the loss's peak + the c·V·T hole's segment less the states in it + the larger of the "
+    "workspace block's remainder in its segment and one layer's transients (with FSDP2 and adapters: the "
+    "remainder + LoRA's layers' cache) "
     "(analytic/distributed/fsdp_workspace.py)"
 )
 
@@ -157,24 +160,33 @@ def _upper_edge(B: int, L: int, band: _Band) -> list[tuple[int, int]]:
 def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int) -> int:
     """Reserved bytes of the default stream's pool at step 2's loss peak where ``workspace_in_logits`` (else 0).
 
-    ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over.
-    On top of ``loss_peak``, cached and free: the c·V·T logits hole less the optimizer states step 1 put in it (the
-    first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
-    remainder 4·V·T − W and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts from
-    that remainder (with FSDP2 and adapters the remainder and LoRA's layers' cache: ``_beside_hole``); plus the
-    small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes
-    (distributed/core.py ``engine_dtypes``), as for analytic/reserve/.
+    ``loss_peak``: the default stream's allocated bytes there; ``ranks``: N, the ranks a parameter is sharded over. On
+    top of ``loss_peak``, cached and free: the c·V·T logits hole's segment less the optimizer states step 1 put in it
+    (the first block they fill: analytic/reserve/shape.py ``single_shape``), and the larger of the workspace block's
+    remainder (its segment less W) and one layer's transients (``stranded_bytes`` beyond the hole), which best fit cuts
+    from that remainder (with FSDP2 and adapters the remainder and LoRA's layers' cache: ``_beside_hole``); plus the
+    small pool's cached bytes (``small_pool_excess``). ``train``: the engine's dtypes (distributed/core.py
+    ``engine_dtypes``), as for analytic/reserve/.
     """
     if not workspace_in_logits(m, train, p):
         return 0
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4)
-    states_in_hole = min(_large_pool_states(m, train, p, ranks), hole)
+    fp32 = 4 * m.vocab_size * train.tokens
+    # Each of the loss's blocks is a segment of its own, of the request rounded up to kRoundLarge (2 MiB) above
+    # kMinLargeAlloc (CUDACachingAllocator.cpp ``get_allocation_size``): the hole is the whole segment once its block
+    # is freed, and the workspace's remainder is the segment's rest. The three fp32 blocks live at the log-softmax
+    # backward keep their rounding too, but it is left out: ``loss_peak`` is the larger of forward's and backward's
+    # peaks, which holds those blocks only where the log-softmax backward is the peak (FSDP1's end of backward is
+    # at short lengths), and added to any other moment the rounding falls as the blocks grow into their segments
+    # (mid FSDP1 full 1 × 263 → 264: −375 KB), which a run with dynamic padding never does.
+    hole_segment = allocation_size(hole) if hole else 0
+    states_in_hole = min(_large_pool_states(m, train, p, ranks), hole_segment)
     transients = stranded_bytes(m, train, p) - hole
-    remainder = 4 * m.vocab_size * train.tokens - cublas_workspace_block(p)
+    remainder = allocation_size(fp32) - cublas_workspace_block(p)
     return (
         loss_peak
-        + hole
+        + hole_segment
         - states_in_hole
         + _beside_hole(m, train, p, transients, remainder)
         + small_pool_excess(train, p)

@@ -16,6 +16,7 @@ from vramledger.analytic.reserve.full import relaid_regions
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import single_shape
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
+from vramledger.analytic.reserve.state_rests import band_edges, rests_band
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
 from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_band, workspace_rivals_per_token
 from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
@@ -80,6 +81,8 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
     p = at(train)[0]
     also = _closed_switches(m, train, p)
+    if (rests := rests_band(m, train, p)) is not None:
+        also["state_rests"] = rests  # a band, as softcap's below
     if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
         also["softcap"] = softcap  # not closed downwards, but a shape's own reserve has it where it is on
     for which, points in _regions(m, train, p):
@@ -133,6 +136,7 @@ def _regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[Switchi
     band = workspace_band(m, train, p)
     if band:
         out.append((Switching(workspace=True), band))
+    out += [(Switching(state_rests=True), [pt]) for pt in band_edges(m, train, p)]
     softcap = softcap_remade(m, train) if train.adapters else None
     if softcap is not None:  # on and off every few tokens: the latest shape ≤ (b, L) where it is on, and the
         # latest under each other region's edge (b, ℓ_b), where both are on: a closed region (the workspace's) can

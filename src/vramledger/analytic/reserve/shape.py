@@ -25,6 +25,7 @@ from vramledger.analytic.reserve.optimizers import end_of_backward_bound, tempor
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
 from vramledger.analytic.reserve.spill import hole_remade, tied_remade
+from vramledger.analytic.reserve.state_rests import state_rests_cached
 from vramledger.analytic.reserve.switches import Switching
 from vramledger.analytic.reserve.trl import trl_stranded_bytes
 from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_lost
@@ -125,7 +126,9 @@ def single_shape(
        2 MiB rests of the whole segments cached there, ``_segment_rest``) are cached on top of ``loss_peak``, less
        the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
        activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
-       own segments, which no activation fits (``temporaries_unused_by_activations``); with adapters, plus an
+       own segments, which no activation fits (``temporaries_unused_by_activations``), and where step 1's states
+       sit in every MLP activation segment, what those segments have free (``on.state_rests``,
+       ``state_rests_cached``); with adapters, plus an
        fp32 logits block lost to the backward thread's cuBLAS workspace (``on.workspace``, ``workspace_lost``);
     2. full fine-tuning: the optimizer creates its states S inside step 1 (torch/optim/adamw.py ``_init_group``,
        after backward), so step 1's loss peak reserves R1 = ``loss_peak`` − S + stranded (under checkpointing, at
@@ -164,7 +167,11 @@ def single_shape(
     return (
         max(
             step_peak,
-            loss_peak + stranded - in_hole + temporaries_unused_by_activations(m, train, p),
+            loss_peak
+            + stranded
+            - in_hole
+            + temporaries_unused_by_activations(m, train, p)
+            + (state_rests_cached(m, train, p) if on.state_rests else 0),
             max(r1 + eager_backward_segments(m, train), opt_peak)
             + _relaid(m, train, p, on)
             + (tied_remade(m, train, p) if on.tied else 0),

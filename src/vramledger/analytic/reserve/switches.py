@@ -24,6 +24,9 @@ class Switching(NamedTuple):
     fused_relaid: bool = False
     """Fused AdamW's fp32 logits block step 2 makes again, where 4·V·T is no larger than the V·H gradient
     (optimizers.py ``fused_relaid_switch``)."""
+    state_rests: bool = False
+    """What the MLP activation segments cache free at step 2's loss peak where step 1's states sit in every one of
+    them (state_rests.py ``state_rests_cached``)."""
 
 
 NONE = Switching()
