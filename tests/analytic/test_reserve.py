@@ -48,7 +48,16 @@ TRAIN = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 TOLERANCE = 0.03
 # Configs the closed form still misses by more than TOLERANCE, kept visible as strict xfails; the reason shown is
 # what the replay measured (replay_causes.jsonl: the free blocks at step 2's peak and who made their segments).
-ALLOC = "the analytic allocated is off the trace's by more than 3%: not, or not only, a reserve miss"
+PADDED_FULL = (
+    "allocated +3.6% is the padded batch's SDPA mask and K/V repeated for it (analytic/activations.py), which the "
+    "trace's unpadded batch does not build; packed (no mask) the estimate's allocated is the trace's (47.79 against "
+    "47.81 GiB), and its reserved is still 52.73 GiB against the replay's 48.54: a reserve over-count of its own"
+)
+EAGER_CKPT_RESERVE = (
+    "allocated matches the trace since the softmax backward moment (22.81 GiB both; analytic/step.py "
+    "_softmax_backward, +4.4% before); the reserve is the closed form's: 8.65 GiB over allocated against the "
+    "replay's 3.32 (the run's envelope 29.40 GiB)"
+)
 TINY = "a 2-layer toy model: segments of 20 MiB for requests under 10 MiB dominate its cache"
 TINY_CKPT = (
     "a 2-layer toy model under checkpointing: left out are the live fp32 logits blocks' 2 MiB segment rests (3 × 1.5 "
@@ -84,11 +93,11 @@ KNOWN_MISSES: dict[str, str] = {
     "llama-3.2-3b/full/b4/L768/nockpt/sdpa/bf16-true": HELD_OVER,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": TEMPS_OVER,
-    "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": ALLOC,
+    "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
     "llama-3-8b/full/b1/L4096/nockpt/sdpa/bf16-true": HELD_OVER,
     "gemma-3-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
-    "llama-3-8b/lora/b1/L4096/ckpt/eager": ALLOC,
+    "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
     "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa": PADDED_MASK,
 }
 
