@@ -120,16 +120,14 @@ def _regions(
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
     if on.workspace is not None:
         regions.append((Switching(workspace=True), on.workspace))
-    acts = []
+    acts: list[Callable[[int, int], bool]] = []
     if on.activations is not None:  # and below each edge where more matrices' tensors fit (held_activations.py)
         act = on.activations
-        edges = eligibility_edges(m, train, p, decoder_mlp_width(m))
-        acts = [act, *(lambda b, ell, e=e: act(b, ell) and e(b, ell) for e in edges)]
+        acts = [act, *(_both(act, e) for e in eligibility_edges(m, train, p, decoder_mlp_width(m)))]
         regions += [(Switching(activations=True), a) for a in acts]
     if on.tied is not None:
         regions.append((Switching(tied=True), on.tied))
-        both, tied = Switching(activations=True, tied=True), on.tied
-        regions += [(both, lambda b, ell, a=a: a(b, ell) and tied(b, ell)) for a in acts]
+        regions += [(Switching(activations=True, tied=True), _both(a, on.tied)) for a in acts]
     temporaries = temporaries_switch(m, train, p)
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
@@ -158,6 +156,11 @@ def _regions(
         out += [(Switching(softcap=True), [pt]) for pt in sorted(set(under))]
         out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
     return out
+
+
+def _both(f: Callable[[int, int], bool], g: Callable[[int, int], bool]) -> Callable[[int, int], bool]:
+    """Where both ``f`` and ``g`` are on (closed downwards where both are)."""
+    return lambda b, ell: f(b, ell) and g(b, ell)
 
 
 class _Predicates(NamedTuple):
