@@ -65,8 +65,10 @@ TINY_CKPT = (
     "rise with T) and the load's tails above c·H·T, which hold saved inputs beside free rests (8.3 MiB)"
 )
 TIED_OVER = (
-    "the tied embedding's V·H block is added on top of the cached activations; near 4·T = b·H the replay makes none "
-    "(1 × 1016: 13.11 GiB, the estimate's held shape 1 × 1023)"
+    "every saved activation held (its 6 MiB MLP blocks share 20 MiB segments, where the earlier term stays), but the "
+    "replay keeps 0.2 GiB of the forward's segments free at step 1's optimizer peak (its 12 MiB MLP tensors fit them) "
+    "and makes the V·H block and two fp32 blocks in step 2, lm_head's copy and the logits cut from a freed V·H block "
+    "(1 × 1016: 13.11 GiB; docs/reserve.md, the activations held at the optimizer's peak)"
 )
 TEMPS_OVER = (
     "the loss bound adds the foreach temporaries' own segments (c·I·T > b·H·I), but step 1's optimizer peak is far "
