@@ -18,8 +18,9 @@ from hypothesis import strategies as st
 from tests.analytic.test_reserve import _specs
 from vramledger.analytic import estimate
 from vramledger.analytic.reserve import logits_blocks, replay_excess
-from vramledger.analytic.reserve.full import blocks_with_states, gradients_in_chain, relaid_counted, tied_fp32
+from vramledger.analytic.reserve.full import blocks_with_states, gradients_in_chain, relaid_counted
 from vramledger.analytic.reserve.load_residue import optimizer_tails
+from vramledger.analytic.reserve.runs import switches_on
 from vramledger.analytic.reserve.shape import states_beside_chain, step1_loss_reserve, workspace_in_chain
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
@@ -129,16 +130,16 @@ def test_no_gradients_are_counted_in_the_chain_without_checkpointing_or_below_fp
 def test_a_shorter_fp32_shape_makes_the_tied_block_under_checkpointing(cid: str) -> None:
     """Llama-3.2-1B (tied) in fp32 under checkpointing, 2048 tokens (4·V·T = V·H·b): the most a shorter length
     reserves on its own is one V·H fp32 block over the length itself (runs.jsonl: 2 × 992 and 4 × 496, where
-    4·V·T < V·H·b), the block ``tied_gradient_block`` counts, and ``tied_fp32`` applies it there."""
+    4·V·T < V·H·b), the block ``tied_gradient_block`` counts, and ``switches_on`` applies it where 4·T < H·b
+    (b = 4: under 2048 tokens)."""
     run = {r["id"]: r for r in map(json.loads, RUNS.read_text().splitlines())}[cid]["reference"]
     model, train = _specs(cid)
     VHb = model.vocab_size * model.hidden_size * 4
     more = run["envelope_fine"] - run["single"]
     print(f"{cid}: the shorter shapes reserve {more / 2**30:.2f} GiB more; one V·H block {VHb / 2**30:.2f} GiB")
     assert VHb <= more < 2 * VHb
-    assert tied_fp32(train, model.num_layers)
-    nockpt, t = _specs("llama-3.2-1b/full/b1/L512/nockpt/sdpa/fp32")
-    assert not tied_fp32(t, nockpt.num_layers)
+    tied = switches_on(model, train, step_parts(model, train)).tied
+    assert tied is not None and tied(2, 992) and tied(4, 496) and not tied(2, 1024)
 
 
 def test_the_weights_tails_free_at_step_1s_optimizer_peak_by_hand() -> None:

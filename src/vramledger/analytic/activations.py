@@ -247,6 +247,52 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
     return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
 
 
+# Which linears' inputs come after eager attention's softmax in a sequential decoder layer (o_proj, the MLP's).
+_AFTER_SOFTMAX = frozenset(("attn_out", "mlp_in", "mlp_out"))
+
+
+def softmax_backward_freed_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Per token: what one trained layer saved (``layer_activations``) that its backward has freed by the time eager
+    attention's softmax backward runs, the moment the layer's length² tensors peak (3 of nh·L² at once: the fp32
+    softmax output, its fp32 gradient, ``_softmax_backward_data``'s result).
+
+    The autograd engine releases a node's saved tensors as soon as the node has run (torch 2.13
+    ``torch/csrc/autograd/engine.cpp`` ``Engine::evaluate_function``: ``if (!graph_task->keep_graph_)
+    fn.release_variables()``; under non-reentrant checkpointing the unpack hook drops its handle to the recomputed
+    tensor, ``torch/utils/checkpoint.py`` ``_checkpoint_hook.unpack_hook``), and a sequential layer's backward
+    runs its forward in reverse (transformers 5.23 ``LlamaDecoderLayer.forward``: input norm, attention, residual,
+    post-attention norm, MLP, residual; ``eager_attention_forward``: q·kᵀ, softmax, dropout, probabilities · v,
+    then o_proj). So when the softmax's backward runs, the nodes after it have released what they kept: the MLP's
+    intermediates, its linears' inputs (or their adapters' casts), the norms after attention, o_proj's input, and
+    the repeated v that ``matmul(attn_weights, value_states)`` saved. Left: the input norm's, q/k/v's inputs and
+    adapters, the q/k norms, q and the repeated k. Traced (bench/reserve, Llama-3-8B LoRA 1 × 4096 eager under
+    checkpointing): at ``_softmax_backward_data`` the recomputed layer holds 57,440 bytes per token of its
+    221,408.
+
+    0 where the order is not that one or is not modelled: SDPA (its kernel's backward is not a length² peak),
+    parallel blocks (attention and MLP read the same input), LitGPT's blocks, other PEFT methods' parts. Bitsandbytes'
+    kept inputs are left counted (an upper bound)."""
+    if not runs_eager(m, train) or m.parallel_residual or train.model_code.litgpt or train.peft_config is not None:
+        return 0
+    H, c = m.hidden_size, train.precision.compute.bytes
+    s = residual_bytes(train, wb)
+    base_trains = train.method in (Method.FULL, Method.FREEZE)
+    # Every norm but the input norm (Llama's post_attention_layernorm; Gemma's post-attention, pre- and
+    # post-feedforward norms).
+    freed = (m.norms_per_layer - 1) * _norm_bytes(m, s, base_trains, H, train.precision.mixed)
+    if base_trains:
+        mlp_consumers = 1 if (m.fused_gate_up or not m.gated_mlp or m.is_moe) else 2
+        freed += 2 * H * mlp_consumers if train.precision.mixed else c * H
+        freed += c * m.q_dim  # the attention output o_proj saves (``_attention_parts``: "output")
+    if train.adapters:
+        freed += _adapter_inputs_bytes(m, train, wb, groups=_AFTER_SOFTMAX)
+    freed += c * m.q_dim  # v repeated to nh heads, saved by the matmul with the probabilities
+    freed += sum(b for _, b in _mlp_parts(m, train, base_trains))
+    if m.resid_dropout > 0:  # GPT-2's two residual dropout masks, after attention and after the MLP
+        freed += 2 * H
+    return freed
+
+
 def frozen_weights_grad_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
     """Per token per adapted layer: what the layer saves more when its frozen weights require grad too, as under
     FSDP1, whose flat parameter requires grad when any tensor in it does and whose modules compute with views of it
@@ -286,8 +332,10 @@ def _linear_inputs(m: ModelSpec, train: TrainSpec) -> tuple[str, int]:
     return ("linear inputs", c * H * (1 if m.shared_block_input else 2))
 
 
-def _adapter_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """What the LoRA adapters of one layer save, per token.
+def _adapter_inputs_bytes(
+    m: ModelSpec, train: TrainSpec, wb: WeightBudget, groups: frozenset[str] | None = None
+) -> int:
+    """What the LoRA adapters of one layer save, per token (only those on linears reading ``groups``, if given).
 
     Without dropout and without a cast (pure precision, adapters in the compute dtype), PEFT's ``lora_A`` saves
     the layer's own input tensor (``nn.Identity`` dropout, ``_cast_input_dtype`` a no-op): adapters reading the
@@ -304,8 +352,10 @@ def _adapter_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> i
             continue  # a ParamWrapper on fused experts or a router: it merges weights, keeps no input copy
         if m.vision is not None and m.vision.holds(a.linear.name):
             continue  # in the vision tower: it saves per image patch (analytic/vision.py), not per token
-        per_token = _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
         group = input_of(m, a.linear.name)
+        if groups is not None and group not in groups:
+            continue
+        per_token = _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
         if shares_input and group:
             if group in seen:
                 per_token -= train.precision.compute.bytes * a.linear.in_features

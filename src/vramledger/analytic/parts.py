@@ -46,6 +46,9 @@ class StepParts:
     layer_scores_bytes: int
     extra_saved_bytes: int
     """Final norm, RoPE tables and other once-per-model saved tensors."""
+    rope_saved_bytes: int = 0
+    """The RoPE tables, part of ``extra_saved_bytes``: all of it that outlives the final norm's and lm_head's
+    backward."""
     logits_forward: int
     logits_saved: int
     logits_backward: int
@@ -61,6 +64,12 @@ class StepParts:
     recompute_cast_bytes: int = 0
     """Under checkpointing, the bf16 weight casts one trained layer's recompute saves again in backward."""
     layer_backward_temp: int
+    """The top layer's MLP backward: gradients of the hidden states and the MLP intermediates."""
+    softmax_backward_temp: int = 0
+    """Eager attention's softmax backward in the top layer: its length² gradients, (c+4)·nh·L² per sequence."""
+    softmax_backward_freed: int = 0
+    """Of one trained layer's saved activations, what its backward has freed when eager attention's softmax backward
+    runs (analytic/activations.py ``softmax_backward_freed_bytes_per_token``)."""
     dora_temp: int
     forward_layer_temp: int
     """Largest transient inside one layer's forward (eager's pre-softmax scores, DoRA's weight norm)."""

@@ -7,15 +7,16 @@ created inside it), so they are live through forward and backward of every later
 
 Each phase's peak is the largest of a few candidate moments (named in ``moments``):
 - forward: inside the loss (logits, fp32 copy, log-softmax) with every layer's saved activations;
-- backward: the log-softmax backward (12·V·T), lm_head's backward, the top layer's backward (with its recompute
-  under checkpointing), or the end (every gradient allocated);
+- backward: the log-softmax backward (12·V·T), lm_head's backward, the top layer's MLP backward (with its
+  recompute under checkpointing), its eager attention's softmax backward (the MLP's saved tensors freed, the
+  length² gradients live), or the end (every gradient allocated);
 - optimizer: weights + gradients + states + the step's temporaries.
 Gradients are absent in forward unless gradient accumulation keeps them across micro-steps.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import NamedTuple
 
@@ -32,6 +33,7 @@ from vramledger.analytic.activations import (
     residual_bytes,
     rope_bytes_per_token,
     runs_eager,
+    softmax_backward_freed_bytes_per_token,
 )
 from vramledger.analytic.distributed import (
     LAYER_GRADIENT_NAME,
@@ -113,6 +115,7 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         scores_bytes=saved.scores,
         layer_scores_bytes=saved.layer_scores,
         extra_saved_bytes=saved.extra + head_saved,
+        rope_saved_bytes=rope_bytes_per_token(m, train, wb) * train.tokens if saved.extra else 0,
         logits_forward=lg.forward_peak + head_logits,
         logits_saved=lg.saved + head_logits,
         logits_backward=lg.backward_peak + head_logits,
@@ -121,6 +124,8 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         final_hidden_bytes=final_hidden_live_bytes_per_token(m, train, wb) * train.tokens,
         head_cast_bytes=casts.head,
         layer_backward_temp=_layer_backward_temp(m, train, wb),
+        softmax_backward_temp=_softmax_backward_temp(m, train, wb),
+        softmax_backward_freed=softmax_backward_freed_bytes_per_token(m, train, wb) * train.tokens,
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb) + _eager_scores_bytes(m, train, wb, c),
         dequant_temp=(  # analytic/litgpt_qlora.py: an fp16 copy and its cast under Lightning
@@ -292,15 +297,25 @@ def _eager_scores_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, per_el
     return per_element * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
 
 
+def _hidden_state_grads(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Inside one layer's backward: the gradients of its input and output hidden states, 2·s·H·T."""
+    return 2 * residual_bytes(train, wb) * m.hidden_size * train.tokens if wb.trainable_layers else 0
+
+
 def _layer_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
-    """Backward of one layer: gradients of its input and output hidden states and of the MLP intermediates
-    (2·s·H·T + 3·c·I·T), and eager's (c+4)·nh·L² per sequence."""
+    """The MLP's backward in one layer: the hidden states' gradients and the MLP intermediates' (3·c·I·T)."""
     if not wb.trainable_layers:
         return 0
     c = train.precision.compute.bytes
-    H, I = m.hidden_size, (m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size)  # noqa: E741
-    s = residual_bytes(train, wb)
-    return (2 * s * H + 3 * c * I) * train.tokens + _eager_scores_bytes(m, train, wb, c + 4)
+    I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
+    return _hidden_state_grads(m, train, wb) + 3 * c * I * train.tokens
+
+
+def _softmax_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Eager attention's softmax backward in one layer, after the MLP's (whose gradients are freed by then): the
+    hidden states' gradients and (c+4)·nh·L² per sequence of length² gradients; 0 without eager attention."""
+    scores = _eager_scores_bytes(m, train, wb, train.precision.compute.bytes + 4)
+    return _hidden_state_grads(m, train, wb) + scores if scores else 0
 
 
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
@@ -309,6 +324,7 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     backward = (
         _loss_backward(train, p),
         _top_layer_backward(train, p),
+        *_softmax_backward(train, p),
         *_layer_gradient(m, train, p),
         *_end_of_backward(m, train, p),
     )
@@ -425,25 +441,14 @@ def _loss_backward(train: TrainSpec, p: StepParts) -> Moment:
 
 
 def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
-    """The top decoder layer's backward (after its recompute under checkpointing), lm_head's gradient made."""
-    mo = Moment(
-        name="backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""), phase=Phase.BACKWARD
+    """The top decoder layer's MLP backward (after its recompute under checkpointing), lm_head's gradient made: the
+    layer's whole saved set is alive with its MLP's gradients."""
+    mo = _top_layer_moment(
+        "backward of the top decoder layer" + (" (recomputed)" if train.grad_ckpt else ""), train, p, freed=0
     )
-    head_grad = 0
-    if p.weights.head_trainable and train.grad_accum <= 1:
-        head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    _add_backward_persistent(mo, p, train, grads=_previous_grads(train, p) + head_grad, top_layer=True)
-    add_activations(mo, p, train)
-    if train.grad_ckpt and p.weights.trainable_layers:
-        # The recompute reads the checkpointed input (counted above), so its saved set is recompute_bytes.
-        mo.add(Category.ACTIVATIONS, "one layer recomputed", p.recompute_bytes, SOURCES["acts"])
-        mo.add(
-            Category.ATTENTION_SCORES,
-            "one layer's length² tensors (recomputed)",
-            p.layer_scores_bytes,
-            "analytic/activations.py",
-        )
     if train.grad_ckpt:
+        # Stands for DoRA's transients in the MLP's backward too (traced: the peak of a small LoRA/DoRA model is in
+        # down_proj's DoRA backward; by the softmax's backward o_proj's is done and q/k/v's not begun).
         mo.add(
             Category.TEMPORARIES,
             "DoRA weight norm in the recomputed forward",
@@ -452,15 +457,60 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
         )
     mo.add(
         Category.TEMPORARIES,
+        "gradients of hidden states and MLP intermediates",
+        p.layer_backward_temp,
+        "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients",
+    )
+    return mo
+
+
+def _softmax_backward(train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
+    """Eager attention's softmax backward in the top decoder layer, later in the same layer's backward: its MLP's
+    saved tensors and gradients are freed (``StepParts.softmax_backward_freed``), its length² gradients live."""
+    if not p.softmax_backward_temp:
+        return ()
+    name = "softmax backward in the top decoder layer's eager attention" + (" (recomputed)" if train.grad_ckpt else "")
+    mo = _top_layer_moment(name, train, p, freed=p.softmax_backward_freed)
+    mo.add(
+        Category.TEMPORARIES,
+        "gradients of hidden states and attention scores",
+        p.softmax_backward_temp,
+        "one layer's backward: grad in/out (2·s·H·T) + eager (c+4)·nh·L² per sequence, once the MLP's are freed "
+        "(torch autograd engine.cpp evaluate_function: release_variables)",
+    )
+    return (mo,)
+
+
+def _top_layer_moment(name: str, train: TrainSpec, p: StepParts, *, freed: int) -> Moment:
+    """What lives in the top decoder layer's backward besides its gradients: every other layer's saved activations
+    and the top layer's own (recomputed under checkpointing), less ``freed`` bytes of them its backward has
+    released."""
+    mo = Moment(name=name, phase=Phase.BACKWARD)
+    head_grad = 0
+    if p.weights.head_trainable and train.grad_accum <= 1:
+        head_grad = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
+    _add_backward_persistent(mo, p, train, grads=_previous_grads(train, p) + head_grad, top_layer=True)
+    # The final norm's and lm_head's backward ran before this layer's and released what they saved
+    # (torch/csrc/autograd/engine.cpp Engine::evaluate_function: release_variables); the RoPE tables stay.
+    rope = p.rope_saved_bytes
+    saved = p.saved_layers_bytes - (0 if train.grad_ckpt else freed)  # the top layer's own is part of every layer's
+    add_activations(mo, replace(p, saved_layers_bytes=saved, extra_saved_bytes=0), train)
+    mo.add(Category.ACTIVATIONS, "RoPE tables (the final norm's saved tensors freed)", rope, SOURCES["acts"])
+    if train.grad_ckpt and p.weights.trainable_layers:
+        # The recompute reads the checkpointed input (counted above), so its saved set is recompute_bytes.
+        label = "one layer recomputed" + (" (less what its backward has freed)" if freed else "")
+        mo.add(Category.ACTIVATIONS, label, p.recompute_bytes - freed, SOURCES["acts"])
+        mo.add(
+            Category.ATTENTION_SCORES,
+            "one layer's length² tensors (recomputed)",
+            p.layer_scores_bytes,
+            "analytic/activations.py",
+        )
+    mo.add(
+        Category.TEMPORARIES,
         "4-bit weight dequantised for one matmul",
         p.dequant_temp,
         "bitsandbytes MatMul4Bit.backward: dequantize_4bit(B) to the compute dtype, one weight at a time",
-    )
-    mo.add(
-        Category.TEMPORARIES,
-        "gradients of hidden states and MLP intermediates",
-        p.layer_backward_temp,
-        "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients (+ eager (c+4)·nh·L² per seq)",
     )
     return mo
 

@@ -46,24 +46,10 @@ def tied_gradient_block(p: StepParts) -> int:
     embedding is the first parameter), so best fit puts the states there. Step 2's backward then finds two V·H
     blocks (the sum's, freed by ``zero_grad``, and the foreach temporary's of step 1's optimizer) and, where the
     freed fp32 logits blocks are smaller than V·H, nothing else: it makes one more (the replay shows the ``add``
-    block made in step 2). With an fp32 compute dtype only under checkpointing (``tied_fp32``).
+    block made in step 2). With an fp32 compute dtype too: Llama-3.2-1B fp32 1 × 512, the trace's replay makes the
+    1.05 GB ``add`` block in step 2 (bench/reserve/replay_causes.jsonl), so ``switches_on`` applies it there as well.
     """
     return p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-
-
-def tied_fp32(train: TrainSpec, trainable_layers: int) -> bool:
-    """Whether ``tied_gradient_block`` applies with an fp32 compute dtype (c = 4; runs.py ``switches_on`` applies
-    it with c < 4): full fine-tuning with the standard loss under checkpointing.
-
-    The replays make the block there: Llama-3.2-1B (tied), fp32, checkpointing, 2 × 992 reserves 25.09 GiB, one
-    0.98 GiB V·H block over 2 × 1024 (24.07 GiB, where 4·V·T = V·H·b and it is off), and 4 × 496 22.53 GiB against
-    21.43 at 4 × 512 (bench/reserve/runs.jsonl). Without checkpointing the replay makes it too (Llama-3.2-1B fp32
-    1 × 512: ``add`` (gradients), 1.05 GB, made in step 2, replay_causes.jsonl), but not on top of the saved
-    activations the optimizer cannot use (``activations_unused``), as the estimate would add it: the most any
-    length ≤ 512 reserves is 24.81 GiB, and counting it puts the estimate at 25.61 GiB (+3.2%), against 24.63 GiB
-    (−0.7%) without. Left out there."""
-    c = train.precision.compute.bytes
-    return c == 4 and train.grad_ckpt and train.loss is Loss.STANDARD and trainable_layers > 0
 
 
 def decoder_mlp_width(m: ModelSpec) -> int:

@@ -12,7 +12,8 @@ from typing import NamedTuple
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
-from vramledger.analytic.reserve.full import relaid_regions, tied_fp32
+from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
+from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
@@ -119,13 +120,14 @@ def _regions(
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
     if on.workspace is not None:
         regions.append((Switching(workspace=True), on.workspace))
-    if on.activations is not None:
-        regions.append((Switching(activations=True), on.activations))
+    acts: list[Callable[[int, int], bool]] = []
+    if on.activations is not None:  # and below each edge where more matrices' tensors fit (held_activations.py)
+        act = on.activations
+        acts = [act, *(_both(act, e) for e in eligibility_edges(m, train, p, decoder_mlp_width(m)))]
+        regions += [(Switching(activations=True), a) for a in acts]
     if on.tied is not None:
         regions.append((Switching(tied=True), on.tied))
-        if on.activations is not None:
-            both, act, tied = Switching(activations=True, tied=True), on.activations, on.tied
-            regions.append((both, lambda b, ell: act(b, ell) and tied(b, ell)))
+        regions += [(Switching(activations=True, tied=True), _both(a, on.tied)) for a in acts]
     temporaries = temporaries_switch(m, train, p)
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
@@ -155,6 +157,11 @@ def _regions(
         out += [(Switching(softcap=True), [pt]) for pt in sorted(set(under))]
         out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
     return out
+
+
+def _both(f: Callable[[int, int], bool], g: Callable[[int, int], bool]) -> Callable[[int, int], bool]:
+    """Where both ``f`` and ``g`` are on (closed downwards where both are)."""
+    return lambda b, ell: f(b, ell) and g(b, ell)
 
 
 class _Predicates(NamedTuple):
@@ -187,14 +194,14 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
             return 4 * m.num_heads * b * ell * ell if train.attn is Attention.EAGER else 0
 
     if not adapters and wb.trainable_layers and not train.grad_ckpt:
-        # c·I·T < b·H·I ⟺ c·T < b·H (activations_unused)
+        # the c·I·T block's segment under b·H·I (held_activations.py)
         def activations(b: int, ell: int) -> bool:
-            return c * b * ell < bw * m.hidden_size
+            return mlp_tensors_unfit(c, bw, m.hidden_size, decoder_mlp_width(m), b * ell)
 
     tied_states = (
         m.tie_word_embeddings and wb.embedding_trainable and (p.state_bytes >= p.grad_bytes or not p.state_bytes)
     )
-    if not adapters and (standard or tied_fp32(train, wb.trainable_layers)) and tied_states:
+    if not adapters and train.loss is Loss.STANDARD and wb.trainable_layers and tied_states:
         # 4·V·T < V·H·b ⟺ 4·T < H·b (tied_gradient_block)
         def tied(b: int, ell: int) -> bool:
             return 4 * b * ell < bw * m.hidden_size

@@ -12,7 +12,6 @@ from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid, workspace_in_logits
 from vramledger.analytic.reserve.full import (
-    activations_unused,
     decoder_mlp_width,
     eager_backward_segments,
     gradients_in_chain,
@@ -23,6 +22,7 @@ from vramledger.analytic.reserve.full import (
     temporaries_unused_by_activations,
     tied_gradient_block,
 )
+from vramledger.analytic.reserve.held_activations import optimizer_peak_bound
 from vramledger.analytic.reserve.load_residue import load_tails, optimizer_tails
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
@@ -224,6 +224,9 @@ def single_shape(
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
+    remade = _relaid(m, train, p, on, gradients_in_chain(m, train, p, r1)) + (
+        tied_remade(m, train, p, states_beside_chain(m, train, p)) if on.tied else 0
+    )
     return (
         max(
             step_peak,
@@ -233,9 +236,9 @@ def single_shape(
             + temporaries_unused_by_activations(m, train, p)
             + (state_rests_cached(m, train, p) if on.state_rests else 0),
             max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
-            + _relaid(m, train, p, on, gradients_in_chain(m, train, p, r1))
-            + (tied_remade(m, train, p, states_beside_chain(m, train, p)) if on.tied else 0),
-            opt_peak + (activations_unused(p) if on.activations else 0),
+            + remade
+            + _hole_remade(m, train, p, on),
+            optimizer_peak_bound(m, train, p, opt_peak, remade) if on.activations else opt_peak,
             end_of_backward_bound(m, train, p, opt_peak, on),
             temporaries_bound(m, train, p, loss_peak + stranded, on),
         )
@@ -264,13 +267,20 @@ def chain_gradients_at(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> Callab
 
 
 def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching, grads: int = 0) -> int:
-    """Term 2's blocks step 2 makes again: counted at this shape (``on.relaid``; ``grads``: the gradients in the
-    chain before the states, full.py ``gradients_in_chain``) or bounded; the freeze method's own count where the head
-    and the embedding are frozen (freeze.py)."""
+    """Term 2's blocks step 2 makes again, the c·V·T block aside (``_hole_remade``): counted at this shape
+    (``on.relaid``; ``grads``: the gradients in the chain before the states, full.py ``gradients_in_chain``) or
+    bounded; the freeze method's own count where the head and the embedding are frozen (freeze.py)."""
     if frozen_head(train, p):
         return frozen_head_relaid(m, train, p, counted=on.relaid)
     if on.relaid:
-        beside = states_beside_chain(m, train, p)
-        workspace = workspace_in_chain(m, train, p)
-        return relaid_counted(m, train, p, beside, workspace, grads) + hole_remade(m, train, p, beside)
+        beside, workspace = states_beside_chain(m, train, p), workspace_in_chain(m, train, p)
+        return relaid_counted(m, train, p, beside, workspace, grads)
     return relaid_bytes(m, train, p)
+
+
+def _hole_remade(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:
+    """The c·V·T logits block step 2 makes again where the counted states reach every fp32 block (spill.py
+    ``hole_remade``; counted with ``on.relaid``, full fine-tuning with the head trained)."""
+    if frozen_head(train, p) or not on.relaid:
+        return 0
+    return hole_remade(m, train, p, states_beside_chain(m, train, p))
