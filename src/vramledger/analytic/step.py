@@ -592,6 +592,11 @@ class _ShapePeaks:
     def __call__(self, train: TrainSpec) -> tuple[StepParts, int, int, int]:
         return _peaks_at(self.m, train, self.gpu)
 
+    def parts(self, train: TrainSpec) -> StepParts:
+        """The step's parts alone at another shape (no moments: a fraction of the cost, for the reserve's searches
+        that need no peak, runs.py ``_regions``)."""
+        return step_parts(self.m, train, self.gpu)
+
 
 @lru_cache(maxsize=4096)
 def _peaks_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[StepParts, int, int, int]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
+from functools import cache
 
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
@@ -211,6 +212,7 @@ def relaid_regions(
     if train.adapters or small or not blocks or not wb.trainable_layers or train.optimizer not in _ADAM_INIT_GROUP:
         return []
 
+    @cache  # each k's search visits the shapes the others did
     def reached(b: int, ell: int) -> int:
         t = replace(train, micro_batch=b, seq_len=ell)
         hole, at = remade_blocks(m, t)

@@ -140,7 +140,10 @@ def _regions(
         # the states beside the chain at each shape; none at (B, L), where the room for them is the largest, means
         # none anywhere (and no step to compute at each shape)
         some = states_beside_chain(m, train, p) > 0
-        beside = (lambda t: states_beside_chain(m, t, at(t)[0])) if some else None
+        # the parts alone where the ShapePeaks offers them (analytic/step.py ``_ShapePeaks.parts``): a search visits
+        # hundreds of shapes, and the moments at each cost more than the parts
+        parts_at: Callable[[TrainSpec], StepParts] = getattr(at, "parts", None) or (lambda t: at(t)[0])
+        beside = (lambda t: states_beside_chain(m, t, parts_at(t))) if some else None
         grads = chain_gradients_at(m, train, at)
         relaid = relaid_regions(m, train, p, beside, lambda t: workspace_in_chain(m, t, p), grads)
     regions += [(Switching(relaid=True), on_k) for on_k in relaid]
