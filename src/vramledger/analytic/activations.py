@@ -81,6 +81,43 @@ def padded_sdpa(train: TrainSpec) -> bool:
     return train.attn is Attention.SDPA and train.micro_batch > 1 and not train.packing
 
 
+def sdpa_math(m: ModelSpec, train: TrainSpec) -> bool:
+    """Whether SDPA on a CUDA GPU runs its math kernel, which keeps the fp32 probabilities (nh·L² per sequence): fp32
+    compute with grouped-query heads.
+
+    Without a mask transformers 5.23 asks for grouped heads (integrations/sdpa_attention.py ``use_gqa_in_sdpa``:
+    ``attention_mask is None and key.shape[-1] == value.shape[-1] <= 256``; ``sdpa_attention_forward`` then skips
+    ``repeat_kv`` and passes ``enable_gqa=True``). torch 2.13's dispatcher (aten/src/ATen/native/transformers/cuda/
+    sdp_utils.cpp ``select_sdp_backend``: cuDNN, flash, efficient, math) finds no fused kernel for that in fp32:
+    ``can_use_cudnn_attention`` and ``can_use_flash_attention`` take only fp16/bf16 (``check_dtypes_low_precision``),
+    and ``can_use_mem_efficient_attention`` checks ``check_batch_size_and_num_heads_dense<false
+    /*supports_grouped_query_attention=*/>`` (sdp_utils_cpp.h: without GQA support, query and key heads must
+    match). Later PyTorch (the template's third ``supports_mqa`` argument) lets the efficient kernel take grouped
+    heads; 2.13's header has two arguments.
+
+    A padded batch (``padded_sdpa``) gets a mask and repeated K/V, which the efficient kernel takes in fp32, but
+    only while some row is padded: a batch whose rows all reach the same length drops it (masking_utils.py
+    ``_ignore_causal_mask_sdpa``: no masked token and ``kv_length == q_length``) and runs math, which saves more
+    (4·nh·L² against the mask's c·L² per sequence), so the worst batch of a padded run is that one. Not: a mask
+    every batch has (sliding windows the length reaches, Gemma 3's images), heads wider than 256 (``repeat_kv``
+    instead), MLA and Falcon-40B (K/V made for every query head), LitGPT's code (analytic/litgpt.py)."""
+    if train.attn is not Attention.SDPA or runs_eager(m, train) or train.model_code.litgpt:
+        return False
+    if m.num_kv_heads == m.num_heads or falcon_new_decoder(m) or m.head_dim > 256 or m.kv_lora_rank:
+        return False
+    fixed_image_mask = m.vision is not None and m.vision.rule is ImageRule.FIXED and bool(train.images)
+    window_mask = bool(m.sliding_layers) and train.seq_len >= m.sliding_window
+    return train.precision.compute is DType.FP32 and not (fixed_image_mask or window_mask)
+
+
+def computes_scores(m: ModelSpec, train: TrainSpec) -> bool:
+    """Whether attention runs as eager attention does, with length² tensors in every layer: eager asked for, or
+    SDPA's math kernel (``sdpa_math``), whose forward (scores, the causal mask added, fp32 probabilities) and
+    backward (the probabilities' gradient and ``_softmax_backward_data``'s output, fp32 nh·L² each) make the blocks
+    of eager attention in fp32. The allocator's rules for eager's blocks (analytic/reserve/) apply to both."""
+    return train.attn is Attention.EAGER or sdpa_math(m, train)
+
+
 def explicit_mask(m: ModelSpec, train: TrainSpec) -> bool:
     """Whether SDPA gets an explicit mask: a padded batch, or Gemma 3 fed images, whose image tokens attend to each
     other both ways (modeling_gemma3.py ``create_masks_for_vision_model``, built when the batch carries
@@ -394,6 +431,13 @@ def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple
         softcap = c if m.attn_logit_softcapping else 0
         scores = (probs + softcap) * nh * L * L
     else:
+        if sdpa_math(m, train):
+            # _scaled_dot_product_attention_math (see ``sdpa_math``) saves q·√scale, K and V copied to every query
+            # head (repeat_interleave, K then scaled), its fp32 probabilities (``_safe_softmax`` output, also what
+            # the matmul with V keeps) and no logsumexp; o_proj reads the module's ``transpose(1, 2).contiguous()``
+            # copy of the output. Per token the eager path's tensors, per sequence its fp32 probabilities.
+            parts.append(("q, k/v repeated, output (SDPA math kernel)", c * (4 if base_trains else 3) * Dq))
+            return parts, 4 * nh * L * L
         # FalconAttention._split_heads (new_decoder_architecture) broadcasts K and V to every query head and
         # flattens them: copies of nh heads, whatever the mask.
         repeat = (explicit_mask(m, train) or falcon_new_decoder(m)) and m.num_kv_heads != m.num_heads

@@ -24,6 +24,7 @@ from vramledger.analytic.activations import (
     _INPUT_OF,
     checkpoint_input_bytes_per_token,
     checkpoint_reused_bytes_per_token,
+    computes_scores,
     dora_transient_bytes,
     final_hidden_live_bytes_per_token,
     final_norm_bytes_per_token,
@@ -78,7 +79,7 @@ from vramledger.analytic.parts import (
 from vramledger.analytic.reserve import phase_reserves, training_peaks
 from vramledger.analytic.weights import WeightBudget, weight_budget
 from vramledger.ledger import Basis, Category, LineItem, Phase
-from vramledger.specs import Attention, DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec
+from vramledger.specs import DType, GPUSpec, Loss, Method, ModelSpec, TrainSpec
 
 
 @lru_cache(maxsize=4096)
@@ -292,7 +293,7 @@ def _first_layer_uncast(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int
 
 def _eager_scores_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, per_element: int) -> int:
     """One trained layer's eager attention scores, ``per_element`` bytes each: nh·L² per sequence."""
-    if train.attn is not Attention.EAGER or not wb.trainable_layers:
+    if not computes_scores(m, train) or not wb.trainable_layers:
         return 0
     return per_element * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
 

@@ -58,10 +58,11 @@ from functools import lru_cache
 
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.model import CachingAllocatorModel
+from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.weights import Adapted
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 # Tokens the layer sequence is replayed at: its smallest request (RoPE's ``neg`` of a 128-wide k, c·64·T) is then
 # far above kMinLargeAlloc (10 MiB), so the replayed layout scales with T.
@@ -97,7 +98,7 @@ def checkpointed_forward_cache(
     if (
         not train.grad_ckpt
         or not _modelled(m, train, p)
-        or train.attn is Attention.EAGER
+        or computes_scores(m, train)
         or not (gathered_per_layer or one_copy_weights(train))
     ):
         return None

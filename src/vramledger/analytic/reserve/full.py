@@ -8,9 +8,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from functools import cache
 
-from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE, allocation_size
+from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.parts import StepParts
-from vramledger.specs import Attention, Loss, ModelSpec, Optimizer, TrainSpec
+from vramledger.specs import Loss, ModelSpec, Optimizer, TrainSpec
 
 
 def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
@@ -31,11 +32,32 @@ def logits_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
     return ((c * V * T,) if c != 4 else ()) + (4 * V * T,) * 3
 
 
-def activations_unused(p: StepParts) -> int:
+def activations_unused(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Full fine-tuning without checkpointing where c·I·T < b·H·I (``switches_on``): every activation block is
     smaller than a decoder matrix's gradient, state or foreach temporary (b·H·I), so ``optimizer.step()`` makes
-    its own segments and the saved activations' stay cached at its peak (bench/reserve/replay_causes.jsonl)."""
-    return p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
+    its own segments and the saved activations' stay cached at its peak (bench/reserve/replay_causes.jsonl). The
+    length² blocks are left out where their segments (``scores_segments``) hold such a tensor."""
+    room, scores = scores_segments(m, train, p)
+    fits = room >= p.weights.trainable_dtype.bytes * m.hidden_size * decoder_mlp_width(m)
+    return p.saved_layers_bytes + (0 if fits else p.scores_bytes) + p.extra_saved_bytes
+
+
+def scores_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[int, int]:
+    """The length² blocks the layers saved, as (segment of one, bytes in all). In fp32 eager attention and SDPA's
+    math kernel save one block per layer, the fp32 probabilities, 4·nh·L² per sequence (analytic/activations.py
+    ``_attention_parts``), whose segments per-parameter tensors up to their size fit once backward has freed them:
+    from 10 MiB a segment of its own (Llama-3.2-1B fp32 1 × 2048: 512 MiB blocks against 64 MiB MLP tensors), under
+    it a 20 MiB kLargeBuffer segment (``get_allocation_size``) that the next layer's block, made before this one is
+    freed, shares where two fit, and which ``try_merge_blocks`` makes whole again once both are freed (Qwen2.5-0.5B
+    fp32 4 × 215: 9.9 MiB blocks, two to a segment, where 16.6 MiB MLP tensors fit). Counted with the blocks'
+    bytes only (a lower bound of the segments' room). Otherwise counted among the blocks of at most c·I·T, as
+    before: eager's fp32 softmax and its cast under c < 4 are two blocks, not told apart here."""
+    c, scores = train.precision.compute.bytes, p.scores_bytes
+    if c == 4 and computes_scores(m, train) and scores == p.weights.trainable_layers * p.layer_scores_bytes:
+        block = p.layer_scores_bytes
+        shared = block > K_SMALL_SIZE and 2 * block <= allocation_size(block)
+        return (allocation_size(block) if shared else held_room(block)), scores
+    return held_room(c * decoder_mlp_width(m) * train.tokens), scores
 
 
 def tied_gradient_block(p: StepParts) -> int:
@@ -161,7 +183,7 @@ def remade_blocks(m: ModelSpec, train: TrainSpec) -> tuple[int, tuple[int, ...]]
     hole = chain[0] if len(chain) == 4 else 0
     fp32 = chain[1:] if hole else chain
     eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
-    return hole, fp32 + ((eager, eager) if train.attn is Attention.EAGER else ())
+    return hole, fp32 + ((eager, eager) if computes_scores(m, train) else ())
 
 
 def blocks_with_states(S: int, hole: int, blocks: tuple[int, ...]) -> int:
@@ -284,7 +306,13 @@ def eager_backward_segments(m: ModelSpec, train: TrainSpec) -> int:
     (mid toy model of bench/reserve/, eager, 1 × 2048, nh·L = 32,768 > V = 32,000: the replay reserves 6.12 GB
     at step 1's loss peak and 6.67 GB before its optimizer, the two 268 MB blocks of ``_to_copy`` and
     ``_softmax_backward_data`` made in between)."""
-    if train.attn is not Attention.EAGER or train.loss is not Loss.STANDARD:
+    if not computes_scores(m, train) or train.loss is not Loss.STANDARD:
         return 0
     eager = 4 * m.num_heads * train.seq_len * train.seq_len * train.micro_batch
     return 2 * eager if eager > 4 * m.vocab_size * train.tokens else 0
+
+
+def held_room(block: int) -> int:
+    """The free block a block forward made offers once freed: its whole segment from 10 MiB
+    (``get_allocation_size``), the block's own bytes under it (held_activations.py ``_room`` says why)."""
+    return allocation_size(block) if block >= K_MIN_LARGE_ALLOC else block

@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE, allocation_size
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts
-from vramledger.analytic.reserve.full import decoder_mlp_width
+from vramledger.analytic.reserve.full import decoder_mlp_width, held_room, scores_segments
 from vramledger.specs import ModelSpec, TrainSpec
 
 
@@ -56,7 +56,7 @@ def _room(block: int) -> int:
     say it often is: Qwen3-0.6B full 1 × 1016 keeps 0.2 GiB of its forward's segments free at step 1's optimizer peak,
     its 12 MiB fp32 MLP tensors taking them); not modelled: only the block's own bytes are counted, and
     ``optimizer_peak_bound`` keeps the earlier term there."""
-    return allocation_size(block) if block >= K_MIN_LARGE_ALLOC else block
+    return held_room(block)
 
 
 def _matrices(m: ModelSpec, p: StepParts) -> list[tuple[int, int]]:
@@ -91,7 +91,8 @@ def tensors_in_forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts, ml
     if not wb.trainable_params:
         return 0
     bw, c = wb.trainable_dtype.bytes, train.precision.compute.bytes
-    segments = [(_room(c * mlp_width * train.tokens), p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes)]
+    segments = [(_room(c * mlp_width * train.tokens), p.saved_layers_bytes + p.extra_saved_bytes)]
+    segments += [scores_segments(m, train, p)]
     segments += [(_room(one), one * k) for one, k in _casts(m, train, p)]
     per_param = p.grad_bytes + p.state_bytes + p.step_temp_bytes
     held = 0

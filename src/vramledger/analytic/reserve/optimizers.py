@@ -35,7 +35,7 @@ def end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak
     if p.step_temp_bytes or train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         return 0
     allocated = opt_peak + embedding_gradient_before_accumulation(m, train, p) + tied_gradient_sum(m, train, p)
-    cached = (activations_unused(p) if on.activations else 0) + casts_unused(m, train, p)
+    cached = (activations_unused(m, train, p) if on.activations else 0) + casts_unused(m, train, p)
     return allocated + cached + (_relaid_without_temporaries(m, train, p) if on.fused_relaid else 0)
 
 

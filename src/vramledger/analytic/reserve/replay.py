@@ -6,14 +6,14 @@ closed form (bench/reserve/ "sequence replay"), cruder than it; the small pool's
 from __future__ import annotations
 
 from vramledger.allocator.conf import K_SMALL_BUFFER, K_SMALL_SIZE
-from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.activations import computes_scores, residual_bytes
 from vramledger.analytic.logits import LogitsBytes, logits_bytes, trl_chunk
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.events import Events, Seq, replay_excess
 from vramledger.analytic.reserve.full import decoder_mlp_width
 from vramledger.analytic.reserve.trl import trl_chain
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 # step_sequence: full fine-tuning's per-parameter tensors as at most this many blocks per group (sequence length).
 _CHUNKS = 48
@@ -89,7 +89,7 @@ def _layer_transients(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[lis
     # One layer's backward: grads of its input and output hidden states (s·H·T each) and of the MLP intermediates
     # (c·I·T each), eager's (c+4)·nh·L² per sequence (step.py layer_backward_temp).
     bwd_temp = [s * H * T, s * H * T, c * I * T, c * I * T, c * I * T] if n_tl else []
-    if train.attn is Attention.EAGER and n_tl:
+    if computes_scores(m, train) and n_tl:
         bwd_temp.append((c + 4) * m.num_heads * L * L * B)
     return fwd_temp, bwd_temp
 

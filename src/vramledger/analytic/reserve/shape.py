@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
-from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.activations import computes_scores, residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import forward_segments
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
@@ -32,7 +32,7 @@ from vramledger.analytic.reserve.state_rests import state_rests_cached
 from vramledger.analytic.reserve.switches import ShapePeaks, Switching
 from vramledger.analytic.reserve.trl import trl_stranded_bytes
 from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_lost
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Loss, ModelSpec, TrainSpec
 
 
 def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -109,7 +109,7 @@ def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     T, c = train.tokens, train.precision.compute.bytes
     s, H, I = residual_bytes(train, p.weights), m.hidden_size, decoder_mlp_width(m)  # noqa: E741
     bwd = p.layer_bytes + p.layer_scores_bytes + (2 * s * H + 3 * c * I) * T
-    if train.attn is Attention.EAGER:
+    if computes_scores(m, train):
         bwd += (c + 4) * m.num_heads * train.seq_len**2 * train.micro_batch
     return bwd
 
