@@ -168,6 +168,16 @@ def test_write_config_keeps_the_model_the_user_named_and_their_file(capsys, user
     assert code == 0
 
 
+def test_write_config_of_a_catalog_short_name_names_the_hub_id(capsys, tmp_path: Path) -> None:
+    # `llama-3-8b` is our catalog's name, not a hub id: LLaMA-Factory's from_pretrained cannot load it, so the written
+    # config names the repository the catalog entry stands for (catalog/models: meta-llama/Meta-Llama-3-8B)
+    out = tmp_path / "plan.yaml"
+    argv = ["plan", "llama-3-8b", "--method", "lora", "--seq", "512", "--gpu", "24GiB", "--write-config", out]
+    code, _, err = run(capsys, *argv)
+    assert code == 0, err
+    assert yaml.safe_load(out.read_text())["model_name_or_path"] == "meta-llama/Meta-Llama-3-8B"
+
+
 def test_write_config_when_nothing_fits_exits_3(capsys, user_config: Path, tmp_path: Path) -> None:
     out = tmp_path / "plan.yaml"
     code, _, err = run(capsys, "plan", "--config", user_config, "--gpu", "1GiB", "--write-config", out)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
 from typing import Any
 
 from vramledger.cli.args import MAX_BATCH, count, name, out_path
@@ -91,13 +92,15 @@ def plan_result(args: argparse.Namespace, inputs: Any) -> Any:
 
 def _write_config(args: argparse.Namespace, inputs: Any, best: Any) -> None:
     """The best plan as a config: a patch of the user's ``--config`` when its format has a writer and the patch
-    reads back as the plan; else a config of the memory keys alone. The model stays the one the user named,
-    unless the plan is a smaller model."""
+    reads back as the plan; else a config of the memory keys alone. The model stays the one the user named (a
+    catalog short name as the hub id it stands for, which a trainer can load), unless the plan is a smaller model."""
     from vramledger.adapters.writers import TARGETS
     from vramledger.userfiles import write_atomic
 
     fmt = _write_format(args, inputs)
     model = inputs.model_name if best.model == inputs.model else best.model.name
+    if model == inputs.model_name and args.config is None and "/" not in model and not Path(model).exists():
+        model = inputs.model.name  # `llama-3-8b` -> meta-llama/Meta-Llama-3-8B
     text: str | None = None
     note = ""
     changes: tuple[str, ...] = ()
