@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from vramledger.errors import VramledgerError
 from vramledger.specs import Attention, LoraSpec, Method, Optimizer, Precision, QuantSpec, TrainSpec, check_headroom
@@ -47,3 +50,29 @@ def test_lora_targets_as_a_comma_separated_string() -> None:
 def test_headroom_is_a_fraction(value: object) -> None:
     with pytest.raises(VramledgerError, match=r"--headroom must be a fraction in \[0, 1\)"):
         check_headroom(value)  # type: ignore[arg-type]
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    method=st.sampled_from(list(Method)),
+    precision=st.sampled_from(list(Precision)),
+    grad_ckpt=st.booleans(),
+    world_size=st.integers(1, 16),
+    batch=st.integers(1, 64),
+    length=st.integers(1, 1 << 17),
+)
+def test_at_shape_is_replace_without_the_checks(
+    method: Method, precision: Precision, grad_ckpt: bool, world_size: int, batch: int, length: int
+) -> None:
+    """``at_shape`` skips ``__post_init__`` for speed; what it makes must be the spec ``dataclasses.replace`` makes
+    (equal, same hash, the defaults __post_init__ fills in kept), or the reserve's searches would price another
+    setup."""
+    t = TrainSpec(method=method, precision=precision, grad_ckpt=grad_ckpt, world_size=world_size)
+    fast, checked = t.at_shape(batch, length), dataclasses.replace(t, micro_batch=batch, seq_len=length)
+    assert fast == checked and hash(fast) == hash(checked) and fast.tokens == batch * length
+    assert fast.quant == checked.quant and fast.lora == checked.lora
+
+
+def test_at_shape_refuses_an_empty_shape() -> None:
+    with pytest.raises(VramledgerError, match="positive batch and length"):
+        TrainSpec().at_shape(0, 128)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import enum
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from vramledger.errors import VramledgerError
@@ -427,11 +427,27 @@ class TrainSpec:
             or self.offload_params
         )
 
+    def at_shape(self, micro_batch: int, seq_len: int) -> TrainSpec:
+        """This setup at another micro-batch and length, without running ``__post_init__`` again: the other fields
+        were checked and coerced when this one was made, and the shape alone cannot invalidate them. The reserve's
+        searches over shapes (analytic/reserve/runs.py) make hundreds of thousands of these, where
+        ``dataclasses.replace`` spent most of a ``plan``'s time validating."""
+        if micro_batch < 1 or seq_len < 1:
+            raise VramledgerError(f"a shape needs a positive batch and length (got {micro_batch} x {seq_len})")
+        new = object.__new__(TrainSpec)
+        for name in _TRAIN_FIELDS:
+            object.__setattr__(new, name, getattr(self, name))
+        object.__setattr__(new, "micro_batch", micro_batch)
+        object.__setattr__(new, "seq_len", seq_len)
+        return new
+
     @property
     def tokens(self) -> int:
         """Tokens per micro-batch."""
         return self.micro_batch * self.seq_len
 
+
+_TRAIN_FIELDS = tuple(f.name for f in fields(TrainSpec))
 
 ENUM_FIELDS: dict[str, type[enum.Enum]] = {
     "method": Method,

@@ -49,7 +49,6 @@ Legend: V vocabulary, T tokens per micro-batch, c compute-dtype bytes, u bytes p
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE, allocation_size
@@ -137,7 +136,7 @@ def held_floor(
         return default_pool_floor(m, train, p, loss_peak, ranks)
     best = 0
     for b, ell in _upper_edge(B, L, band):
-        t = replace(train, micro_batch=b, seq_len=ell)
+        t = train.at_shape(b, ell)
         pt, loss, _, _ = at(t)
         best = max(best, default_pool_floor(m, t, pt, loss - side, ranks))
     return best

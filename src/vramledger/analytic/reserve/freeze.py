@@ -24,7 +24,6 @@ fp32 softmax blocks, and step 2's softmax, displaced whole, is cut from the logi
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 
 from vramledger.allocator.conf import K_LARGE_BUFFER, K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
@@ -153,7 +152,7 @@ def frozen_head_regions(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Ca
     for k in range(1, len(blocks) + 1):
 
         def on(b: int, ell: int, k: int = k) -> bool:
-            return frozen_head_blocks(m, replace(train, micro_batch=b, seq_len=ell), p) >= k
+            return frozen_head_blocks(m, train.at_shape(b, ell), p) >= k
 
         out.append(on)
     return out

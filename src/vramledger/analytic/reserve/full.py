@@ -5,7 +5,6 @@ cannot use."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import replace
 from functools import cache
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE, allocation_size
@@ -236,12 +235,12 @@ def relaid_regions(
 
     @cache  # each k's search visits the shapes the others did
     def reached(b: int, ell: int) -> int:
-        t = replace(train, micro_batch=b, seq_len=ell)
+        t = train.at_shape(b, ell)
         hole, at = remade_blocks(m, t)
         return blocks_with_states(p.state_bytes - (beside(t) if beside else 0) + (grads(t) if grads else 0), hole, at)
 
     def lost(b: int, ell: int) -> bool:
-        return workspace is not None and workspace(replace(train, micro_batch=b, seq_len=ell))
+        return workspace is not None and workspace(train.at_shape(b, ell))
 
     out: list[Callable[[int, int], bool]] = []
     for k in range(1, len(blocks) + 1):

@@ -90,7 +90,7 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
         for b, ell in edge:
-            t = replace(train, micro_batch=b, seq_len=ell)
+            t = train.at_shape(b, ell)
             pt, loss, step, opt = at(t)
             # the shape's own reserve: every mechanism on there, not only the region's
             on = which._replace(relaid=True, **{name: True for name, holds in also.items() if holds(b, ell)})
