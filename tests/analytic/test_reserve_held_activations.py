@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +19,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.analytic.test_reserve import _specs
 from vramledger.analytic import estimate
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.full import decoder_mlp_width
@@ -68,16 +68,6 @@ def test_the_tensors_that_fit_take_the_activation_segments_and_the_rest_stays_ca
 
 def _records() -> list[dict[str, Any]]:
     return [json.loads(line) for line in HELD.read_text().splitlines()]
-
-
-def _specs(cid: str) -> tuple[Any, TrainSpec]:
-    sys.path.insert(0, str(ROOT / "bench" / "reserve"))
-    try:
-        import run_grid
-    finally:
-        sys.path.pop(0)
-    model, train, _ = run_grid.specs({run_grid.config_id(r): r for r in run_grid.GRID}[cid])
-    return model, train
 
 
 @pytest.mark.parametrize("rec", _records(), ids=lambda r: f"{r['id']}@{r['length']}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tests.analytic.test_reserve import _specs
 from vramledger.analytic import estimate
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
@@ -83,16 +83,6 @@ def test_softcap_mechanism_only_where_the_chain_exists() -> None:
     train = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=1024)
     assert softcap_remade(llama, train) is None
     assert softcap_remade(gemma, dataclasses.replace(train, loss=Loss.FUSED)) is None
-
-
-def _specs(cid: str) -> tuple[ModelSpec, TrainSpec]:
-    sys.path.insert(0, str(ROOT / "bench" / "reserve"))
-    try:
-        import run_grid
-    finally:
-        sys.path.pop(0)
-    model, train, _ = run_grid.specs({run_grid.config_id(r): r for r in run_grid.GRID}[cid])
-    return model, train
 
 
 def _records(path: Path = FORWARD_CACHE) -> list[dict[str, Any]]:
