@@ -44,34 +44,16 @@ def measure(cid: str, length: int) -> dict[str, Any]:
     units = [Unit(kind="load", step=0)] + [Unit(kind="train", step=k, lengths=(length,)) for k in (1, 2, 3)]
     rep = Replayer(t)
     alloc = CachingAllocatorModel()
-    live: dict[int, Any] = {}
     made_by: dict[int, str] = {}
     made_in_step_2 = 0
     opt1: tuple[int, Counter[str]] = (-1, Counter())
-    for unit in units:
-        for seg, n in rep._parts(unit):  # noqa: SLF001 - the engine's own decomposition of a unit
-            for i, (is_alloc, sid, size) in enumerate(zip(seg.kinds, seg.ids, seg.sizes(n), strict=True)):
-                if not is_alloc:
-                    blk = live.pop(sid)
-                    if blk is not None:
-                        alloc.free(blk)
-                    continue
-                if size == 0:
-                    live[sid] = None
-                    continue
-                ev = seg.events[i]
-                before = alloc.reserved
-                blk = live[sid] = alloc.malloc(size)
-                phase, cat = (ev.phase.value if ev.phase else ""), (ev.category.value if ev.category else "")
-                if alloc.reserved > before:
-                    made_by[blk.seg] = f"{phase} {cat}"
-                    made_in_step_2 += alloc.reserved - before if unit.step == 2 else 0
-                if unit.step == 1 and phase == "optimizer" and alloc.allocated > opt1[0]:
-                    free: Counter[str] = Counter()
-                    for _, addr in alloc._large.keys + alloc._small.keys:  # noqa: SLF001
-                        b = alloc._large.blocks.get(addr) or alloc._small.blocks[addr]  # noqa: SLF001
-                        free[made_by.get(b.seg, "?")] += b.size
-                    opt1 = (alloc.allocated, free)
+    for _, unit, ev, blk, new in run_runs.replay_mallocs(rep, alloc, units):
+        phase, cat = (ev.phase.value if ev.phase else ""), (ev.category.value if ev.category else "")
+        if new:
+            made_by[blk.seg] = f"{phase} {cat}"
+            made_in_step_2 += new if unit.step == 2 else 0
+        if unit.step == 1 and phase == "optimizer" and alloc.allocated > opt1[0]:
+            opt1 = (alloc.allocated, run_runs.free_by_maker(alloc, made_by))
     allocated, free = opt1
     forward = sum(v for k, v in free.items() if k.startswith("forward") and "logits_loss" not in k)
     return {

@@ -38,6 +38,7 @@ import sys
 import time
 import warnings
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -209,6 +210,35 @@ def _maker(unit: Unit, phase: Any, op: str, category: Any) -> str:
     )
 
 
+def replay_mallocs(rep: Replayer, alloc: Any, units: list[Unit]) -> Iterator[tuple[int, Unit, Any, Any, int]]:
+    """Replay ``units`` through ``alloc`` as the simulate engine decomposes them (``Replayer._parts``,
+    ``Segment.sizes``), yielding after each allocation: the unit's index, the unit, its template event, the block
+    and the bytes it newly reserved (0: served from the cache)."""
+    live: dict[int, Any] = {}
+    for k, unit in enumerate(units):
+        for seg, length in rep._parts(unit):  # noqa: SLF001 - the engine's own decomposition of a unit
+            for i, (is_alloc, sid, size) in enumerate(zip(seg.kinds, seg.ids, seg.sizes(length), strict=True)):
+                if not is_alloc:
+                    blk = live.pop(sid)
+                    if blk is not None:
+                        alloc.free(blk)
+                elif size == 0:
+                    live[sid] = None
+                else:
+                    before = alloc.reserved
+                    blk = live[sid] = alloc.malloc(size)
+                    yield k, unit, seg.events[i], blk, alloc.reserved - before
+
+
+def free_by_maker(alloc: Any, made_by: dict[int, str]) -> Counter[str]:
+    """The cached free bytes now, by the maker recorded for their segment (``?``: none recorded)."""
+    free: Counter[str] = Counter()
+    for _, addr in alloc._large.keys + alloc._small.keys:  # noqa: SLF001
+        b = alloc._large.blocks.get(addr) or alloc._small.blocks[addr]  # noqa: SLF001
+        free[made_by.get(b.seg, "?")] += b.size
+    return free
+
+
 def run(t: StepTemplates, lengths: list[int]) -> dict[str, Any]:
     """A run of one step per entry of ``lengths``: the simulate engine's per-step figures, and (a second replay
     of the same units, recording who made each segment) where the cache came from."""
@@ -220,41 +250,18 @@ def run(t: StepTemplates, lengths: list[int]) -> dict[str, Any]:
     # Attribution: the engine's own units and segments (Replayer._parts, ``Segment.sizes``), replayed once more
     # with the maker of every new segment recorded.
     alloc = CachingAllocatorModel()
-    live: dict[int, Any] = {}
     made_by: dict[int, str] = {}
-    made_in_step: list[Counter[str]] = []
+    made_in_step: list[Counter[str]] = [Counter() for _ in units]
     longest = max(lengths)
     last_long = max(k for k, n in enumerate(lengths, 1) if n == longest)
     free_at_peak: Counter[str] = Counter()
     best = -1
-    for unit in units:
-        made: Counter[str] = Counter()
-        for seg, length in rep._parts(unit):  # noqa: SLF001 - the engine's own decomposition of a unit
-            for i, (is_alloc, sid, size) in enumerate(zip(seg.kinds, seg.ids, seg.sizes(length), strict=True)):
-                if is_alloc:
-                    if size == 0:
-                        live[sid] = None
-                        continue
-                    before = alloc.reserved
-                    blk = alloc.malloc(size)
-                    assert blk is not None
-                    live[sid] = blk
-                    if alloc.reserved > before:
-                        ev = seg.events[i]
-                        made_by[blk.seg] = _maker(unit, ev.phase, ev.op, ev.category)
-                        made[made_by[blk.seg]] += alloc.reserved - before
-                else:
-                    blk = live.pop(sid)
-                    if blk is not None:
-                        alloc.free(blk)
-                    continue
-                if unit.step == last_long and alloc.allocated > best:
-                    best = alloc.allocated
-                    free_at_peak = Counter()
-                    for _, addr in alloc._large.keys + alloc._small.keys:  # noqa: SLF001
-                        b = alloc._large.blocks.get(addr) or alloc._small.blocks[addr]  # noqa: SLF001
-                        free_at_peak[made_by.get(b.seg, "?")] += b.size
-        made_in_step.append(made)
+    for k, unit, ev, blk, new in replay_mallocs(rep, alloc, units):
+        if new:
+            made_by[blk.seg] = _maker(unit, ev.phase, ev.op, ev.category)
+            made_in_step[k][made_by[blk.seg]] += new
+        if unit.step == last_long and alloc.allocated > best:
+            best, free_at_peak = alloc.allocated, free_by_maker(alloc, made_by)
     peak = max(s.peak_reserved_bytes for s in stats)
     assert alloc.peak_reserved == peak, (alloc.peak_reserved, peak)
     return {

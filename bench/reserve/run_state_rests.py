@@ -52,32 +52,17 @@ def measure(cid: str, length: int) -> dict[str, Any]:
     )
     rep = Replayer(templates)
     alloc = CachingAllocatorModel()
-    live: dict[int, Any] = {}
     made: dict[int, tuple[int, str, int]] = {}  # segment → (step, category, bytes)
     states: Counter[int] = Counter()
     peak_allocated, free_at_peak = -1, 0
-    for unit in run_runs._units([length, length]):  # noqa: SLF001 - the load and two steps
-        for part, n in rep._parts(unit):  # noqa: SLF001 - the engine's own decomposition of a unit
-            for i, (is_alloc, sid, size) in enumerate(zip(part.kinds, part.ids, part.sizes(n), strict=True)):
-                if not is_alloc:
-                    blk = live.pop(sid)
-                    if blk is not None:
-                        alloc.free(blk)
-                    continue
-                if size == 0:
-                    live[sid] = None
-                    continue
-                ev = part.events[i]
-                cat = ev.category.value if ev.category else ""
-                before = alloc.reserved
-                blk = alloc.malloc(size)
-                live[sid] = blk
-                if alloc.reserved > before:
-                    made[blk.seg] = (unit.step, cat, alloc.reserved - before)
-                if unit.step == 1 and cat == "optimizer_state":
-                    states[blk.seg] += 1
-                if unit.step == 2 and alloc.allocated > peak_allocated:
-                    peak_allocated, free_at_peak = alloc.allocated, _free_in(alloc, made, seg)
+    for _, unit, ev, blk, new in run_runs.replay_mallocs(rep, alloc, run_runs._units([length, length])):  # noqa: SLF001
+        cat = ev.category.value if ev.category else ""
+        if new:
+            made[blk.seg] = (unit.step, cat, new)
+        if unit.step == 1 and cat == "optimizer_state":
+            states[blk.seg] += 1
+        if unit.step == 2 and alloc.allocated > peak_allocated:
+            peak_allocated, free_at_peak = alloc.allocated, _free_in(alloc, made, seg)
     mlp = [s for s, (step, cat, size) in made.items() if step == 1 and cat == "activations" and size == seg]
     return {
         "id": cid,
