@@ -26,8 +26,6 @@ from __future__ import annotations
 
 import dataclasses
 
-import pytest
-
 from vramledger.analytic import estimate
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Ledger, Phase

@@ -405,7 +405,7 @@ def test_packed_within_3_percent_of_the_single_shape_replay(rec: dict[str, Any])
     expected, _ = _reference(rec, train)
     got = _analytic_reserved(model, train)
     gap = got / expected - 1
-    print(f"{rec['id']}: single-shape replay {expected / 2**30:.3f} GiB, packed estimate {got / 2**30:.3f} ({gap:+.1%})")
+    print(f"{rec['id']}: single-shape replay {expected / 2**30:.3f} GiB, packed {got / 2**30:.3f} ({gap:+.1%})")
     if rec["id"] in PACKED_MISSES:
         assert abs(gap) > TOLERANCE, "no longer a miss: take it out of PACKED_MISSES"
         pytest.xfail(f"{gap:+.1%} ({PACKED_MISSES[rec['id']]}); {_measured(rec['id'])}")
