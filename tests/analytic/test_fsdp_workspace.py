@@ -125,3 +125,30 @@ def test_fsdp2_lora_reserve_never_falls_as_batch_or_length_grow(
     bigger = dataclasses.replace(t, micro_batch=batch + more_batch, seq_len=short + longer)
     a, b = estimate(m, t).peak_reserved, estimate(m, bigger).peak_reserved
     assert b >= a, (a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    version=st.sampled_from([1, 2]),
+    method=st.sampled_from([Method.FULL, Method.FREEZE, Method.LORA]),
+    ckpt=st.booleans(),
+    batch=st.integers(1, 3),
+    seq=st.integers(256, 12000),
+)
+def test_a_packed_run_never_reserves_more_than_a_padded_one(
+    version: int, method: Method, ckpt: bool, batch: int, seq: int
+) -> None:
+    """A packed run meets B × L alone and gets the floor only where the workspace's band is on there; a run with
+    dynamic padding meets B × L too (with its mask on top) and keeps its shorter batches' segments."""
+    m = model_spec_from_config(runner().MID, name="mid", source="test")
+    t = TrainSpec(
+        method=method,
+        precision=Precision.BF16 if version == 1 and method is Method.LORA else Precision.BF16_MIXED,
+        micro_batch=batch,
+        seq_len=seq,
+        grad_ckpt=ckpt,
+        world_size=8,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=version,
+    )
+    assert estimate(m, dataclasses.replace(t, packing=True)).peak_reserved <= estimate(m, t).peak_reserved
