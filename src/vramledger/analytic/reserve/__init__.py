@@ -90,7 +90,7 @@ RESERVE_SOURCE = (
     "backward; Adafactor: its temporaries' own segments; LoRA: the small pool, the cache its layers' forward "
     "leaves (under checkpointing, in place of one layer's transients) and the weights' segment tails; reserved "
     "stays at the step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments "
-    "of shorter batches kept (analytic/reserve/); not yet measured on a GPU"
+    "of shorter batches kept; packed: the one shape B × L (analytic/reserve/); not yet measured on a GPU"
 )
 
 
