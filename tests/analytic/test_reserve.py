@@ -386,29 +386,28 @@ def test_llama_3_2_3b_full_fine_tuning_within_3_percent() -> None:
 
 @pytest.mark.parametrize("rec", _records(), ids=lambda r: r["id"])
 def test_within_3_percent_of_the_committed_trace_replay(rec: dict[str, Any]) -> None:
-    model, train = _specs(rec["id"])
-    expected, which = _reference(rec, train)
-    got = _analytic_reserved(model, train)
-    gap = got / expected - 1
-    print(f"{rec['id']}: {which} reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB ({gap:+.1%})")
-    if rec["id"] in KNOWN_MISSES:
-        assert abs(gap) > TOLERANCE, "no longer a miss: take it out of KNOWN_MISSES"
-        pytest.xfail(f"{gap:+.1%} ({KNOWN_MISSES[rec['id']]}); {_measured(rec['id'])}")
-    assert abs(gap) <= TOLERANCE
+    _check_against_the_replay(rec, packed=False)
 
 
 @pytest.mark.parametrize("rec", _records(), ids=lambda r: r["id"])
 def test_packed_within_3_percent_of_the_single_shape_replay(rec: dict[str, Any]) -> None:
     """A packed run meets the traced shape at every step: its estimate against that shape's replay."""
+    _check_against_the_replay(rec, packed=True)
+
+
+def _check_against_the_replay(rec: dict[str, Any], *, packed: bool) -> None:
     model, train = _specs(rec["id"])
-    train = dataclasses.replace(train, packing=True)
-    expected, _ = _reference(rec, train)
+    train = dataclasses.replace(train, packing=packed)
+    misses = PACKED_MISSES if packed else KNOWN_MISSES
+    expected, which = _reference(rec, train)
     got = _analytic_reserved(model, train)
     gap = got / expected - 1
-    print(f"{rec['id']}: single-shape replay {expected / 2**30:.3f} GiB, packed {got / 2**30:.3f} ({gap:+.1%})")
-    if rec["id"] in PACKED_MISSES:
-        assert abs(gap) > TOLERANCE, "no longer a miss: take it out of PACKED_MISSES"
-        pytest.xfail(f"{gap:+.1%} ({PACKED_MISSES[rec['id']]}); {_measured(rec['id'])}")
+    print(f"{rec['id']}: {which} reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB ({gap:+.1%})")
+    if rec["id"] in misses:
+        assert abs(gap) > TOLERANCE, "no longer a miss: take it out of " + (
+            "PACKED_MISSES" if packed else "KNOWN_MISSES"
+        )
+        pytest.xfail(f"{gap:+.1%} ({misses[rec['id']]}); {_measured(rec['id'])}")
     assert abs(gap) <= TOLERANCE
 
 
