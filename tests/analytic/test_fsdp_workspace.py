@@ -135,7 +135,8 @@ def test_a_packed_run_never_reserves_more_than_a_padded_one(
 
 def _mid_full_shard(version: int, method: Method, ckpt: bool, batch: int, seq: int) -> tuple[ModelSpec, TrainSpec]:
     """The mid model on 8 ranks under FSDP full sharding; FSDP1's LoRA in pure bf16, so that the adapters flatten
-    with their layer's frozen weights (distributed/core.py ``adapters_in_layer_units``: one dtype a flat parameter)."""
+    with their layer's frozen weights (distributed/core.py ``adapters_in_layer_units``: one dtype in each flat
+    parameter)."""
     m = model_spec_from_config(runner().MID, name="mid", source="test")
     t = TrainSpec(
         method=method,
