@@ -9,6 +9,7 @@ from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_
 from vramledger.analytic.activations import computes_scores, residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import forward_segments
+from vramledger.analytic.reserve.eager_ckpt import eager_checkpointed_stranded
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid, workspace_in_logits
 from vramledger.analytic.reserve.full import (
@@ -148,12 +149,24 @@ def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     Step 1's backward recomputes each layer after the loss has freed its logits chain, so it cuts a recomputed layer
     and its gradients from the chain's blocks and that free cache, and makes segments only for what they cannot
     hold (none in the traced configs: bench/reserve/forward_cache_ckpt.jsonl); what is cached at step 2's loss peak
-    is then what step 2's forward leaves of step 1's forward segments, and those segments."""
+    is then what step 2's forward leaves of step 1's forward segments, and those segments. With eager attention,
+    whose length² blocks outgrow the logits' as ℓ grows, what those blocks and the logits chain leave
+    (``eager_checkpointed_stranded``)."""
+    eager = eager_checkpointed_stranded(m, train, p, lambda t: _adapter_stranded(m, t, _parts_at(m, t)))
+    if eager is not None:
+        return eager
     layers = checkpointed_forward_cache(m, train, p)
     if layers is None:
         return stranded_bytes(m, train, p)
     unserved = max(_recomputed_layer(m, train, p) - sum(logits_blocks(m, train)) - layers, 0)
     return _logits_hole(m, train) + layers + unserved
+
+
+def _parts_at(m: ModelSpec, train: TrainSpec) -> StepParts:
+    """The step's parts at another shape (analytic/step.py imports this package: imported here when needed)."""
+    from vramledger.analytic.step import step_parts
+
+    return step_parts(m, train)
 
 
 def _segment_rest(block: int) -> int:
