@@ -53,11 +53,6 @@ PADDED_FULL = (
     "trace's unpadded batch does not build; packed (no mask) the estimate's allocated is the trace's (47.79 against "
     "47.81 GiB), and its reserved is still 52.73 GiB against the replay's 48.54: a reserve over-count of its own"
 )
-EAGER_CKPT_RESERVE = (
-    "allocated matches the trace since the softmax backward moment (22.81 GiB both; analytic/step.py "
-    "_softmax_backward, +4.4% before); the reserve is the closed form's: 8.65 GiB over allocated against the "
-    "replay's 3.32 (the run's envelope 29.40 GiB)"
-)
 TINY = "a 2-layer toy model: segments of 20 MiB for requests under 10 MiB dominate its cache"
 TINY_CKPT = (
     "a 2-layer toy model under checkpointing: left out are the live fp32 logits blocks' 2 MiB segment rests (3 × 1.5 "
@@ -106,7 +101,6 @@ KNOWN_MISSES: dict[str, str] = {
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
     "gemma-3-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
-    "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
     "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa": PADDED_MASK,
 }
 # The same grid estimated as packed runs (``packing``: every step B × L, the single-shape replay the reference).
@@ -120,7 +114,6 @@ PACKED_MISSES: dict[str, str] = {
     "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
-    "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
     "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": PACKED_UNDER,
     "mid/lora/b2/L1024/nockpt/eager": PACKED_UNDER,
