@@ -61,10 +61,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from vramledger.allocator.blocks import Block
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, allocation_size
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.events import Events, replay_excess
 from vramledger.analytic.reserve.forward_cache import one_copy_weights
 from vramledger.analytic.weights import weight_budget
 from vramledger.specs import Attention, DType, Loss, ModelSpec, TrainSpec
@@ -244,96 +244,76 @@ def _edges(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
     return tuple(-(-n // d) for n, d in ((c * V, 4 * nh), (V, nh), (4 * V, c * nh)))
 
 
-class _Replay:
-    """The sequence's allocations and frees through the allocator model, with what is free at step 2's peak."""
-
-    def __init__(self) -> None:
-        from vramledger.allocator.model import CachingAllocatorModel
-
-        self.model = CachingAllocatorModel()
-        self.live: dict[int, Block] = {}
-        self.count = 0
-        self.step = 1
-        self.peak = 0
-
-    def alloc(self, size: int) -> int:
-        blk = self.model.malloc(size)
-        assert blk is not None, "an unlimited device never runs out"
-        self.count += 1
-        self.live[self.count] = blk
-        if self.step == 2:
-            self.peak = max(self.peak, self.model.allocated)
-        return self.count
-
-    def free(self, *ids: int) -> None:
-        for i in ids:
-            self.model.free(self.live.pop(i))
-
-
 @lru_cache(maxsize=1024)
 def _free_at_peak(ch: _Chain) -> int:
-    """Reserved at the end of two steps less allocated at step 2's peak (reserved only grows), replayed."""
-    r = _Replay()
-    for step in (1, 2):
-        r.step = step
-        inputs = [r.alloc(ch.saved_input)]  # the embedding's output, the first checkpoint's input
+    """Reserved at the end of two steps less allocated at the peak, the sequence replayed (``replay_excess``). Both
+    steps make the same requests, so the peak allocated is step 2's too; reserved only grows."""
+    seq = Events()
+    for _ in (1, 2):
+        inputs = [seq.alloc(ch.saved_input)]  # the embedding's output, the first checkpoint's input
         for _ in range(ch.layers):
-            probs, _ = _attention(r, ch, saved=False)
-            r.free(probs)  # after the matmul with v
-            inputs.append(r.alloc(ch.saved_input))  # the layer's output, the next one's saved input
-        r.free(inputs.pop())  # the final norm's input, done with before the loss's backward
-        _loss(r, ch)
+            probs, _ = _attention(seq, ch, saved=False)
+            seq.free(probs)  # after the matmul with v
+            inputs.append(seq.alloc(ch.saved_input))  # the layer's output, the next one's saved input
+        seq.free(inputs.pop())  # the final norm's input, done with before the loss's backward
+        _loss(seq, ch)
         for _ in range(min(ch.layers, _BACKWARD_LAYERS)):
-            _layer_backward(r, ch)
-            r.free(inputs.pop())
-        r.free(*inputs)
-    return r.model.peak_reserved - r.peak
+            _layer_backward(seq, ch)
+            seq.free(inputs.pop())
+        _free(seq, *inputs)
+    reserved, allocated = replay_excess(tuple(seq.events))
+    return reserved - allocated
 
 
-def _attention(r: _Replay, ch: _Chain, *, saved: bool) -> tuple[int, int]:
+def _free(seq: Events, *ids: int) -> None:
+    for i in ids:
+        seq.free(i)
+
+
+def _attention(seq: Events, ch: _Chain, *, saved: bool) -> tuple[int, int]:
     """``eager_attention_forward``'s length² blocks: returns (the bf16 probabilities, the fp32 softmax output or 0
     where it is not saved: the checkpointed forward frees it once cast back)."""
-    qk = r.alloc(ch.scores)
-    scaled = r.alloc(ch.scores)
-    r.free(qk)
-    masked = r.alloc(ch.scores)
-    r.free(scaled)
-    up = r.alloc(ch.scores32)  # softmax's ``input_.toType(float32)``
-    soft = r.alloc(ch.scores32)
-    r.free(up)
-    probs = r.alloc(ch.scores)  # ``.to(query.dtype)``
+    qk = seq.alloc(ch.scores)
+    scaled = seq.alloc(ch.scores)
+    seq.free(qk)
+    masked = seq.alloc(ch.scores)
+    seq.free(scaled)
+    up = seq.alloc(ch.scores32)  # softmax's ``input_.toType(float32)``
+    soft = seq.alloc(ch.scores32)
+    seq.free(up)
+    probs = seq.alloc(ch.scores)  # ``.to(query.dtype)``
     if not saved:
-        r.free(soft)
+        seq.free(soft)
         soft = 0
-    r.free(masked)
+    seq.free(masked)
     return probs, soft
 
 
-def _loss(r: _Replay, ch: _Chain) -> None:
+def _loss(seq: Events, ch: _Chain) -> None:
     """``ForCausalLMLoss`` and its backward: the logits, their fp32 copy, the saved log-softmax; then
     ``nll_loss_backward``'s and ``_log_softmax_backward_data``'s fp32 gradients, and the cast back for lm_head."""
-    logits = r.alloc(ch.logits)
-    up = r.alloc(ch.logits32)
-    lsm = r.alloc(ch.logits32)
-    r.free(up, logits)
-    nll = r.alloc(ch.logits32)
-    grad = r.alloc(ch.logits32)
-    r.free(nll, lsm)
-    head = r.alloc(ch.logits)
-    r.free(grad, head)
+    logits = seq.alloc(ch.logits)
+    up = seq.alloc(ch.logits32)
+    lsm = seq.alloc(ch.logits32)
+    _free(seq, up, logits)
+    nll = seq.alloc(ch.logits32)
+    grad = seq.alloc(ch.logits32)
+    _free(seq, nll, lsm)
+    head = seq.alloc(ch.logits)
+    _free(seq, grad, head)
 
 
-def _layer_backward(r: _Replay, ch: _Chain) -> None:
+def _layer_backward(seq: Events, ch: _Chain) -> None:
     """A layer recomputed (its length² tensors saved) and its attention's backward: the probabilities' gradient
     (bf16), its cast to fp32, ``_softmax_backward_data`` (three fp32 blocks live), the cast back and ``* scaling``."""
-    probs, soft = _attention(r, ch, saved=True)
-    grad = r.alloc(ch.scores)
-    r.free(probs)
-    grad32 = r.alloc(ch.scores32)
-    r.free(grad)
-    dsoft = r.alloc(ch.scores32)
-    r.free(soft, grad32)
-    down = r.alloc(ch.scores)
-    r.free(dsoft)
-    scaled = r.alloc(ch.scores)
-    r.free(down, scaled)
+    probs, soft = _attention(seq, ch, saved=True)
+    grad = seq.alloc(ch.scores)
+    seq.free(probs)
+    grad32 = seq.alloc(ch.scores32)
+    seq.free(grad)
+    dsoft = seq.alloc(ch.scores32)
+    _free(seq, soft, grad32)
+    down = seq.alloc(ch.scores)
+    seq.free(dsoft)
+    scaled = seq.alloc(ch.scores)
+    _free(seq, down, scaled)
