@@ -34,21 +34,23 @@ bench/reserve/eager_ckpt.jsonl).
 
 What the sequence leaves out: the layers' other transients (projections, norms, RoPE, the MLP: blocks of c·I·T and
 less, cut from whatever is free), DoRA's weight-norm blocks (``DoraLinearVariant``: left to ``stranded_bytes``), the
-cuBLAS workspaces (``workspace.py``). Where the fp32 scores are the larger, the trace cuts the saved inputs and
-those transients from the split fp32 block at lengths off the 2 MiB steps, and makes one more fp32 scores segment
-and ``_log_softmax_backward_data``'s than the sequence (Llama-3.2-1B LoRA 1 × 4128: 14.86 GiB replayed, 12.84
-estimated; Llama-3-8B 1 × 11584: 96.9 against 81.0): a packed run there is under the replay. Where the bf16 scores
-or the saved inputs are under kMinLargeAlloc (10 MiB), requests of 1 to 10 MiB share 20 MiB segments and the
-layers' other blocks decide what is cached: ``stranded_bytes`` stands.
+cuBLAS workspaces (``workspace.py``). Where the fp32 scores are the larger and an fp32 scores segment cut for a bf16
+scores block leaves a rest smaller than a bf16 scores segment (``_rest_smaller``), the trace also cuts the saved
+inputs and those transients from such a split block and makes one more fp32 scores segment and
+``_log_softmax_backward_data``'s than the sequence: there a packed run gets the closed form of that layout
+(``_worst_free``; Llama-3.2-1B LoRA 1 × 4128: 14.91 GiB against the replay's 14.86, the sequence alone 12.84;
+Llama-3-8B 1 × 11584: 97.07 against 96.88). Where the bf16 scores or the saved inputs are under kMinLargeAlloc
+(10 MiB), requests of 1 to 10 MiB share 20 MiB segments and the layers' other blocks decide what is cached:
+``stranded_bytes`` stands.
 
-A packed run gets the larger of the replays with the requests' sizes and with their segments' sizes, never more
-than a run with dynamic padding. That run meets every length ≤ L and keeps what each made (docs/reserve.md
-"Runs"), and the single shape's figure falls at each edge and flips every few tokens: it gets the largest replay
-over lengths that do not depend on L, a geometric grid up to the first at or above L, the last length below each
-edge, with the scores also as the smallest request of their 2 MiB step (met every few tokens); the closed form of
-the layout the trace keeps off the 2 MiB steps where the fp32 scores are the larger (``_worst_free``); and
-``stranded_bytes`` below the first length whose blocks are their own: a figure that never falls as L grows
-(property-tested, with B).
+A packed run gets the larger of the replays with the requests' sizes and with their segments' sizes (and
+``_worst_free`` where ``_rest_smaller`` holds), never more than a run with dynamic padding. That run meets every
+length ≤ L and keeps what each made (docs/reserve.md "Runs"), and the single shape's figure falls at each edge and
+flips every few tokens: it gets the largest replay over lengths that do not depend on L, a geometric grid up to the
+first at or above L, the last length below each edge, with the scores also as the smallest request of their 2 MiB
+step (met every few tokens); the closed form of the layout the trace keeps off the 2 MiB steps where the fp32 scores
+are the larger (``_worst_free``); and ``stranded_bytes`` below the first length whose blocks are their own: a figure
+that never falls as L grows (property-tested, with B).
 
 Legend: a = nh·ℓ²·b scores per layer, T = b·ℓ tokens, V vocabulary, H hidden, c compute-dtype bytes, s
 residual-stream bytes.
@@ -61,7 +63,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
 
-from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, allocation_size
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, allocation_size, round_size
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.events import Events, replay_excess
@@ -100,7 +102,23 @@ def eager_checkpointed_stranded(
     if not _own_segments(m, train, B, L):
         return None
     padded = _padded(m, train, p, shorter)
-    return min(_stranded_at(m, train, p, B, L, _SIZES[:2]), padded) if train.packing else padded
+    if not train.packing:
+        return padded
+    single = _stranded_at(m, train, p, B, L, _SIZES[:2])
+    if _edges(m, train)[1] <= L and _rest_smaller(m, train, B, L):
+        single = max(single, _worst_free(m, train, p, B, L))
+    return min(single, padded)
+
+
+def _rest_smaller(m: ModelSpec, train: TrainSpec, b: int, ell: int) -> bool:
+    """Whether an fp32 scores segment cut for a bf16 scores block leaves a rest smaller than a bf16 scores segment
+    (``get_allocation_size`` of each, less the request, ``round_size``): best fit then gives that rest to the masked
+    scores, and from V/nh the trace keeps the layout of ``_worst_free`` (Llama-3.2-1B and Llama-3-8B, 32 heads: at
+    every length of bench/reserve/runs.jsonl and of a sweep from 4032 to 4608 tokens where this holds, and at none
+    where it does not)."""
+    c, a = train.precision.compute.bytes, m.num_heads * ell * ell * b
+    x = round_size(c * a)
+    return allocation_size(round_size(4 * a)) - x < allocation_size(x)
 
 
 # Lengths per octave at which a run with dynamic padding is replayed (``_padded``).
