@@ -41,7 +41,8 @@ Modules: ``events`` (allocation sequences and their replay), ``replay`` (the ste
 logits blocks and optimizer states), ``spill`` (the blocks step 2 makes again where the states reach every fp32
 logits block), ``freeze`` (the same blocks with the head and the embedding frozen),
 ``optimizers`` (SGD, fused AdamW, Adafactor), ``forward_cache``, ``load_residue`` and ``softcap`` (LoRA's forward
-cache, the base's segment tails, Gemma 2's softcapped logits), ``ckpt_forward`` (step 1's checkpointed forward),
+cache, the base's segment tails, Gemma 2's softcapped logits), ``eager_ckpt`` (LoRA with eager attention under
+checkpointing: the length² and logits blocks replayed), ``ckpt_forward`` (step 1's checkpointed forward),
 ``shape`` (one shape's closed form), ``switches`` and ``runs`` (runs with dynamic padding); this module: the ledger's
 reserve lines per phase.
 """
@@ -88,7 +89,8 @@ RESERVE_SOURCE = (
     "checkpointing); full fine-tuning: states created in step 1 into the logits blocks, which step 2 makes again "
     "whole, and foreach temporaries' blocks too small for the activations; SGD and fused AdamW: the end of "
     "backward; Adafactor: its temporaries' own segments; LoRA: the small pool, the cache its layers' forward "
-    "leaves (under checkpointing, in place of one layer's transients) and the weights' segment tails; reserved "
+    "leaves (under checkpointing, in place of one layer's transients; with eager attention, the length² and logits "
+    "blocks replayed through the allocator model) and the weights' segment tails; reserved "
     "stays at the step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments "
     "of shorter batches kept; packed: the one shape B × L (analytic/reserve/); not yet measured on a GPU"
 )
