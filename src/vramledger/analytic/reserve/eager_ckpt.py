@@ -122,38 +122,41 @@ def _rest_smaller(m: ModelSpec, train: TrainSpec, b: int, ell: int) -> bool:
 
 
 # Lengths per octave at which a run with dynamic padding is replayed (``_padded``).
-_PER_OCTAVE = 16
+_PER_OCTAVE = 8
+# Of that grid, the lengths replayed: the last few up to the first at or above L. The figure grows by about a fifth
+# from one to the next (∝ ℓ² within a range between edges), and the most it flips between two (an fp32 scores
+# segment of four or five) is less than it grows over these.
+_LAST = 3
 
 
 def _padded(m: ModelSpec, train: TrainSpec, p: StepParts, shorter: Callable[[TrainSpec], int]) -> int:
-    """The most a run with dynamic padding at micro-batch B and lengths ≤ L leaves free, from lengths that never
-    depend on L but through which of them it reaches, so that the figure never falls as L grows: the replay at every
-    length of a geometric grid (``_PER_OCTAVE``) up to the first at or above L (a little longer than L: the figure
-    grows with the length, and L's own replay can sit above the grid point below it), at the first length whose
-    blocks are their own and the last below each edge (``_edges``, where the single shape's figure falls); the
-    closed form of the layout the trace keeps at lengths off the 2 MiB steps where the fp32 scores are the larger
-    (``_worst_free``, at the ends of those ranges); and ``shorter``, the figure below the first length whose blocks
-    are their own."""
+    """The most a run with dynamic padding at micro-batch B and lengths ≤ L leaves free, so that the figure never
+    falls as L grows: the replay at the last lengths of a geometric grid up to the first at or above L (``_grid``: a
+    little longer than L, since the figure grows with the length and L's own replay can sit above the grid point
+    below it), at the first length whose blocks are their own and the last below each edge (``_edges``, where the
+    single shape's figure falls); the closed form of the layout the trace keeps off the 2 MiB steps where the fp32
+    scores are the larger (``_worst_free``, at the ends of those ranges); and ``shorter``, the figure below the
+    first length whose blocks are their own."""
     B, L = train.micro_batch, train.seq_len
     first = _first_own(m, train, B)
-    fixed = [first, *(edge - 1 for edge in _edges(m, train) if first <= edge - 1 <= L)]
-    replayed = max(_stranded_at(m, train, p, B, ell, _SIZES) for ell in sorted({*fixed, *_grid(first, L)}))
-    beyond = _edges(m, train)[1]  # V/nh: from here the fp32 scores are the larger
+    edges = _edges(m, train)
+    fixed = [first, *(edge - 1 for edge in edges if first <= edge - 1 <= L)]
+    # a grid length past an edge above L stands for the last length before it, in L's range
+    grid = [min((edge - 1 for edge in edges if L < edge <= ell), default=ell) for ell in _grid(first, L)]
+    replayed = max(_stranded_at(m, train, p, B, ell, _SIZES) for ell in sorted({*fixed, *grid}))
+    beyond = edges[1]  # V/nh: from here the fp32 scores are the larger
     worst = max((_worst_free(m, train, p, B, ell) for ell in _corners(m, train, B, L) if ell >= beyond), default=0)
     below = shorter(train.at_shape(B, first - 1)) if first > 1 else 0
     return max(replayed, worst, below)
 
 
 def _grid(first: int, L: int) -> list[int]:
-    """The lengths ⌈2^(k/``_PER_OCTAVE``)⌉ from ``first`` up to the first at or above L."""
-    out: list[int] = []
-    k = math.floor(_PER_OCTAVE * math.log2(first))
-    while not out or out[-1] < L:
-        ell = math.ceil(2 ** (k / _PER_OCTAVE))
-        if ell >= first:
-            out.append(ell)
+    """The last ``_LAST`` lengths ⌈2^(k/``_PER_OCTAVE``)⌉ from ``first`` up to the first at or above L."""
+    k = max(math.floor(_PER_OCTAVE * math.log2(L)) - 1, 0)
+    while math.ceil(2 ** (k / _PER_OCTAVE)) < L:
         k += 1
-    return out
+    lengths = (math.ceil(2 ** (j / _PER_OCTAVE)) for j in range(k - _LAST + 1, k + 1))
+    return [ell for ell in lengths if ell >= first]
 
 
 # The sizes replayed (``_chain``): the requests', their segments' (``get_allocation_size``: 2 MiB steps from 10 MiB),
