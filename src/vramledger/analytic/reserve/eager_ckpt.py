@@ -265,7 +265,7 @@ def _edges(m: ModelSpec, train: TrainSpec) -> tuple[int, ...]:
     return tuple(-(-n // d) for n, d in ((c * V, 4 * nh), (V, nh), (4 * V, c * nh)))
 
 
-@lru_cache(maxsize=1024)
+@lru_cache(maxsize=16384)
 def _free_at_peak(ch: _Chain) -> int:
     """Reserved at the end of two steps less allocated at the peak, the sequence replayed (``replay_excess``). Both
     steps make the same requests, so the peak allocated is step 2's too; reserved only grows."""
@@ -282,7 +282,8 @@ def _free_at_peak(ch: _Chain) -> int:
             _layer_backward(seq, ch)
             seq.free(inputs.pop())
         _free(seq, *inputs)
-    reserved, allocated = replay_excess(tuple(seq.events))
+    # its own cache holds the small ``_Chain``s, not these sequences (``replay_excess.__wrapped__``: uncached)
+    reserved, allocated = replay_excess.__wrapped__(tuple(seq.events))
     return reserved - allocated
 
 
