@@ -77,7 +77,7 @@ _BACKWARD_LAYERS = 2
 
 @dataclass(frozen=True, slots=True)
 class _Chain:
-    """What the replayed sequence depends on, in bytes per block (their segments' sizes)."""
+    """What the replayed sequence depends on: the blocks' sizes in bytes, and the decoder layers."""
 
     scores: int  # c·a: one bf16 nh·ℓ² block
     scores32: int  # 4·a
@@ -113,9 +113,9 @@ def eager_checkpointed_stranded(
 def _rest_smaller(m: ModelSpec, train: TrainSpec, b: int, ell: int) -> bool:
     """Whether an fp32 scores segment cut for a bf16 scores block leaves a rest smaller than a bf16 scores segment
     (``get_allocation_size`` of each, less the request, ``round_size``): best fit then gives that rest to the masked
-    scores, and from V/nh the trace keeps the layout of ``_worst_free`` (Llama-3.2-1B and Llama-3-8B, 32 heads: at
-    every length of bench/reserve/runs.jsonl and of a sweep from 4032 to 4608 tokens where this holds, and at none
-    where it does not)."""
+    scores, and from V/nh the trace keeps the layout of ``_worst_free``: at each length of Llama-3-8B's sweep from
+    4096 (bench/reserve/runs.jsonl) and of Llama-3.2-1B's every 32 tokens from 4032 to 4608 (the simulate engine on
+    the traced step) where this holds, and at none where it does not."""
     c, a = train.precision.compute.bytes, m.num_heads * ell * ell * b
     x = round_size(c * a)
     return allocation_size(round_size(4 * a)) - x < allocation_size(x)
@@ -179,9 +179,8 @@ def _worst_free(m: ModelSpec, train: TrainSpec, p: StepParts, b: int, ell: int) 
     the c·V·T logits below c·V/(4·nh); from V/nh one, ``_log_softmax_backward_data``'s, up to 4·V/(c·nh)), and from
     V/nh the recomputed layer's fp32 scores segment; less the three largest chain blocks live at the peak (the
     loss's backward or the softmax's) and the checkpoints' saved inputs, cut from the free ones (not the first, the
-    embedding's output, made before any scores segment exists). A convex quadratic
-    in ℓ and linear in b between edges (``_edges``): the largest over the shapes ≤ (B, L) is at a corner
-    (``_corners``)."""
+    embedding's output, made before any scores segment exists). A convex quadratic in ℓ and linear in b between
+    edges (``_edges``): the largest over the shapes ≤ (B, L) is at a corner (``_corners``)."""
     c, a, T = train.precision.compute.bytes, m.num_heads * ell * ell * b, b * ell
     x, x32, logits, logits32 = c * a, 4 * a, c * m.vocab_size * T, 4 * m.vocab_size * T
     if logits32 > x32:
