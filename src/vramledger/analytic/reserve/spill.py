@@ -75,3 +75,27 @@ def tied_remade(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0) -
     held = 2 * (_head_gradient(p) // fp32[0])
     reached = blocks_with_states(p.state_bytes - beside, hole, fp32)
     return max(reached - held, 0) * fp32[0]
+
+
+def at_tied_edge(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Whether an fp32 logits block is exactly the size F of a tied embedding's V·H gradient (4·V·T = V·H·b, that is
+    4·T = H·b: 2048 tokens for H = 2048 and fp32 trainable weights, a common shape), the edge of runs.py's ``tied``
+    switch (4·T < H·b), where ``tied_remade``'s rule still holds and ``full.tied_gradient_block``'s no longer does.
+
+    What the allocator's rules do there (CUDACachingAllocator.cpp ``get_free_block``: the smallest free block at least
+    as large; segments never merge), in the replays of the three checkpointed grid configs at the edge (Qwen3-1.7B
+    bf16-mixed 2 × 1024, Llama-3.2-1B fp32 2 × 1024 and bf16-mixed 1 × 2048; ``bench/reserve/replay_states.jsonl``):
+    step 1 makes six segments of F: the loss's three fp32 blocks, the embedding's ``embedding_dense_backward`` and
+    AccumulateGrad's ``add`` (the chain's freed blocks hold gradients by then), and the foreach temporary
+    (``_foreach_sqrt``). lm_head's V·H gradient is cut from a freed logits block, so ``Adam._init_group``
+    (torch/optim/adam.py; the embedding is the first parameter) puts ``exp_avg`` there and ``exp_avg_sq`` in the
+    dense gradient's block. Step 2's three logits requests then find the sum's block (freed by ``zero_grad``) and
+    the temporary's, so one is made again only where the chain's two other blocks both hold something: the backward
+    workspace and 32 MiB of states in Qwen3-1.7B's (1.16 GiB made again), states after the gradients in
+    Llama-3.2-1B fp32's (24 and 424 MiB; 0.98 GiB made again); Llama-3.2-1B bf16-mixed 1 × 2048 leaves both whole
+    and makes none. The gradient sum's own V·H request fits a freed logits block, so no V·H block is made again."""
+    wb = p.weights
+    fp32 = 4 * m.vocab_size * train.tokens
+    return (
+        m.tie_word_embeddings and wb.embedding_trainable and bool(logits_blocks(m, train)) and fp32 == _head_gradient(p)
+    )
