@@ -9,7 +9,8 @@ splits a larger one; blocks of different segments never merge, ``try_merge_block
   fp32 logits block and from the c·V·T block itself, no whole block of that size is left and a new segment is made;
 - one fp32 logits block beside a tied embedding's V·H block (``tied_remade``): where 4·V·T is no larger than the V·H
   gradient, step 2's loss takes its three fp32 blocks from the two freed V·H blocks, which hold ⌊V·H·b / 4·V·T⌋
-  each; the rest is made again.
+  each; the rest is made again; at the edge 4·V·T = V·H·b (``at_tied_edge``) only where the chain's other two
+  blocks both hold something (shape.py ``_tied_relaid``).
 
 Whether a state reaches the last fp32 block and the c·V·T block at a given shape depends on the rests the gradients
 and activations leave in the freed blocks (bench/reserve/replay_states.jsonl), which the estimate does not model:
