@@ -122,15 +122,12 @@ PACKED_MISSES: dict[str, str] = {
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
     "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
-    "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": PACKED_UNDER,
     "mid/lora/b2/L1024/nockpt/eager": PACKED_UNDER,
     "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/sgd": PACKED_UNDER,
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": PACKED_UNDER,
-    "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": PACKED_UNDER,
     "mid/full/b4/L1024/nockpt/sdpa/bf16-true": PACKED_UNDER,
     "llama-3-8b/lora/b2/L2048/nockpt/sdpa": PACKED_UNDER,
     "qwen2.5-0.5b/full/b4/L256/nockpt/sdpa/fp32/adamw_torch_fused": PACKED_UNDER,
-    "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/fp32": PACKED_UNDER,
 }
 
 

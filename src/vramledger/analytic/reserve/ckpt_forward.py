@@ -23,6 +23,11 @@ of them is free where ``stranded_bytes`` counts 0.44 GB beyond the logits hole, 
 of the difference; step 1 reserves 12.52 GB before its optimizer, ``single_shape``'s R1 without this bound 11.86 GB,
 with it 12.27 GB (docs/reserve.md "Step 1's checkpointed forward").
 
+With eager attention the forward's largest segments are the attention's own: each layer's scores, their fp32 copy
+and softmax leave (2·c + 8)·nh·L² bytes per sequence cached (``eager_scores_segments``), six times the c·nh·L² scores
+block counted before (bench/reserve/ckpt_forward.jsonl: Qwen3-0.6B bf16-true 8 × 1024 and Llama-3.2-3B 2 × 2048,
+−8% and −13% under the replay's step 1 reserve with the scores block alone, −1.4% and −1.7% with the segments).
+
 Legend: T tokens per micro-batch, H hidden, I intermediate (``decoder_mlp_width``), c compute-dtype bytes, s
 residual-stream bytes, V vocabulary.
 """
@@ -38,7 +43,7 @@ from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import decoder_mlp_width, logits_blocks
 from vramledger.analytic.reserve.load_residue import weight_tails
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.specs import Attention, ModelSpec, Precision, TrainSpec
 
 
 def forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -49,7 +54,8 @@ def forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     ``down_proj(act_fn(gate_proj(x)) * up_proj(x))``): the weights' (each of at least 10 MiB in a segment of its
     own rounded up to 2 MiB, ``get_allocation_size``, whose tail no counted request fits: ``weight_tails``), the
     forward thread's cuBLAS workspace, the checkpointed inputs (and eager's masks), autocast's cached casts of the
-    decoder matrices but that layer's ``down_proj``, and the transients live there (``_mlp_product``); then the
+    decoder matrices but that layer's ``down_proj``, and the transients live there (``_mlp_product``), or with eager
+    attention the blocks its scores leave cached, if larger (``eager_scores_segments``); then the
     segments the loss makes on top: one per block of the logits chain (``logits_blocks``), and lm_head's cast by
     what it exceeds the largest transient block (it gets a segment of its own where no freed block holds it;
     counted so, the bound never falls as T grows). Left out, so that it stays a lower bound: what best fit wastes in
@@ -65,13 +71,44 @@ def forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     casts = p.autocast_copy_bytes - p.head_cast_bytes
     if casts:
         casts -= c * m.hidden_size * decoder_mlp_width(m)  # the last layer's down_proj, cast after the product
-    largest = max(c * decoder_mlp_width(m) * T, p.forward_layer_temp)
+    scores = eager_scores_segments(m, train, p)
+    largest = max(c * decoder_mlp_width(m) * T, scores[0])
     head = max(p.head_cast_bytes - largest, 0)
     counted = _smallest_large_request(m, train, p, casts > 0)
     tails = _tails_below(m, wb.trainable_dtype.bytes, counted) if not p.frozen_bytes else 0
     saved = p.saved_layers_bytes + p.scores_bytes
-    transients = max(_mlp_product(m, train, p), p.forward_layer_temp)
+    transients = max(_mlp_product(m, train, p), sum(scores))
     return weights + tails + saved + casts + transients + head + sum(logits_blocks(m, train))
+
+
+def eager_scores_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[int, ...]:
+    """The blocks a checkpointed layer's eager attention leaves cached after its forward, largest first (full
+    fine-tuning under checkpointing; ``forward_layer_temp``, the c·nh·L² scores per sequence, where attention is
+    not eager). X = nh·L² per sequence × B.
+
+    transformers ``eager_attention_forward`` (modeling_llama.py, modeling_qwen3.py): ``matmul(q, kᵀ) * scaling``
+    (the ``bmm`` block, then the ``mul`` block: two c·X), ``+ attention_mask`` (the mask's dtype and the scores'
+    promoted: c·X in a pure 16-bit run, cut from the freed ``bmm`` block; 4·X fp32 under autocast, whose mask has
+    the fp32 weights' dtype), then ``softmax(dim=-1, dtype=torch.float32).to(query.dtype)``. ATen's ``softmax``
+    with a dtype (aten/src/ATen/native/SoftMax.cpp) fuses the upcast only for Half on CUDA
+    (``_softmax(input, dim, half_to_float=true)``); otherwise ``input_.toType(float)`` copies the scores to fp32
+    (4·X) and ``_softmax`` makes a fourth block (4·X), and an fp32 input is not copied. The freed c·X blocks cannot
+    hold a 4·X request (``get_free_block``: best fit needs a block at least as large; segments never merge), so
+    with c < 4 two fp32 4·X segments are made on top of the two c·X ones (bf16: the copy and the softmax; under
+    autocast: the masked scores and the softmax), and the next layer's blocks reuse all four: (2·c + 8)·X; with
+    fp16 weights (no autocast) the fused upcast makes one, (2·c + 4)·X; in fp32 the masked scores and the softmax
+    reuse the ``bmm`` and ``mul`` blocks, 8·X. The trace (bench/reserve/, Qwen3-0.6B full, bf16-true, 8 × 1024,
+    X = 128 Mi): 256 + 256 + 512 + 512 MiB made by layer 0's forward, where ``forward_layer_temp`` is 256 MiB;
+    Qwen2.5-0.5B 2 × 512 in bf16-mixed, fp16-mixed and fp32: 12·X, 12·X and 8·X (fp16-true: 12·X, the trace
+    running on CPU tensors, where ATen takes the copy)."""
+    if train.attn is not Attention.EAGER or not p.forward_layer_temp or not train.grad_ckpt:
+        return (p.forward_layer_temp,)
+    c = train.precision.compute.bytes
+    X = m.num_heads * train.seq_len * train.seq_len * train.micro_batch
+    if c == 4:
+        return (4 * X, 4 * X)
+    fp32 = (4 * X,) if train.precision is Precision.FP16 else (4 * X, 4 * X)
+    return (*fp32, c * X, c * X)
 
 
 def _mlp_product(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
