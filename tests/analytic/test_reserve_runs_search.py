@@ -51,7 +51,7 @@ def test_the_edge_is_the_scans(B: int, L: int, tokens: int, square: int, drops: 
 
 
 def _uncached(fn: Callable[[], int]) -> int:
-    for cached in (runs._held_capped, runs._shape_reserve, runs._relaid_counts):
+    for cached in (runs._held_capped, runs._regions, runs._shape_reserve, runs._relaid_counts):
         cached.cache_clear()
     return fn()
 

@@ -119,11 +119,13 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
     return {name: holds for name, holds in found.items() if holds is not None}
 
 
+@lru_cache(maxsize=32)
 def _regions(
     m: ModelSpec, train: TrainSpec, p: StepParts, at: ShapePeaks
 ) -> list[tuple[Switching, list[tuple[int, int]]]]:
     """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
-    shapes ≤ (B, L) where it is on (``_largest_on``)."""
+    shapes ≤ (B, L) where it is on (``_largest_on``). Cached: ``held_reserved`` asks for them at (B, L), and then
+    ``_held_capped`` again where (B, L) is within the edges (read only)."""
     on = switches_on(m, train, p)
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
     if on.workspace is not None:
