@@ -19,6 +19,7 @@ the allocator model: the analytic peak allocated plus that replay's reserved −
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import time
@@ -258,6 +259,11 @@ def analytic_figures(model: ModelSpec, train: TrainSpec) -> dict[str, Any]:
     }
 
 
+def packed_figures(model: ModelSpec, train: TrainSpec) -> dict[str, int]:
+    """The estimate of the same setup as a packed run (every step B × L: the single-shape replay is its reference)."""
+    return {"peak_reserved": analytic_figures(model, dataclasses.replace(train, packing=True))["peak_reserved"]}
+
+
 def sequence_figures(model: ModelSpec, train: TrainSpec, analytic_peak: int) -> dict[str, int]:
     from vramledger.analytic.reserve import reserve_excess
     from vramledger.analytic.step import step_parts
@@ -279,6 +285,7 @@ def table(done: dict[str, dict[str, Any]]) -> str:
         "v2": "single-shape form",
         "now": "closed form now",
         "run": "now vs the run's envelope",
+        "packed": "packed vs the single shape",
     }
     runs = _run_envelopes()
     rows = [
@@ -296,6 +303,7 @@ def table(done: dict[str, dict[str, Any]]) -> str:
             "v2": gap(a.get("peak_reserved_v2", a["peak_reserved"]), ref),
             "now": gap(a["peak_reserved"], ref),
             "run": gap(a["peak_reserved"], runs.get(cid, ref)),
+            "packed": gap(rec["packed"]["peak_reserved"], ref) if "packed" in rec else float("nan"),
         }
         for k, v in g.items():
             cols[k].append(v)
@@ -567,6 +575,7 @@ def main() -> None:
                 earlier = {"peak_reserved_v1": v1, "peak_reserved_v2": v2}
                 done[cid]["analytic"] = analytic_figures(model, train) | earlier
                 done[cid]["sequence"] = sequence_figures(model, train, done[cid]["analytic"]["peak_allocated"])
+                done[cid]["packed"] = packed_figures(model, train)
             continue
         if cid in done:
             continue
@@ -586,6 +595,7 @@ def main() -> None:
             "analytic": analytic_figures(model, train),
         }
         rec["sequence"] = sequence_figures(model, train, rec["analytic"]["peak_allocated"])
+        rec["packed"] = packed_figures(model, train)
         done[cid] = rec
         with OUT.open("a") as f:
             f.write(json.dumps(rec) + "\n")

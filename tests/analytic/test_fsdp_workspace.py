@@ -16,7 +16,7 @@ from vramledger.analytic.distributed.fsdp_workspace import default_pool_floor, w
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
 from vramledger.catalog.hfconfig import model_spec_from_config
-from vramledger.specs import Method, Precision, Sharding, TrainSpec
+from vramledger.specs import Method, ModelSpec, Precision, Sharding, TrainSpec
 
 MiB = 2**20
 
@@ -81,18 +81,7 @@ def test_the_floor_never_falls_as_the_sequence_grows(
     intermediate 4·H·T from 8,192 tokens, a checkpointed layer's MLP product 2·I·T from 5,958): a run with dynamic
     padding keeps the segments its shorter batches made, so its peak reserved never falls as L grows (the
     planner's searches need that, as for analytic/reserve/)."""
-    m = model_spec_from_config(runner().MID, name="mid", source="test")
-    precision = Precision.BF16 if version == 1 and method is Method.LORA else Precision.BF16_MIXED
-    t = TrainSpec(
-        method=method,
-        precision=precision,
-        micro_batch=batch,
-        seq_len=short,
-        grad_ckpt=ckpt,
-        world_size=8,
-        fsdp=Sharding.FULL_SHARD,
-        fsdp_version=version,
-    )
+    m, t = _mid_full_shard(version, method, ckpt, batch, short)
     a, b = estimate(m, t).peak_reserved, estimate(m, dataclasses.replace(t, seq_len=short + longer)).peak_reserved
     assert b >= a, (a, b)
 
@@ -125,3 +114,38 @@ def test_fsdp2_lora_reserve_never_falls_as_batch_or_length_grow(
     bigger = dataclasses.replace(t, micro_batch=batch + more_batch, seq_len=short + longer)
     a, b = estimate(m, t).peak_reserved, estimate(m, bigger).peak_reserved
     assert b >= a, (a, b)
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    version=st.sampled_from([1, 2]),
+    method=st.sampled_from([Method.FULL, Method.FREEZE, Method.LORA]),
+    ckpt=st.booleans(),
+    batch=st.integers(1, 3),
+    seq=st.integers(256, 12000),
+)
+def test_a_packed_run_never_reserves_more_than_a_padded_one(
+    version: int, method: Method, ckpt: bool, batch: int, seq: int
+) -> None:
+    """A packed run meets B × L alone and gets the floor only where the workspace's band is on there; a run with
+    dynamic padding meets B × L too (with its mask on top) and keeps its shorter batches' segments."""
+    m, t = _mid_full_shard(version, method, ckpt, batch, seq)
+    assert estimate(m, dataclasses.replace(t, packing=True)).peak_reserved <= estimate(m, t).peak_reserved
+
+
+def _mid_full_shard(version: int, method: Method, ckpt: bool, batch: int, seq: int) -> tuple[ModelSpec, TrainSpec]:
+    """The mid model on 8 ranks under FSDP full sharding; FSDP1's LoRA in pure bf16, so that the adapters flatten
+    with their layer's frozen weights (distributed/core.py ``adapters_in_layer_units``: one dtype in each flat
+    parameter)."""
+    m = model_spec_from_config(runner().MID, name="mid", source="test")
+    t = TrainSpec(
+        method=method,
+        precision=Precision.BF16 if version == 1 and method is Method.LORA else Precision.BF16_MIXED,
+        micro_batch=batch,
+        seq_len=seq,
+        grad_ckpt=ckpt,
+        world_size=8,
+        fsdp=Sharding.FULL_SHARD,
+        fsdp_version=version,
+    )
+    return m, t

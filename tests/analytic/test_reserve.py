@@ -90,6 +90,11 @@ FP32_GQA_MATH = (
     "3.70 GiB) where the replay makes two logits blocks again (2.32 GiB): 18.86 GiB against 17.91 (+5.3%; −8.9% "
     "before, when the estimate had the mask path)"
 )
+PACKED_UNDER = (
+    "packed (one shape, every mechanism on there counted: runs.py ``on_at``) the closed form is under the single-shape "
+    "replay; the padded run's estimate reaches its run's envelope (within 3%) through a shorter shape's mechanism or "
+    "the padded batch's mask: the single shape's own cause is not yet found"
+)
 KNOWN_MISSES: dict[str, str] = {
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
@@ -103,6 +108,29 @@ KNOWN_MISSES: dict[str, str] = {
     "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
     "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
     "qwen2.5-3b/lora/b4/L2048/nockpt/sdpa": PADDED_MASK,
+}
+# The same grid estimated as packed runs (``packing``: every step B × L, the single-shape replay the reference).
+PACKED_MISSES: dict[str, str] = {
+    "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
+    "tiny/full/b1/L256/nockpt/sdpa": TINY,
+    "tiny/full/b2/L4096/nockpt/sdpa": TINY,
+    "tiny/lora/b4/L512/nockpt/sdpa": TINY,
+    "tiny/lora/b2/L256/nockpt/eager": TINY,
+    "tiny/lora/b1/L2048/ckpt/sdpa": TINY_CKPT,
+    "tiny/full/b16/L512/nockpt/sdpa/bf16-true": TINY,
+    "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
+    "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
+    "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
+    "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
+    "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": PACKED_UNDER,
+    "mid/lora/b2/L1024/nockpt/eager": PACKED_UNDER,
+    "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/sgd": PACKED_UNDER,
+    "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": PACKED_UNDER,
+    "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": PACKED_UNDER,
+    "mid/full/b4/L1024/nockpt/sdpa/bf16-true": PACKED_UNDER,
+    "llama-3-8b/lora/b2/L2048/nockpt/sdpa": PACKED_UNDER,
+    "qwen2.5-0.5b/full/b4/L256/nockpt/sdpa/fp32/adamw_torch_fused": PACKED_UNDER,
+    "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/fp32": PACKED_UNDER,
 }
 
 
@@ -358,14 +386,28 @@ def test_llama_3_2_3b_full_fine_tuning_within_3_percent() -> None:
 
 @pytest.mark.parametrize("rec", _records(), ids=lambda r: r["id"])
 def test_within_3_percent_of_the_committed_trace_replay(rec: dict[str, Any]) -> None:
+    _check_against_the_replay(rec, packed=False)
+
+
+@pytest.mark.parametrize("rec", _records(), ids=lambda r: r["id"])
+def test_packed_within_3_percent_of_the_single_shape_replay(rec: dict[str, Any]) -> None:
+    """A packed run meets the traced shape at every step: its estimate against that shape's replay."""
+    _check_against_the_replay(rec, packed=True)
+
+
+def _check_against_the_replay(rec: dict[str, Any], *, packed: bool) -> None:
     model, train = _specs(rec["id"])
+    train = dataclasses.replace(train, packing=packed)
+    misses = PACKED_MISSES if packed else KNOWN_MISSES
     expected, which = _reference(rec, train)
     got = _analytic_reserved(model, train)
     gap = got / expected - 1
     print(f"{rec['id']}: {which} reserved {expected / 2**30:.3f} GiB, analytic {got / 2**30:.3f} GiB ({gap:+.1%})")
-    if rec["id"] in KNOWN_MISSES:
-        assert abs(gap) > TOLERANCE, "no longer a miss: take it out of KNOWN_MISSES"
-        pytest.xfail(f"{gap:+.1%} ({KNOWN_MISSES[rec['id']]}); {_measured(rec['id'])}")
+    if rec["id"] in misses:
+        assert abs(gap) > TOLERANCE, "no longer a miss: take it out of " + (
+            "PACKED_MISSES" if packed else "KNOWN_MISSES"
+        )
+        pytest.xfail(f"{gap:+.1%} ({misses[rec['id']]}); {_measured(rec['id'])}")
     assert abs(gap) <= TOLERANCE
 
 
@@ -379,7 +421,6 @@ switching_specs = st.builds(
     seq_len=st.integers(1, 3000),
     grad_ckpt=st.booleans(),
     attn=st.sampled_from([Attention.EAGER, Attention.SDPA]),
-    packing=st.booleans(),
 )
 
 
@@ -407,11 +448,22 @@ switching_specs = st.builds(
 )
 def test_reserved_never_falls_as_batch_or_length_grows(train: TrainSpec, model: str, db: int, dl: int) -> None:
     """The single shape's reserve falls where a switching mechanism stops (the replay shows it); a run with
-    dynamic padding keeps the segments of the shorter shapes it meets, and a packed run leaves the mechanisms
-    out, so the estimate's reserved never falls as the micro-batch or the length grows."""
+    dynamic padding keeps the segments of the shorter shapes it meets, so its estimate's reserved never falls as the
+    micro-batch or the length grows (a packed run's follows its one shape, as the replay does)."""
     m = resolve_model(model)
     more = dataclasses.replace(train, micro_batch=train.micro_batch + db, seq_len=train.seq_len + dl)
     assert _analytic_reserved(m, more) >= _analytic_reserved(m, train)
+
+
+@settings(max_examples=60, deadline=None)
+@given(train=switching_specs, model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]))
+def test_a_packed_run_never_reserves_more_than_a_padded_one(train: TrainSpec, model: str) -> None:
+    """A run with dynamic padding meets the packed run's shape B × L too (its longest batches), with the padded
+    batch's mask and repeated K/V on top, and keeps the segments of its shorter batches: its estimate is at least
+    the packed run's, whose mechanisms are those on at B × L alone."""
+    m = resolve_model(model)
+    packed = dataclasses.replace(train, packing=True)
+    assert _analytic_reserved(m, packed) <= _analytic_reserved(m, train)
 
 
 def test_reserved_is_flat_across_training_phases() -> None:

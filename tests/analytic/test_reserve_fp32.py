@@ -168,24 +168,23 @@ def _reserved(model: str, train: TrainSpec) -> int:
 @given(
     model=st.sampled_from(["qwen2.5-0.5b", "llama-3.2-1b"]),
     optimizer=st.sampled_from([Optimizer.ADAMW, Optimizer.ADAMW_FUSED]),
-    packing=st.booleans(),
     b=st.integers(1, 12),
     ell=st.integers(1, 2500),
     db=st.integers(0, 4),
     dl=st.integers(0, 1024),
 )
 def test_fp32_checkpointed_reserve_never_falls_as_the_shape_grows(
-    model: str, optimizer: Optimizer, packing: bool, b: int, ell: int, db: int, dl: int
+    model: str, optimizer: Optimizer, b: int, ell: int, db: int, dl: int
 ) -> None:
     """The count with the gradients falls as the shape grows (the room outside the chain and the blocks grow), so a
     run with dynamic padding holds it over the shorter shapes (reserve/shape.py ``chain_gradients_at``, full.py
     ``relaid_regions``) and the estimate never falls."""
     train = TrainSpec(
-        method=Method.FULL, precision=Precision.FP32, grad_ckpt=True, optimizer=optimizer, packing=packing,
+        method=Method.FULL, precision=Precision.FP32, grad_ckpt=True, optimizer=optimizer,
         micro_batch=b, seq_len=ell,
     )  # fmt: skip
     more = TrainSpec(
-        method=Method.FULL, precision=Precision.FP32, grad_ckpt=True, optimizer=optimizer, packing=packing,
+        method=Method.FULL, precision=Precision.FP32, grad_ckpt=True, optimizer=optimizer,
         micro_batch=b + db, seq_len=ell + dl,
     )  # fmt: skip
     assert _reserved(model, more) >= _reserved(model, train)

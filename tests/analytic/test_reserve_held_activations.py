@@ -145,7 +145,6 @@ def _reserved(m: Any, train: TrainSpec) -> int:
         micro_batch=st.integers(1, 8),
         seq_len=st.integers(1, 4096),
         grad_ckpt=st.just(False),
-        packing=st.booleans(),
     ),
     model=st.sampled_from(["llama-3.2-1b", "llama-3.2-3b", "qwen3-0.6b"]),
     db=st.integers(0, 2),
@@ -154,8 +153,8 @@ def _reserved(m: Any, train: TrainSpec) -> int:
 def test_reserved_never_falls_across_the_edges(train: TrainSpec, model: str, db: int, dl: int) -> None:
     """The single shape's cached activations fall at the switch (4 × 736 → 737 for Llama-3.2-3B in bf16), where a
     matrix's tensors start fitting the MLP block's segment (Llama-3.2-1B fp32 1 × 448 → 449: q's and o's) and where
-    the MLP block reaches 10 MiB (Llama-3.2-1B bf16-mixed 1 × 639 → 640); a run with dynamic padding holds each edge
-    and a packed run leaves the mechanism out, so the estimate never falls as the micro-batch or the length grows."""
+    the MLP block reaches 10 MiB (Llama-3.2-1B bf16-mixed 1 × 639 → 640); a run with dynamic padding holds each edge,
+    so its estimate never falls as the micro-batch or the length grows."""
     m = resolve_model(model)
     more = dataclasses.replace(train, micro_batch=train.micro_batch + db, seq_len=train.seq_len + dl)
     assert _reserved(m, more) >= _reserved(m, train)

@@ -218,15 +218,11 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
 
 
 @settings(max_examples=60, deadline=None)
-@example(
-    model="gemma-2-2b", b=2, ell=992, db=0, dl=32, eager=True, packing=False, ckpt=False
-)  # softcap on at 992, off at 1024
-@example(
-    model="mid", b=2, ell=999, db=0, dl=1, eager=True, packing=False, ckpt=False
-)  # the eager workspace band starts
-@example(model="gemma-2-2b", b=2, ell=420, db=0, dl=37, eager=False, packing=False, ckpt=True)  # the workspace stops
+@example(model="gemma-2-2b", b=2, ell=992, db=0, dl=32, eager=True, ckpt=False)  # softcap on at 992, off at 1024
+@example(model="mid", b=2, ell=999, db=0, dl=1, eager=True, ckpt=False)  # the eager workspace band starts
+@example(model="gemma-2-2b", b=2, ell=420, db=0, dl=37, eager=False, ckpt=True)  # the workspace stops
 # at 2 × 455, below 457: its edge's reserve with the softcap block too (runs.py ``_regions``), 10.82 → 10.07 GiB before
-@example(model="mid", b=1, ell=163, db=0, dl=2, eager=False, packing=True, ckpt=True)  # c·V·T reaches 10 MiB: the rest
+@example(model="mid", b=1, ell=163, db=0, dl=2, eager=False, ckpt=True)  # c·V·T reaches 10 MiB: the rest
 # of its 2 MiB-rounded segment is counted from there
 @given(
     model=st.sampled_from(["gemma-2-2b", "phi-3-mini-4k", "qwen2.5-1.5b", "mid"]),
@@ -235,19 +231,18 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     db=st.integers(0, 3),
     dl=st.integers(0, 600),
     eager=st.booleans(),
-    packing=st.booleans(),
     ckpt=st.booleans(),
 )
 def test_lora_reserved_never_falls_as_batch_or_length_grows(
-    model: str, b: int, ell: int, db: int, dl: int, eager: bool, packing: bool, ckpt: bool
+    model: str, b: int, ell: int, db: int, dl: int, eager: bool, ckpt: bool
 ) -> None:
     """The LoRA mechanisms that switch on and off with the shape (the eager workspace band, Gemma 2's softcap chain)
-    are held for a padded run at the longest shape ≤ (B, L) where they are on and left out of a packed run's; the
+    are held for a padded run at the longest shape ≤ (B, L) where they are on; the
     forward caches (with and without checkpointing), the segment tails and the logits segments' 2 MiB rests (with
     the blocks they round) grow with T: the estimate never falls as the micro-batch or the length grows."""
     m = _specs("mid/lora/b1/L4096/nockpt/sdpa")[0] if model == "mid" else resolve_model(model)
     attn = Attention.EAGER if eager else Attention.SDPA
-    train = TrainSpec(method=Method.LORA, micro_batch=b, seq_len=ell, grad_ckpt=ckpt, attn=attn, packing=packing)
+    train = TrainSpec(method=Method.LORA, micro_batch=b, seq_len=ell, grad_ckpt=ckpt, attn=attn)
     more = dataclasses.replace(train, micro_batch=b + db, seq_len=ell + dl)
     assert _reserved(m, more) >= _reserved(m, train)
 

@@ -107,7 +107,6 @@ def test_adafactors_temporaries_pair_up_only_in_blocks_of_two() -> None:
         micro_batch=st.integers(1, 8),
         seq_len=st.integers(1, 3000),
         grad_ckpt=st.booleans(),
-        packing=st.booleans(),
     ),
     model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]),
     db=st.integers(0, 4),

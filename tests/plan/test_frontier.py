@@ -90,6 +90,27 @@ def test_fit_report_states_the_headroom(rtx4090) -> None:  # type: ignore[no-unt
         assert p.device_total <= r.usable_bytes
 
 
+def test_exact_checks_each_cliff_along_its_own_axis(rtx4090, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """With a stand-in tracer that returns the estimate itself, every cliff the analytic fit reports is confirmed:
+    the largest micro-batch at the given length is checked against one more sequence at that length, and each
+    frontier point against the next length (the largest micro-batch's row used to be checked against the next
+    length, which fits wherever the frontier reaches further at that micro-batch, and read "NO")."""
+    import vramledger.trace as trace_pkg
+
+    def same_as_estimate(model, train, gpu, headroom):  # type: ignore[no-untyped-def]
+        return estimate(model, train, gpu=gpu, headroom=headroom)
+
+    monkeypatch.setattr(trace_pkg, "trace_step", same_as_estimate)
+    train = TrainSpec(method=Method.LORA, micro_batch=4, seq_len=2048, grad_ckpt=True)
+    r = fit(resolve_model("llama-3-8b"), train, rtx4090, 0.08, max_batch=4, exact=True)
+    assert r.largest_batch is not None
+    first = r.exact[0]
+    assert (first.micro_batch, first.seq_len) == (r.largest_batch.micro_batch, 2048)
+    assert (first.next_micro_batch, first.next_seq_len) == (r.largest_batch.micro_batch + 1, 2048)
+    assert all(c.next_seq_len == c.seq_len + 128 for c in r.exact[1:])
+    assert all(c.agrees for c in r.exact), [(c.micro_batch, c.seq_len, c.next_traced_fits) for c in r.exact]
+
+
 def test_exact_without_tracer_is_one_clear_error(rtx4090, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     import vramledger.trace as trace_pkg
 

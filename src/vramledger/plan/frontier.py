@@ -225,8 +225,10 @@ class ExactCheck:
     analytic_total: int
     traced_total: int
     traced_fits: bool
+    next_micro_batch: int
     next_seq_len: int
-    """The next length on the grid, which the analytic frontier says does not fit."""
+    """The next shape along the cliff's axis, which the analytic frontier says does not fit: one more sequence for
+    the largest micro-batch at the given length, the next length on the grid for a point of the frontier."""
     next_traced_total: int
     next_traced_fits: bool
 
@@ -284,9 +286,10 @@ def fit(
         )
     checks: tuple[ExactCheck, ...] = ()
     if exact:
-        pts = [p for p in (lb, ll) if p is not None]
-        pts += [FitPoint(micro_batch=first, seq_len=L, device_total=0) for first, _, L in front.steps()[:4]]
-        checks = exact_checks(model, train, gpu, headroom, pts, granularity=granularity)
+        pts = [(lb.micro_batch, lb.seq_len, lb.micro_batch + 1, lb.seq_len)] if lb is not None else []
+        pts += [(p.micro_batch, p.seq_len, p.micro_batch, p.seq_len + granularity) for p in (ll,) if p is not None]
+        pts += [(first, L, first, L + granularity) for first, _, L in front.steps()[:4]]
+        checks = exact_checks(model, train, gpu, headroom, pts)
     return FitReport(
         model=model.name,
         gpu=gpu.name,
@@ -326,31 +329,30 @@ def exact_checks(
     train: TrainSpec,
     gpu: GPUSpec,
     headroom: float,
-    points: list[FitPoint],
-    *,
-    granularity: int = DEFAULT_GRANULARITY,
+    points: list[tuple[int, int, int, int]],
 ) -> tuple[ExactCheck, ...]:
-    """Trace each point and the next length on the grid: the analytic cliff is confirmed when the first fits and
-    the second does not."""
+    """Trace each point (b, ℓ) and the next shape past its cliff (b', ℓ'): the analytic cliff is confirmed when the
+    first fits and the second does not. A shape is traced once however many points share it."""
     trace_step = _tracer()
+    traced: dict[tuple[int, int], Ledger] = {}
+
+    def at(b: int, ell: int) -> Ledger:
+        if (b, ell) not in traced:
+            traced[b, ell] = trace_step(model, train.at_shape(b, ell), gpu=gpu, headroom=headroom)
+        return traced[b, ell]
+
     out: list[ExactCheck] = []
-    seen: set[tuple[int, int]] = set()
-    for p in points:
-        if (p.micro_batch, p.seq_len) in seen:
-            continue
-        seen.add((p.micro_batch, p.seq_len))
-        t = dataclasses.replace(train, micro_batch=p.micro_batch, seq_len=p.seq_len)
-        nxt = dataclasses.replace(t, seq_len=p.seq_len + granularity)
-        a = trace_step(model, t, gpu=gpu, headroom=headroom)
-        b = trace_step(model, nxt, gpu=gpu, headroom=headroom)
+    for b0, l0, b1, l1 in dict.fromkeys(points):
+        a, b = at(b0, l0), at(b1, l1)
         out.append(
             ExactCheck(
-                micro_batch=p.micro_batch,
-                seq_len=p.seq_len,
-                analytic_total=memo.device_total(model, t, gpu, headroom),
+                micro_batch=b0,
+                seq_len=l0,
+                analytic_total=memo.device_total(model, train.at_shape(b0, l0), gpu, headroom),
                 traced_total=a.device_total,
                 traced_fits=a.verdict is not None and a.verdict.fits,
-                next_seq_len=nxt.seq_len,
+                next_micro_batch=b1,
+                next_seq_len=l1,
                 next_traced_total=b.device_total,
                 next_traced_fits=b.verdict is not None and b.verdict.fits,
             )

@@ -122,13 +122,13 @@ def render_fit(r: FitReport) -> str:
                 fmt_bytes(c.analytic_total),
                 fmt_bytes(c.traced_total),
                 "fits" if c.traced_fits else "OOM",
-                f"{c.next_seq_len}: " + ("fits" if c.next_traced_fits else "OOM"),
+                f"{c.next_micro_batch} × {c.next_seq_len}: " + ("fits" if c.next_traced_fits else "OOM"),
                 "yes" if c.agrees else "NO",
             ]
             for c in r.exact
         ]
         lines += _table(
-            ["batch", "length", "analytic", "traced", "traced", "next length", "agrees"],
+            ["batch", "length", "analytic", "traced", "traced", "next", "agrees"],
             rows,
             right=[True, True, True, True, False, False, False],
         )

@@ -123,15 +123,18 @@ def held_floor(
     m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: int, ranks: int, at: ShapePeaks | None, side: int
 ) -> int:
     """The default pool's floor of a run (``default_pool_floor``), as analytic/reserve/ treats a mechanism that
-    switches off as the shape grows (``peak_reserved``, ``held_reserved``): a packed run leaves it out; a run with
-    dynamic padding meets every shape up to (B, L) and keeps the segments each made, so it gets the largest floor
+    switches off as the shape grows (``peak_reserved``, ``held_reserved``): a packed run meets one shape and gets
+    the floor where the band is on there; a run with dynamic padding meets every shape up to (B, L) and keeps the
+    segments each made, so it gets the largest floor
     over the shapes where the mechanism is on (it grows with the shape inside that band, so the band's upper edge is
     enough). ``at``: the step at another shape (None: this shape only); ``side``: the side pools' bytes live at
     the loss's peak, the same at every shape (shards and unsharded units), taken off ``at``'s allocated bytes."""
     band = _band(m, train, p)
-    if train.packing or band is None:
+    if band is None:
         return 0
     B, L = train.micro_batch, train.seq_len
+    if train.packing and not band.on(B, L):
+        return 0
     if band.on(B, L) or at is None:
         return default_pool_floor(m, train, p, loss_peak, ranks)
     best = 0

@@ -18,12 +18,13 @@ reserves more than it allocates where blocks freed earlier are too small for a l
 - under checkpointing with autocast, step 1's forward keeps every layer's cached weight casts until the loss is
   computed, in segments the loss's requests cannot use (``ckpt_forward``).
 
-The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant,
-and never falls as batch or length grows, as the planner's searches need. The replay shows three more places
-(the backward thread's cuBLAS workspace in a logits block, activation blocks too small for the optimizer, a tied
-embedding's gradient) that switch off as the shape grows: a packed run's estimate leaves them out, and a run with
-dynamic padding, which keeps the segments of every shorter shape it meets, is estimated at the largest
-single-shape reserve over those shapes, these included (``held_reserved``; docs/reserve.md "Runs").
+The estimate uses a closed form of these mechanisms (``stranded_bytes``, ``peak_reserved``): it stays instant.
+The replay shows more places (the backward thread's cuBLAS workspace in a logits block, activation blocks too
+small for the optimizer, a tied embedding's gradient, the blocks step 2 makes again, ...) that switch off as the
+shape grows: a packed run's estimate counts those on at its one shape, and falls where one switches off, as the
+replay does; a run with dynamic padding, which keeps the segments of every shorter shape it meets, is estimated at
+the largest single-shape reserve over those shapes, these included, and never falls as batch or length grow
+(``held_reserved``; docs/reserve.md "Runs", "Packed runs: one shape").
 ``step_sequence`` spells the same step out as an allocation sequence built from the analytic
 quantities (``parts.StepParts``) and ``replay_excess`` replays it through ``allocator/model.py`` (a port of
 ``CUDACachingAllocator.cpp``); tests and bench/reserve/ check the closed form against both that replay and the
@@ -89,7 +90,7 @@ RESERVE_SOURCE = (
     "backward; Adafactor: its temporaries' own segments; LoRA: the small pool, the cache its layers' forward "
     "leaves (under checkpointing, in place of one layer's transients) and the weights' segment tails; reserved "
     "stays at the step's peak from step 2 on; dynamic padding: the most any shape ≤ (B, L) reserves, the segments "
-    "of shorter batches kept (analytic/reserve/); not yet measured on a GPU"
+    "of shorter batches kept; packed: the one shape B × L (analytic/reserve/); not yet measured on a GPU"
 )
 
 

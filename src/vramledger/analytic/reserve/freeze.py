@@ -133,9 +133,9 @@ def frozen_head_blocks(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 
 def frozen_head_relaid(m: ModelSpec, train: TrainSpec, p: StepParts, counted: bool) -> int:
     """The blocks step 2 makes again (term 2 of shape.py ``single_shape``): counted at this shape
-    (``frozen_head_blocks``, a run with dynamic padding, held over the shorter shapes), or, for a packed run, the
-    bound min(S, the fp32 logits blocks) that never falls as the shape grows (full.py ``relaid_bytes``, without its
-    V·H-gradient rule: no gradient of the head or the embedding exists)."""
+    (``frozen_head_blocks``; a run with dynamic padding holds it over the shorter shapes, runs.py), or, where the
+    shape's mechanisms are not counted (``Switching.relaid`` off), the bound min(S, the fp32 logits blocks) (full.py
+    ``relaid_bytes``, without its V·H-gradient rule: no gradient of the head or the embedding exists)."""
     _, blocks = remade_blocks(m, train)
     if counted:
         return sum(blocks[: frozen_head_blocks(m, train, p)])

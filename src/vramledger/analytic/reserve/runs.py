@@ -51,16 +51,38 @@ def peak_reserved(
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
     phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``); ``at``: the
     same peaks of the step at another shape (``StepParts`` and allocated bytes), for a run with dynamic padding.
-    A packed run (``train.packing``), or a call without ``at``, gets the single shape's reserve without the
-    mechanisms that switch off as the shape grows (``single_shape``); a run with dynamic padding meets every
-    shape up to (B, L) and keeps the segments each made, so it gets the largest single-shape reserve, those
-    mechanisms included, over the shapes it meets (``held_reserved``).
+    A packed run (``train.packing``) meets one shape, every step B × L, and gets that shape's reserve with every
+    mechanism that is on there (``on_at``): the figure falls where one switches off as the shape grows, as the
+    replay's does (bench/reserve/replay_grid.jsonl against the packed estimate, ``run_grid.py --table``); a run with
+    dynamic padding meets every shape up to (B, L) and keeps the segments each made, so it gets the largest
+    single-shape reserve, those mechanisms included, over the shapes it meets (``held_reserved``), which never
+    falls. A call without ``at`` gets the single shape's reserve without the mechanisms (``NONE``).
     """
     opt_peak = step_peak if opt_peak is None else opt_peak
-    if train.packing or at is None:
+    if at is None:
         return single_shape(m, train, p, loss_peak, step_peak, opt_peak, NONE)
+    if train.packing:
+        return single_shape(m, train, p, loss_peak, step_peak, opt_peak, on_at(m, train, p))
     single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True))
     return max(single, held_reserved(m, train, at, p))
+
+
+def on_at(m: ModelSpec, train: TrainSpec, p: StepParts, which: Switching = NONE) -> Switching:
+    """``which`` with the blocks step 2 makes again counted, and every other mechanism that is on at the shape
+    ``train`` (B, L) turned on: a shape's own reserve."""
+    B, L = train.micro_batch, train.seq_len
+    return which._replace(relaid=True, **{name: True for name, holds in _switches(m, train, p).items() if holds(B, L)})
+
+
+def _switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
+    """Every switching mechanism that applies, by ``Switching`` field, with where it is on: the closed ones, the
+    states' rests (a band) and Gemma-2's softcap block (on and off every few tokens)."""
+    out = _closed_switches(m, train, p)
+    if (rests := rests_band(m, train, p)) is not None:
+        out["state_rests"] = rests
+    if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
+        out["softcap"] = softcap
+    return out
 
 
 def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts | None = None) -> int:
@@ -81,11 +103,7 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts |
 def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
     p = at(train)[0]
-    also = _closed_switches(m, train, p)
-    if (rests := rests_band(m, train, p)) is not None:
-        also["state_rests"] = rests  # a band, as softcap's below
-    if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
-        also["softcap"] = softcap  # not closed downwards, but a shape's own reserve has it where it is on
+    also = _switches(m, train, p)
     shapeless = train.at_shape(1, 1)
     for which, points in _regions(m, train, p, at):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
