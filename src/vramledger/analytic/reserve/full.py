@@ -5,7 +5,6 @@ cannot use."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import cache
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE, allocation_size
 from vramledger.analytic.activations import computes_scores
@@ -219,6 +218,7 @@ def relaid_regions(
     beside: Callable[[TrainSpec], int] | None = None,
     workspace: Callable[[TrainSpec], bool] | None = None,
     grads: Callable[[TrainSpec], int] | None = None,
+    counts: dict[tuple[int, int], int] | None = None,
 ) -> list[Callable[[int, int], bool]]:
     """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
     for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
@@ -226,18 +226,25 @@ def relaid_regions(
     ``states_beside_chain`` at that shape, grows with it); the first also where the backward workspace takes an
     fp32 block (``workspace``, shape.py ``workspace_in_chain``: closed downwards too). ``grads``: the gradients in
     the chain at that shape (``gradients_in_chain``: the room outside the chain grows with the shape, so they do not
-    grow). None with adapters, another optimizer or a chunked or fused loss."""
+    grow). None with adapters, another optimizer or a chunked or fused loss. ``counts``: the blocks reached at each
+    shape (b, ℓ), filled as the searches go, for a caller that shares it between setups differing only in their
+    shape (and whose ``beside`` and ``grads`` then agree at each shape)."""
     wb = p.weights
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     _, blocks = remade_blocks(m, train)
     if train.adapters or small or not blocks or not wb.trainable_layers or train.optimizer not in _ADAM_INIT_GROUP:
         return []
 
-    @cache  # each k's search visits the shapes the others did
+    memo = {} if counts is None else counts  # each k's search visits the shapes the others did
+
     def reached(b: int, ell: int) -> int:
-        t = train.at_shape(b, ell)
-        hole, at = remade_blocks(m, t)
-        return blocks_with_states(p.state_bytes - (beside(t) if beside else 0) + (grads(t) if grads else 0), hole, at)
+        n = memo.get((b, ell))
+        if n is None:
+            t = train.at_shape(b, ell)
+            hole, at = remade_blocks(m, t)
+            S = p.state_bytes - (beside(t) if beside else 0) + (grads(t) if grads else 0)
+            n = memo[b, ell] = blocks_with_states(S, hole, at)
+        return n
 
     def lost(b: int, ell: int) -> bool:
         return workspace is not None and workspace(train.at_shape(b, ell))
