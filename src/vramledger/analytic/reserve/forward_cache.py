@@ -54,11 +54,12 @@ Legend: T tokens per micro-batch, H hidden, I intermediate, c compute-dtype byte
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.model import CachingAllocatorModel
-from vramledger.analytic.activations import computes_scores, explicit_mask
+from vramledger.analytic.activations import computes_scores, explicit_mask, layer_activations, padded_sdpa
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import blocks_with_states, logits_blocks
@@ -113,8 +114,8 @@ def checkpointed_forward_cache(
 def second_forward_spill(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """Bytes step 2's forward needs beyond the segments step 1's forward made (LoRA without checkpointing, SDPA
     without a mask): the per-token figure of the layer sequence replayed twice, every block freed in between, × T
-    (0 where the layers are not modelled, as ``adapter_forward_cache``; eager attention and a padded batch's mask,
-    whose score blocks and repeated K/V are not in the sequence; a quantised, sharded or offloaded base).
+    (0 where the layers are not modelled, as ``adapter_forward_cache``; eager attention, whose score blocks are not in
+    the sequence, and a mask every batch has, Gemma 3's images; a quantised, sharded or offloaded base).
 
     Step 1's forward makes its segments one layer at a time, each for a request nothing cached then holds. Step 2's
     forward finds all of them free at once (backward has freed every saved activation), and best fit
@@ -124,7 +125,10 @@ def second_forward_spill(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     outside step 1's forward segments until the last layer, whose tensors then take 640 MiB of the logits chain's
     blocks (bench/reserve/replay_causes.jsonl); the sequence replayed twice needs 1184 MiB more in step 2 (an 8-layer
     Llama 1 × 4096: 64 MiB, 44 MiB of the chain in the trace)."""
-    sdpa_unmasked = train.attn is Attention.SDPA and not explicit_mask(m, train) and not computes_scores(m, train)
+    # a padded batch of full rows drops the mask (see ``spilled_chain_blocks``): the unmasked sequence is its
+    sdpa_unmasked = train.attn is Attention.SDPA and not computes_scores(m, train)
+    if explicit_mask(m, train) and not padded_sdpa(train):
+        return 0
     if train.grad_ckpt or not sdpa_unmasked or not one_copy_weights(train) or not _modelled(m, train, p):
         return 0
     wb = p.weights
@@ -146,7 +150,13 @@ def spilled_chain_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, *, worksp
     activation sits in is made again, whole. The trace: Llama-3-8B LoRA 2 × 2048 keeps 528 MiB of its last
     layer's tensors in the 1002 MiB logits block and 112 MiB in an fp32 one, and step 2 makes one 2004 MiB block
     again (the spill replayed: 1184 MiB, one block); Mistral-7B 4 × 1024 (c·V·T = 256 MiB, 4·V·T = 512 MiB: the same
-    layers, a quarter of the vocabulary) makes two again (replayed: two)."""
+    layers, a quarter of the vocabulary) makes two again (replayed: two).
+
+    A padded batch (``padded_sdpa``) gets a mask and K/V repeated for it (analytic/activations.py), which the layer
+    sequence leaves out; but a run with dynamic padding also meets batches whose rows all reach L, where transformers
+    drops the mask (masking_utils.py ``_ignore_causal_mask_sdpa``) and SDPA takes the grouped K/V: that step's
+    allocated is the padded one's less what the mask adds, and its reserve has these blocks. So the padded shape
+    counts them less those bytes (never below 0): the larger of the two steps' reserves."""
     spill = second_forward_spill(m, train, p)
     chain = logits_blocks(m, train)
     if not spill or len(chain) != 4:
@@ -154,7 +164,19 @@ def spilled_chain_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, *, worksp
     hole, fp32 = chain[0], chain[1:]
     workspace = cublas_workspace_block(p) if workspace_lost else 0
     reached = blocks_with_states(max(spill - hole, 0) + workspace, 0, fp32)
-    return max(reached - (1 if workspace_lost else 0), 0) * fp32[0]
+    remade = max(reached - (1 if workspace_lost else 0), 0) * fp32[0]
+    return max(remade - _mask_bytes(m, train, p), 0) if padded_sdpa(train) else remade
+
+
+def _mask_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """What a padded batch's saved activations hold beyond the same batch's without a mask: every trained layer's
+    repeated K/V and the additive mask (activations.py ``layer_activations``, with and without ``packing``)."""
+    wb = p.weights
+    masked = layer_activations(m, train, wb)
+    unmasked = layer_activations(m, replace(train, packing=True), wb)
+    per_layer = (masked.per_token - unmasked.per_token) * train.tokens
+    per_layer += (masked.scores_per_seq - unmasked.scores_per_seq) * train.micro_batch
+    return wb.trainable_layers * per_layer
 
 
 def one_copy_weights(train: TrainSpec) -> bool:
