@@ -95,6 +95,24 @@ PACKED_UNDER = (
     "replay; the padded run's estimate reaches its run's envelope (within 3%) through a shorter shape's mechanism or "
     "the padded batch's mask: the single shape's own cause is not yet found"
 )
+STATES_DISPLACE_ACTIVATIONS = (
+    "packed: step 1's states sit in the forward's segments (360 of their 610 MiB, in the rests of the MLP and norm "
+    "blocks) and in the chain (187.5 MiB in the c·V·T block, 62.5 in the fp32 copy's, beside the backward thread's "
+    "32 MiB cuBLAS workspace), and step 2's saved activations no longer fit the blocks the states cut: 505.5 MiB of "
+    "them land in the chain (56 in the c·V·T block, 389.5 in the copy's, 60 in the log-softmax's), so step 2 makes "
+    "two fp32 blocks again (1000 MiB) where the count (S − c·V·T = 0.69 of a block) gives the bound "
+    "min(S, 3·4·V·T) = 594 MiB; whole activations displaced per state, not modelled (docs/reserve.md, packed runs "
+    "without checkpointing)"
+)
+SEGMENT_RESTS_AT_THE_LOSS = (
+    "packed: allocated 0.105 GiB under the trace's (10.265 against 10.370 GiB), and the replay keeps 0.32 GiB free at "
+    "step 2's loss peak in rests no request there fits: the weights' segment tails (114 MiB in 97 blocks; counted "
+    "at step 1's optimizer peak, load_residue.py optimizer_tails, not at the loss's, where k and v at c·kv·T = "
+    "0.5 MiB are small-pool blocks and above 1 MiB take tails, so the count would fall as T grows), the rests of "
+    "the fused-AdamW states' own segments (92 MiB in 86 blocks: a 16.6 MiB MLP state in 18 MiB leaves 1.4) and "
+    "the q/k/v bias addmm outputs' (58 MiB); the estimate counts 14 MiB (docs/reserve.md, packed runs without "
+    "checkpointing)"
+)
 KNOWN_MISSES: dict[str, str] = {
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
@@ -123,13 +141,11 @@ PACKED_MISSES: dict[str, str] = {
     "llama-3-8b/lora/b1/L4096/ckpt/eager": EAGER_CKPT_RESERVE,
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
     "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": PACKED_UNDER,
-    "mid/lora/b2/L1024/nockpt/eager": PACKED_UNDER,
     "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/sgd": PACKED_UNDER,
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": PACKED_UNDER,
     "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": PACKED_UNDER,
-    "mid/full/b4/L1024/nockpt/sdpa/bf16-true": PACKED_UNDER,
-    "llama-3-8b/lora/b2/L2048/nockpt/sdpa": PACKED_UNDER,
-    "qwen2.5-0.5b/full/b4/L256/nockpt/sdpa/fp32/adamw_torch_fused": PACKED_UNDER,
+    "mid/full/b4/L1024/nockpt/sdpa/bf16-true": STATES_DISPLACE_ACTIVATIONS,
+    "qwen2.5-0.5b/full/b4/L256/nockpt/sdpa/fp32/adamw_torch_fused": SEGMENT_RESTS_AT_THE_LOSS,
     "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/fp32": PACKED_UNDER,
 }
 
