@@ -14,6 +14,7 @@ from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
 from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
+from vramledger.analytic.reserve.load_residue import loss_tails_switch
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
@@ -133,6 +134,7 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
         "tied": on.tied,
         "temporaries": temporaries_switch(m, train, p),
         "fused_relaid": fused_relaid_switch(m, train, p),
+        "loss_tails": loss_tails_switch(m, train, p),
     }
     return {name: holds for name, holds in found.items() if holds is not None}
 
@@ -160,6 +162,9 @@ def _regions(
     fused = fused_relaid_switch(m, train, p)
     if fused is not None:
         regions.append((Switching(fused_relaid=True), fused))
+    tails = loss_tails_switch(m, train, p)
+    if tails is not None:
+        regions.append((Switching(loss_tails=True), tails))
     if frozen_head(train, p):
         relaid = frozen_head_regions(m, train, p)
     else:

@@ -27,7 +27,7 @@ from vramledger.analytic.reserve.full import (
     tied_gradient_block,
 )
 from vramledger.analytic.reserve.held_activations import optimizer_peak_bound
-from vramledger.analytic.reserve.load_residue import load_tails, optimizer_tails
+from vramledger.analytic.reserve.load_residue import load_tails, loss_tails, optimizer_tails
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
@@ -238,7 +238,8 @@ def single_shape(
             + stranded
             - in_hole
             + temporaries_unused_by_activations(m, train, p)
-            + (state_rests_cached(m, train, p) if on.state_rests else 0),
+            + (state_rests_cached(m, train, p) if on.state_rests else 0)
+            + (loss_tails(m, train, p) if on.loss_tails else 0),
             max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
             + remade
             + _hole_remade(m, train, p, on),

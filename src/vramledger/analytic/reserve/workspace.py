@@ -4,6 +4,7 @@ makes again when that is a logits block (adapters; eager attention's band of len
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
 from vramledger.analytic.parts import StepParts
@@ -34,7 +35,7 @@ def workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[i
     out = []
     for b in range(1, train.micro_batch + 1):
         top_b = min(train.seq_len, top(b))
-        hi = _first(lo, max(lo, top_b) + 1, lambda ell, b=b: holds(b, ell))
+        hi = _first(lo, max(lo, top_b) + 1, partial(holds, b))
         ell = min(top_b, top_b + 1 if hi is None else hi - 1)
         if ell >= lo and own_segment(b, ell):
             out.append((b, ell))
