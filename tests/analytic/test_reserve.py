@@ -87,8 +87,9 @@ FP32_GQA_MATH = (
     "a reserved over-estimate: allocated now matches the trace (16.91 GiB both: the batch of full rows runs SDPA's "
     "math kernel, analytic/activations.py sdpa_math), but the closed form has step 1's states reach the three fp32 "
     "logits blocks and the two 4·nh·L² attention-backward blocks and step 2 make all five again (relaid_counted, "
-    "3.70 GiB) where the replay makes two logits blocks again (2.32 GiB): 18.86 GiB against 17.91 (+5.3%; −8.9% "
-    "before, when the estimate had the mask path)"
+    "3.70 GiB) where the replay makes two logits blocks again (2.32 GiB): 18.97 GiB against 17.91 (+5.9%, the "
+    "weights' 112 MiB of tails free at the loss peak counted, as the replay keeps them: load_residue.py loss_tails; "
+    "−8.9% before, when the estimate had the mask path)"
 )
 PACKED_UNDER = (
     "packed (one shape, every mechanism on there counted: runs.py ``on_at``) the closed form is under the single-shape "
@@ -103,15 +104,6 @@ STATES_DISPLACE_ACTIVATIONS = (
     "two fp32 blocks again (1000 MiB) where the count (S − c·V·T = 0.69 of a block) gives the bound "
     "min(S, 3·4·V·T) = 594 MiB; whole activations displaced per state, not modelled (docs/reserve.md, packed runs "
     "without checkpointing)"
-)
-SEGMENT_RESTS_AT_THE_LOSS = (
-    "packed: allocated 0.105 GiB under the trace's (10.265 against 10.370 GiB), and the replay keeps 0.32 GiB free at "
-    "step 2's loss peak in rests no request there fits: the weights' segment tails (114 MiB in 97 blocks; counted "
-    "at step 1's optimizer peak, load_residue.py optimizer_tails, not at the loss's, where k and v at c·kv·T = "
-    "0.5 MiB are small-pool blocks and above 1 MiB take tails, so the count would fall as T grows), the rests of "
-    "the fused-AdamW states' own segments (92 MiB in 86 blocks: a 16.6 MiB MLP state in 18 MiB leaves 1.4) and "
-    "the q/k/v bias addmm outputs' (58 MiB); the estimate counts 14 MiB (docs/reserve.md, packed runs without "
-    "checkpointing)"
 )
 KNOWN_MISSES: dict[str, str] = {
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
@@ -145,7 +137,6 @@ PACKED_MISSES: dict[str, str] = {
     "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": PACKED_UNDER,
     "qwen3-0.6b/full/b8/L1024/ckpt/eager/bf16-true": PACKED_UNDER,
     "mid/full/b4/L1024/nockpt/sdpa/bf16-true": STATES_DISPLACE_ACTIVATIONS,
-    "qwen2.5-0.5b/full/b4/L256/nockpt/sdpa/fp32/adamw_torch_fused": SEGMENT_RESTS_AT_THE_LOSS,
     "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/fp32": PACKED_UNDER,
 }
 
