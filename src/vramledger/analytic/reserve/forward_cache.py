@@ -206,41 +206,39 @@ def _free_at_end(
     """Reserved − allocated after ``layers`` decoder layers' forward and the final norm at ``T_REF`` tokens,
     replayed from an empty cache (what else the step's cache holds is counted elsewhere); 0 (None under
     checkpointing) where the projections are not named like Llama's or Phi-3's (Phi-3's under checkpointing)."""
-    # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
-    shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
-    fused = set(shapes) == set(_FUSED)
-    if (not fused and set(shapes) != set(_NAMES)) or (fused and checkpointed):
+    layer = _sequence(m, adapted, c, cast, checkpointed)
+    if layer is None:
         return None if checkpointed else 0
-    replay = _Replay()
-    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed)
-    x = replay.alloc(c * m.hidden_size * T_REF)  # the embedding's output, the first layer's input
-    before = replay.free_bytes
-    for _ in range(layers):
-        x = layer.forward(x, fused)
-    layer.norm()  # the final norm (never checkpointed): its fp32 input (saved) and its output (lm_head's input)
-    return replay.free_bytes - before
+    before = layer.r.free_bytes
+    layer.model_forward(layers)
+    return layer.r.free_bytes - before
 
 
 @lru_cache(maxsize=256)
 def _spill(m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool) -> int:
     """What a second forward at ``T_REF`` tokens reserves beyond the first's segments, every block freed between
     them (``second_forward_spill``); 0 where the projections are not named like Llama's or Phi-3's."""
-    shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
-    fused = set(shapes) == set(_FUSED)
-    if not fused and set(shapes) != set(_NAMES):
+    layer = _sequence(m, adapted, c, cast, checkpointed=False)
+    if layer is None:
         return 0
-    replay = _Replay()
-    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast)
     reserved = []
     for _ in range(2):
-        x = replay.alloc(c * m.hidden_size * T_REF)
-        for _ in range(layers):
-            x = layer.forward(x, fused)
-        layer.norm()
-        reserved.append(replay.model.reserved)
-        for i in list(replay.live):  # backward frees every saved activation
-            replay.free(i)
+        layer.model_forward(layers)
+        reserved.append(layer.r.model.reserved)
+        for i in list(layer.r.live):  # backward frees every saved activation
+            layer.r.free(i)
     return reserved[1] - reserved[0]
+
+
+def _sequence(m: ModelSpec, adapted: tuple[Adapted, ...], c: int, cast: bool, checkpointed: bool) -> _Layer | None:
+    """A decoder layer's sequence on an empty replay; None where the projections are not named like Llama's or
+    Phi-3's (Phi-3's under checkpointing)."""
+    # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
+    shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
+    fused = set(shapes) == set(_FUSED)
+    if (not fused and set(shapes) != set(_NAMES)) or (fused and checkpointed):
+        return None
+    return _Layer(_Replay(), m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed, fused)
 
 
 def _leaf(name: str) -> str:
@@ -287,9 +285,18 @@ class _Layer:
         c: int,
         cast: bool,
         checkpointed: bool = False,
+        fused: bool = False,
     ) -> None:
         self.r, self.m, self.adapted, self.shapes, self.c, self.cast = r, m, adapted, shapes, c, cast
-        self.checkpointed = checkpointed
+        self.checkpointed, self.fused = checkpointed, fused
+
+    def model_forward(self, layers: int) -> None:
+        """The embedding's output (the first layer's input), ``layers`` decoder layers and the final norm (never
+        checkpointed: its fp32 input saved, its output lm_head's input)."""
+        x = self.r.alloc(self.c * self.m.hidden_size * T_REF)
+        for _ in range(layers):
+            x = self.forward(x, self.fused)
+        self.norm()
 
     def _drop(self, *blocks: int) -> None:
         """Blocks autograd would save: freed here under checkpointing only."""
