@@ -87,10 +87,15 @@ def optimizer_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.adapters or p.frozen_bytes or not wb.trainable_layers or m.is_moe or train.fsdp is not None:
         return 0  # FSDP's flat parameters, an MoE's fused experts: no segment per weight (as ``load_tails``)
     b = wb.trainable_dtype.bytes
-    smallest = min(
+    return sum(t for t in _tails(m, b) if t < _smallest_large_tensor(m, b))
+
+
+def _smallest_large_tensor(m: ModelSpec, b: int) -> int:
+    """The smallest decoder matrix above kSmallSize (1 MiB) at ``b`` bytes per element: the smallest large-pool
+    per-parameter tensor (gradient, state, foreach temporary) of full fine-tuning."""
+    return min(
         (x for lin in layer_linears(m) if (x := b * lin.in_features * lin.out_features) > K_SMALL_SIZE), default=0
     )
-    return sum(t for t in _tails(m, b) if t < smallest)
 
 
 def loss_tails_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
@@ -119,11 +124,8 @@ def loss_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     projections; c·H·T = 3.5 MiB, c·kv·T = 0.5 MiB)."""
     wb = p.weights
     b = wb.trainable_dtype.bytes
-    smallest = min(
-        (x for lin in layer_linears(m) if (x := b * lin.in_features * lin.out_features) > K_SMALL_SIZE), default=0
-    )
     saved = train.precision.compute.bytes * min(m.hidden_size, m.q_dim) * train.tokens
-    return sum(t for t in _tails(m, b) if t < min(smallest, saved))
+    return sum(t for t in _tails(m, b) if t < min(_smallest_large_tensor(m, b), saved))
 
 
 def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:
