@@ -14,12 +14,18 @@ from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
 from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
+from vramledger.analytic.reserve.load_residue import loss_tails_switch
 from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.state_rests import band_edges, rests_band
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
-from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_band, workspace_rivals_per_token
+from vramledger.analytic.reserve.workspace import (
+    cublas_workspace_block,
+    workspace_band,
+    workspace_band_on,
+    workspace_rivals_per_token,
+)
 from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 # Three mechanisms the replay shows switch OFF as the shape grows: a longer batch brings a block large enough
@@ -75,9 +81,12 @@ def on_at(m: ModelSpec, train: TrainSpec, p: StepParts, which: Switching = NONE)
 
 
 def _switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
-    """Every switching mechanism that applies, by ``Switching`` field, with where it is on: the closed ones, the
-    states' rests (a band) and Gemma-2's softcap block (on and off every few tokens)."""
+    """Every switching mechanism that applies, by ``Switching`` field, with where it is on: the closed ones, eager's
+    workspace band, the states' rests (a band) and Gemma-2's softcap block (on and off every few tokens)."""
     out = _closed_switches(m, train, p)
+    if (band := workspace_band_on(m, train, p)) is not None:  # eager's band of lengths, beside the closed set
+        closed = out.get("workspace")
+        out["workspace"] = band if closed is None else (lambda b, ell: closed(b, ell) or band(b, ell))
     if (rests := rests_band(m, train, p)) is not None:
         out["state_rests"] = rests
     if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
@@ -133,6 +142,7 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
         "tied": on.tied,
         "temporaries": temporaries_switch(m, train, p),
         "fused_relaid": fused_relaid_switch(m, train, p),
+        "loss_tails": loss_tails_switch(m, train, p),
     }
     return {name: holds for name, holds in found.items() if holds is not None}
 
@@ -162,6 +172,9 @@ def _regions(
     fused = fused_relaid_switch(m, train, p)
     if fused is not None:
         regions.append((Switching(fused_relaid=True), fused))
+    tails = loss_tails_switch(m, train, p)
+    if tails is not None:
+        regions.append((Switching(loss_tails=True), tails))
     if frozen_head(train, p):
         relaid = frozen_head_regions(m, train, p)
     else:

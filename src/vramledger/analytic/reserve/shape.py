@@ -9,7 +9,11 @@ from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_
 from vramledger.analytic.activations import computes_scores, residual_bytes
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import eager_scores_segments, forward_segments
-from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
+from vramledger.analytic.reserve.forward_cache import (
+    adapter_forward_cache,
+    checkpointed_forward_cache,
+    spilled_chain_blocks,
+)
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid, workspace_in_logits
 from vramledger.analytic.reserve.full import (
     decoder_mlp_width,
@@ -23,7 +27,7 @@ from vramledger.analytic.reserve.full import (
     tied_gradient_block,
 )
 from vramledger.analytic.reserve.held_activations import optimizer_peak_bound
-from vramledger.analytic.reserve.load_residue import load_tails, optimizer_tails
+from vramledger.analytic.reserve.load_residue import load_tails, loss_tails, optimizer_tails
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
@@ -218,7 +222,7 @@ def single_shape(
         stranded = _adapter_stranded(m, train, p)
         lost = workspace_lost(m, train, p) if on.workspace else 0
         rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
-        cached = adapter_forward_cache(m, train, p)
+        cached = adapter_forward_cache(m, train, p) + spilled_chain_blocks(m, train, p, workspace_lost=bool(lost))
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
@@ -236,7 +240,8 @@ def single_shape(
             + stranded
             - in_hole
             + temporaries_unused_by_activations(m, train, p)
-            + (state_rests_cached(m, train, p) if on.state_rests else 0),
+            + (state_rests_cached(m, train, p) if on.state_rests else 0)
+            + (loss_tails(m, train, p) if on.loss_tails else 0),
             max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
             + remade
             + _hole_remade(m, train, p, on),

@@ -27,6 +27,9 @@ class Switching(NamedTuple):
     state_rests: bool = False
     """What the MLP activation segments cache free at step 2's loss peak where step 1's states sit in every one of
     them (state_rests.py ``state_rests_cached``)."""
+    loss_tails: bool = False
+    """The trained weights' segment tails free at step 2's loss peak while k and v are small-pool blocks (full
+    fine-tuning without checkpointing: load_residue.py ``loss_tails``)."""
 
 
 NONE = Switching()
