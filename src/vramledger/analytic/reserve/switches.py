@@ -27,6 +27,9 @@ class Switching(NamedTuple):
     state_rests: bool = False
     """What the MLP activation segments cache free at step 2's loss peak where step 1's states sit in every one of
     them (state_rests.py ``state_rests_cached``)."""
+    checkpointed_forward: bool = False
+    """Under checkpointing, an optimizer without step temporaries: the checkpointed forward's segments free at the end
+    of backward where no MLP per-parameter tensor fits their blocks (optimizers.py ``checkpointed_forward_switch``)."""
 
 
 NONE = Switching()
