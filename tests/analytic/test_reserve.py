@@ -101,8 +101,9 @@ ADAFACTOR_TIED_SUM = (
     "(1.5·t left) and the layers' gradients best fit cut from the fp32 copy's block (0.50 GiB, with 0.22 GiB of "
     "recomputed transients freed between them) leave it in pieces under t, so only three temporaries find a block. "
     "Whether the sum lands there depends on those gradients' span in the copy's block, which the closed form does "
-    "not place with c < 4 (full.py gradients_in_chain; its room outside the chain puts 0.31 GiB there, too few to "
-    "move the sum). Traced at 2 × 2048, 1 × 4096, 4 × 1024 and 2 × 2176 (on), 2 × 2304 to 2 × 2528 (off, -1.2%)"
+    "not place with c < 4 (full.py gradients_in_chain; its room outside the chain puts 0.38 GiB past the c·V·T "
+    "block, where the replay's span is 0.72 GiB with the holes: too short to move the sum). Traced at 2 × 2048, "
+    "1 × 4096, 4 × 1024 and 2 × 2176 (on), 2 × 2304 to 2 × 2528 (off, -1.2%)"
 )
 KNOWN_MISSES: dict[str, str] = {
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
