@@ -18,7 +18,9 @@ from hypothesis import strategies as st
 from vramledger.analytic import estimate
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.ckpt_forward import forward_left_free
+from vramledger.analytic.reserve.full import relaid_counted
 from vramledger.analytic.reserve.optimizers import casts_unused, checkpointed_forward_switch
+from vramledger.analytic.reserve.shape import workspace_in_chain
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Phase
@@ -185,3 +187,21 @@ def test_the_checkpointed_forward_switch_stops_where_the_mlp_gradient_fits_a_seg
     assert on(2, 1984) and not on(2, 1985)
     foreach = dataclasses.replace(train, optimizer=Optimizer.ADAMW)  # its step's temporaries set the reserve
     assert checkpointed_forward_switch(m, foreach, step_parts(m, foreach)) is None
+
+
+def test_without_states_the_workspaces_logits_block_is_made_again() -> None:
+    """SGD keeps no state, but under checkpointing the backward thread's 32 MiB cuBLAS workspace is cut from the fp32
+    copy's logits block in step 1 where every block forward freed is smaller (Qwen3-0.6B 2 × 1024: c·I·T 12 MiB,
+    RMSNorm's fp32 4·H·T 8 MiB, q_norm's 4·nh·hd·T 16 MiB), and step 2 makes that 4·V·T block again: the replay of the
+    traced step makes a 1,187 MiB segment in step 2's ``_log_softmax_backward_data`` (8.89 GiB reserved). At 4 × 1024
+    q_norm's fp32 block is 32 MiB and holds the workspace (the replay: in a 32 MiB segment of forward's ``pow``,
+    nothing made in step 2)."""
+    m = resolve_model("qwen3-0.6b")
+    V = 151936
+    got = {}
+    for b in (2, 4):
+        train = TrainSpec(method=Method.FULL, optimizer=Optimizer.SGD, micro_batch=b, seq_len=1024, grad_ckpt=True)
+        p = step_parts(m, train)
+        got[b] = relaid_counted(m, train, p, workspace=workspace_in_chain(m, train, p))
+    print(f"made again: 2 × 1024 {got[2] / MiB:.0f} MiB (4·V·T = {4 * V * 2048 / MiB:.0f}), 4 × 1024 {got[4]}")
+    assert got == {2: 4 * V * 2048, 4: 0}

@@ -37,11 +37,11 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.allocator.conf import K_SMALL_SIZE, allocation_size
 from vramledger.analytic.activations import residual_bytes
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
-from vramledger.analytic.reserve.full import decoder_mlp_width, held_room, logits_blocks
+from vramledger.analytic.reserve.full import decoder_mlp_width, logits_blocks
 from vramledger.analytic.reserve.held_activations import decoder_casts, tensors_held
 from vramledger.analytic.reserve.load_residue import weight_tails
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
@@ -101,7 +101,9 @@ def forward_left_free(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     from them: gradients and states no larger than a block there (CUDACachingAllocator.cpp ``get_free_block``, best
     fit; a block of one segment never serves a request larger than its segment), at most ``tensors_held``'s
     fractional bin packing of them, with every block of the inputs and transients taken as large as the layer's
-    largest (``forward_block_width``) so that no tensor that could fit is left out; and the backward thread's cuBLAS
+    largest (``forward_block_width``) and each block's room its whole segment (``get_allocation_size``: a block
+    under 10 MiB shares a 20 MiB kLargeBuffer segment, which a tensor up to 20 MiB can take once it is whole again)
+    so that no tensor that could fit is left out; and the backward thread's cuBLAS
     workspace, made in step 1's backward and never freed (CublasHandlePool.cpp). The V·H tensors of
     the end of backward fit none of them. Llama-3.2-1B full, SGD, bf16-mixed, 2 × 1024 (bench/reserve/replay_grid):
     the forward makes 67 segments of 32 MiB, the casts of the MLP matrices and a layer's transients, and 1.44 GiB of
@@ -113,9 +115,9 @@ def forward_left_free(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if not train.grad_ckpt or train.adapters or not wb.trainable_layers or m.is_moe:
         return 0
     c = train.precision.compute.bytes
-    block = held_room(c * forward_block_width(m, c) * train.tokens)
+    block = allocation_size(c * forward_block_width(m, c) * train.tokens)
     casts = decoder_casts(m, train, p)
-    segments = [(block, _saved_and_transients(m, train, p)), *((held_room(one), one * k) for one, k in casts)]
+    segments = [(block, _saved_and_transients(m, train, p)), *((allocation_size(one), one * k) for one, k in casts)]
     free = sum(vol for _, vol in segments) - tensors_held(m, p, segments) - cublas_workspace_block(p)
     if casts:  # the last layer's down_proj, cast after the product
         free -= c * m.hidden_size * decoder_mlp_width(m)
