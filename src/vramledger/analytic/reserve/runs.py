@@ -11,11 +11,12 @@ from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.ckpt_forward import forward_block_width
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
 from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
 from vramledger.analytic.reserve.load_residue import loss_tails_switch
-from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
+from vramledger.analytic.reserve.optimizers import checkpointed_forward_switch, fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.state_rests import band_edges, rests_band
@@ -143,6 +144,7 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
         "temporaries": temporaries_switch(m, train, p),
         "fused_relaid": fused_relaid_switch(m, train, p),
         "loss_tails": loss_tails_switch(m, train, p),
+        "checkpointed_forward": checkpointed_forward_switch(m, train, p),
     }
     return {name: holds for name, holds in found.items() if holds is not None}
 
@@ -175,6 +177,11 @@ def _regions(
     tails = loss_tails_switch(m, train, p)
     if tails is not None:
         regions.append((Switching(loss_tails=True), tails))
+    forward = checkpointed_forward_switch(m, train, p)
+    if forward is not None:  # and below each edge where more matrices' tensors fit the forward's blocks
+        width = forward_block_width(m, train.precision.compute.bytes)
+        edges = [forward, *(_both(forward, e) for e in eligibility_edges(m, train, p, width))]
+        regions += [(Switching(checkpointed_forward=True), f) for f in edges]
     if frozen_head(train, p):
         relaid = frozen_head_regions(m, train, p)
     else:

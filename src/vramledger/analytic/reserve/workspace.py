@@ -116,6 +116,8 @@ def workspace_rivals_per_token(m: ModelSpec, train: TrainSpec, p: StepParts) -> 
     fp32 adapters), under checkpointing a layer's c·I MLP intermediates."""
     wb = p.weights
     out = [4 * m.hidden_size]
+    if m.qk_norm:  # Qwen3's q_norm over the query heads (Qwen3RMSNorm's fp32 intermediates): 4·nh·hd
+        out.append(4 * m.q_dim)
     if wb.trainable_dtype.bytes == 4:
         out.append(4 * max((a.linear.in_features for a in wb.adapted), default=0))
     if train.grad_ckpt:
