@@ -203,8 +203,10 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     workspace (ℓ ≤ 1215: ℓ² − 1000ℓ < 2^18) the workspace takes an fp32 logits block and step 2 makes one more F,
     as the trace replay shows at ℓ = 1024 and not at 864 or 1216 (bench/reserve/runs.jsonl). The band the
     estimate holds for this shape (workspace.py ``workspace_band``) ends at 1215; the 2 MiB rounding of the softmax
-    block's segment ends it a few tokens earlier in the replay (1207, with 1213-1214 again)."""
-    from vramledger.analytic.reserve.workspace import workspace_band
+    block's segment ends it a few tokens earlier in the replay (1207, with 1213-1214 again). A packed run meets the
+    one shape: the band's predicate (``workspace_band_on``, what runs.py ``on_at`` counts) says lost where the
+    replay loses the block."""
+    from vramledger.analytic.reserve.workspace import workspace_band, workspace_band_on
 
     ws, s, x, f = 32 * MiB, 4 * 16 * 2 * ell * ell, 2 * 32000 * 2 * ell, 4 * 32000 * 2 * ell
     reserved, _ = replay_excess(_eager_tail(s, x, f, ws))
@@ -214,7 +216,10 @@ def test_eager_workspace_band_from_the_allocator_rules(ell: int, lost: bool) -> 
     assert (made > f // 2) == lost
     m, _ = _specs("mid/lora/b1/L4096/nockpt/sdpa")  # the 8-layer Llama of bench/reserve/run_grid.py
     train = TrainSpec(method=Method.LORA, micro_batch=2, seq_len=1400, grad_ckpt=False, attn=Attention.EAGER)
-    assert (2, 1215) in workspace_band(m, train, step_parts(m, train))
+    p = step_parts(m, train)
+    assert (2, 1215) in workspace_band(m, train, p)
+    on = workspace_band_on(m, train, p)
+    assert on is not None and on(2, ell) == lost
 
 
 @settings(max_examples=60, deadline=None)

@@ -85,6 +85,73 @@ def test_two_freed_vh_blocks_hold_the_loss_blocks_up_to_their_size() -> None:
     assert (counted_again(410 * MiB), counted_again(300 * MiB)) == (0, F)
 
 
+@pytest.mark.parametrize("spoiled", [2, 1, 0])
+def test_at_the_tied_edge_a_logits_block_is_made_again_where_both_other_blocks_hold_something(spoiled: int) -> None:
+    """``spill.at_tied_edge`` from the allocator rules alone: every block F = 200 MiB is at once an fp32 logits block
+    (4·V·T) and the tied embedding's V·H gradient.
+
+    Forward leaves two blocks, P (32 MiB) and Q (16 MiB), live as activations or freed. Step 1's loss frees its three
+    F blocks A, B, C. Backward: the workspace (32 MiB, never freed) takes P where P is free, else A (best fit: the
+    smallest free block at least as large); lm_head's V·H gradient takes the next whole F, two layers' gradients
+    (168 and 180 MiB) the smallest blocks that hold them, so the embedding's dense gradient D and the sum find no
+    whole F and get segments. lm_head's gradient and D are freed; ``_init_group`` puts the embedding's two F states
+    in their blocks, and a 16 MiB state in Q where Q is free, else in the 20 MiB rest the second gradient left; the
+    foreach temporary gets a segment and is freed; ``zero_grad`` frees the sum and the gradients. Step 2's loss asks
+    for three F at once: the sum's and the temporary's blocks serve two, the chain's two other blocks the third only
+    where one of them is whole. ``spoiled``: how many of those two hold something (0: P and Q freed; 1: Q live, the
+    state in a gradient's rest; 2: both live, the workspace in A too). Made again: one F where both do, none
+    otherwise, which is ``tied_remade``'s max(reached − 2·⌊V·H·b / 4·V·T⌋, 0) with reached = 1 + ``spoiled`` (the
+    block the embedding's state sits in, and those two).
+    """
+    F, P, Q = 200 * MiB, 32 * MiB, 16 * MiB
+    forward = ((99, P), (98, Q))
+    loss1 = ((1, F), (2, F), (3, F), (1, 0), (2, 0), (3, 0))
+    freed = ((99, 0),) * (spoiled < 2) + ((98, 0),) * (spoiled < 1)
+    backward = ((4, P), (5, F), (6, 168 * MiB), (13, 180 * MiB), (7, F), (8, F), (5, 0), (7, 0))
+    states = ((10, F), (11, F), (9, Q), (12, F), (12, 0), (8, 0), (6, 0), (13, 0))
+    loss2 = ((20, F), (21, F), (22, F))
+    reserved, _ = replay_excess(forward + loss1 + freed + backward + states + loss2)
+    made = max(1 + spoiled - 2, 0) * F
+    expected = P + Q + 6 * F + made
+    print(f"spoiled {spoiled}: expected {expected // MiB} MiB ({made // F} F made again), got {reserved // MiB} MiB")
+    assert reserved == expected
+
+
+def _states_records() -> dict[str, dict[str, Any]]:
+    path = ROOT / "bench" / "reserve" / "replay_states.jsonl"
+    return {r["id"]: r for r in map(json.loads, path.read_text().splitlines())}
+
+
+def test_at_the_tied_edge_the_count_matches_the_replays() -> None:
+    """The checkpointed full fine-tuning configs of the grid at the tied edge (4·V·T = V·H·b) with foreach AdamW:
+    the fp32 logits blocks the estimate counts step 2 making again there (shape.py ``_tied_relaid``: where step 1
+    cut the backward workspace or gradients from the chain's blocks) against what the replay's step 2 makes
+    (bench/reserve/replay_states.jsonl)."""
+    from tests.analytic.test_reserve import _specs as grid_specs
+    from vramledger.analytic.reserve.shape import _tied_relaid, gradients_in_chain, step1_loss_reserve
+    from vramledger.analytic.reserve.spill import at_tied_edge
+    from vramledger.analytic.reserve.switches import Switching
+    from vramledger.analytic.step import _peaks_at
+
+    expected = {
+        "qwen3-1.7b/full/b2/L1024/ckpt/sdpa": 1,
+        "llama-3.2-1b/full/b2/L1024/ckpt/sdpa/fp32": 1,
+        "llama-3.2-1b/full/b1/L2048/ckpt/sdpa": 0,
+    }
+    records = _states_records()
+    for cid, blocks in expected.items():
+        model, train = grid_specs(cid)
+        p, loss_peak, _, _ = _peaks_at(model, train, None)
+        assert at_tied_edge(model, train, p)
+        grads = gradients_in_chain(model, train, p, step1_loss_reserve(model, train, p, loss_peak))
+        counted = _tied_relaid(model, train, p, Switching(relaid=True), grads)
+        rec = records[cid]
+        made = rec["made_in_step_2_fp32_blocks"]
+        print(f"{cid}: replay makes {made} fp32 blocks again, counted {counted / rec['fp32_block']:.2f}")
+        assert rec["made_in_step_2_fp32_blocks"] == blocks
+        assert counted == blocks * 4 * model.vocab_size * train.tokens
+
+
 def _shapes() -> list[dict[str, Any]]:
     return [json.loads(line) for line in SHAPES.read_text().splitlines()]
 

@@ -171,7 +171,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
         "--packing",
         action="store_true",
         default=None,
-        help="sequences packed to --seq (no padding mask); default: a padded batch when --batch > 1",
+        help="every batch packed to --batch x --seq (no padding mask; the reserve of that one shape); default: "
+        "dynamic padding (a padded batch when --batch > 1, and the shorter batches' cache kept)",
     )
     g.add_argument(
         "--model-code",

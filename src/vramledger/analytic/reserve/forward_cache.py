@@ -54,15 +54,18 @@ Legend: T tokens per micro-batch, H hidden, I intermediate, c compute-dtype byte
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.model import CachingAllocatorModel
-from vramledger.analytic.activations import computes_scores
+from vramledger.analytic.activations import computes_scores, explicit_mask, layer_activations, padded_sdpa
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.full import blocks_with_states, logits_blocks
+from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.analytic.weights import Adapted
-from vramledger.specs import Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 # Tokens the layer sequence is replayed at: its smallest request (RoPE's ``neg`` of a 128-wide k, c·64·T) is then
 # far above kMinLargeAlloc (10 MiB), so the replayed layout scales with T.
@@ -108,6 +111,74 @@ def checkpointed_forward_cache(
     return None if free is None else free * train.tokens // T_REF
 
 
+def second_forward_spill(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes step 2's forward needs beyond the segments step 1's forward made (LoRA without checkpointing, SDPA
+    without a mask): the per-token figure of the layer sequence replayed twice, every block freed in between, × T
+    (0 where the layers are not modelled, as ``adapter_forward_cache``; eager attention, whose score blocks are not in
+    the sequence, and a mask every batch has, Gemma 3's images; a quantised, sharded or offloaded base).
+
+    Step 1's forward makes its segments one layer at a time, each for a request nothing cached then holds. Step 2's
+    forward finds all of them free at once (backward has freed every saved activation), and best fit
+    (``get_free_block``: the smallest cached block at least as large) lays the same requests out otherwise: the early
+    layers' saved tensors are cut from segments step 1 made for later, larger requests, and the last layers find
+    nothing left that holds theirs. The trace shows it: Llama-3-8B LoRA 2 × 2048, step 2's forward needs no block
+    outside step 1's forward segments until the last layer, whose tensors then take 640 MiB of the logits chain's
+    blocks (bench/reserve/replay_causes.jsonl); the sequence replayed twice needs 1184 MiB more in step 2 (an 8-layer
+    Llama 1 × 4096: 64 MiB, 44 MiB of the chain in the trace)."""
+    # a padded batch of full rows drops the mask (see ``spilled_chain_blocks``): the unmasked sequence is its
+    sdpa_unmasked = train.attn is Attention.SDPA and not computes_scores(m, train)
+    if explicit_mask(m, train) and not padded_sdpa(train):
+        return 0
+    if train.grad_ckpt or not sdpa_unmasked or not one_copy_weights(train) or not _modelled(m, train, p):
+        return 0
+    wb = p.weights
+    c = train.precision.compute.bytes
+    cast = wb.trainable_dtype.bytes == 4 and c != 4
+    return _spill(m, wb.adapted, wb.trainable_layers, c, cast) * train.tokens // T_REF
+
+
+def spilled_chain_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, *, workspace_lost: bool = False) -> int:
+    """Bytes of the fp32 logits blocks step 2 makes again because its forward's spill (``second_forward_spill``)
+    sits in them at its loss peak (the standard loss, c < 4): beyond the one the backward thread's workspace
+    already costs where it took one (``workspace_lost``: workspace.py, counted there).
+
+    The spilled requests are cut from the smallest cached blocks that hold them (``get_free_block``), the logits
+    chain's, which step 1's loss made and freed: the c·V·T logits block first, then one fp32 4·V·T block after
+    another, a split block's rest before a whole one (full.py ``blocks_with_states``, as for AdamW's states; the
+    workspace's block first where it has one). Step 2's loss peak holds three fp32 blocks at once (the log-softmax
+    and the two gradients of ``nll_loss_backward`` and ``_log_softmax_backward_data``), so each block a saved
+    activation sits in is made again, whole. The trace: Llama-3-8B LoRA 2 × 2048 keeps 528 MiB of its last
+    layer's tensors in the 1002 MiB logits block and 112 MiB in an fp32 one, and step 2 makes one 2004 MiB block
+    again (the spill replayed: 1184 MiB, one block); Mistral-7B 4 × 1024 (c·V·T = 256 MiB, 4·V·T = 512 MiB: the same
+    layers, a quarter of the vocabulary) makes two again (replayed: two).
+
+    A padded batch (``padded_sdpa``) gets a mask and K/V repeated for it (analytic/activations.py), which the layer
+    sequence leaves out; but a run with dynamic padding also meets batches whose rows all reach L, where transformers
+    drops the mask (masking_utils.py ``_ignore_causal_mask_sdpa``) and SDPA takes the grouped K/V: that step's
+    allocated is the padded one's less what the mask adds, and its reserve has these blocks. So the padded shape
+    counts them less those bytes (never below 0): the larger of the two steps' reserves."""
+    spill = second_forward_spill(m, train, p)
+    chain = logits_blocks(m, train)
+    if not spill or len(chain) != 4:
+        return 0
+    hole, fp32 = chain[0], chain[1:]
+    workspace = cublas_workspace_block(p) if workspace_lost else 0
+    reached = blocks_with_states(max(spill - hole, 0) + workspace, 0, fp32)
+    remade = max(reached - (1 if workspace_lost else 0), 0) * fp32[0]
+    return max(remade - _mask_bytes(m, train, p), 0) if padded_sdpa(train) else remade
+
+
+def _mask_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """What a padded batch's saved activations hold beyond the same batch's without a mask: every trained layer's
+    repeated K/V and the additive mask (activations.py ``layer_activations``, with and without ``packing``)."""
+    wb = p.weights
+    masked = layer_activations(m, train, wb)
+    unmasked = layer_activations(m, replace(train, packing=True), wb)
+    per_layer = (masked.per_token - unmasked.per_token) * train.tokens
+    per_layer += (masked.scores_per_seq - unmasked.scores_per_seq) * train.micro_batch
+    return wb.trainable_layers * per_layer
+
+
 def one_copy_weights(train: TrainSpec) -> bool:
     """The base's weights are whole tensors on the device, each in its own block: not quantised (bitsandbytes
     dequantises a weight-sized block for every matmul), not sharded or flattened (ZeRO-3's partitions, FSDP's flat
@@ -135,19 +206,39 @@ def _free_at_end(
     """Reserved − allocated after ``layers`` decoder layers' forward and the final norm at ``T_REF`` tokens,
     replayed from an empty cache (what else the step's cache holds is counted elsewhere); 0 (None under
     checkpointing) where the projections are not named like Llama's or Phi-3's (Phi-3's under checkpointing)."""
+    layer = _sequence(m, adapted, c, cast, checkpointed)
+    if layer is None:
+        return None if checkpointed else 0
+    before = layer.r.free_bytes
+    layer.model_forward(layers)
+    return layer.r.free_bytes - before
+
+
+@lru_cache(maxsize=256)
+def _spill(m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool) -> int:
+    """What a second forward at ``T_REF`` tokens reserves beyond the first's segments, every block freed between
+    them (``second_forward_spill``); 0 where the projections are not named like Llama's or Phi-3's."""
+    layer = _sequence(m, adapted, c, cast, checkpointed=False)
+    if layer is None:
+        return 0
+    reserved = []
+    for _ in range(2):
+        layer.model_forward(layers)
+        reserved.append(layer.r.model.reserved)
+        for i in list(layer.r.live):  # backward frees every saved activation
+            layer.r.free(i)
+    return reserved[1] - reserved[0]
+
+
+def _sequence(m: ModelSpec, adapted: tuple[Adapted, ...], c: int, cast: bool, checkpointed: bool) -> _Layer | None:
+    """A decoder layer's sequence on an empty replay; None where the projections are not named like Llama's or
+    Phi-3's (Phi-3's under checkpointing)."""
     # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
     shapes = {_leaf(lin.name): (lin.in_features, lin.out_features) for lin in layer_linears(m)}
     fused = set(shapes) == set(_FUSED)
     if (not fused and set(shapes) != set(_NAMES)) or (fused and checkpointed):
-        return None if checkpointed else 0
-    replay = _Replay()
-    layer = _Layer(replay, m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed)
-    x = replay.alloc(c * m.hidden_size * T_REF)  # the embedding's output, the first layer's input
-    before = replay.free_bytes
-    for _ in range(layers):
-        x = layer.forward(x, fused)
-    layer.norm()  # the final norm (never checkpointed): its fp32 input (saved) and its output (lm_head's input)
-    return replay.free_bytes - before
+        return None
+    return _Layer(_Replay(), m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed, fused)
 
 
 def _leaf(name: str) -> str:
@@ -194,9 +285,18 @@ class _Layer:
         c: int,
         cast: bool,
         checkpointed: bool = False,
+        fused: bool = False,
     ) -> None:
         self.r, self.m, self.adapted, self.shapes, self.c, self.cast = r, m, adapted, shapes, c, cast
-        self.checkpointed = checkpointed
+        self.checkpointed, self.fused = checkpointed, fused
+
+    def model_forward(self, layers: int) -> None:
+        """The embedding's output (the first layer's input), ``layers`` decoder layers and the final norm (never
+        checkpointed: its fp32 input saved, its output lm_head's input)."""
+        x = self.r.alloc(self.c * self.m.hidden_size * T_REF)
+        for _ in range(layers):
+            x = self.forward(x, self.fused)
+        self.norm()
 
     def _drop(self, *blocks: int) -> None:
         """Blocks autograd would save: freed here under checkpointing only."""

@@ -67,7 +67,7 @@ def _matrices(m: ModelSpec, p: StepParts) -> list[tuple[int, int]]:
     ]
 
 
-def _casts(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
+def decoder_casts(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
     """autocast's c-byte copies of the trained decoder matrices under AMP with wider trained weights (none
     otherwise), as (bytes of one, how many). torch autocast_mode.cpp ``cached_cast`` caches one per weight for the
     forward and each matmul saves it for backward, which frees it with the layer's activations; lm_head's copy (V·H)
@@ -82,18 +82,25 @@ def _casts(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]
 def tensors_in_forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: int) -> int:
     """The most bytes of per-parameter tensors at step 1's optimizer peak (gradients, states, step temporaries) that
     the segments forward freed can hold: the saved activations (A, every block of it at most the MLP's c·I·T, so its
-    segments at most that block's) and the decoder casts (``_casts``). A tensor takes only a segment at least its
+    segments at most that block's) and the decoder casts (``decoder_casts``). A tensor takes only a segment at least its
     size (best fit), and one of at most 1 MiB is a small-pool block that takes none. Each decoder matrix's tensors are
     numel × b bytes apiece, its share of the trainable parameters times G + S + the temporaries. The segments a larger
     tensor fits are among those a smaller one fits, so filling them from the largest tensors down gives the most they
     can hold (bin packing's fractional bound: what best fit cuts off is not counted)."""
+    c = train.precision.compute.bytes
+    segments = [(_room(c * mlp_width * train.tokens), p.saved_layers_bytes + p.extra_saved_bytes)]
+    segments += [scores_segments(m, train, p)]
+    segments += [(_room(one), one * k) for one, k in decoder_casts(m, train, p)]
+    return tensors_held(m, p, segments)
+
+
+def tensors_held(m: ModelSpec, p: StepParts, segments: list[tuple[int, int]]) -> int:
+    """The most bytes of per-parameter tensors (gradients, states, step temporaries) that freed ``segments``, as (the
+    room of one, bytes in all), can hold (``tensors_in_forward_segments`` says how)."""
     wb = p.weights
     if not wb.trainable_params:
         return 0
-    bw, c = wb.trainable_dtype.bytes, train.precision.compute.bytes
-    segments = [(_room(c * mlp_width * train.tokens), p.saved_layers_bytes + p.extra_saved_bytes)]
-    segments += [scores_segments(m, train, p)]
-    segments += [(_room(one), one * k) for one, k in _casts(m, train, p)]
+    bw = wb.trainable_dtype.bytes
     per_param = p.grad_bytes + p.state_bytes + p.step_temp_bytes
     held = 0
     for n, k in sorted(_matrices(m, p), reverse=True):
@@ -106,7 +113,7 @@ def tensors_in_forward_segments(m: ModelSpec, train: TrainSpec, p: StepParts, ml
 
 def activations_cached(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: int) -> int:
     """The segments forward freed, cached and free at step 1's optimizer peak where ``mlp_tensors_unfit``: the saved
-    activations A and the decoder casts (``_casts``) less the per-parameter tensors that fit them
+    activations A and the decoder casts (``decoder_casts``) less the per-parameter tensors that fit them
     (``tensors_in_forward_segments``). A lower bound, since nothing else there fits them (the V·H embedding's and
     head's tensors, the MLP's: under AMP a b-byte MLP tensor is larger than its c-byte cast). Replayed, Llama-3.2-3B
     full, bf16-true 4 × 456, 552, 648, 720: 1.59, 2.76, 4.20, 5.09 GiB free in the forward's segments; this: 1.46,
@@ -114,7 +121,7 @@ def activations_cached(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: 
     every activation block holds a tensor and 1.38 GiB of the 32 MiB casts' segments are free; this: 2.10 + 1.81 −
     2.50 = 1.41 GiB."""
     saved = p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
-    casts = sum(one * k for one, k in _casts(m, train, p))
+    casts = sum(one * k for one, k in decoder_casts(m, train, p))
     return max(saved + casts - tensors_in_forward_segments(m, train, p, mlp_width), 0)
 
 

@@ -31,6 +31,7 @@ not modelled (0).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 
 from vramledger.allocator.conf import K_SMALL_SIZE
@@ -86,10 +87,45 @@ def optimizer_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.adapters or p.frozen_bytes or not wb.trainable_layers or m.is_moe or train.fsdp is not None:
         return 0  # FSDP's flat parameters, an MoE's fused experts: no segment per weight (as ``load_tails``)
     b = wb.trainable_dtype.bytes
-    smallest = min(
+    return sum(t for t in _tails(m, b) if t < _smallest_large_tensor(m, b))
+
+
+def _smallest_large_tensor(m: ModelSpec, b: int) -> int:
+    """The smallest decoder matrix above kSmallSize (1 MiB) at ``b`` bytes per element: the smallest large-pool
+    per-parameter tensor (gradient, state, foreach temporary) of full fine-tuning."""
+    return min(
         (x for lin in layer_linears(m) if (x := b * lin.in_features * lin.out_features) > K_SMALL_SIZE), default=0
     )
-    return sum(t for t in _tails(m, b) if t < smallest)
+
+
+def loss_tails_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
+    """Full fine-tuning without checkpointing: where the trained weights' segment tails are free at step 2's loss peak
+    too (``loss_tails``), k's and v's saved projections (c·kv·T, the smallest tensors kept to the loss) being small-pool
+    blocks (≤ 1 MiB, CUDACachingAllocator.cpp ``get_pool``), which never take a large-pool tail; None where it never
+    is. Above, best fit (``get_free_block``) cuts them from the tails that hold them, and the count falls: a set of
+    shapes closed downwards, held for a run with dynamic padding (runs.py)."""
+    if train.grad_ckpt or not optimizer_tails(m, train, p):
+        return None
+    ckv = train.precision.compute.bytes * m.kv_dim
+
+    def on(b: int, ell: int) -> bool:
+        return ckv * b * ell <= K_SMALL_SIZE
+
+    return on
+
+
+def loss_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes of the trained weights' segment tails free at step 2's loss peak (where ``loss_tails_switch`` is on):
+    those ``optimizer_tails`` counts at step 1's optimizer peak that are also smaller than every large-pool tensor
+    saved to the loss besides k and v, the c·H·T residual stream and the c·q·T query and attention output
+    (transformers ``LlamaDecoderLayer``; the norms' fp32 inputs are larger), so no saved activation is cut from them.
+    The trace replay of Qwen2.5-0.5B full, fp32, fused AdamW, 4 × 256 (bench/reserve/replay_causes.jsonl): 114 MiB
+    free in 97 blocks of the load's segments at step 2's peak; counted 112 MiB (80 tails under its 3.06 MiB q and o
+    projections; c·H·T = 3.5 MiB, c·kv·T = 0.5 MiB)."""
+    wb = p.weights
+    b = wb.trainable_dtype.bytes
+    saved = train.precision.compute.bytes * min(m.hidden_size, m.q_dim) * train.tokens
+    return sum(t for t in _tails(m, b) if t < min(_smallest_large_tensor(m, b), saved))
 
 
 def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:

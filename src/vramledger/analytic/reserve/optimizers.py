@@ -7,9 +7,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from vramledger.allocator.conf import K_SMALL_SIZE, allocation_size, round_size
+from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts, embedding_gradient_before_accumulation, tied_gradient_sum
-from vramledger.analytic.reserve.full import activations_unused, logits_blocks
+from vramledger.analytic.reserve.ckpt_forward import forward_block_width, forward_left_free
+from vramledger.analytic.reserve.full import activations_unused, decoder_mlp_width, held_room, logits_blocks
 from vramledger.analytic.reserve.switches import Switching
 from vramledger.specs import Loss, ModelSpec, Optimizer, TrainSpec
 
@@ -27,7 +29,10 @@ def end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak
     Allocated there: the optimizer's moment (weights, gradients, states) plus the embedding's new V×H gradient and
     the tied sum (analytic/step.py ``_end_of_backward``). Cached and free:
     the saved activations where they are too small for a decoder matrix's gradient (``on.activations``, as in term
-    3: backward has freed them all by then), the autocast copies no per-parameter tensor fits (``casts_unused``),
+    3: backward has freed them all by then), the autocast copies no per-parameter tensor fits (``casts_unused``) or,
+    under checkpointing where the MLP's per-parameter tensors fit no block of the forward's
+    (``on.checkpointed_forward``), every segment the checkpointed forward made but what such tensors fill
+    (ckpt_forward.py ``forward_left_free``: the copies among them),
     and with states the fp32 logits block step 2 makes again (``_relaid_without_temporaries``, ``on.fused_relaid``:
     it stops where 4·V·T outgrows the V·H gradient, so it switches off as the shape grows).
     """
@@ -35,7 +40,10 @@ def end_of_backward_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak
     if p.step_temp_bytes or train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         return 0
     allocated = opt_peak + embedding_gradient_before_accumulation(m, train, p) + tied_gradient_sum(m, train, p)
-    cached = (activations_unused(m, train, p) if on.activations else 0) + casts_unused(m, train, p)
+    casts = casts_unused(m, train, p)
+    if on.checkpointed_forward:
+        casts = max(casts, forward_left_free(m, train, p))
+    cached = (activations_unused(m, train, p) if on.activations else 0) + casts
     return allocated + cached + (_relaid_without_temporaries(m, train, p) if on.fused_relaid else 0)
 
 
@@ -75,6 +83,28 @@ def fused_relaid_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callabl
         return 4 * V * b * ell <= head
 
     return fused_relaid
+
+
+def checkpointed_forward_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
+    """Where ``forward_left_free`` is counted at the end of backward: full fine-tuning under checkpointing with an
+    optimizer without step temporaries (``end_of_backward_bound``), SDPA (eager's score blocks, larger than the
+    MLP's, are not among the forward's blocks ``forward_left_free`` sizes), and the segment of the forward's largest
+    block (c·I·b·ℓ, ckpt_forward.py ``forward_block_width``) under an MLP matrix's per-parameter tensor (b·H·I, as
+    held_activations.py ``mlp_tensors_unfit``; None: never).
+    Beyond that edge the MLP gradients fit the transients' blocks, and the bound falls as the shape grows: a run with
+    dynamic padding holds it from its shorter shapes (runs.py), a packed run leaves it out."""
+    wb = p.weights
+    if not train.grad_ckpt or p.step_temp_bytes or train.adapters or computes_scores(m, train):
+        return None
+    if wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE or not wb.trainable_layers:
+        return None
+    c, mlp = train.precision.compute.bytes, wb.trainable_dtype.bytes * m.hidden_size * decoder_mlp_width(m)
+    width = forward_block_width(m, c)
+
+    def checkpointed_forward(b: int, ell: int) -> bool:
+        return held_room(c * width * b * ell) < mlp
+
+    return checkpointed_forward
 
 
 def casts_unused(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:

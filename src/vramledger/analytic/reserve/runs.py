@@ -6,20 +6,27 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.ckpt_forward import forward_block_width
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
 from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
-from vramledger.analytic.reserve.optimizers import fused_relaid_switch, temporaries_switch
+from vramledger.analytic.reserve.load_residue import loss_tails_switch
+from vramledger.analytic.reserve.optimizers import checkpointed_forward_switch, fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.state_rests import band_edges, rests_band
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
-from vramledger.analytic.reserve.workspace import cublas_workspace_block, workspace_band, workspace_rivals_per_token
+from vramledger.analytic.reserve.workspace import (
+    cublas_workspace_block,
+    workspace_band,
+    workspace_band_on,
+    workspace_rivals_per_token,
+)
 from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 # Three mechanisms the replay shows switch OFF as the shape grows: a longer batch brings a block large enough
@@ -75,9 +82,12 @@ def on_at(m: ModelSpec, train: TrainSpec, p: StepParts, which: Switching = NONE)
 
 
 def _switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
-    """Every switching mechanism that applies, by ``Switching`` field, with where it is on: the closed ones, the
-    states' rests (a band) and Gemma-2's softcap block (on and off every few tokens)."""
+    """Every switching mechanism that applies, by ``Switching`` field, with where it is on: the closed ones, eager's
+    workspace band, the states' rests (a band) and Gemma-2's softcap block (on and off every few tokens)."""
     out = _closed_switches(m, train, p)
+    if (band := workspace_band_on(m, train, p)) is not None:  # eager's band of lengths, beside the closed set
+        closed = out.get("workspace")
+        out["workspace"] = band if closed is None else (lambda b, ell: closed(b, ell) or band(b, ell))
     if (rests := rests_band(m, train, p)) is not None:
         out["state_rests"] = rests
     if (softcap := softcap_remade(m, train) if train.adapters else None) is not None:
@@ -104,16 +114,24 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     best = 0
     p = at(train)[0]
     also = _switches(m, train, p)
+    shapeless = train.at_shape(1, 1)
     for which, points in _regions(m, train, p, at):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
         for b, ell in edge:
-            t = train.at_shape(b, ell)
-            pt, loss, step, opt = at(t)
             # the shape's own reserve: every mechanism on there, not only the region's
             on = which._replace(relaid=True, **{name: True for name, holds in also.items() if holds(b, ell)})
-            best = max(best, single_shape(m, t, pt, loss, step, opt, on))
+            best = max(best, _shape_reserve(m, shapeless, b, ell, at, on))
     return best
+
+
+@lru_cache(maxsize=8192)
+def _shape_reserve(m: ModelSpec, shapeless: TrainSpec, b: int, ell: int, at: ShapePeaks, on: Switching) -> int:
+    """The reserve of the setup ``shapeless`` at b × ℓ with the mechanisms ``on``: the (B, L) a planner asks for
+    share most of their edges."""
+    t = shapeless.at_shape(b, ell)
+    pt, loss, step, opt = at(t)
+    return single_shape(m, t, pt, loss, step, opt, on)
 
 
 def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
@@ -125,15 +143,19 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
         "tied": on.tied,
         "temporaries": temporaries_switch(m, train, p),
         "fused_relaid": fused_relaid_switch(m, train, p),
+        "loss_tails": loss_tails_switch(m, train, p),
+        "checkpointed_forward": checkpointed_forward_switch(m, train, p),
     }
     return {name: holds for name, holds in found.items() if holds is not None}
 
 
+@lru_cache(maxsize=32)
 def _regions(
     m: ModelSpec, train: TrainSpec, p: StepParts, at: ShapePeaks
 ) -> list[tuple[Switching, list[tuple[int, int]]]]:
     """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
-    shapes ≤ (B, L) where it is on (``_largest_on``)."""
+    shapes ≤ (B, L) where it is on (``_largest_on``). Cached: ``held_reserved`` asks for them at (B, L), and then
+    ``_held_capped`` again where (B, L) is within the edges (read only)."""
     on = switches_on(m, train, p)
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
     if on.workspace is not None:
@@ -152,6 +174,14 @@ def _regions(
     fused = fused_relaid_switch(m, train, p)
     if fused is not None:
         regions.append((Switching(fused_relaid=True), fused))
+    tails = loss_tails_switch(m, train, p)
+    if tails is not None:
+        regions.append((Switching(loss_tails=True), tails))
+    forward = checkpointed_forward_switch(m, train, p)
+    if forward is not None:  # and below each edge where more matrices' tensors fit the forward's blocks
+        width = forward_block_width(m, train.precision.compute.bytes)
+        edges = [forward, *(_both(forward, e) for e in eligibility_edges(m, train, p, width))]
+        regions += [(Switching(checkpointed_forward=True), f) for f in edges]
     if frozen_head(train, p):
         relaid = frozen_head_regions(m, train, p)
     else:
@@ -163,7 +193,10 @@ def _regions(
         parts_at: Callable[[TrainSpec], StepParts] = getattr(at, "parts", None) or (lambda t: at(t)[0])
         beside = (lambda t: states_beside_chain(m, t, parts_at(t))) if some else None
         grads = chain_gradients_at(m, train, at)
-        relaid = relaid_regions(m, train, p, beside, lambda t: workspace_in_chain(m, t, p), grads)
+        counts = _relaid_counts(m, train.at_shape(1, 1), p.state_bytes, at, some)
+        if len(counts) > 1 << 14:  # a bound on what a long search keeps (a frontier's whole grid visits ~3,500)
+            counts.clear()
+        relaid = relaid_regions(m, train, p, beside, lambda t: workspace_in_chain(m, t, p), grads, counts)
     regions += [(Switching(relaid=True), on_k) for on_k in relaid]
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)
@@ -178,6 +211,17 @@ def _regions(
         out += [(Switching(softcap=True), [pt]) for pt in sorted(set(under))]
         out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
     return out
+
+
+@lru_cache(maxsize=16)
+def _relaid_counts(
+    m: ModelSpec, shapeless: TrainSpec, states: int, at: ShapePeaks, beside: bool
+) -> dict[tuple[int, int], int]:
+    """The blocks the states reach at each shape (full.py ``relaid_regions``' ``counts``), for one setup whatever its
+    (B, L): ``shapeless`` (the setup at 1 × 1), the states' bytes, the steps at other shapes ``at`` reads (for the
+    room beside the chain and the gradients in it) and whether the room is counted. The planner's searches ask for
+    hundreds of shapes of one setup, each estimate probing the same shapes ≤ (B, L)."""
+    return {}
 
 
 def _both(f: Callable[[int, int], bool], g: Callable[[int, int], bool]) -> Callable[[int, int], bool]:
@@ -232,16 +276,41 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
 
 def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[int, int]]:
     """For each micro-batch b ≤ B, the longest length ℓ ≤ L with ``on(b, ℓ)`` (``on`` holds on every smaller
-    shape where it holds; micro-batches where it holds at no length are left out)."""
+    shape where it holds; micro-batches where it holds at no length are left out).
+
+    ℓ_b never grows with b, and most mechanisms switch at a token count b·ℓ (their blocks are V·T, H·T, I·T), so
+    the search for b starts from the length holding the previous edge's tokens, ⌊(b − 1)·ℓ_(b−1) / b⌋, at most
+    ℓ_b then: two or three probes a micro-batch where a bisection over [1, ℓ_(b−1)] takes a dozen (a planner's
+    frontier asks for hundreds of estimates, each searching every b ≤ B). Where the guess is off (eager's b·ℓ²
+    blocks) the search still ends at the same ℓ_b, in more probes."""
     out = []
-    hi_b = L
+    hi = L
     for b in range(1, B + 1):
-        if not on(b, 1):
+        guess = hi if b == 1 else max(hi * (b - 1) // b, 1)
+        ell = _largest_from(partial(on, b), guess, hi)
+        if not ell:
             break
-        lo, hi = 1, hi_b  # closed downwards: ℓ_(b+1) ≤ ℓ_b
-        while lo < hi:  # the largest ℓ with on(b, ℓ)
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if on(b, mid) else (lo, mid - 1)
-        out.append((b, lo))
-        hi_b = lo
+        out.append((b, ell))
+        hi = ell
     return out
+
+
+def _largest_from(holds: Callable[[int], bool], guess: int, hi: int) -> int:
+    """The largest ℓ in [1, hi] with ``holds(ℓ)`` (true up to some ℓ, false after; 0 where ``holds(1)`` is false),
+    searched from ``guess`` in [1, hi]: where it holds there, steps of 1, 2, 4, … up until one fails, then a
+    bisection (O(log d) probes for an answer d above the guess); where not, a bisection below it."""
+    lo, step = 0, 1  # holds(lo) (0: below every length); the answer is ≤ hi
+    if holds(guess):
+        lo = guess
+        while lo < hi:
+            probe = min(guess + step, hi)
+            if not holds(probe):
+                hi = probe - 1
+                break
+            lo, step = probe, 2 * step
+    else:
+        hi = guess - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if holds(mid) else (lo, mid - 1)
+    return lo

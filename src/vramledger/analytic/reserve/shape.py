@@ -8,9 +8,13 @@ from collections.abc import Callable
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.activations import computes_scores, residual_bytes
 from vramledger.analytic.parts import StepParts
-from vramledger.analytic.reserve.ckpt_forward import forward_segments
+from vramledger.analytic.reserve.ckpt_forward import eager_scores_segments, forward_segments
 from vramledger.analytic.reserve.eager_ckpt import eager_checkpointed_stranded
-from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
+from vramledger.analytic.reserve.forward_cache import (
+    adapter_forward_cache,
+    checkpointed_forward_cache,
+    spilled_chain_blocks,
+)
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_relaid, workspace_in_logits
 from vramledger.analytic.reserve.full import (
     decoder_mlp_width,
@@ -24,11 +28,11 @@ from vramledger.analytic.reserve.full import (
     tied_gradient_block,
 )
 from vramledger.analytic.reserve.held_activations import optimizer_peak_bound
-from vramledger.analytic.reserve.load_residue import load_tails, optimizer_tails
+from vramledger.analytic.reserve.load_residue import load_tails, loss_tails, optimizer_tails
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
-from vramledger.analytic.reserve.spill import hole_remade, tied_remade
+from vramledger.analytic.reserve.spill import at_tied_edge, hole_remade, tied_remade
 from vramledger.analytic.reserve.state_rests import state_rests_cached
 from vramledger.analytic.reserve.switches import ShapePeaks, Switching
 from vramledger.analytic.reserve.trl import trl_stranded_bytes
@@ -65,10 +69,13 @@ def stranded_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return logits_hole + max(_checkpointed_layer(m, train, p), _recomputed_layer(m, train, p))
 
 
-def _checkpointed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
-    """A checkpointed layer's forward transients: c·I·T twice, s·H·T, eager's scores (``forward_layer_temp``)."""
+def _checkpointed_layer(m: ModelSpec, train: TrainSpec, p: StepParts, scores: int | None = None) -> int:
+    """A checkpointed layer's forward transients: c·I·T twice, s·H·T, eager's scores (``forward_layer_temp``, or
+    ``scores``: full fine-tuning counts the segments eager's forward leaves, ckpt_forward.py
+    ``eager_scores_segments``)."""
     c, s, T = train.precision.compute.bytes, residual_bytes(train, p.weights), train.tokens
-    return p.forward_layer_temp + (2 * c * decoder_mlp_width(m) + s * m.hidden_size) * T
+    scores = p.forward_layer_temp if scores is None else scores
+    return scores + (2 * c * decoder_mlp_width(m) + s * m.hidden_size) * T
 
 
 def _full_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -90,7 +97,7 @@ def _full_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     trained_head = not frozen_head(train, p) and p.weights.trainable_layers
     if not train.grad_ckpt or not trained_head or train.loss is not Loss.STANDARD or train.fsdp is not None:
         return stranded_bytes(m, train, p)
-    layer = _checkpointed_layer(m, train, p)
+    layer = _checkpointed_layer(m, train, p, sum(eager_scores_segments(m, train, p)))
     unserved = max(_recomputed_layer(m, train, p) - sum(logits_blocks(m, train)) - layer, 0)
     return _logits_hole(m, train) + layer + unserved
 
@@ -228,7 +235,7 @@ def single_shape(
         stranded = _adapter_stranded(m, train, p)
         lost = workspace_lost(m, train, p) if on.workspace else 0
         rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
-        cached = adapter_forward_cache(m, train, p)
+        cached = adapter_forward_cache(m, train, p) + spilled_chain_blocks(m, train, p, workspace_lost=bool(lost))
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p) + rests
         return max(step_peak, loss_peak + stranded + lost + cached + remade + tails) + small_pool_excess(train, p)
@@ -237,9 +244,8 @@ def single_shape(
     chain = logits_blocks(m, train)
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
-    remade = _relaid(m, train, p, on, gradients_in_chain(m, train, p, r1)) + (
-        tied_remade(m, train, p, states_beside_chain(m, train, p)) if on.tied else 0
-    )
+    grads = gradients_in_chain(m, train, p, r1)
+    remade = _relaid(m, train, p, on, grads) + _tied_relaid(m, train, p, on, grads)
     return (
         max(
             step_peak,
@@ -247,7 +253,8 @@ def single_shape(
             + stranded
             - in_hole
             + temporaries_unused_by_activations(m, train, p)
-            + (state_rests_cached(m, train, p) if on.state_rests else 0),
+            + (state_rests_cached(m, train, p) if on.state_rests else 0)
+            + (loss_tails(m, train, p) if on.loss_tails else 0),
             max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
             + remade
             + _hole_remade(m, train, p, on),
@@ -289,6 +296,18 @@ def _relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching, grads: 
         beside, workspace = states_beside_chain(m, train, p), workspace_in_chain(m, train, p)
         return relaid_counted(m, train, p, beside, workspace, grads)
     return relaid_bytes(m, train, p)
+
+
+def _tied_relaid(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching, grads: int) -> int:
+    """The fp32 logits blocks step 2 makes again beside a tied embedding's two freed V·H blocks (spill.py
+    ``tied_remade``): where runs.py's ``tied`` switch is on (4·T < H·b), and at its edge (4·T = H·b, spill.py
+    ``at_tied_edge``, counted with ``on.relaid``) where step 1 cut something besides the states from the chain's
+    blocks: the backward workspace (``workspace_in_chain``) or gradients (``grads``, full.py ``gradients_in_chain``).
+    At the edge the embedding's own states fill one fp32 block (lm_head's V·H gradient was cut from it) and the
+    dense gradient's; the two V·H blocks replace two of the three logits requests, so a block is made again only
+    where both other fp32 blocks hold something too (spill.py ``at_tied_edge``)."""
+    edge = on.relaid and at_tied_edge(m, train, p) and (grads > 0 or workspace_in_chain(m, train, p))
+    return tied_remade(m, train, p, states_beside_chain(m, train, p)) if on.tied or edge else 0
 
 
 def _hole_remade(m: ModelSpec, train: TrainSpec, p: StepParts, on: Switching) -> int:

@@ -9,7 +9,8 @@ splits a larger one; blocks of different segments never merge, ``try_merge_block
   fp32 logits block and from the c·V·T block itself, no whole block of that size is left and a new segment is made;
 - one fp32 logits block beside a tied embedding's V·H block (``tied_remade``): where 4·V·T is no larger than the V·H
   gradient, step 2's loss takes its three fp32 blocks from the two freed V·H blocks, which hold ⌊V·H·b / 4·V·T⌋
-  each; the rest is made again.
+  each; the rest is made again; at the edge 4·V·T = V·H·b (``at_tied_edge``) only where the chain's other two
+  blocks both hold something (shape.py ``_tied_relaid``).
 
 Whether a state reaches the last fp32 block and the c·V·T block at a given shape depends on the rests the gradients
 and activations leave in the freed blocks (bench/reserve/replay_states.jsonl), which the estimate does not model:
@@ -75,3 +76,27 @@ def tied_remade(m: ModelSpec, train: TrainSpec, p: StepParts, beside: int = 0) -
     held = 2 * (_head_gradient(p) // fp32[0])
     reached = blocks_with_states(p.state_bytes - beside, hole, fp32)
     return max(reached - held, 0) * fp32[0]
+
+
+def at_tied_edge(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Whether an fp32 logits block is exactly the size F of a tied embedding's V·H gradient (4·V·T = V·H·b, that is
+    4·T = H·b: 2048 tokens for H = 2048 and fp32 trainable weights, a common shape), the edge of runs.py's ``tied``
+    switch (4·T < H·b), where ``tied_remade``'s rule still holds and ``full.tied_gradient_block``'s no longer does.
+
+    What the allocator's rules do there (CUDACachingAllocator.cpp ``get_free_block``: the smallest free block at least
+    as large; segments never merge), in the replays of the three checkpointed grid configs at the edge (Qwen3-1.7B
+    bf16-mixed 2 × 1024, Llama-3.2-1B fp32 2 × 1024 and bf16-mixed 1 × 2048; ``bench/reserve/replay_states.jsonl``):
+    step 1 makes six segments of F: the loss's three fp32 blocks, the embedding's ``embedding_dense_backward`` and
+    AccumulateGrad's ``add`` (the chain's freed blocks hold gradients by then), and the foreach temporary
+    (``_foreach_sqrt``). lm_head's V·H gradient is cut from a freed logits block, so ``Adam._init_group``
+    (torch/optim/adam.py; the embedding is the first parameter) puts ``exp_avg`` there and ``exp_avg_sq`` in the
+    dense gradient's block. Step 2's three logits requests then find the sum's block (freed by ``zero_grad``) and
+    the temporary's, so one is made again only where the chain's two other blocks both hold something: the backward
+    workspace and 32 MiB of states in Qwen3-1.7B's (1.16 GiB made again), states after the gradients in
+    Llama-3.2-1B fp32's (24 and 424 MiB; 0.98 GiB made again); Llama-3.2-1B bf16-mixed 1 × 2048 leaves both whole
+    and makes none. The gradient sum's own V·H request fits a freed logits block, so no V·H block is made again."""
+    wb = p.weights
+    fp32 = 4 * m.vocab_size * train.tokens
+    return (
+        m.tie_word_embeddings and wb.embedding_trainable and bool(logits_blocks(m, train)) and fp32 == _head_gradient(p)
+    )

@@ -27,6 +27,12 @@ class Switching(NamedTuple):
     state_rests: bool = False
     """What the MLP activation segments cache free at step 2's loss peak where step 1's states sit in every one of
     them (state_rests.py ``state_rests_cached``)."""
+    loss_tails: bool = False
+    """The trained weights' segment tails free at step 2's loss peak while k and v are small-pool blocks (full
+    fine-tuning without checkpointing: load_residue.py ``loss_tails``)."""
+    checkpointed_forward: bool = False
+    """Under checkpointing, an optimizer without step temporaries: the checkpointed forward's segments free at the end
+    of backward where no MLP per-parameter tensor fits their blocks (optimizers.py ``checkpointed_forward_switch``)."""
 
 
 NONE = Switching()

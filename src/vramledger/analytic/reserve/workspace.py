@@ -4,6 +4,7 @@ makes again when that is a logits block (adapters; eager attention's band of len
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
 from vramledger.analytic.parts import StepParts
@@ -13,7 +14,8 @@ from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 
 def workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
     """Adapters, eager attention, no checkpointing: for each micro-batch b ≤ B, the longest ℓ ≤ L at which the
-    logits leave the workspace no eager block (the upper edge of a band of lengths, not a set closed downwards).
+    logits leave the workspace no eager block (the upper edge of a band of lengths, not a set closed downwards;
+    ``workspace_band_on`` says where the band is).
 
     Without checkpointing every layer's freed score blocks are cut by the next layer's saved activations, and the
     last layer's by its MLP's; its fp32 softmax input (transformers ``eager_attention_forward``:
@@ -26,32 +28,63 @@ def workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[i
     MiB, holds the workspace) (bench/reserve/runs.jsonl). The band starts where the logits fit (ℓ ≥ c·V/(4·nh))
     and ends where the rest holds the workspace, or where a forward block does.
     """
+    band = _band(m, train, p)
+    if band is None:
+        return []
+    lo, top, holds, own_segment = band
+    out = []
+    for b in range(1, train.micro_batch + 1):
+        top_b = min(train.seq_len, top(b))
+        hi = _first(lo, max(lo, top_b) + 1, partial(holds, b))
+        ell = min(top_b, top_b + 1 if hi is None else hi - 1)
+        if ell >= lo and own_segment(b, ell):
+            out.append((b, ell))
+    return out
+
+
+def workspace_band_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
+    """Where ``workspace_band``'s mechanism is on at (b, ℓ) (None: at no shape): the logits fit the last layer's
+    fp32 softmax block, whose segment is its own, the rest they leave does not hold the workspace, and no block
+    forward freed does. A packed run meets that one shape (runs.py ``on_at``): the trace replay of the 8-layer
+    Llama, LoRA, eager, 2 × 1024 caches the fp32 logits block the workspace took (0.21 GiB free at step 2's peak,
+    made by step 1's ``_to_copy``; one ``_log_softmax_backward_data`` block made in step 2:
+    bench/reserve/replay_causes.jsonl), where the closed workspace predicate (runs.py ``switches_on``) is off."""
+    band = _band(m, train, p)
+    if band is None:
+        return None
+    lo, top, holds, own_segment = band
+    return lambda b, ell: lo <= ell <= top(b) and not holds(b, ell) and own_segment(b, ell)
+
+
+_Band = tuple[int, Callable[[int], int], Callable[[int, int], bool], Callable[[int, int], bool]]
+
+
+def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
+    """The band's terms where it applies: the length from which the logits fit the softmax block; for each b the
+    longest ℓ at which no block forward freed holds the workspace; whether the rest holds it (which, once it does,
+    holds at every longer ℓ; the 2 MiB rounding of the softmax block's segment is left out, so that the band's
+    edge never moves back as L grows); whether the softmax block is a segment of its own (≥ 10 MiB)."""
     wb = p.weights
     c = train.precision.compute.bytes
     eager = train.attn is Attention.EAGER and not train.grad_ckpt
     if not (train.adapters and eager and train.loss is Loss.STANDARD and c != 4 and wb.trainable_layers):
-        return []
+        return None
     ws = cublas_workspace_block(p)
     per_token = max(workspace_rivals_per_token(m, train, p))
     V, nh = m.vocab_size, m.num_heads
     if p.dora_temp >= ws:
-        return []
+        return None
 
-    lo = -(-c * V // (4 * nh))  # the logits fit from here on: c·V·b·ℓ ≤ 4·nh·b·ℓ²
-    out = []
-    for b in range(1, train.micro_batch + 1):
-        top = min(train.seq_len, (ws - 1) // (per_token * b))  # longer, a block forward freed holds the workspace
+    def top(b: int) -> int:  # longer, a block forward freed holds the workspace
+        return (ws - 1) // (per_token * b)
 
-        def holds(ell: int, b: int = b) -> bool:
-            """The rest holds the workspace (it grows with ℓ ≥ lo; the 2 MiB rounding of the softmax block's
-            segment is left out, so that the band's edge never moves back as L grows)."""
-            return 4 * nh * b * ell * ell - c * V * b * ell >= ws
+    def holds(b: int, ell: int) -> bool:
+        return 4 * nh * b * ell * ell - c * V * b * ell >= ws
 
-        hi = _first(lo, max(lo, top) + 1, holds)
-        ell = min(top, top + 1 if hi is None else hi - 1)
-        if ell >= lo and 4 * nh * b * ell * ell >= K_MIN_LARGE_ALLOC:  # the softmax block is a segment of its own
-            out.append((b, ell))
-    return out
+    def own_segment(b: int, ell: int) -> bool:
+        return 4 * nh * b * ell * ell >= K_MIN_LARGE_ALLOC
+
+    return -(-c * V // (4 * nh)), top, holds, own_segment  # the logits fit from here on: c·V·b·ℓ ≤ 4·nh·b·ℓ²
 
 
 def _first(lo: int, hi: int, cond: Callable[[int], bool]) -> int | None:
@@ -83,6 +116,8 @@ def workspace_rivals_per_token(m: ModelSpec, train: TrainSpec, p: StepParts) -> 
     fp32 adapters), under checkpointing a layer's c·I MLP intermediates."""
     wb = p.weights
     out = [4 * m.hidden_size]
+    if m.qk_norm:  # Qwen3's q_norm over the query heads (Qwen3RMSNorm's fp32 intermediates): 4·nh·hd
+        out.append(4 * m.q_dim)
     if wb.trainable_dtype.bytes == 4:
         out.append(4 * max((a.linear.in_features for a in wb.adapted), default=0))
     if train.grad_ckpt:
