@@ -31,29 +31,20 @@ def measure(model: Any, train: Any, cfg: dict[str, Any] | None) -> dict[str, Any
     from vramledger.allocator.replay import EventKind
     from vramledger.ledger import Phase
 
-    events, dev = run_grid._device_events(model, train, cfg)
     alloc = CachingAllocatorModel()
-    live: dict[int, Any] = {}
     forward: set[int] = set()  # segments made by step 1's forward before lm_head
     forward_bytes = 0
     head_seen = False
     out: dict[str, Any] = {}
-    for ev, src in zip(dev.events, dev.origin, strict=True):
-        step = events[src].step if src >= 0 else 1
+    for ev, step, blk, new in run_grid.replay_device(model, train, cfg, alloc):
         if step == 1 and ev.phase is Phase.OPTIMIZER and "reserved_before_optimizer" not in out:
-            out["reserved_before_optimizer"] = alloc.reserved
+            out["reserved_before_optimizer"] = alloc.reserved - new
         if ev.kind is EventKind.FREE:
-            blk = live.pop(ev.id)
-            if blk is not None:
-                alloc.free(blk)
             continue
         head_seen = head_seen or (step == 1 and ev.module.startswith("lm_head"))
-        before = alloc.reserved
-        blk = alloc.malloc(ev.size) if ev.size else None
-        live[ev.id] = blk
-        if blk is not None and alloc.reserved > before and step == 1 and ev.phase is Phase.FORWARD and not head_seen:
+        if blk is not None and new and step == 1 and ev.phase is Phase.FORWARD and not head_seen:
             forward.add(blk.seg)
-            forward_bytes += alloc.reserved - before
+            forward_bytes += new
         if step == 1 and ev.op == "_log_softmax_backward_data" and "reserved_at_loss_backward" not in out:
             free = 0
             for _, addr in alloc._large.keys + alloc._small.keys:

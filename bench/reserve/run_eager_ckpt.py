@@ -38,26 +38,15 @@ SHAPES: tuple[run_grid.Row, ...] = (
 
 def measure(row: run_grid.Row) -> dict[str, Any]:
     from vramledger.allocator.model import CachingAllocatorModel
-    from vramledger.allocator.replay import EventKind
 
     model, train, cfg = run_grid.specs(row)
     t0 = time.perf_counter()
-    events, dev = run_grid._device_events(model, train, cfg)  # noqa: SLF001 - the grid's own tracing
     alloc = CachingAllocatorModel()
-    live: dict[int, Any] = {}
     segments = []
-    for ev, src in zip(dev.events, dev.origin, strict=True):
-        if ev.kind is EventKind.FREE:
-            blk = live.pop(ev.id)
-            if blk is not None:
-                alloc.free(blk)
-            continue
-        before = alloc.reserved
-        live[ev.id] = alloc.malloc(ev.size) if ev.size else None
-        if alloc.reserved - before >= 100 * MiB:
-            step = events[src].step if src >= 0 else 1
+    for ev, step, _, new in run_grid.replay_device(model, train, cfg, alloc):
+        if new >= 100 * MiB:
             phase = ev.phase.value if ev.phase else ""
-            segments.append({"step": step, "phase": phase, "op": ev.op, "bytes": alloc.reserved - before})
+            segments.append({"step": step, "phase": phase, "op": ev.op, "bytes": new})
     return {
         "id": run_grid.config_id(row),
         "seconds": round(time.perf_counter() - t0, 1),

@@ -400,6 +400,30 @@ def _device_events(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | Non
     return events, device_events(events, GPU)
 
 
+def replay_device(
+    model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None, alloc: Any, live: dict[int, Any] | None = None
+) -> Iterator[tuple[Any, int, Any, int]]:
+    """Trace two steps (``_device_events``) and replay their device allocations through ``alloc``, yielding after
+    each event: the event, its step (1 for the load's), the block it took (None for a free or an empty request) and
+    the bytes it made the cache reserve (0: served from the cache). ``live``: the blocks alive now, by event id (the
+    caller's dict, to read while replaying)."""
+    from vramledger.allocator.replay import EventKind
+
+    events, dev = _device_events(model, train, cfg)
+    live = {} if live is None else live
+    for ev, src in zip(dev.events, dev.origin, strict=True):
+        step = events[src].step if src >= 0 else 1
+        if ev.kind is EventKind.FREE:
+            gone = live.pop(ev.id)
+            if gone is not None:
+                alloc.free(gone)
+            yield ev, step, None, 0
+            continue
+        before = alloc.reserved
+        blk = live[ev.id] = alloc.malloc(ev.size) if ev.size else None
+        yield ev, step, blk, alloc.reserved - before
+
+
 def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None) -> dict[str, Any]:
     """Where the replay's excess sits: at step 2's peak allocated, the free cached blocks grouped by what made
     their segment (step, phase, op, category), and the segments step 2 had to make (what step 1's cache could
@@ -407,32 +431,19 @@ def replay_causes(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     from collections import Counter
 
     from vramledger.allocator.model import CachingAllocatorModel
-    from vramledger.allocator.replay import EventKind
 
-    events, dev = _device_events(model, train, cfg)
     alloc = CachingAllocatorModel()
-    live: dict[int, Any] = {}
     made_by: dict[int, str] = {}
     step2_made: Counter[str] = Counter()
     best: tuple[int, Counter[str], Counter[str]] = (0, Counter(), Counter())
-    for ev, src in zip(dev.events, dev.origin, strict=True):
-        step = events[src].step if src >= 0 else 1
-        if ev.kind is EventKind.ALLOC:
-            before = alloc.reserved
-            blk = alloc.malloc(ev.size) if ev.size else None
-            live[ev.id] = blk
-            if blk is not None and alloc.reserved > before:
-                what = (
-                    f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} "
-                    f"({ev.category.value if ev.category else ''})"
-                )
-                made_by[blk.seg] = what
-                if step == 2:
-                    step2_made[what] += alloc.reserved - before
-        else:
-            blk = live.pop(ev.id)
-            if blk is not None:
-                alloc.free(blk)
+    for ev, step, blk, new in replay_device(model, train, cfg, alloc):
+        if blk is not None and new:
+            what = (
+                f"step {step} {ev.phase.value if ev.phase else ''} {ev.op} ({ev.category.value if ev.category else ''})"
+            )
+            made_by[blk.seg] = what
+            if step == 2:
+                step2_made[what] += new
         if step == 2 and alloc.allocated > best[0]:
             free: Counter[str] = Counter()
             count: Counter[str] = Counter()

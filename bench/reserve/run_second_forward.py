@@ -26,7 +26,6 @@ sys.path.insert(0, str(Path(__file__).parent))
 import run_grid  # noqa: E402
 
 from vramledger.allocator.model import CachingAllocatorModel  # noqa: E402
-from vramledger.allocator.replay import EventKind  # noqa: E402
 from vramledger.analytic import estimate  # noqa: E402
 from vramledger.analytic.reserve.forward_cache import spilled_chain_blocks  # noqa: E402
 from vramledger.analytic.reserve.runs import on_at  # noqa: E402
@@ -39,7 +38,6 @@ MiB = 2**20
 def replay(model: Any, train: Any, cfg: Any) -> tuple[Counter[str], int, int]:
     """The most of step 2's forward tensors in step 1's chain segments ("hole", "fp32"), the fp32 blocks step 2
     makes, and the replay's peak reserved."""
-    events, dev = run_grid._device_events(model, train, cfg)  # noqa: SLF001 - the grid's own trace and replay
     F = 4 * model.vocab_size * train.tokens
     alloc = CachingAllocatorModel()
     live: dict[int, Any] = {}
@@ -47,22 +45,14 @@ def replay(model: Any, train: Any, cfg: Any) -> tuple[Counter[str], int, int]:
     step_of: dict[int, int] = {}
     most: Counter[str] = Counter()
     remade = 0
-    for ev, src in zip(dev.events, dev.origin, strict=True):
-        step = events[src].step if src >= 0 else 1
-        if ev.kind is EventKind.FREE:
-            blk = live.pop(ev.id)
-            if blk is not None:
-                alloc.free(blk)
-            continue
-        before = alloc.reserved
-        blk = live[ev.id] = alloc.malloc(ev.size) if ev.size else None
+    for ev, step, blk, new in run_grid.replay_device(model, train, cfg, alloc, live):
         if blk is None:
             continue
         cat = ev.category.value if ev.category else ""
         step_of[ev.id] = step
-        if alloc.reserved > before:
-            made[blk.seg] = (step, cat, alloc.reserved - before)
-            remade += step == 2 and cat == "logits_loss" and abs(alloc.reserved - before - F) < 2 * MiB
+        if new:
+            made[blk.seg] = (step, cat, new)
+            remade += step == 2 and cat == "logits_loss" and abs(new - F) < 2 * MiB
         if step == 2 and ev.phase is not None and ev.phase.value == "forward" and cat != "logits_loss":
             now: Counter[str] = Counter()
             for k, b in live.items():
