@@ -51,7 +51,12 @@ TOLERANCE = 0.03
 PADDED_FULL = (
     "allocated +3.6% is the padded batch's SDPA mask and K/V repeated for it (analytic/activations.py), which the "
     "trace's unpadded batch does not build; packed (no mask) the estimate's allocated is the trace's (47.79 against "
-    "47.81 GiB), and its reserved is still 52.73 GiB against the replay's 48.54: a reserve over-count of its own"
+    "47.81 GiB), and its reserved is still 52.73 GiB against the replay's 48.54: the loss bound (term 1: 47.79 + 2.32 "
+    "hole − 0.58 of states in it + 3.21 of foreach temporaries' own segments) is the maximum; the replay gives the "
+    "temporaries no segment and reaches 48.54 as step 1's optimizer reserve (43.90; R1 43.70) plus one fp32 block "
+    "made again (4.64), where term 2 bounds it by min(S, 3·4·V·T) = 6.41 (count one). Without the temporaries 49.53 "
+    "(+2.0%), the hole holding one of the embedding's two V·H states (0.58) where the replay holds both (1.16); "
+    "docs/reserve.md, bf16-true full fine-tuning without checkpointing"
 )
 TINY = "a 2-layer toy model: segments of 20 MiB for requests under 10 MiB dominate its cache"
 TINY_CKPT = (
@@ -66,12 +71,16 @@ TIED_OVER = (
     "(1 × 1016: 13.11 GiB; docs/reserve.md, the activations held at the optimizer's peak)"
 )
 TEMPS_OVER = (
-    "the loss bound adds the foreach temporaries' own segments (c·I·T > b·H·I), but step 1's optimizer peak is far "
-    "under step 1's reserve and the replay cuts every temporary from its cache (Gemma-3-1B: 66 MiB made by step 1's "
-    "optimizer, all states); left in, as without it qwen2.5-0.5b/full/b1/L4096 (step 1's reserve 17.87 GiB replayed, "
-    "17.05 estimated) and mid/full/b4/L1024 bf16-true (two fp32 blocks made again where the count reaches one) fall "
-    "under -3%. Without it: Gemma-3-1B -0.2%, Llama-3.2-1B +3.2% and Qwen2.5-1.5B +4.0% (held 4 × 963 and 8 × 508: "
-    "the count reaches three fp32 blocks and the c·V·T one; the replay at 4 × 1024 and 8 × 512 makes two and three)"
+    "term 1 (step 2's loss peak) adds the foreach temporaries' own segments (c·I·T > b·H·I: Llama-3.2-1B 2.30, "
+    "Qwen2.5-1.5B 2.88, Gemma-3-1B 1.86 GiB packed) and is the maximum, but step 1's gradients, states and "
+    "temporaries fit the forward's freed segments and the chain (held_activations.py tensors_in_forward_segments: "
+    "room left on every grid config) and the replay gives no temporary a segment (Gemma-3-1B: 36 MiB of "
+    "_foreach_sqrt rests free at step 2's peak); term 2 is what the replay shows (step 1's optimizer reserve and the "
+    "fp32 blocks made again: Llama 15.91 + 2 × 1.96 = 19.83 against 19.90, Gemma 27.09 + 3.73 against 27.37 + 4.00). "
+    "Left in: without it qwen2.5-0.5b/full/b1/L4096 (−3.7%, R1 short), qwen2.5-1.5b/full/b4/L1024 (−9.1/−14.5%), "
+    "mid/full/b4/L1024 bf16-true (−7.1/−10.5%), qwen2.5-0.5b/full/b2/L1024/fp32 (−4.3%) and Qwen2.5-1.5B 8 × 512 "
+    "packed (−6.9%: three fp32 blocks made again where the count, 44 MiB short, gives two) fall under, whose own "
+    "causes it covers (docs/reserve.md, bf16-true full fine-tuning without checkpointing)"
 )
 PADDED_MASK = (
     "the estimate of a padded batch counts SDPA's explicit mask and K/V repeated for it (analytic/activations.py), "
