@@ -6,6 +6,9 @@ line is a non-negative multiple of B, L or B·L²), so "fits" is monotone along 
 false after it. We exploit that with exponential search (double until it fails) and bisection, and along the
 frontier the largest length for batch b + 1 can only be at most the one for batch b, so each later search is a
 bisection below the previous answer. The tests check every answer against a brute-force scan of the estimator.
+A packed run's reserve is its one shape's (analytic/reserve/runs.py ``on_at``) and can fall where a mechanism of the
+caching allocator switches off as the shape grows: there a search still reports a shape it found to fit, which may
+be short of the largest that does.
 """
 
 from __future__ import annotations

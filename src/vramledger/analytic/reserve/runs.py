@@ -52,8 +52,8 @@ def peak_reserved(
     opt_peak: int | None = None,
     at: ShapePeaks | None = None,
 ) -> int:
-    """Peak reserved of a run at (B, L), in closed form, from the caching allocator's rules; never falls as batch
-    or length grows (the planner's searches need that).
+    """Peak reserved of a run at (B, L), in closed form, from the caching allocator's rules; for a run with dynamic
+    padding it never falls as batch or length grow (the planner's searches rely on that).
 
     ``loss_peak``: allocated bytes at the forward or backward peak (inside the loss); ``step_peak``: the largest
     phase's allocated bytes; ``opt_peak``: allocated at ``optimizer.step()`` (default ``step_peak``); ``at``: the
@@ -74,11 +74,11 @@ def peak_reserved(
     return max(single, held_reserved(m, train, at, p))
 
 
-def on_at(m: ModelSpec, train: TrainSpec, p: StepParts, which: Switching = NONE) -> Switching:
-    """``which`` with the blocks step 2 makes again counted, and every other mechanism that is on at the shape
-    ``train`` (B, L) turned on: a shape's own reserve."""
+def on_at(m: ModelSpec, train: TrainSpec, p: StepParts) -> Switching:
+    """The mechanisms a shape's own reserve counts: the blocks step 2 makes again, and every switching mechanism
+    that is on at the shape ``train`` (B, L)."""
     B, L = train.micro_batch, train.seq_len
-    return which._replace(relaid=True, **{name: True for name, holds in _switches(m, train, p).items() if holds(B, L)})
+    return Switching(relaid=True, **{name: True for name, holds in _switches(m, train, p).items() if holds(B, L)})
 
 
 def _switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
