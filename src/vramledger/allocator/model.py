@@ -24,7 +24,7 @@ go to the older segment (real addresses are whatever the driver returns).
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
 from vramledger.allocator.blocks import ADDR_BITS, ADDR_MASK, Block, BlockPool, splice
@@ -86,6 +86,8 @@ class CachingAllocatorModel:
         self._plain_rounding = all(d <= 1 for d in conf.roundup_power2_divisions)
         self._max_split = conf.max_split_size
         self._max_non_split_rounding = conf.max_non_split_rounding
+        # Without expandable segments and garbage collection, malloc and free take the inlined common path.
+        self._plain = not conf.expandable_segments and not self._gc_on
         self._small = BlockPool(small=True)
         self._large = BlockPool(small=False)
         self._next_addr = 1 << 40
@@ -114,7 +116,43 @@ class CachingAllocatorModel:
         else:
             size = round_size(orig_size, conf)
         pool = self._small if size <= K_SMALL_SIZE else self._large
-        block = self._get_free_block(pool, size)
+        if self._plain:
+            # get_free_block + should_split + alloc_found_block inlined: no expandable block in the pools, no
+            # block ages to stamp.
+            order = pool.order
+            i = bisect_left(order, size << ADDR_BITS)
+            if i < len(order):
+                key = order[i]
+                found = key >> ADDR_BITS
+                mss = self._max_split
+                if (found < mss or size >= mss) and (size < mss or found < size + self._max_non_split_rounding):
+                    del order[i]
+                    blocks = pool.blocks
+                    block = blocks.pop(key & ADDR_MASK)
+                    remaining = found - size
+                    if remaining >= K_MIN_BLOCK_SIZE if pool.small else size < mss and remaining > K_SMALL_SIZE:
+                        rest = block
+                        block = Block(size, rest.addr, small=rest.small, seg=rest.seg)
+                        prev = rest.prev
+                        block.prev = prev
+                        if prev is not None:
+                            prev.next = block
+                        block.next = rest
+                        rest.prev = block
+                        rest.addr += size
+                        rest.size = remaining
+                        insort(order, remaining << ADDR_BITS | rest.addr)
+                        blocks[rest.addr] = rest
+                    block.allocated = True
+                    block.requested = orig_size
+                    allocated = self.allocated + block.size
+                    self.allocated = allocated
+                    if allocated > self.peak_allocated:
+                        self.peak_allocated = allocated
+                    return block
+            block = None
+        else:
+            block = self._get_free_block(pool, size)
         if block is None:
             alloc = allocation_size(size, conf)
             if self._gc_on:
@@ -141,7 +179,30 @@ class CachingAllocatorModel:
         assert block.allocated, "double free"
         block.allocated = False
         self.allocated -= block.size
-        self._free_block(block)
+        if not self._plain:
+            self._free_block(block)
+            return
+        # free_block + try_merge_blocks inlined: every block is mapped, no ages to stamp.
+        pool = self._small if block.small else self._large
+        order, blocks = pool.order, pool.blocks
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            del order[bisect_left(order, prev.size << ADDR_BITS | prev.addr)]
+            del blocks[prev.addr]
+            block.addr = prev.addr
+            block.size += prev.size
+            prev = block.prev = prev.prev
+            if prev is not None:
+                prev.next = block
+        if nxt is not None and not nxt.allocated:
+            del order[bisect_left(order, nxt.size << ADDR_BITS | nxt.addr)]
+            del blocks[nxt.addr]
+            block.size += nxt.size
+            nxt = block.next = nxt.next
+            if nxt is not None:
+                nxt.prev = block
+        insort(order, block.size << ADDR_BITS | block.addr)
+        blocks[block.addr] = block
 
     def empty_cache(self) -> None:
         """``emptyCache`` → ``release_cached_blocks``."""
