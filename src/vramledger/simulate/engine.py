@@ -91,7 +91,9 @@ class Replayer:
         self._sizes: dict[tuple[str, int], tuple[int, ...]] = {}
         self._size_plans: dict[str, tuple[list[SizeRule | None], list[int]]] = {}
         self._memo: dict[tuple[Any, ...], UnitStats] = {}
-        self._layouts: dict[tuple[object, ...], int] = {}  # free layout -> a small id: memo keys hash fast
+        # The parts of a memo key that are long tuples, each as a small id: keys then hash fast.
+        self._roots: dict[tuple[tuple[int, int], ...], int] = {}
+        self._layouts: dict[tuple[object, ...], int] = {}
         # Garbage collection reads the blocks' ages, which the free layout does not hold: no memo then.
         self._memo_on = conf.garbage_collection_threshold == 0.0
         self.replays = 0
@@ -133,7 +135,7 @@ class Replayer:
         model = CachingAllocatorModel(self.conf, capacity_bytes=self.capacity, device_total_bytes=self.device_total)
         live: dict[int, Any] = {}
         out: list[UnitStats] = []
-        root: tuple[tuple[int, int], ...] = ()
+        root = self._roots.setdefault((), len(self._roots))  # where the persistent tensors sit (its id): none yet
         layout: int | None = None  # the model's free layout (its id); unchanged by a memoised unit
         for unit in units:
             key = None
@@ -163,7 +165,8 @@ class Replayer:
                 break
             if unit.kind == "train" and unit.step == 1:
                 # Where the persistent tensors (weights, workspaces, optimizer state) sit: fixed from here on.
-                root = tuple(sorted((b.addr, b.size) for b in live.values() if b is not None))
+                placed = tuple(sorted((b.addr, b.size) for b in live.values() if b is not None))
+                root = self._roots.setdefault(placed, len(self._roots))
             if key is not None:
                 layout = self._layout_id(model)
                 if layout == key[-1]:
