@@ -20,6 +20,11 @@ stream (no cross-stream ``recordStream`` events, so no deferred frees); no CUDA 
 ``MemPool``s; no ``FreeCudaMemoryCallbacks`` (the registered IPC callback frees nothing in a single
 process); cudaMalloc segment addresses are synthetic and increasing, so ties between equal-size free blocks
 go to the older segment (real addresses are whatever the driver returns).
+
+Speed (a simulated run replays millions of events): without expandable segments and garbage collection,
+``malloc`` and ``free`` inline ``get_free_block``, ``should_split``, ``alloc_found_block``, ``free_block`` and
+``try_merge_blocks`` (no expandable block can be in the pools, no block age to stamp); every other setting goes
+through the methods below. ``tests/allocator/test_fast_path.py`` holds the two paths to the same decisions.
 """
 
 from __future__ import annotations
@@ -116,6 +121,7 @@ class CachingAllocatorModel:
         else:
             size = round_size(orig_size, conf)
         pool = self._small if size <= K_SMALL_SIZE else self._large
+        block: Block | None
         if self._plain:
             # get_free_block + should_split + alloc_found_block inlined: no expandable block in the pools, no
             # block ages to stamp.
