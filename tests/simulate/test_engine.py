@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import dataclasses
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from vramledger.allocator.conf import parse_alloc_conf
 from vramledger.allocator.replay import AllocEvent
 from vramledger.simulate.engine import Replayer, Unit
@@ -117,3 +120,29 @@ def test_evaluation_leaves_its_segment_unless_the_cache_is_emptied() -> None:
     emptied = Replayer(t).run([*units, Unit(kind="eval", step=1, lengths=(50,), empty_cache_after=True)])
     assert kept[-1].reserved_end_bytes == 90 * MiB and kept[-1].peak_reserved_bytes == 90 * MiB
     assert emptied[-1].reserved_end_bytes == 0 and emptied[-1].peak_reserved_bytes == 90 * MiB
+
+
+_rules = st.one_of(
+    st.none(),
+    st.builds(
+        SizeRule,
+        st.integers(1, 4 * MiB),
+        st.lists(st.tuples(st.integers(1, 8), st.integers(-1, 1)), max_size=2).map(tuple),
+    ),
+)
+
+
+@settings(max_examples=50, deadline=None)
+@given(
+    rules=st.lists(_rules, max_size=30), repeat=st.integers(1, 4), lengths=st.lists(st.integers(1, 5000), max_size=4)
+)
+def test_sizes_shared_across_repeated_rules_are_the_segments_own(
+    rules: list[SizeRule | None], repeat: int, lengths: list[int]
+) -> None:
+    # The replayer evaluates each distinct rule once per length (the layers repeat them): the sizes must be the
+    # segment's own, event by event (templates.Segment.sizes).
+    rules = rules * repeat
+    seg = _seg("fb", [(r is not None, i, r) for i, r in enumerate(rules)])
+    rep = Replayer(TEMPLATES)
+    for n in lengths:
+        assert rep._sizes_at(seg, n) == seg.sizes(n)

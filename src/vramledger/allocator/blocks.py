@@ -8,6 +8,10 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 
+ADDR_BITS = 64
+"""Addresses stay below ``2**ADDR_BITS`` (synthetic, from ``1 << 40`` up: ``CachingAllocatorModel._new_addr``)."""
+ADDR_MASK = (1 << ADDR_BITS) - 1
+
 
 class Block:
     """``struct Block``: a contiguous range of a segment, free or handed out."""
@@ -56,26 +60,36 @@ def splice(block: Block, before: Block | None, after: Block | None) -> None:
 
 
 class BlockPool:
-    """``struct BlockPool``: free mapped blocks ordered by (size, address), unmapped ones by address."""
+    """``struct BlockPool``: free mapped blocks ordered by (size, address), unmapped ones by address.
 
-    __slots__ = ("small", "keys", "blocks", "unmapped_addrs", "unmapped", "gc_calls")
+    The order is kept as one integer per block, ``size << ADDR_BITS | addr``: ints sort as the (size, address)
+    pairs do and compare several times faster than tuples in ``bisect`` (the replay's hottest call).
+    """
+
+    __slots__ = ("small", "order", "blocks", "unmapped_addrs", "unmapped", "gc_calls")
 
     def __init__(self, small: bool) -> None:
         self.small = small
-        self.keys: list[tuple[int, int]] = []  # sorted (size, addr): BlockComparatorSize for one stream
+        self.order: list[int] = []  # sorted size << ADDR_BITS | addr: BlockComparatorSize for one stream
         self.blocks: dict[int, Block] = {}
         self.unmapped_addrs: list[int] = []  # sorted: BlockComparatorAddress
         self.unmapped: dict[int, Block] = {}
         self.gc_calls = 0  # get_free_blocks_call_count
 
+    @property
+    def keys(self) -> list[tuple[int, int]]:
+        """The free mapped blocks as sorted (size, address) pairs."""
+        return [(k >> ADDR_BITS, k & ADDR_MASK) for k in self.order]
+
     def insert(self, b: Block) -> None:
         """``insert_into_blocks``: also stamps the block's age base for garbage collection."""
         b.gc_base = self.gc_calls
-        insort(self.keys, (b.size, b.addr))
+        insort(self.order, b.size << ADDR_BITS | b.addr)
         self.blocks[b.addr] = b
 
     def remove(self, b: Block) -> None:
-        del self.keys[bisect_left(self.keys, (b.size, b.addr))]
+        order = self.order
+        del order[bisect_left(order, b.size << ADDR_BITS | b.addr)]
         del self.blocks[b.addr]
 
     def add_unmapped(self, b: Block) -> None:

@@ -20,14 +20,19 @@ stream (no cross-stream ``recordStream`` events, so no deferred frees); no CUDA 
 ``MemPool``s; no ``FreeCudaMemoryCallbacks`` (the registered IPC callback frees nothing in a single
 process); cudaMalloc segment addresses are synthetic and increasing, so ties between equal-size free blocks
 go to the older segment (real addresses are whatever the driver returns).
+
+Speed (a simulated run replays millions of events): without expandable segments and garbage collection,
+``malloc`` and ``free`` inline ``get_free_block``, ``should_split``, ``alloc_found_block``, ``free_block`` and
+``try_merge_blocks`` (no expandable block can be in the pools, no block age to stamp); every other setting goes
+through the methods below. ``tests/allocator/test_fast_path.py`` holds the two paths to the same decisions.
 """
 
 from __future__ import annotations
 
-from bisect import bisect_left
+from bisect import bisect_left, insort
 from dataclasses import dataclass
 
-from vramledger.allocator.blocks import Block, BlockPool, splice
+from vramledger.allocator.blocks import ADDR_BITS, ADDR_MASK, Block, BlockPool, splice
 from vramledger.allocator.conf import (
     DEFAULT_CONF,
     K_MIN_BLOCK_SIZE,
@@ -82,6 +87,12 @@ class CachingAllocatorModel:
             self.allowed = int(conf.per_process_memory_fraction * total)
         self._va_size = (total + total // 8) if total is not None else _VA_UNBOUNDED
         self._gc_on = self.allowed is not None and conf.garbage_collection_threshold > 0.0
+        # The settings read on every call, read once (conf is frozen).
+        self._plain_rounding = all(d <= 1 for d in conf.roundup_power2_divisions)
+        self._max_split = conf.max_split_size
+        self._max_non_split_rounding = conf.max_non_split_rounding
+        # Without expandable segments and garbage collection, malloc and free take the inlined common path.
+        self._plain = not conf.expandable_segments and not self._gc_on
         self._small = BlockPool(small=True)
         self._large = BlockPool(small=False)
         self._next_addr = 1 << 40
@@ -103,11 +114,53 @@ class CachingAllocatorModel:
     def malloc(self, orig_size: int) -> Block | None:
         """``DeviceCachingAllocator::malloc``; ``None`` where torch raises ``OutOfMemoryError``."""
         conf = self.conf
-        size = round_size(orig_size, conf)
+        if orig_size < K_MIN_BLOCK_SIZE:
+            size = K_MIN_BLOCK_SIZE
+        elif self._plain_rounding:  # round_size without power-of-two divisions: a multiple of 512 B
+            size = -(-orig_size // K_MIN_BLOCK_SIZE) * K_MIN_BLOCK_SIZE
+        else:
+            size = round_size(orig_size, conf)
         pool = self._small if size <= K_SMALL_SIZE else self._large
-        alloc = allocation_size(size, conf)
-        block = self._get_free_block(pool, size)
+        block: Block | None
+        if self._plain:
+            # get_free_block + should_split + alloc_found_block inlined: no expandable block in the pools, no
+            # block ages to stamp.
+            order = pool.order
+            i = bisect_left(order, size << ADDR_BITS)
+            if i < len(order):
+                key = order[i]
+                found = key >> ADDR_BITS
+                mss = self._max_split
+                if (found < mss or size >= mss) and (size < mss or found < size + self._max_non_split_rounding):
+                    del order[i]
+                    blocks = pool.blocks
+                    block = blocks.pop(key & ADDR_MASK)
+                    remaining = found - size
+                    if remaining >= K_MIN_BLOCK_SIZE if pool.small else size < mss and remaining > K_SMALL_SIZE:
+                        rest = block
+                        block = Block(size, rest.addr, small=rest.small, seg=rest.seg)
+                        prev = rest.prev
+                        block.prev = prev
+                        if prev is not None:
+                            prev.next = block
+                        block.next = rest
+                        rest.prev = block
+                        rest.addr += size
+                        rest.size = remaining
+                        insort(order, remaining << ADDR_BITS | rest.addr)
+                        blocks[rest.addr] = rest
+                    block.allocated = True
+                    block.requested = orig_size
+                    allocated = self.allocated + block.size
+                    self.allocated = allocated
+                    if allocated > self.peak_allocated:
+                        self.peak_allocated = allocated
+                    return block
+            block = None
+        else:
+            block = self._get_free_block(pool, size)
         if block is None:
+            alloc = allocation_size(size, conf)
             if self._gc_on:
                 self._garbage_collect_cached_blocks()
             block = self._alloc_block(pool, size, alloc, is_retry=False)
@@ -125,14 +178,37 @@ class CachingAllocatorModel:
                     largest_free_block_bytes=self.largest_free_block(),
                 )
                 return None
-        return self._alloc_found_block(pool, block, size, orig_size, self._should_split(block, size))
+        return self._alloc_found_block(pool, block, size, orig_size)
 
     def free(self, block: Block) -> None:
         """``DeviceCachingAllocator::free`` (single stream: no events, straight to ``free_block``)."""
         assert block.allocated, "double free"
         block.allocated = False
         self.allocated -= block.size
-        self._free_block(block)
+        if not self._plain:
+            self._free_block(block)
+            return
+        # free_block + try_merge_blocks inlined: every block is mapped, no ages to stamp.
+        pool = self._small if block.small else self._large
+        order, blocks = pool.order, pool.blocks
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            del order[bisect_left(order, prev.size << ADDR_BITS | prev.addr)]
+            del blocks[prev.addr]
+            block.addr = prev.addr
+            block.size += prev.size
+            prev = block.prev = prev.prev
+            if prev is not None:
+                prev.next = block
+        if nxt is not None and not nxt.allocated:
+            del order[bisect_left(order, nxt.size << ADDR_BITS | nxt.addr)]
+            del blocks[nxt.addr]
+            block.size += nxt.size
+            nxt = block.next = nxt.next
+            if nxt is not None:
+                nxt.prev = block
+        insort(order, block.size << ADDR_BITS | block.addr)
+        blocks[block.addr] = block
 
     def empty_cache(self) -> None:
         """``emptyCache`` → ``release_cached_blocks``."""
@@ -140,7 +216,7 @@ class CachingAllocatorModel:
 
     def largest_free_block(self) -> int:
         """``cacheInfo``: the largest cached (free, mapped) block."""
-        return max((p.keys[-1][0] for p in (self._small, self._large) if p.keys), default=0)
+        return max((p.order[-1] >> ADDR_BITS for p in (self._small, self._large) if p.order), default=0)
 
     def free_layout(self) -> tuple[object, ...]:
         """Every cached block (size, address) of both pools, the unmapped ranges of expandable segments and the
@@ -164,52 +240,53 @@ class CachingAllocatorModel:
             return False
         self.reserved += nbytes
         self.num_device_alloc += 1
-        self.peak_reserved = max(self.peak_reserved, self.reserved)
+        if self.reserved > self.peak_reserved:
+            self.peak_reserved = self.reserved
         return True
 
     def _new_addr(self, size: int) -> int:
         addr = self._next_addr
         self._next_addr += size + K_SMALL_BUFFER  # a gap keeps segments apart
+        assert self._next_addr < 1 << ADDR_BITS, "address space of the model exhausted"
         return addr
 
     # ---- malloc path ---------------------------------------------------------------------------------------
     def _get_free_block(self, pool: BlockPool, size: int) -> Block | None:
         """``get_free_block``: smallest cached block ≥ size, with the oversize rules."""
-        conf = self.conf
         if self._gc_on:
             pool.gc_calls += 1
-        keys = pool.keys
-        i = bisect_left(keys, (size, -1))
-        if i == len(keys):
+        order, blocks = pool.order, pool.blocks
+        i = bisect_left(order, size << ADDR_BITS)
+        if i == len(order):
             return None
-        b = pool.blocks[keys[i][1]]
-        if b.expandable:
-            if conf.expandable_segments:
+        b = blocks[order[i] & ADDR_MASK]
+        if b.seg < 0:  # expandable
+            if self.conf.expandable_segments:
                 # Best fit counts the unmapped space after a block as room it can grow into.
                 def expandable_size(x: Block) -> int:
                     nxt = x.next
                     return x.size + (nxt.size if nxt is not None and not nxt.mapped else 0)
 
                 j = i + 1
-                while b.expandable and j < len(keys):
-                    nb = pool.blocks[keys[j][1]]
+                while b.expandable and j < len(order):
+                    nb = blocks[order[j] & ADDR_MASK]
                     if expandable_size(nb) >= expandable_size(b):
                         break
                     i, b, j = j, nb, j + 1
             else:
                 i += 1
-                while i < len(keys) and pool.blocks[keys[i][1]].expandable:
+                while i < len(order) and blocks[order[i] & ADDR_MASK].expandable:
                     i += 1
-                if i == len(keys):
+                if i == len(order):
                     return None
-                b = pool.blocks[keys[i][1]]
-        mss = conf.max_split_size
+                b = blocks[order[i] & ADDR_MASK]
+        mss = self._max_split
         if size < mss and b.size >= mss:  # "Do not return an oversized block for a large request"
             return None
-        if size >= mss and b.size >= size + conf.max_non_split_rounding:  # "rounded up but within a limit"
+        if size >= mss and b.size >= size + self._max_non_split_rounding:  # "rounded up but within a limit"
             return None
-        del keys[i]
-        del pool.blocks[b.addr]
+        del order[i]
+        del blocks[b.addr]
         return b
 
     def _should_split(self, block: Block, size: int) -> bool:
@@ -217,11 +294,12 @@ class CachingAllocatorModel:
         remaining = block.size - size
         if block.small or self.conf.expandable_segments:
             return remaining >= K_MIN_BLOCK_SIZE
-        return size < self.conf.max_split_size and remaining > K_SMALL_SIZE
+        return size < self._max_split and remaining > K_SMALL_SIZE
 
-    def _alloc_found_block(self, pool: BlockPool, block: Block, size: int, orig: int, split: bool) -> Block:
-        """``alloc_found_block``: cut ``size`` from the front of the block, return the rest to the pool."""
-        if split:
+    def _alloc_found_block(self, pool: BlockPool, block: Block, size: int, orig: int) -> Block:
+        """``alloc_found_block``: cut ``size`` from the front of the block if ``should_split``, return the rest
+        to the pool."""
+        if self._should_split(block, size):
             remaining = block
             block = Block(size, remaining.addr, small=pool.small, seg=remaining.seg)
             splice(block, remaining.prev, remaining)
@@ -231,7 +309,8 @@ class CachingAllocatorModel:
         block.allocated = True
         block.requested = orig
         self.allocated += block.size
-        self.peak_allocated = max(self.peak_allocated, self.allocated)
+        if self.allocated > self.peak_allocated:
+            self.peak_allocated = self.allocated
         return block
 
     def _alloc_block(self, pool: BlockPool, size: int, alloc: int, *, is_retry: bool) -> Block | None:
@@ -342,8 +421,11 @@ class CachingAllocatorModel:
     def _free_block(self, block: Block) -> None:
         """``free_block``: merge with free neighbours, then cache."""
         pool = self._small if block.small else self._large
-        for candidate in (block.prev, block.next):
-            self._try_merge(pool, block, candidate)
+        prev, nxt = block.prev, block.next
+        if prev is not None and not prev.allocated:
+            self._try_merge(pool, block, prev)
+        if nxt is not None and not nxt.allocated:
+            self._try_merge(pool, block, nxt)
         pool.insert(block)
 
     def _try_merge(self, pool: BlockPool, dst: Block, src: Block | None) -> int:
@@ -378,8 +460,8 @@ class CachingAllocatorModel:
     def _release_blocks(self, pool: BlockPool) -> None:
         """``release_blocks``: free every unsplit cached segment; unmap free pages of expandable segments."""
         to_unmap = []
-        for _, addr in list(pool.keys):
-            b = pool.blocks[addr]
+        for key in list(pool.order):
+            b = pool.blocks[key & ADDR_MASK]
             if b.expandable:
                 to_unmap.append(b)
             elif not b.is_split():
@@ -403,15 +485,15 @@ class CachingAllocatorModel:
         if mss is None:
             return False
         key = max(size, mss)
-        keys = pool.keys
-        i = bisect_left(keys, (key, -1))
-        if i == len(keys) or pool.blocks[keys[i][1]].expandable:
+        order = pool.order
+        i = bisect_left(order, key << ADDR_BITS)
+        if i == len(order) or pool.blocks[order[i] & ADDR_MASK].expandable:
             if i == 0:
                 return False
             released = 0
             i -= 1
-            while released < key and keys[i][0] >= mss:
-                cur = pool.blocks[keys[i][1]]
+            while released < key and order[i] >> ADDR_BITS >= mss:
+                cur = pool.blocks[order[i] & ADDR_MASK]
                 is_first = i == 0
                 if not is_first:
                     i -= 1
@@ -421,7 +503,7 @@ class CachingAllocatorModel:
                 if is_first:
                     break
             return released >= key
-        self._release_block(pool, pool.blocks[keys[i][1]])
+        self._release_block(pool, pool.blocks[order[i] & ADDR_MASK])
         return True
 
     def _garbage_collect_cached_blocks(self) -> None:
@@ -441,8 +523,8 @@ class CachingAllocatorModel:
         while reclaimed < target and freed and count > 0:
             age_threshold = total_age / count
             freed = False
-            for _, addr in list(pool.keys):
-                b = pool.blocks[addr]
+            for k in list(pool.order):
+                b = pool.blocks[k & ADDR_MASK]
                 age = pool.gc_calls - b.gc_base
                 if not b.is_split() and not b.expandable and age >= age_threshold:
                     freed = True

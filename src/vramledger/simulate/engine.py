@@ -23,7 +23,7 @@ from typing import Any
 
 from vramledger.allocator.conf import DEFAULT_CONF, AllocatorConf
 from vramledger.allocator.model import CachingAllocatorModel
-from vramledger.simulate.templates import Segment, StepTemplates
+from vramledger.simulate.templates import Segment, SizeRule, StepTemplates
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -89,17 +89,32 @@ class Replayer:
         self.capacity = capacity_bytes
         self.device_total = device_total_bytes
         self._sizes: dict[tuple[str, int], tuple[int, ...]] = {}
+        self._size_plans: dict[str, tuple[list[SizeRule | None], list[int]]] = {}
         self._memo: dict[tuple[Any, ...], UnitStats] = {}
+        # The parts of a memo key that are long tuples, each as a small id: keys then hash fast.
+        self._roots: dict[tuple[tuple[int, int], ...], int] = {}
+        self._layouts: dict[tuple[object, ...], int] = {}
         # Garbage collection reads the blocks' ages, which the free layout does not hold: no memo then.
         self._memo_on = conf.garbage_collection_threshold == 0.0
         self.replays = 0
         self.memo_hits = 0
 
     def _sizes_at(self, seg: Segment, length: int) -> tuple[int, ...]:
+        """``seg.sizes(length)``, each distinct rule of the segment evaluated once (the layers repeat them)."""
         key = (seg.name, length)
-        if key not in self._sizes:
-            self._sizes[key] = seg.sizes(length)
-        return self._sizes[key]
+        sizes = self._sizes.get(key)
+        if sizes is None:
+            plan = self._size_plans.get(seg.name)
+            if plan is None:
+                distinct: dict[SizeRule | None, int] = {}
+                index = [distinct.setdefault(r, len(distinct)) for r in seg.rules]
+                plan = self._size_plans[seg.name] = (list(distinct), index)
+            values = [r.at(length) if r is not None else 0 for r in plan[0]]
+            sizes = self._sizes[key] = tuple(map(values.__getitem__, plan[1]))
+        return sizes
+
+    def _layout_id(self, model: CachingAllocatorModel) -> int:
+        return self._layouts.setdefault(model.free_layout(), len(self._layouts))
 
     def _parts(self, unit: Unit) -> list[tuple[Segment, int]]:
         t, ref = self.t, self.t.reference_len
@@ -120,18 +135,14 @@ class Replayer:
         model = CachingAllocatorModel(self.conf, capacity_bytes=self.capacity, device_total_bytes=self.device_total)
         live: dict[int, Any] = {}
         out: list[UnitStats] = []
-        root: tuple[tuple[int, int], ...] = ()
+        root = self._roots.setdefault((), len(self._roots))  # where the persistent tensors sit (its id): none yet
+        layout: int | None = None  # the model's free layout (its id); unchanged by a memoised unit
         for unit in units:
             key = None
             if self._memo_on and unit.kind != "load" and unit.step > 1:
-                key = (
-                    root,
-                    unit.kind,
-                    unit.lengths,
-                    unit.empty_cache_before,
-                    unit.empty_cache_after,
-                    model.free_layout(),
-                )
+                if layout is None:
+                    layout = self._layout_id(model)
+                key = (root, unit.kind, unit.lengths, unit.empty_cache_before, unit.empty_cache_after, layout)
                 hit = self._memo.get(key)
                 if hit is not None:
                     self.memo_hits += 1
@@ -148,14 +159,18 @@ class Replayer:
                     )
                     continue
             stats = self._replay(model, live, unit)
+            layout = None
             out.append(stats)
             if stats.oom is not None:
                 break
             if unit.kind == "train" and unit.step == 1:
                 # Where the persistent tensors (weights, workspaces, optimizer state) sit: fixed from here on.
-                root = tuple(sorted((b.addr, b.size) for b in live.values() if b is not None))
-            if key is not None and model.free_layout() == key[-1]:
-                self._memo[key] = stats
+                placed = tuple(sorted((b.addr, b.size) for b in live.values() if b is not None))
+                root = self._roots.setdefault(placed, len(self._roots))
+            if key is not None:
+                layout = self._layout_id(model)
+                if layout == key[-1]:
+                    self._memo[key] = stats
         return out
 
     def _replay(self, model: CachingAllocatorModel, live: dict[int, Any], unit: Unit) -> UnitStats:
