@@ -33,6 +33,12 @@ SHAPES: tuple[run_grid.Row, ...] = (
     run_grid.Row("llama-3.2-1b", "lora", 1, 4096, True, "eager"),  # the fp32 scores the larger
     run_grid.Row("llama-3.2-1b", "lora", 1, 8192, True, "eager"),  # the bf16 scores too
     run_grid.Row("llama-3.2-1b", "lora", 1, 4128, True, "eager"),  # the same at a length off 2 MiB steps
+    run_grid.Row("llama-3.2-1b", "lora", 1, 2048, True, "eager"),  # saved inputs 8 MiB: under kMinLargeAlloc
+    run_grid.Row("llama-3.2-1b", "lora", 1, 1024, True, "eager"),  # scores 64 MiB, saved inputs 4 MiB
+    run_grid.Row("llama-3.2-1b", "lora", 2, 1024, True, "eager"),  # scores 128 MiB, saved inputs 8 MiB
+    run_grid.Row("llama-3.2-1b", "lora", 1, 512, True, "eager"),  # scores 16 MiB, saved inputs 2 MiB
+    run_grid.Row("llama-3.2-1b", "lora", 1, 448, True, "eager"),  # scores 12.25 MiB: just over kMinLargeAlloc
+    run_grid.Row("qwen3-1.7b", "lora", 1, 1024, True, "eager"),  # 16 heads: scores 32 MiB, saved inputs 4 MiB
 )
 
 
