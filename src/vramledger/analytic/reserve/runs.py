@@ -68,10 +68,18 @@ def peak_reserved(
     opt_peak = step_peak if opt_peak is None else opt_peak
     if at is None:
         return single_shape(m, train, p, loss_peak, step_peak, opt_peak, NONE)
+    parts_at = parts_of(at)
     if train.packing:
-        return single_shape(m, train, p, loss_peak, step_peak, opt_peak, on_at(m, train, p))
-    single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True))
+        return single_shape(m, train, p, loss_peak, step_peak, opt_peak, on_at(m, train, p), parts_at)
+    single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True), parts_at)
     return max(single, held_reserved(m, train, at, p))
+
+
+def parts_of(at: ShapePeaks) -> Callable[[TrainSpec], StepParts]:
+    """The step's parts alone at another shape, where the ``ShapePeaks`` offers them (analytic/step.py
+    ``_ShapePeaks.parts``: the moments at each shape cost more than the parts, and the searches visit hundreds)."""
+    parts: Callable[[TrainSpec], StepParts] | None = getattr(at, "parts", None)
+    return parts if parts is not None else (lambda t: at(t)[0])
 
 
 def on_at(m: ModelSpec, train: TrainSpec, p: StepParts) -> Switching:
@@ -131,7 +139,7 @@ def _shape_reserve(m: ModelSpec, shapeless: TrainSpec, b: int, ell: int, at: Sha
     share most of their edges."""
     t = shapeless.at_shape(b, ell)
     pt, loss, step, opt = at(t)
-    return single_shape(m, t, pt, loss, step, opt, on)
+    return single_shape(m, t, pt, loss, step, opt, on, parts_of(at))
 
 
 def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, Callable[[int, int], bool]]:
@@ -188,9 +196,7 @@ def _regions(
         # the states beside the chain at each shape; none at (B, L), where the room for them is the largest, means
         # none anywhere (and no step to compute at each shape)
         some = states_beside_chain(m, train, p) > 0
-        # the parts alone where the ShapePeaks offers them (analytic/step.py ``_ShapePeaks.parts``): a search visits
-        # hundreds of shapes, and the moments at each cost more than the parts
-        parts_at: Callable[[TrainSpec], StepParts] = getattr(at, "parts", None) or (lambda t: at(t)[0])
+        parts_at = parts_of(at)
         beside = (lambda t: states_beside_chain(m, t, parts_at(t))) if some else None
         grads = chain_gradients_at(m, train, at)
         counts = _relaid_counts(m, train.at_shape(1, 1), p.state_bytes, at, some)

@@ -4,6 +4,7 @@ give (``single_shape``), and the blocks stranded at the loss's backward peak (``
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.activations import computes_scores, residual_bytes
@@ -150,7 +151,9 @@ def _logits_hole(m: ModelSpec, train: TrainSpec) -> int:
     return c * m.vocab_size * train.tokens if (train.loss is Loss.STANDARD and c != 4) else 0
 
 
-def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+def _adapter_stranded(
+    m: ModelSpec, train: TrainSpec, p: StepParts, parts_at: Callable[[TrainSpec], StepParts] | None = None
+) -> int:
     """``stranded_bytes`` with adapters: under checkpointing, where the layers are modelled, the logits hole and the
     cache the checkpointed forward leaves free (``checkpointed_forward_cache``) in place of one layer's transients.
     Step 1's backward recomputes each layer after the loss has freed its logits chain, so it cuts a recomputed layer
@@ -158,10 +161,13 @@ def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     hold (none in the traced configs: bench/reserve/forward_cache_ckpt.jsonl); what is cached at step 2's loss peak
     is then what step 2's forward leaves of step 1's forward segments, and those segments. With eager attention,
     whose length² blocks outgrow the logits' as ℓ grows, what those blocks and the logits chain leave
-    (``eager_checkpointed_stranded``)."""
-    eager = eager_checkpointed_stranded(m, train, p, lambda t: _adapter_stranded(m, t, _parts_at(m, t)))
-    if eager is not None:
-        return eager
+    (``eager_checkpointed_stranded``), where the step at a shorter shape can be had (``parts_at``: runs.py passes
+    the ``ShapePeaks``' parts; a call without it, the distributed engines', gets the form above)."""
+    if parts_at is not None:
+        shorter = partial(_shorter_stranded, m, parts_at)
+        eager = eager_checkpointed_stranded(m, train, p, shorter)
+        if eager is not None:
+            return eager
     layers = checkpointed_forward_cache(m, train, p)
     if layers is None:
         return stranded_bytes(m, train, p)
@@ -169,11 +175,9 @@ def _adapter_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     return _logits_hole(m, train) + layers + unserved
 
 
-def _parts_at(m: ModelSpec, train: TrainSpec) -> StepParts:
-    """The step's parts at another shape (analytic/step.py imports this package: imported here when needed)."""
-    from vramledger.analytic.step import step_parts
-
-    return step_parts(m, train)
+def _shorter_stranded(m: ModelSpec, parts_at: Callable[[TrainSpec], StepParts], t: TrainSpec) -> int:
+    """``_adapter_stranded`` at the shape ``t``, with the step's parts there."""
+    return _adapter_stranded(m, t, parts_at(t), parts_at)
 
 
 def _segment_rest(block: int) -> int:
@@ -194,8 +198,10 @@ def single_shape(
     step_peak: int,
     opt_peak: int,
     on: Switching,
+    parts_at: Callable[[TrainSpec], StepParts] | None = None,
 ) -> int:
-    """Peak reserved of a steady-state step at one shape: the largest of these lower bounds.
+    """Peak reserved of a steady-state step at one shape: the largest of these lower bounds (``parts_at``: the step's
+    parts at another shape, for the terms that look at shorter ones).
 
     CUDACachingAllocator.cpp never releases a segment during training and serves a request only from a cached
     block at least as large (``get_free_block``, best fit; segments never merge), so reserved is the sum of the
@@ -232,7 +238,7 @@ def single_shape(
     """
     wb = p.weights
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
-        stranded = _adapter_stranded(m, train, p)
+        stranded = _adapter_stranded(m, train, p, parts_at)
         lost = workspace_lost(m, train, p) if on.workspace else 0
         rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
         cached = adapter_forward_cache(m, train, p) + spilled_chain_blocks(m, train, p, workspace_lost=bool(lost))
