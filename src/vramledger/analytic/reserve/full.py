@@ -285,20 +285,19 @@ def relaid_counted(
     activation blocks, which the estimate does not model (replay_states.jsonl: Qwen2.5-0.5B 16 × 256 one block,
     Qwen2.5-1.5B 8 × 512 three): there the bound stays. The count falls as the shape grows, so a run with dynamic
     padding counts it at the longest shapes ≤ (B, L) where it is at least 1, 2, … (``relaid_regions``,
-    ``held_reserved``); a packed run keeps the bound. As in ``relaid_bytes``, where a 4·V·T request is no larger
-    than the V·H gradient it finds a freed gradient block instead (0 then). ``beside``: the states best fit puts
-    outside the chain where step 2's loss peak has free blocks for them (shape.py ``states_beside_chain``), left
-    out of the count; ``workspace``: the backward workspace sits in the fp32 copy's block (shape.py
-    ``workspace_in_chain``), which step 2 then makes again whole, at least; ``grads``: the gradients step 1's
-    backward cut from the chain before the states came (``gradients_in_chain``), counted with the states as if they
-    fill the blocks first: the states start where they stop. An over-count where the gradients alone fill a whole
-    block, which ``zero_grad`` frees before step 2 (G past the outside room by more than a block).
+    ``held_reserved``); a packed run counts it at its one shape (``on_at``). As in ``relaid_bytes``, where a 4·V·T
+    request is no larger than the V·H gradient it finds a freed gradient block instead (0 then). ``beside``: the states
+    best fit puts outside the chain where step 2's loss peak has free blocks for them (shape.py
+    ``states_beside_chain``), left out of the count; ``workspace``: the backward workspace sits in the fp32 copy's block
+    (shape.py ``workspace_in_chain``), which step 2 then makes again whole, at least; ``grads``: the gradients step 1's
+    backward cut from the chain before the states came (``gradients_in_chain``), counted with the states as if they fill
+    the blocks first: the states start where they stop. An over-count where the gradients alone fill a whole block,
+    which ``zero_grad`` frees before step 2 (G past the outside room by more than a block).
 
-    An optimizer without states (SGD without momentum) puts nothing in the chain, but the backward
-    workspace's block is made again all the same: Qwen3-0.6B full, SGD, bf16-mixed, checkpointing, 2 × 1024 (c·I·T
-    12 MiB, 4·H·T 8 MiB, both under the 32 MiB workspace): the workspace sits in the fp32 copy's block from step 1's
-    backward and step 2's ``_log_softmax_backward_data`` makes a 1.16 GiB segment (8.89 GiB replayed, 7.67
-    estimated without it).
+    An optimizer without states (SGD without momentum) puts nothing in the chain, but the backward workspace's block is
+    made again all the same: Qwen3-0.6B full, SGD, bf16-mixed, checkpointing, 2 × 1024 (c·I·T 12 MiB, 4·H·T 8 MiB, both
+    under the 32 MiB workspace): the workspace sits in the fp32 copy's block from step 1's backward and step 2's
+    ``_log_softmax_backward_data`` makes a 1.16 GiB segment (8.89 GiB replayed, 7.67 estimated without it).
     """
     hole, blocks = remade_blocks(m, train)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes

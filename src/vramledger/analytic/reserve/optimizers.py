@@ -70,8 +70,8 @@ def fused_relaid_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callabl
     """Where ``_relaid_without_temporaries`` is on: 4·V·b·ℓ no larger than the head's V·H gradient, for full
     fine-tuning with states and no step temporaries under the standard loss (None: never). Beyond that edge the
     block is no longer made again (``relaid_bytes`` takes over with its own count), so the figure falls as the shape
-    grows: a run with dynamic padding holds it from its shorter shapes (runs.py), a packed run leaves it out
-    (Qwen2.5-0.5B, fp32, fused AdamW, 1 × 449: 8.69 GiB reserved, where 1 × 897 gave 8.59)."""
+    grows: a run with dynamic padding holds it from its shorter shapes (runs.py), a packed run counts it where it
+    is on at its shape (Qwen2.5-0.5B, fp32, fused AdamW, 1 × 449: 8.69 GiB reserved, where 1 × 897 gave 8.59)."""
     wb = p.weights
     if p.step_temp_bytes or not p.state_bytes or train.adapters or train.loss is not Loss.STANDARD:
         return None
@@ -92,7 +92,7 @@ def checkpointed_forward_switch(m: ModelSpec, train: TrainSpec, p: StepParts) ->
     block (c·I·b·ℓ, ckpt_forward.py ``forward_block_width``) under an MLP matrix's per-parameter tensor (b·H·I, as
     held_activations.py ``mlp_tensors_unfit``; None: never).
     Beyond that edge the MLP gradients fit the transients' blocks, and the bound falls as the shape grows: a run with
-    dynamic padding holds it from its shorter shapes (runs.py), a packed run leaves it out."""
+    dynamic padding holds it from its shorter shapes (runs.py), a packed run counts it where it is on at its shape."""
     wb = p.weights
     if not train.grad_ckpt or p.step_temp_bytes or train.adapters or computes_scores(m, train):
         return None
@@ -144,7 +144,8 @@ def casts_unused(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 # the analytic loss bound (loss peak + stranded) is 3.6·t to 3.8·t at every length from 2 × 1024 to 2 × 1984 (the
 # bound over-counts the checkpointed layer's transients by about 0.4·t), 3.6·t to 4.7·t below, 0.6·t at 2 × 2048.
 # It switches off as the shape grows, like the three mechanisms above (``Switching.temporaries``): a packed run's
-# estimate leaves it out, a run with dynamic padding holds it at the edge of the shapes where it is on.
+# estimate counts it where it is on at its shape, a run with dynamic padding holds it at the edge of the shapes
+# where it is on.
 
 
 def temporaries_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:

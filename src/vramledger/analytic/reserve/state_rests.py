@@ -45,7 +45,8 @@ GB of them is free at step 2's peak (4.0 GB counted); at 906 (57 segments: the k
 a q state) and 937 (35: the 13.5 MiB rests are larger than the residual stream's 12 MiB blocks) 0.84 and 0.24 GB,
 not modelled (the estimate is within 3% of the replay there without it). The set is a band of lengths, not closed
 downwards: a run with dynamic padding holds it at the longest shape ≤ (b, L) where it is on (runs.py), a packed run
-leaves it out. Of the catalogue's models up to 8B, only Qwen2.5-1.5B (bf16-mixed, 3628 to 3744 tokens a micro-batch)
+counts it where it is on at its shape (``on_at``). Of the catalogue's models up to 8B, only Qwen2.5-1.5B (bf16-mixed,
+3628 to 3744 tokens a micro-batch)
 meets every condition at some shape; elsewhere some segments hold a state and the estimate leaves them out.
 """
 
