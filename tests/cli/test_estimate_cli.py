@@ -120,6 +120,29 @@ def test_unknown_model_suggests_close_names(capsys: pytest.CaptureFixture[str]) 
     assert "did you mean" in err and "llama-3.1-8b" in err
 
 
+@pytest.mark.parametrize(
+    ("argv", "hint"),
+    [
+        (["estimate", "llama-3.1-8b", "--seq-len", "4096"], "--seq-len: did you mean --seq? (see `vramledger estimate"),
+        (["fit", "llama-3.1-8b", "--batch-size=4"], "--batch-size: did you mean --batch? (see `vramledger fit --help`)"),
+        (["plan", "llama-3.1-8b", "--grad-checkpointing"], "did you mean --grad-ckpt?"),
+    ],
+)
+def test_a_mistyped_flag_names_the_commands_closest_one(
+    capsys: pytest.CaptureFixture[str], argv: list[str], hint: str
+) -> None:
+    """Flags as other tools spell them (``--seq-len``, ``--batch-size``) get the command's own flag, one line."""
+    code, _, err = run(capsys, *argv)
+    assert code == 2 and err.count("\n") == 1
+    assert hint in err
+
+
+def test_a_flag_far_from_every_known_one_gets_no_guess(capsys: pytest.CaptureFixture[str]) -> None:
+    _, _, err = run(capsys, "estimate", "llama-3.1-8b", "--lr", "1e-4")
+    assert "unrecognized arguments: --lr 1e-4 (see `vramledger estimate --help`)" in err
+    assert "did you mean" not in err
+
+
 def test_malformed_config_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "config.json"
     bad.write_text('{"model_type": "llama", "hidden_size": ')

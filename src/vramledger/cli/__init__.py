@@ -52,6 +52,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
+    """The subcommand's own parser (its options are what a mistyped flag is compared with)."""
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps its subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            return action.choices[command]
+    return parser
+
+
+def _unrecognized(extra: Sequence[str], parser: argparse.ArgumentParser) -> str:
+    """argparse's "unrecognized arguments" line, with the closest flag of the command for each mistyped one."""
+    import difflib
+
+    known = [o for a in parser._actions for o in a.option_strings if o.startswith("--")]  # noqa: SLF001
+    hints = []
+    for arg in extra:
+        flag = arg.split("=", 1)[0]
+        close = difflib.get_close_matches(flag, known, n=1, cutoff=0.7) if flag.startswith("--") else []
+        if close:
+            hints.append(f"{flag}: did you mean {close[0]}?")
+    hint = f"; {'; '.join(hints)}" if hints else ""
+    return f"unrecognized arguments: {' '.join(extra)}{hint} (see `{parser.prog} --help`)"
+
+
 def _one_line(message: str) -> str:
     """The message with every control character escaped: what the user typed may hold newlines or \\x1e."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
@@ -68,7 +91,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vramledger.cli.common import check_outputs
 
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:
+            raise VramledgerError(_unrecognized(extra, _command_parser(parser, args.command)))
         check_outputs(args)
         code = int(args.run(args) or EXIT_OK)
         if getattr(args, "notes", ()):  # set by resolve_inputs: printed once the command has answered

@@ -106,7 +106,12 @@ def add_model_options(p: argparse.ArgumentParser) -> None:
 
 def add_train_options(p: argparse.ArgumentParser) -> None:
     """Flags that describe the training setup (same for estimate, trace, fit, plan, measure)."""
-    g = p.add_argument_group("training setup")
+    g = p.add_argument_group(
+        "training setup",
+        "Flags override --config and --preset. What no flag sets comes from the config, else from the preset "
+        "(llamafactory unless --preset says otherwise: LoRA rank 8 on all linear layers, checkpointing on, "
+        "adamw_torch_fused, bf16-mixed); each '(default …)' below is vramledger's bare one, --preset none.",
+    )
     g.add_argument("--method", type=name, help="full | freeze | lora | qlora (default lora)")
     g.add_argument("--lora-rank", type=count(what="rank"), help="LoRA rank r (default 16)")
     g.add_argument(
