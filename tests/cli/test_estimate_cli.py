@@ -190,3 +190,13 @@ def test_instant_path_imports_no_torch() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, env={"PYTHONPATH": src, "PATH": "/usr/bin:/bin"}
     )
     assert res.returncode == 0, res.stderr
+
+
+def test_settings_list_what_the_flags_changed_and_only_what_applies(capsys: pytest.CaptureFixture[str]) -> None:
+    """``--zero 3`` clears FSDP only where the setup had it; full fine-tuning has no LoRA settings to list."""
+    code, out, _ = run(capsys, "estimate", "llama-3.1-8b", "--method", "full", "--world-size", "8", "--zero", "3")
+    block = out.split("settings:\n", 1)[1].split("\n\n", 1)[0]
+    settings = [line.split()[0] for line in block.splitlines() if line.startswith("  ") and line[2] != " "]
+    assert code == 0
+    assert "zero_stage" in settings and "world_size" in settings
+    assert "fsdp" not in settings and "lora" not in settings

@@ -445,7 +445,11 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
             changes["method"] = Method.QLORA
     if getattr(args, "legacy_bitsandbytes", None) and changes.get("method", base.method) is not Method.QLORA:
         raise VramledgerError("--legacy-bitsandbytes: only for a 4-bit base; add --method qlora")
-    changes.update(distributed_changes(args))
+    dist = distributed_changes(args)
+    for key, flag in (("fsdp", "fsdp"), ("zero_stage", "zero")):  # the other flag's implied companion
+        if key in dist and getattr(args, flag, None) is None and dist[key] == getattr(base, key):
+            del dist[key]  # --zero 3 clears an FSDP the setup never had: nothing the flags changed
+    changes.update(dist)
     if getattr(args, "peft_config", None) is not None:
         from vramledger.adapters.peft_config import flag_changes
 
@@ -480,8 +484,8 @@ def resolve_inputs(args: argparse.Namespace) -> Inputs:
     if changes.get("method", start.train.method) is not Method.QLORA and "method" in changes:
         changes.setdefault("quant", None)  # leaving QLoRA drops the quantised base
     train = dataclasses.replace(start.train, **changes)
-    if train.peft_type not in (None, "LORA"):  # a PEFT method from --peft-config: the LoRA settings do not apply
-        start.provenance.pop("lora", None)
+    if train.peft_type not in (None, "LORA") or train.method not in (Method.LORA, Method.QLORA):
+        start.provenance.pop("lora", None)  # another PEFT method, or no adapters: the LoRA settings do not apply
     gpu = resolve_gpu(args.gpu) if getattr(args, "gpu", None) is not None else None
     headroom = check_headroom(DEFAULT_HEADROOM if getattr(args, "headroom", None) is None else args.headroom)
     model = _resolve_model(args, start.model_name)
