@@ -124,7 +124,7 @@ def test_unknown_model_suggests_close_names(capsys: pytest.CaptureFixture[str]) 
     ("argv", "hint"),
     [
         (["estimate", "llama-3.1-8b", "--seq-len", "4096"], "--seq-len: did you mean --seq? (see `vramledger estimate"),
-        (["fit", "llama-3.1-8b", "--batch-size=4"], "--batch-size: did you mean --batch? (see `vramledger fit --help`)"),
+        (["fit", "llama-3.1-8b", "--batch-size=4"], "--batch-size: did you mean --batch? (see `vramledger fit"),
         (["plan", "llama-3.1-8b", "--grad-checkpointing"], "did you mean --grad-ckpt?"),
     ],
 )
