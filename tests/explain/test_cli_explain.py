@@ -43,6 +43,19 @@ def test_a_pasted_message(capsys: pytest.CaptureFixture[str]) -> None:
     assert max(len(line) for line in out.splitlines()) <= 100
 
 
+def test_fragmentation_without_a_setup_still_names_its_fix(capsys: pytest.CaptureFixture[str]) -> None:
+    """The cache held 4.84 GiB free for a 3.00 GiB request (kerrj/lerf#73): expandable segments need no setup;
+    the remedies priced against a setup wait for --config, and the message says so."""
+    _, out, _ = run(capsys, "explain", LERF, "--json")
+    fixes = json.loads(out)["fixes"]
+    assert [f["keys"] for f in fixes] == [{"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"}]
+    assert fixes[0]["memory_saved_bytes"] is None
+    _, text, _ = run(capsys, "explain", LERF)
+    assert "pass --config" in text
+    _, old, _ = run(capsys, "explain", OLD, "--json")
+    assert json.loads(old)["fixes"] == []  # the driver refused: no allocator setting helps
+
+
 def test_json_has_the_documented_keys(capsys: pytest.CaptureFixture[str]) -> None:
     code, out, _ = run(capsys, "explain", OLD, "--json")
     data = json.loads(out)

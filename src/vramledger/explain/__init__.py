@@ -22,7 +22,7 @@ from typing import Any
 from vramledger.errors import VramledgerError
 from vramledger.explain.attribute import attribute, recorded_categories, traced_allocs
 from vramledger.explain.oom_message import parse_message
-from vramledger.explain.postmortem import Evidence, PostMortem, compare, diagnose, shortfall
+from vramledger.explain.postmortem import Diagnosis, Evidence, PostMortem, compare, diagnose, shortfall
 from vramledger.explain.snapshot import decode, facts, failed_device, is_snapshot
 from vramledger.specs import GPUSpec, ModelSpec, TrainSpec
 
@@ -231,10 +231,11 @@ def explain(
     if (model is None or train is None) and ev.recorded_setup is not None:
         model, train = setup_from_record(ev.recorded_setup["specs"], ev.source)
         fmt = ev.recorded_setup.get("fmt") or ""
-    if model is None or train is None:
-        return pm
+    from vramledger.explain.fixes import expandable_fix, priced_fixes
+
+    if model is None or train is None:  # no setup to price remedies on; fragmentation's fix needs none
+        return replace(pm, fixes=(expandable_fix(),)) if pm.diagnosis is Diagnosis.FRAGMENTATION else pm
     from vramledger.analytic import estimate
-    from vramledger.explain.fixes import priced_fixes
 
     if gpu is None and pm.capacity_bytes:
         name = str((ev.recorded_setup or {}).get("device") or "GPU of the evidence")

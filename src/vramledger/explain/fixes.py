@@ -58,6 +58,16 @@ def training_arguments_fields() -> frozenset[str] | None:
     return frozenset(f.name for f in dataclasses.fields(TrainingArguments))
 
 
+def expandable_fix() -> Fix:
+    """The fix for fragmentation, whatever the setup: segments that grow in place instead of new ones."""
+    return Fix(
+        title="allocator: expandable segments",
+        change=EXPANDABLE_FIX,
+        keys={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
+        price=EXPANDABLE_PRICE,
+    )
+
+
 def priced_fixes(
     model: ModelSpec,
     train: TrainSpec,
@@ -78,14 +88,7 @@ def priced_fixes(
     allowed = training_arguments_fields() if fmt == "hf" else None
     out: list[Fix] = []
     if diagnosis is Diagnosis.FRAGMENTATION:
-        out.append(
-            Fix(
-                title="allocator: expandable segments",
-                change=EXPANDABLE_FIX,
-                keys={"PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True"},
-                price=EXPANDABLE_PRICE,
-            )
-        )
+        out.append(expandable_fix())
     p = plan(model, train, gpu, headroom)
     alone = sorted(
         (

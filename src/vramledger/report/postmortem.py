@@ -172,7 +172,12 @@ def render_postmortem(pm: PostMortem) -> str:
                         f"{'-' if got is None else fmt_bytes(got):>12}"
                     )
     if pm.fixes:
-        lines += ["", "cheapest fixes (priced by `vramledger plan`; memory saved against your setup)"]
+        lines += [
+            "",
+            "cheapest fixes (priced by `vramledger plan`; memory saved against your setup)"
+            if pm.comparison is not None
+            else "fix (pass --config or the setup's flags for remedies priced against your setup)",
+        ]
         for i, f in enumerate(pm.fixes, 1):
             saved = "" if f.memory_saved_bytes is None else f"saves {fmt_bytes(f.memory_saved_bytes)}, "
             cost = "" if f.time_cost_s is None else f"{f.time_cost_s:+.2f} s per optimizer step, "
