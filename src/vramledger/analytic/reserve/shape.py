@@ -104,13 +104,19 @@ def _full_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 
 
 def workspace_in_chain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Full fine-tuning under checkpointing: whether the backward thread's cuBLAS workspace is cut from an fp32
-    logits block in step 1 (freeze.py ``workspace_in_logits``: no block forward freed, a checkpointed layer's c·I·T
-    MLP intermediates or the fp32 norm intermediates, holds it), so that step 2 makes that block again whatever the
-    states reach (the 2-layer toy 8 × 1024: c·I·T = 22 MiB under the 32 MiB workspace, 218 MiB of the copy's 250 MiB
-    block free at step 2's peak and one fp32 block made again, with every state outside the chain). Without
-    checkpointing not counted for full fine-tuning (no replay of it in the grid)."""
-    return train.grad_ckpt and workspace_in_logits(m, train, p)
+    """Full fine-tuning: whether the backward thread's cuBLAS workspace is cut from an fp32 logits block in step 1
+    (freeze.py ``workspace_in_logits``: no block forward freed, the fp32 norm intermediates or, under checkpointing, a
+    layer's c·I·T MLP intermediates, holds it), so that step 2 makes that block again whatever the states reach.
+
+    Under checkpointing: the 2-layer toy 8 × 1024 (c·I·T = 22 MiB under the 32 MiB workspace, 218 MiB of the copy's
+    250 MiB block free at step 2's peak and one fp32 block made again, with every state outside the chain). Without
+    checkpointing the saved activations are not freed in forward, and the fp32 norm intermediates (4·H·T) are the
+    only rival: the same toy at 16 × 512 (bf16-true) and 2 × 4096 (4·H·T = 16 MiB) puts the workspace in the copy's
+    250 MiB block and step 2's ``_log_softmax_backward_data`` makes a 250 MiB segment (218 MiB of the copy's block
+    free at step 2's peak; the estimate was 10.5% and 8.0% under the replay without it). A trace with transformers'
+    4-D boolean mask built (the padded path) does the same: the mask's 32 MiB blocks are freed early in forward, and
+    the later layers' saved activations are cut from them before backward."""
+    return workspace_in_logits(m, train, p)
 
 
 def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
