@@ -59,11 +59,6 @@ PADDED_FULL = (
     "docs/reserve.md, bf16-true full fine-tuning without checkpointing"
 )
 TINY = "a 2-layer toy model: segments of 20 MiB for requests under 10 MiB dominate its cache"
-TINY_CKPT = (
-    "a 2-layer toy model under checkpointing: left out are the live fp32 logits blocks' 2 MiB segment rests (3 × 1.5 "
-    "MiB; counted for the cached hole and the workspace's block only, since with the analytic loss peak they fall and "
-    "rise with T) and the load's tails above c·H·T, which hold saved inputs beside free rests (8.3 MiB)"
-)
 TIED_OVER = (
     "every saved activation held (its 6 MiB MLP blocks share 20 MiB segments, where the earlier term stays), but the "
     "replay keeps 0.2 GiB of the forward's segments free at step 1's optimizer peak (its 12 MiB MLP tensors fit them) "
@@ -127,7 +122,6 @@ KNOWN_MISSES: dict[str, str] = {
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
     "tiny/full/b1/L256/nockpt/sdpa": TINY,
     "tiny/lora/b2/L256/nockpt/eager": TINY,
-    "tiny/lora/b1/L2048/ckpt/sdpa": TINY_CKPT,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen2.5-1.5b/full/b8/L512/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
@@ -139,9 +133,7 @@ KNOWN_MISSES: dict[str, str] = {
 PACKED_MISSES: dict[str, str] = {
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
     "tiny/full/b1/L256/nockpt/sdpa": TINY,
-    "tiny/lora/b4/L512/nockpt/sdpa": TINY,
     "tiny/lora/b2/L256/nockpt/eager": TINY,
-    "tiny/lora/b1/L2048/ckpt/sdpa": TINY_CKPT,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,

@@ -188,11 +188,15 @@ def _shorter_stranded(m: ModelSpec, parts_at: Callable[[TrainSpec], StepParts], 
 
 def _segment_rest(block: int) -> int:
     """What a block of at least 10 MiB leaves of the segment made for it: ``get_allocation_size`` rounds it up to
-    2 MiB (kRoundLarge). Counted for the whole segments cached at the loss's peak with adapters, the logits hole and
-    the fp32 block the backward workspace took: the block's bytes and its rest add up to the segment, which never
-    shrinks as T grows (the rests of the live blocks are left out: which of them the analytic loss peak counts is
-    not known here, and their rests alone fall and rise with T). Up to 2 MiB each: felt only by small models (the
-    2-layer toy of bench/reserve/ 1 × 2048: a 31.25 MiB hole in 32 MiB, 62.5 MiB fp32 blocks in 64 MiB)."""
+    2 MiB (kRoundLarge). Counted with adapters for the whole segments cached at the loss's peak (the logits hole and
+    the fp32 block the backward workspace took) and for the three fp32 logits blocks live at backward's peak (the
+    log-softmax output and the two gradients of ``nll_loss_backward`` and ``_log_softmax_backward_data``): each is a
+    segment of its own, so its rest is cached and free there, and no request of the loss's size fits it. A live
+    block's bytes are in the loss's peak and its rest on top: the two add up to its segment, which never shrinks as T
+    grows. Up to 2 MiB each: felt only by small models (the 2-layer toy of bench/reserve/: at 1 × 2048 and 4 × 512 a
+    31.25 MiB hole in 32 MiB and 62.5 MiB fp32 blocks in 64 MiB, 1.5 MiB free in each of the three live ones at
+    step 2's peak; without them −3.0% and −3.9% packed). Under 10 MiB the segment is kLargeBuffer's 20 MiB, shared
+    with whatever else best fit cuts from it, and is not counted here."""
     return -(-block // K_ROUND_LARGE) * K_ROUND_LARGE - block if block >= K_MIN_LARGE_ALLOC else 0
 
 
@@ -214,8 +218,8 @@ def single_shape(
     segments made so far:
 
     1. at step 2's loss peak, the stranded blocks (``stranded_bytes``; full fine-tuning under checkpointing
-       ``_full_stranded``; with adapters ``_adapter_stranded``, and the 2 MiB rests of the whole segments cached
-       there, ``_segment_rest``) are cached on top of ``loss_peak``, less
+       ``_full_stranded``; with adapters ``_adapter_stranded``, and the 2 MiB rests of the logits chain's
+       segments, ``_segment_rest``) are cached on top of ``loss_peak``, less
        the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
        activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
        own segments, which no activation fits (``temporaries_unused_by_activations``), and where step 1's states
@@ -246,7 +250,8 @@ def single_shape(
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         stranded = _adapter_stranded(m, train, p, parts_at)
         lost = workspace_lost(m, train, p) if on.workspace else 0
-        rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
+        fp32 = logits_blocks(m, train)[-3:]  # live at backward's peak
+        rests = _segment_rest(_logits_hole(m, train)) + sum(map(_segment_rest, fp32 + fp32[:1] if lost else fp32))
         cached = adapter_forward_cache(m, train, p) + spilled_chain_blocks(m, train, p, workspace_lost=bool(lost))
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p) + rests
