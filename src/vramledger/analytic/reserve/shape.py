@@ -104,13 +104,19 @@ def _full_stranded(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 
 
 def workspace_in_chain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Full fine-tuning under checkpointing: whether the backward thread's cuBLAS workspace is cut from an fp32
-    logits block in step 1 (freeze.py ``workspace_in_logits``: no block forward freed, a checkpointed layer's c·I·T
-    MLP intermediates or the fp32 norm intermediates, holds it), so that step 2 makes that block again whatever the
-    states reach (the 2-layer toy 8 × 1024: c·I·T = 22 MiB under the 32 MiB workspace, 218 MiB of the copy's 250 MiB
-    block free at step 2's peak and one fp32 block made again, with every state outside the chain). Without
-    checkpointing not counted for full fine-tuning (no replay of it in the grid)."""
-    return train.grad_ckpt and workspace_in_logits(m, train, p)
+    """Full fine-tuning: whether the backward thread's cuBLAS workspace is cut from an fp32 logits block in step 1
+    (freeze.py ``workspace_in_logits``: no block forward freed, the fp32 norm intermediates or, under checkpointing, a
+    layer's c·I·T MLP intermediates, holds it), so that step 2 makes that block again whatever the states reach.
+
+    Under checkpointing: the 2-layer toy 8 × 1024 (c·I·T = 22 MiB under the 32 MiB workspace, 218 MiB of the copy's
+    250 MiB block free at step 2's peak and one fp32 block made again, with every state outside the chain). Without
+    checkpointing the saved activations are not freed in forward, and the fp32 norm intermediates (4·H·T) are the
+    only rival: the same toy at 16 × 512 (bf16-true) and 2 × 4096 (4·H·T = 16 MiB) puts the workspace in the copy's
+    250 MiB block and step 2's ``_log_softmax_backward_data`` makes a 250 MiB segment (218 MiB of the copy's block
+    free at step 2's peak; the estimate was 10.5% and 8.0% under the replay without it). A trace with transformers'
+    4-D boolean mask built (the padded path) does the same: the mask's 32 MiB blocks are freed early in forward, and
+    the later layers' saved activations are cut from them before backward."""
+    return workspace_in_logits(m, train, p)
 
 
 def _recomputed_layer(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -182,11 +188,15 @@ def _shorter_stranded(m: ModelSpec, parts_at: Callable[[TrainSpec], StepParts], 
 
 def _segment_rest(block: int) -> int:
     """What a block of at least 10 MiB leaves of the segment made for it: ``get_allocation_size`` rounds it up to
-    2 MiB (kRoundLarge). Counted for the whole segments cached at the loss's peak with adapters, the logits hole and
-    the fp32 block the backward workspace took: the block's bytes and its rest add up to the segment, which never
-    shrinks as T grows (the rests of the live blocks are left out: which of them the analytic loss peak counts is
-    not known here, and their rests alone fall and rise with T). Up to 2 MiB each: felt only by small models (the
-    2-layer toy of bench/reserve/ 1 × 2048: a 31.25 MiB hole in 32 MiB, 62.5 MiB fp32 blocks in 64 MiB)."""
+    2 MiB (kRoundLarge). Counted with adapters for the whole segments cached at the loss's peak (the logits hole and
+    the fp32 block the backward workspace took) and for the three fp32 logits blocks live at backward's peak (the
+    log-softmax output and the two gradients of ``nll_loss_backward`` and ``_log_softmax_backward_data``): each is a
+    segment of its own, so its rest is cached and free there, and no request of the loss's size fits it. A live
+    block's bytes are in the loss's peak and its rest on top: the two add up to its segment, which never shrinks as T
+    grows. Up to 2 MiB each: felt only by small models (the 2-layer toy of bench/reserve/: at 1 × 2048 and 4 × 512 a
+    31.25 MiB hole in 32 MiB and 62.5 MiB fp32 blocks in 64 MiB, 1.5 MiB free in each of the three live ones at
+    step 2's peak; without them −3.0% and −3.9% packed). Under 10 MiB the segment is kLargeBuffer's 20 MiB, shared
+    with whatever else best fit cuts from it, and is not counted here."""
     return -(-block // K_ROUND_LARGE) * K_ROUND_LARGE - block if block >= K_MIN_LARGE_ALLOC else 0
 
 
@@ -208,8 +218,8 @@ def single_shape(
     segments made so far:
 
     1. at step 2's loss peak, the stranded blocks (``stranded_bytes``; full fine-tuning under checkpointing
-       ``_full_stranded``; with adapters ``_adapter_stranded``, and the 2 MiB rests of the whole segments cached
-       there, ``_segment_rest``) are cached on top of ``loss_peak``, less
+       ``_full_stranded``; with adapters ``_adapter_stranded``, and the 2 MiB rests of the logits chain's
+       segments, ``_segment_rest``) are cached on top of ``loss_peak``, less
        the states that sit in the c·V·T logits hole (allocated there, not stranded); plus, where a layer's c·I·T
        activations are larger than a decoder matrix's per-parameter tensors (b·H·I), the foreach temporaries'
        own segments, which no activation fits (``temporaries_unused_by_activations``), and where step 1's states
@@ -240,7 +250,8 @@ def single_shape(
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         stranded = _adapter_stranded(m, train, p, parts_at)
         lost = workspace_lost(m, train, p) if on.workspace else 0
-        rests = _segment_rest(_logits_hole(m, train)) + (_segment_rest(logits_blocks(m, train)[-1]) if lost else 0)
+        fp32 = logits_blocks(m, train)[-3:]  # live at backward's peak
+        rests = _segment_rest(_logits_hole(m, train)) + sum(map(_segment_rest, fp32 + fp32[:1] if lost else fp32))
         cached = adapter_forward_cache(m, train, p) + spilled_chain_blocks(m, train, p, workspace_lost=bool(lost))
         remade = softcap_block(m, train) if on.softcap else 0
         tails = load_tails(m, train, p) + rests
