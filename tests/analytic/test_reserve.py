@@ -459,6 +459,12 @@ switching_specs = st.builds(
 @example(
     train=TrainSpec(method=Method.LORA, micro_batch=1, seq_len=960, grad_ckpt=False), model="llama-3.2-1b", db=0, dl=64
 )  # the workspace's lost logits block: 6.40 → 6.08 GiB for the single shape
+@example(
+    train=TrainSpec(method=Method.FULL, precision=Precision.BF16, micro_batch=3, seq_len=1149, grad_ckpt=True),
+    model="qwen2.5-0.5b",
+    db=0,
+    dl=1,
+)  # full: the backward workspace's fp32 block, made again whole, stops at 3 × 1150 (10.01 → 9.91 GiB single shape)
 @given(
     train=switching_specs,
     model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]),
