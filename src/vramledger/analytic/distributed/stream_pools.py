@@ -407,11 +407,20 @@ def _flatten_floor(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[P
     widest = max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0)
     largest = max(min(embedding_params(m), -(-root // ranks)), min(widest, -(-layer // ranks)))
     largest_loss = min(p.logits_forward, 4 * m.vocab_size * train.tokens)  # the fp32 logits, at most
+    if not p.step_temp_bytes:
+        # no temporaries (fused): the states are live, so the largest cached block is the loss's, freed by then
+        return flatten_pool_floor(
+            blocks,
+            optimizer_default=default[Phase.OPTIMIZER],
+            loss_blocks=step2_on_packed_pool(m, engine_dtypes(train), p),
+            largest_cached_block=largest_loss,
+            packed=packed,
+        )
     return flatten_pool_floor(
         blocks,
         optimizer_default=default[Phase.OPTIMIZER],
-        loss_blocks=p.logits_forward if p.step_temp_bytes else step2_on_packed_pool(m, engine_dtypes(train), p),
-        largest_cached_block=max(largest * wb.trainable_dtype.bytes, largest_loss),
+        loss_blocks=p.logits_forward,
+        largest_cached_block=max(largest * wb.trainable_dtype.bytes, largest_loss),  # the foreach temporaries'
         packed=packed,
     )
 
