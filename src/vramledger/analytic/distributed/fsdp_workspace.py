@@ -200,8 +200,8 @@ def _frozen_head_chain(m: ModelSpec, train: TrainSpec, p: StepParts, ranks: int)
     small-pool ones sit in 2 MiB segments). ``default_pool_floor`` counts one block made again (the workspace's
     remainder) beside the hole less its states; with a frozen head and unsharded states the states reach a second
     fp32 block, whose rest is free too. The replay of FSDP1 NO_SHARD freeze at 2 ranks (``python
-    bench/distributed/run_grid.py --free``; states unsharded: S = 172 MiB over two trained layers): step 1's log-
-    softmax segment holds one 4 MiB activation at step 2's peak (122 MiB free), the upcast's the workspace, 11 MiB
+    bench/distributed/run_grid.py --free``; states unsharded: S = 172 MiB over two trained layers): step 1's
+    log-softmax segment holds one 4 MiB activation at step 2's peak (122 MiB free), the upcast's the workspace, 11 MiB
     states and step 2's activations (10 free), and step 2 makes the loss's fp32 blocks again, as the single-GPU
     count has it (two blocks). Sharded (FSDP1/FSDP2 FULL_SHARD at 2 and 8 ranks) the states fit the hole and k is 1:
     the floor's own terms are at least as large."""
