@@ -149,3 +149,25 @@ def _mid_full_shard(version: int, method: Method, ckpt: bool, batch: int, seq: i
         fsdp_version=version,
     )
     return m, t
+
+
+def test_frozen_head_chain_by_hand_no_shard_freeze() -> None:
+    """FSDP1 NO_SHARD at 2 ranks, freeze (the top two layers trained, fp32 under bf16-mixed), the grid's mid model:
+    the states are not sharded. Large-pool states (> kSmallSize = 1 MiB): per layer gate/up/down 1024 × 2816 × 4 B =
+    11 MiB and q/o 1024 × 1024 × 4 B = 4 MiB (k/v are 256 × 1024 × 4 B = 1 MiB exactly: small pool), two states each,
+    two layers: 4 × 41 = 164 MiB; with the 32 MiB workspace they reach past the 64 MiB hole and the 126 MiB block of
+    the fp32 copy into the log-softmax's (analytic/reserve/freeze.py ``frozen_head_blocks``: 2). Free in those
+    segments at step 2's peak: 64 + 2 × 126 − 164 − 32 = 120 MiB (the replay's 122 + 10, docs/distributed.md item 10),
+    where the floor's own terms count 94. The row was −4.3% under the replay's reserved."""
+    from tests.analytic._distributed_grid import records, specs
+    from vramledger.analytic.distributed.core import shard_ranks
+    from vramledger.analytic.distributed.fsdp_workspace import _frozen_head_chain
+
+    rec = next(r for r in records() if r["id"] == "mid/fsdp1-noshard/w2/freeze/bf16-mixed/b1/L1024/nockpt")
+    m, t = specs(rec)
+    got = _frozen_head_chain(m, engine_dtypes(t), step_parts(m, t), shard_ranks(t))
+    print("expected", 120 * MiB, "got", got)
+    assert got == 120 * MiB
+    want, est = rec["trace"]["peak_reserved"], estimate(m, t).peak_reserved
+    print(f"trace {want / MiB:,.0f} MiB, estimate {est / MiB:,.0f} MiB ({100 * (est - want) / want:+.1f}%)")
+    assert abs(est - want) <= 0.03 * want

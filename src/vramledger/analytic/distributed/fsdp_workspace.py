@@ -63,6 +63,8 @@ from vramledger.analytic.reserve import (
     stranded_bytes,
 )
 from vramledger.analytic.reserve.forward_cache import adapter_forward_cache, checkpointed_forward_cache
+from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_blocks
+from vramledger.analytic.reserve.full import remade_blocks
 from vramledger.analytic.reserve.workspace import workspace_rivals_per_token
 from vramledger.specs import Loss, ModelSpec, Sharding, TrainSpec
 
@@ -186,13 +188,30 @@ def default_pool_floor(m: ModelSpec, train: TrainSpec, p: StepParts, loss_peak: 
     states_in_hole = min(_large_pool_states(m, train, p, ranks), hole_segment)
     transients = stranded_bytes(m, train, p) - hole
     remainder = allocation_size(fp32) - cublas_workspace_block(p)
-    return (
-        loss_peak
-        + hole_segment
-        - states_in_hole
-        + _beside_hole(m, train, p, transients, remainder)
-        + small_pool_excess(train, p)
-    )
+    in_chain = hole_segment - states_in_hole + _beside_hole(m, train, p, transients, remainder)
+    return loss_peak + max(in_chain, _frozen_head_chain(m, train, p, ranks)) + small_pool_excess(train, p)
+
+
+def _frozen_head_chain(m: ModelSpec, train: TrainSpec, p: StepParts, ranks: int) -> int:
+    """The free bytes at step 2's loss peak in step 1's logits chain where the head is frozen (0 otherwise): the c·V·T
+    hole's segment and the segments of the k blocks step 2 makes again (analytic/reserve/freeze.py
+    ``frozen_head_blocks``: the blocks step 1 leaves a tenant in, the workspace's and those the states reach past
+    the hole), less their tenants, the workspace and the rank's large-pool states (``_large_pool_states``; the
+    small-pool ones sit in 2 MiB segments). ``default_pool_floor`` counts one block made again (the workspace's
+    remainder) beside the hole less its states; with a frozen head and unsharded states the states reach a second
+    fp32 block, whose rest is free too. The replay of FSDP1 NO_SHARD freeze at 2 ranks (``python
+    bench/distributed/run_grid.py --free``; states unsharded: S = 172 MiB over two trained layers): step 1's
+    log-softmax segment holds one 4 MiB activation at step 2's peak (122 MiB free), the upcast's the workspace, 11 MiB
+    states and step 2's activations (10 free), and step 2 makes the loss's fp32 blocks again, as the single-GPU
+    count has it (two blocks). Sharded (FSDP1/FSDP2 FULL_SHARD at 2 and 8 ranks) the states fit the hole and k is 1:
+    the floor's own terms are at least as large."""
+    if not frozen_head(train, p):
+        return 0
+    k = frozen_head_blocks(m, train, p)
+    hole, blocks = remade_blocks(m, train)
+    segments = allocation_size(hole) + sum(allocation_size(b) for b in blocks[:k])
+    tenants = _large_pool_states(m, train, p, ranks) + cublas_workspace_block(p)
+    return max(segments - tenants, 0)
 
 
 def _beside_hole(m: ModelSpec, train: TrainSpec, p: StepParts, transients: int, remainder: int) -> int:

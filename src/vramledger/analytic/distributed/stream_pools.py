@@ -74,6 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from vramledger.allocator.conf import allocation_size
 from vramledger.analytic.distributed.core import (
     ALL_GATHER_BUFFER_LABEL,
     LAYER_UNSHARDED_LABEL,
@@ -97,7 +98,7 @@ from vramledger.analytic.distributed.fsdp_workspace import SOURCE as WORKSPACE_S
 from vramledger.analytic.distributed.fsdp_workspace import held_floor
 from vramledger.analytic.params import embedding_params, head_params, layer_linears
 from vramledger.analytic.parts import Moment, StepParts
-from vramledger.analytic.reserve import ShapePeaks, phase_reserves, replay_excess, training_peaks
+from vramledger.analytic.reserve import ShapePeaks, logits_blocks, phase_reserves, replay_excess, training_peaks
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, Phase
 from vramledger.specs import ModelSpec, Sharding, TrainSpec
@@ -406,13 +407,49 @@ def _flatten_floor(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[P
     widest = max((lin.in_features * lin.out_features for lin in layer_linears(m)), default=0)
     largest = max(min(embedding_params(m), -(-root // ranks)), min(widest, -(-layer // ranks)))
     largest_loss = min(p.logits_forward, 4 * m.vocab_size * train.tokens)  # the fp32 logits, at most
+    if not p.step_temp_bytes:
+        # no temporaries (fused): the states are live, so the largest cached block is the loss's, freed by then
+        return flatten_pool_floor(
+            blocks,
+            optimizer_default=default[Phase.OPTIMIZER],
+            loss_blocks=step2_on_packed_pool(m, engine_dtypes(train), p),
+            largest_cached_block=largest_loss,
+            packed=packed,
+        )
     return flatten_pool_floor(
         blocks,
         optimizer_default=default[Phase.OPTIMIZER],
         loss_blocks=p.logits_forward,
-        largest_cached_block=max(largest * wb.trainable_dtype.bytes, largest_loss),
+        largest_cached_block=max(largest * wb.trainable_dtype.bytes, largest_loss),  # the foreach temporaries'
         packed=packed,
     )
+
+
+def step2_on_packed_pool(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """What step 2 makes on the default stream before its end of backward when step 1's optimizer leaves no freed
+    block behind (``flatten_pool_floor``'s ``loss_blocks`` for an optimizer step without temporaries): the forward's
+    held tensors and the loss's whole chain, each in segments of their own.
+
+    Fused AdamW updates the states in place (torch/optim/adam.py ``_fused_adam``: one ``torch._fused_adamw_`` call
+    over the group, no intermediate tensor; analytic/optimizer.py counts no step temporaries), so where its states
+    fill the blocks backward freed (``packed``) step 1 ends with nothing of size cached free: FSDP1's lazy
+    initialisation segments and the loss's hold states (the replay, Llama-3.1-8B FSDP1 on 8 ranks: 4 MiB rests in
+    the 20 MiB segments, 12 MiB in the 252 MiB one). Step 2 then cuts none of its tensors from step 1's cache
+    (CUDACachingAllocator.cpp ``get_free_block``: no free block large enough, so ``alloc_block``): its forward's
+    checkpointed inputs (or saved activations), the final norm's and RoPE's saved tensors and one layer's forward
+    transients (as many bytes as its recompute: torch/utils/checkpoint.py reruns the same forward), and all four
+    blocks of the logits chain live at the log-softmax backward (``logits_blocks``: the c·V·T logits, the fp32 upcast
+    freed in forward and taken again by ``nll_loss_backward``'s gradient, the saved log-softmax, and
+    ``_log_softmax_backward_data``'s gradient), each in a segment rounded up to 2 MiB (``get_allocation_size``).
+    Backward's own transients are cut from those blocks once the loss has freed them. With foreach temporaries
+    (``_multi_tensor_adamw``'s ``torch._foreach_sqrt``) step 1 ends with their blocks cached and free, which take
+    the forward's tensors and the third fp32 block there: ``flatten_pool_floor`` counts forward's chain only
+    (measured on the grid's foreach row). Traced (``vramledger trace llama-3.1-8b --method full --fsdp-version 1
+    --world-size 8 --fsdp full_shard --grad-ckpt --seq 1024``, fused AdamW): step 2 makes 416 MiB of segments in
+    its forward (16, 16, 20 and thirteen of 28 MiB) and 252 + 3 × 502 MiB for the chain; this counts
+    256 + 32.5 + 196 and the same 1,758."""
+    forward = p.saved_layers_bytes + p.extra_saved_bytes + p.recompute_bytes
+    return forward + sum(allocation_size(b) for b in logits_blocks(m, train))
 
 
 def side_live(train: TrainSpec, mo: Moment) -> int:
