@@ -465,6 +465,18 @@ switching_specs = st.builds(
     db=0,
     dl=1,
 )  # full: the backward workspace's fp32 block, made again whole, stops at 3 × 1150 (10.01 → 9.91 GiB single shape)
+@example(
+    train=TrainSpec(method=Method.FULL, precision=Precision.FP32, micro_batch=2, seq_len=387, grad_ckpt=False),
+    model="qwen2.5-0.5b",
+    db=0,
+    dl=1,
+)  # the fp32 probabilities' 16.0 MiB blocks get 18 MiB segments at 388, which the 16.6 MiB MLP tensors fit
+@example(
+    train=TrainSpec(method=Method.LORA, precision=Precision.FP32, micro_batch=1, seq_len=511, grad_ckpt=True),
+    model="gemma-3-1b",
+    db=0,
+    dl=1,
+)  # SDPA's math kernel only below the 512-token sliding window (79 MiB less for the single shape at 512)
 @given(
     train=switching_specs,
     model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]),

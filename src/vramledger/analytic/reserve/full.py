@@ -51,11 +51,19 @@ def scores_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[int, 
     bytes only (a lower bound of the segments' room). Otherwise counted among the blocks of at most c·I·T, as
     before: eager's fp32 softmax and its cast under c < 4 are two blocks, not told apart here."""
     c, scores = train.precision.compute.bytes, p.scores_bytes
-    if c == 4 and computes_scores(m, train) and scores == p.weights.trainable_layers * p.layer_scores_bytes:
-        block = p.layer_scores_bytes
+    if block := fp32_scores_block(m, train, p):
         shared = block > K_SMALL_SIZE and 2 * block <= allocation_size(block)
         return (allocation_size(block) if shared else held_room(block)), scores
     return held_room(c * decoder_mlp_width(m) * train.tokens), scores
+
+
+def fp32_scores_block(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """One layer's saved fp32 probabilities, 4·nh·L² per sequence, where ``scores_segments`` counts them as blocks of
+    their own (fp32 eager attention or SDPA's math kernel, every trained layer saving one); 0 elsewhere."""
+    c = train.precision.compute.bytes
+    if c == 4 and computes_scores(m, train) and p.scores_bytes == p.weights.trainable_layers * p.layer_scores_bytes:
+        return p.layer_scores_bytes
+    return 0
 
 
 def tied_gradient_block(p: StepParts) -> int:

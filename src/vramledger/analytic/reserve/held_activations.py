@@ -28,10 +28,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_SMALL_SIZE
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC, K_ROUND_LARGE, K_SMALL_SIZE
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts
-from vramledger.analytic.reserve.full import decoder_mlp_width, held_room, scores_segments
+from vramledger.analytic.reserve.full import decoder_mlp_width, fp32_scores_block, held_room, scores_segments
 from vramledger.specs import ModelSpec, TrainSpec
 
 
@@ -169,3 +169,21 @@ def eligibility_edges(m: ModelSpec, train: TrainSpec, p: StepParts, mlp_width: i
 
         out.append(below)
     return out
+
+
+def scores_edges(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callable[[int, int], bool]]:
+    """Where the fp32 probabilities' segments (``scores_segments``) still offer each decoder matrix's per-parameter
+    tensors no room, as predicates on (b, ℓ), each closed downwards: ``activations_cached`` falls where a larger shape's
+    scores segment starts holding them (Qwen2.5-0.5B full, fp32, 2 × 387 → 388: the 16.0 MiB block's segment grows
+    from 16 to 18 MiB, past the MLP's 16.6 MiB tensors, and the single shape's reserve falls by 0.37 GiB). Such a
+    segment holds a tensor of t bytes from a block of 1 MiB (a 20 MiB kLargeBuffer segment, shared by two blocks up
+    to 10 MiB) and, above 10 MiB, from a block whose 2 MiB-rounded segment reaches t (``get_allocation_size``): the
+    edges are blocks of 1 MiB and of the largest multiple of 2 MiB under each t, so that a run with dynamic padding
+    keeps the reserve of the shapes just below them (runs.py)."""
+    one = fp32_scores_block(m, train, p)
+    if not one or not p.weights.trainable_params:
+        return []
+    B, L, bw = train.micro_batch, train.seq_len, p.weights.trainable_dtype.bytes
+    sizes = {bw * n for n, _ in _matrices(m, p)}
+    caps = {K_SMALL_SIZE} | {(t - 1) // K_ROUND_LARGE * K_ROUND_LARGE for t in sizes if t > K_MIN_LARGE_ALLOC}
+    return [lambda b, ell, cap=cap: one * b * ell * ell // (B * L * L) <= cap for cap in sorted(caps)]

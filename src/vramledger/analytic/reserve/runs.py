@@ -10,11 +10,12 @@ from functools import lru_cache, partial
 from typing import NamedTuple
 
 from vramledger.allocator.conf import K_SMALL_SIZE
+from vramledger.analytic.activations import sdpa_math
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.ckpt_forward import forward_block_width
 from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
-from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit
+from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit, scores_edges
 from vramledger.analytic.reserve.load_residue import loss_tails_switch
 from vramledger.analytic.reserve.optimizers import checkpointed_forward_switch, fused_relaid_switch, temporaries_switch
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
@@ -171,7 +172,8 @@ def _regions(
     acts: list[Callable[[int, int], bool]] = []
     if on.activations is not None:  # and below each edge where more matrices' tensors fit (held_activations.py)
         act = on.activations
-        acts = [act, *(_both(act, e) for e in eligibility_edges(m, train, p, decoder_mlp_width(m)))]
+        edges = eligibility_edges(m, train, p, decoder_mlp_width(m)) + scores_edges(m, train, p)
+        acts = [act, *(_both(act, e) for e in edges)]
         regions += [(Switching(activations=True), a) for a in acts]
     if on.tied is not None:
         regions.append((Switching(tied=True), on.tied))
@@ -204,6 +206,8 @@ def _regions(
             counts.clear()
         relaid = relaid_regions(m, train, p, beside, lambda t: workspace_in_chain(m, t, p), grads, counts)
     regions += [(Switching(relaid=True), on_k) for on_k in relaid]
+    if (math := _math_below_window(m, train)) is not None:
+        regions.append((NONE, math))
     out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)
     if band:
@@ -217,6 +221,17 @@ def _regions(
         out += [(Switching(softcap=True), [pt]) for pt in sorted(set(under))]
         out.append((Switching(softcap=True), latest_on(train.micro_batch, train.seq_len, softcap)))
     return out
+
+
+def _math_below_window(m: ModelSpec, train: TrainSpec) -> Callable[[int, int], bool] | None:
+    """Where SDPA runs its math kernel only below the sliding window (activations.py ``sdpa_math``: fp32 with grouped
+    heads, no mask until the length reaches the window): shorter batches save fp32 probabilities in every layer and
+    leave their segments, which a run with dynamic padding keeps (Gemma-3-1B LoRA, fp32, checkpointing, 1 × 511 → 512:
+    the single shape's reserve falls by 79 MiB). None where no length runs the math kernel."""
+    window = m.sliding_window
+    if not m.sliding_layers or window <= 1 or not sdpa_math(m, train.at_shape(train.micro_batch, window - 1)):
+        return None
+    return lambda b, ell: ell < window  # at (B, L) under the window too: held_reserved asks again at its edges
 
 
 @lru_cache(maxsize=16)
