@@ -186,4 +186,8 @@ def scores_edges(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[Callable[
     B, L, bw = train.micro_batch, train.seq_len, p.weights.trainable_dtype.bytes
     sizes = {bw * n for n, _ in _matrices(m, p)}
     caps = {K_SMALL_SIZE} | {(t - 1) // K_ROUND_LARGE * K_ROUND_LARGE for t in sizes if t > K_MIN_LARGE_ALLOC}
-    return [lambda b, ell, cap=cap: one * b * ell * ell // (B * L * L) <= cap for cap in sorted(caps)]
+
+    def under(cap: int) -> Callable[[int, int], bool]:
+        return lambda b, ell: one * b * ell * ell // (B * L * L) <= cap
+
+    return [under(cap) for cap in sorted(caps)]
