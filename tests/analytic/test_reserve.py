@@ -70,6 +70,12 @@ TINY_LORA = (
     "small_pool_excess counts only per-parameter tensors) and 10.1 MiB in 20 MiB segments at step 2's peak, and one "
     "more small segment in step 2; docs/reserve.md, the 2-layer toy"
 )
+TINY_LORA_REST = (
+    "a 2-layer toy model, packed 4 × 512: the third fp32 logits block's 2 MiB segment rest at backward's peak is left "
+    "out (the estimate counts the rests of the two fp32 blocks forward's cross-entropy holds too, where forward is the "
+    "peak at short lengths and a third rest would make the figure fall as the blocks grow), with the small pool's and "
+    "20 MiB segments' free bytes of TINY_LORA: −2.9% with the third rest, −3.3% without"
+)
 TIED_OVER = (
     "every saved activation held (its 6 MiB MLP blocks share 20 MiB segments, where the earlier term stays), but the "
     "replay keeps 0.2 GiB of the forward's segments free at step 1's optimizer peak (its 12 MiB MLP tensors fit them) "
@@ -145,6 +151,7 @@ PACKED_MISSES: dict[str, str] = {
     "qwen3-0.6b/full/b1/L1024/nockpt/sdpa": TIED_OVER,
     "tiny/full/b1/L256/nockpt/sdpa": TINY_FULL,
     "tiny/lora/b2/L256/nockpt/eager": TINY_LORA,
+    "tiny/lora/b4/L512/nockpt/sdpa": TINY_LORA_REST,
     "llama-3.2-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "qwen3-1.7b/full/b4/L2048/nockpt/sdpa/bf16-true": PADDED_FULL,
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
@@ -477,6 +484,12 @@ switching_specs = st.builds(
     db=0,
     dl=1,
 )  # SDPA's math kernel only below the 512-token sliding window (79 MiB less for the single shape at 512)
+@example(
+    train=TrainSpec(method=Method.LORA, precision=Precision.BF16_MIXED, micro_batch=1, seq_len=52, grad_ckpt=True),
+    model="qwen2.5-0.5b",
+    db=0,
+    dl=1,
+)  # forward's cross-entropy the peak: a rest beside the third fp32 block, not live there, fell as the block grew
 @given(
     train=switching_specs,
     model=st.sampled_from(["llama-3.2-1b", "qwen2.5-0.5b", "llama-3.2-3b"]),

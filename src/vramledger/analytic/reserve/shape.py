@@ -250,7 +250,9 @@ def single_shape(
     if train.adapters or wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE:
         stranded = _adapter_stranded(m, train, p, parts_at)
         lost = workspace_lost(m, train, p) if on.workspace else 0
-        fp32 = logits_blocks(m, train)[-3:]  # live at backward's peak
+        # the fp32 blocks live at the loss's peak whichever it is: forward's cross-entropy holds the copy and the
+        # log-softmax, backward's a third; a rest beside a block not in ``loss_peak`` would fall as the block grows
+        fp32 = logits_blocks(m, train)[-2:]
         rests = _segment_rest(_logits_hole(m, train)) + sum(map(_segment_rest, fp32 + fp32[:1] if lost else fp32))
         cached = adapter_forward_cache(m, train, p) + spilled_chain_blocks(m, train, p, workspace_lost=bool(lost))
         remade = softcap_block(m, train) if on.softcap else 0
