@@ -23,10 +23,12 @@ states spill"). ``beside``: the states that stay outside the chain (shape.py ``s
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import TYPE_CHECKING
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
+from vramledger.analytic.activations import computes_scores
+from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay, one_copy_weights
 from vramledger.analytic.reserve.full import (
     _ADAM_INIT_GROUP,
     blocks_with_states,
@@ -34,10 +36,9 @@ from vramledger.analytic.reserve.full import (
     logits_blocks,
     remade_blocks,
 )
+from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
+from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.specs import ModelSpec, Optimizer, TrainSpec
-
-if TYPE_CHECKING:
-    from vramledger.analytic.reserve.forward_cache import _Layer, _Replay
 
 
 def _head_gradient(p: StepParts) -> int:
@@ -159,10 +160,6 @@ def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | Non
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """Full fine-tuning (every layer trained, the head and the embedding too), foreach AdamW, no checkpointing, the
     standard loss, SDPA without its math kernel's length² blocks, Llama-named projections, whole weights."""
-    from vramledger.analytic.activations import computes_scores
-    from vramledger.analytic.reserve.forward_cache import one_copy_weights
-    from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
-
     wb = p.weights
     c = train.precision.compute.bytes
     return (
@@ -188,11 +185,12 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
 _LLAMA_LAYERS = ("llama", "mistral", "qwen2", "qwen3")
 
 
-def _displacement_key(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple | None:  # type: ignore[type-arg]
-    from vramledger.analytic.params import layer_linears
-    from vramledger.analytic.reserve.forward_cache import _NAMES, _leaf
-    from vramledger.analytic.reserve.workspace import cublas_workspace_block
+# ``_two_steps``' arguments: the model, its layer's projections (name, in, out), c, the bytes an element of the
+# gradient, of one state and of the temporary, autocast's weight copies, T, one cuBLAS workspace
+_Key = tuple[ModelSpec, tuple[tuple[str, int, int], ...], int, tuple[int, int, int], bool, int, int]
 
+
+def _displacement_key(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Key | None:
     if not _displacement_modelled(m, train, p):
         return None
     shapes = tuple((_leaf(lin.name), lin.in_features, lin.out_features) for lin in layer_linears(m))
@@ -219,8 +217,6 @@ def _two_steps(
 ) -> tuple[int, int]:
     """``displaced_remade``'s replay: what step 2 reserves beyond step 1's cache up to its loss peak, and the
     sequence's reserve there."""
-    from vramledger.analytic.reserve.forward_cache import _Layer, _Replay
-
     r = _Replay()
     layer = _Layer(r, m, set(), {name: (i, o) for name, i, o in shapes}, c, False, tokens=T, trained=True,
                    weight_casts=cast)  # fmt: skip
@@ -272,14 +268,14 @@ def _two_steps(
 def _forward(layer: _Layer, layers: int) -> list[list[int]]:
     """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last."""
     r = layer.r
-    ends = []
+    start, ends = r.count, []
     x = r.alloc(layer.c * layer.m.hidden_size * layer.T)
     for _ in range(layers):
         x = layer.forward(x, False)
         ends.append(r.count)
     layer.norm()
     groups: list[list[int]] = [[] for _ in range(layers + 1)]
-    for i in r.live:
+    for i in (i for i in r.live if i > start):
         groups[next((k for k, end in enumerate(ends) if i <= end), layers)].append(i)
     return groups
 
