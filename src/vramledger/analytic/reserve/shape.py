@@ -247,7 +247,13 @@ def single_shape(
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
     5. an optimizer without step temporaries (SGD, fused AdamW): the end of backward (``end_of_backward_bound``);
     6. Adafactor: its temporaries' own segments where they cannot pair up in the logits blocks (``on.temporaries``,
-       ``temporaries_bound``).
+       ``temporaries_bound``);
+    7. full fine-tuning with foreach AdamW without checkpointing, where the two steps are written out (spill.py
+       ``displaced_remade``: Llama-shaped layers, the residual stream's requests ≥ 10 MiB): the two steps replayed
+       through the allocator model (``two_steps_reserve``). A packed run takes the replay's blocks made again in step
+       2 (its states and the activations they displace into the chain) in place of term 2's count, and leaves the
+       foreach temporaries to it (term 1 without them, but in the states' rests band); a run with dynamic padding
+       keeps the closed forms, held over its shorter shapes, and has the replay at B × L as a lower bound.
     Terms 1's temporaries and 2 to 6 are for trained base weights (full, freeze), whose per-parameter tensors are
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
     (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``NONE``: left out).
