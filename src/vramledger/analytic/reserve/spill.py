@@ -167,7 +167,7 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
         and c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC
         and not train.adapters
         and not train.grad_ckpt
-        and train.optimizer is Optimizer.ADAMW
+        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.fsdp is None
         and one_copy_weights(train)
         and not m.is_moe
@@ -175,7 +175,8 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
         and not computes_scores(m, train)
         and wb.trainable_layers == m.num_layers
         and wb.embedding_trainable
-        and bool(p.state_bytes and p.step_temp_bytes)
+        and bool(p.state_bytes)
+        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
         and not mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
     )
 
@@ -255,7 +256,7 @@ def _two_steps(
     for n in params:
         r.alloc(n * state_b)
         r.alloc(n * state_b)
-    for i in [r.alloc(n * temp_b) for n in params]:
+    for i in [r.alloc(n * temp_b) for n in params if temp_b]:  # fused AdamW makes none
         r.free(i)
     for i in grads:
         r.free(i)
