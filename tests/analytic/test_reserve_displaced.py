@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.analytic.test_reserve import _records, _specs
+from tests.analytic.test_reserve import TRAIN, _records, _specs
 from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.full import blocks_with_states
 from vramledger.analytic.reserve.spill import displaced_remade, two_steps_reserve
@@ -97,3 +97,55 @@ def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) ->
           f"{made:.2f} fp32 blocks against {traced:.2f}")  # fmt: skip
     assert abs(gap) <= 0.01
     assert abs(made - traced) < 1
+
+
+TWO_STEPS = ROOT / "bench" / "reserve" / "two_steps.jsonl"
+# Shapes of two_steps.jsonl the packed estimate still misses by more than 3%, with what the trace's replay shows.
+TWO_STEPS_MISSES = {
+    "qwen3-0.6b/full/b8/L1024/nockpt/sdpa/bf16-true/adamw_torch/packed": (
+        "the replay makes one fp32 block again in step 2, the trace none: the states (2.22 GiB) fit the 2.32 GiB c·V·T "
+        "block"
+    ),
+    "qwen2.5-1.5b/full/b5/L2277/nockpt/sdpa/bf16-true/adamw_torch/packed": (
+        "the trace's displaced activations fill 6.44 of the copy's 6.6 GB fp32 block and step 2 makes one block "
+        "again; the replay displaces a little more and makes two"
+    ),
+    "qwen3-4b/full/b2/L2048/nockpt/sdpa/bf16-true/adamw_torch/packed": (
+        "the trace's step 2 makes 119 MLP activation segments again (a state in every one: docs/reserve.md, states "
+        "in every MLP activation segment); the replay fewer"
+    ),
+}
+
+
+def _two_steps() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in TWO_STEPS.read_text().splitlines()] if TWO_STEPS.exists() else []
+
+
+@pytest.mark.parametrize("rec", _two_steps(), ids=lambda r: r["id"])
+def test_packed_runs_within_3_percent_of_their_traced_replay(rec: dict[str, Any]) -> None:
+    """Packed full fine-tuning shapes beyond the grid (bench/reserve/run_two_steps.py: traced two steps replayed through
+    the allocator model): the packed estimate, which takes the two steps replayed where they are written out, within
+    3% of the trace's replay (the misses listed with what the trace shows; before the replay was used, 13 of 21
+    foreach shapes and 3 of 5 fused ones were within)."""
+    from vramledger.analytic import estimate
+    from vramledger.catalog import resolve_model
+    from vramledger.specs import Method, Optimizer, Precision, TrainSpec
+
+    m = resolve_model(rec["model"])
+    t = TrainSpec(
+        method=Method.FULL,
+        precision=Precision(rec["precision"]),
+        optimizer=Optimizer(rec["optimizer"]),
+        micro_batch=rec["micro_batch"],
+        seq_len=rec["seq_len"],
+        grad_ckpt=False,
+        packing=True,
+    )
+    led = estimate(m, t)
+    got, replay = max(led.reserved(p) for p in TRAIN), rec["replay_peak_reserved"]
+    gap = got / replay - 1
+    print(f"{rec['id']}: replay {replay / 2**30:.2f} GiB, estimate {got / 2**30:.2f} GiB ({gap:+.1%})")
+    if rec["id"] in TWO_STEPS_MISSES:
+        assert abs(gap) > 0.03, "no longer a miss: take it out of TWO_STEPS_MISSES"
+        pytest.xfail(f"{gap:+.1%}: {TWO_STEPS_MISSES[rec['id']]}")
+    assert abs(gap) <= 0.03

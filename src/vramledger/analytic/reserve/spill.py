@@ -117,7 +117,7 @@ def at_tied_edge(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
 
 
 def displaced_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None:
-    """Bytes step 2 makes again up to its loss peak, full fine-tuning with foreach AdamW without checkpointing, from
+    """Bytes step 2 makes again up to its loss peak, full fine-tuning with AdamW without checkpointing, from
     the two steps written out and replayed through the allocator model at the step's own size; None where the
     sequence is not modelled (``_displacement_modelled``).
 
@@ -137,9 +137,9 @@ def displaced_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None
     ``LlamaDecoderLayer`` runs it, the final norm, the standard loss's chain (``full.logits_blocks``), backward
     freeing each layer's saved tensors after its weights' gradients are made, both threads' cuBLAS workspaces,
     ``Adam._init_group``'s ``exp_avg`` and ``exp_avg_sq`` parameter by parameter (torch/optim/adam.py), the foreach
-    temporaries (``_foreach_sqrt``) made and freed, ``zero_grad`` freeing the gradients, then step 2's forward and
-    its loss to the peak. Left out: the weights (segments of their own, never freed), the norms' weights (small
-    pool), backward's transient activation gradients."""
+    temporaries (``_foreach_sqrt``; fused AdamW makes none) made and freed, ``zero_grad`` freeing the gradients,
+    then step 2's forward and its loss to the peak. Left out: the weights (segments of their own, never freed), the
+    norms' weights (small pool), backward's transient activation gradients."""
     key = _displacement_key(m, train, p)
     return None if key is None else _two_steps(*key)[0]
 
@@ -158,7 +158,8 @@ def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | Non
 
 
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Full fine-tuning (every layer trained, the head and the embedding too), foreach AdamW, no checkpointing, the
+    """Full fine-tuning (every layer trained, the head and the embedding too), AdamW (foreach, with its temporaries, or
+    fused, without), no checkpointing, the
     standard loss, SDPA without its math kernel's length² blocks, Llama-named projections, whole weights."""
     wb = p.weights
     c = train.precision.compute.bytes
