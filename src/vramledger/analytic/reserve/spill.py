@@ -170,6 +170,10 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
         and not train.grad_ckpt
         and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.fsdp is None
+        and train.world_size == 1  # one process: no DDP buckets, no ZeRO partitions of the states
+        and train.zero_stage == 0
+        and not (train.offload_optimizer or train.offload_activations or train.optimizer_in_backward or train.compile)
+        and not train.images
         and one_copy_weights(train)
         and not m.is_moe
         and bool(logits_blocks(m, train))
