@@ -286,14 +286,24 @@ class _Layer:
         cast: bool,
         checkpointed: bool = False,
         fused: bool = False,
+        *,
+        tokens: int = T_REF,
+        trained: bool = False,
+        weight_casts: bool = False,
     ) -> None:
         self.r, self.m, self.adapted, self.shapes, self.c, self.cast = r, m, adapted, shapes, c, cast
         self.checkpointed, self.fused = checkpointed, fused
+        # ``trained``: full fine-tuning, every weight trained, so autograd also saves each projection's input (the
+        # norms' outputs, SDPA's output, the MLP's product) and each norm's cast before its weight product
+        # (spill.py ``displaced_remade``); ``tokens``: T, where the sequence is replayed at the step's own size
+        # ``weight_casts``: autocast's c-byte copy of each trained fp32 weight, cached at its first matmul and saved by
+        # it (autocast_mode.cpp ``cached_cast``)
+        self.T, self.trained, self.weight_casts = tokens, trained, weight_casts
 
     def model_forward(self, layers: int) -> None:
         """The embedding's output (the first layer's input), ``layers`` decoder layers and the final norm (never
         checkpointed: its fp32 input saved, its output lm_head's input)."""
-        x = self.r.alloc(self.c * self.m.hidden_size * T_REF)
+        x = self.r.alloc(self.c * self.m.hidden_size * self.T)
         for _ in range(layers):
             x = self.forward(x, self.fused)
         self.norm()
@@ -307,7 +317,7 @@ class _Layer:
     def forward(self, x: int, fused: bool) -> int:
         """Returns the layer's output block; ``x`` (the layer's input) is freed by the first residual sum, or kept
         under checkpointing (the checkpoint saves it)."""
-        r, c, T, H = self.r, self.c, T_REF, self.m.hidden_size
+        r, c, T, H = self.r, self.c, self.T, self.m.hidden_size
         normed = self.norm(saved=not self.checkpointed)
         if fused:
             qkv = self._linear("qkv_proj")  # q, k and v are views of it, and SDPA saves v: it stays
@@ -321,7 +331,8 @@ class _Layer:
         attn = r.alloc(c * self.m.q_dim * T)  # SDPA's output, saved by o_proj's lora_A (or its autocast copy)
         out_attn = self._linear("o_proj")
         self._drop(attn, *embedded, qkv if fused else v)
-        r.free(normed)
+        if not self.trained:  # q, k and v's matmuls save it when their weights are trained
+            r.free(normed)
         h = r.alloc(c * H * T)  # residual + attention
         r.free(out_attn)
         if not self.checkpointed:
@@ -340,8 +351,9 @@ class _Layer:
         product = r.alloc(c * width * T)  # down_proj's input: its base does not save it, lora_A saves a copy
         self._drop(act, gate if fused else up)
         down = self._linear("down_proj")
-        r.free(product)
-        r.free(normed)
+        if not self.trained:  # saved by down_proj's, gate's and up's matmuls when their weights are trained
+            r.free(product)
+            r.free(normed)
         out = r.alloc(c * H * T)  # residual + MLP
         r.free(down)
         r.free(h)
@@ -351,7 +363,7 @@ class _Layer:
         """LlamaRMSNorm over ``width`` features (default H): ``to(float32)`` (saved, else freed once the normalised
         product is made), ``pow(2)``, the normalised product, its cast back, the weight product (returned; freed
         when the block is done with it)."""
-        r, c, n = self.r, self.c, (width or self.m.hidden_size) * T_REF
+        r, c, n = self.r, self.c, (width or self.m.hidden_size) * self.T
         f32 = r.alloc(4 * n)
         r.free(r.alloc(4 * n))
         prod = r.alloc(4 * n)
@@ -359,7 +371,8 @@ class _Layer:
             r.free(f32)
         down = r.alloc(c * n)
         out = r.alloc(c * n)
-        r.free(down)
+        if not self.trained:  # the weight product saves it where the norm's weight is trained
+            r.free(down)
         r.free(prod)
         return out
 
@@ -376,7 +389,7 @@ class _Layer:
     def _rope(self, width: int) -> int:
         """apply_rotary_pos_emb on one of q, k: ``q * cos``, ``rotate_half`` (``neg``, ``cat``), ``* sin``, the sum
         (returned: saved by SDPA)."""
-        r, n = self.r, self.c * width * T_REF
+        r, n = self.r, self.c * width * self.T
         cos = r.alloc(n)
         neg = r.alloc(n // 2)
         cat = r.alloc(n)
@@ -390,8 +403,10 @@ class _Layer:
 
     def _linear(self, name: str) -> int:
         """One projection: the frozen base's output, and where it is adapted PEFT's ``lora.Linear.forward``."""
-        r, c, T = self.r, self.c, T_REF
+        r, c, T = self.r, self.c, self.T
         fin, fout = self.shapes[name]
+        if self.weight_casts:
+            r.alloc(c * fin * fout)
         base = r.alloc(c * fout * T)
         if name not in self.adapted:
             return base

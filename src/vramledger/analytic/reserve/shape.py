@@ -33,7 +33,13 @@ from vramledger.analytic.reserve.load_residue import load_tails, loss_tails, opt
 from vramledger.analytic.reserve.optimizers import end_of_backward_bound, temporaries_bound
 from vramledger.analytic.reserve.replay import small_pool_excess
 from vramledger.analytic.reserve.softcap import softcap_block
-from vramledger.analytic.reserve.spill import at_tied_edge, hole_remade, tied_remade
+from vramledger.analytic.reserve.spill import (
+    at_tied_edge,
+    displaced_remade,
+    hole_remade,
+    tied_remade,
+    two_steps_reserve,
+)
 from vramledger.analytic.reserve.state_rests import state_rests_cached
 from vramledger.analytic.reserve.switches import ShapePeaks, Switching
 from vramledger.analytic.reserve.trl import trl_stranded_bytes
@@ -241,7 +247,13 @@ def single_shape(
     4. a tied embedding's V·H gradient block made again in step 2, on top (``on.tied``, ``tied_gradient_block``);
     5. an optimizer without step temporaries (SGD, fused AdamW): the end of backward (``end_of_backward_bound``);
     6. Adafactor: its temporaries' own segments where they cannot pair up in the logits blocks (``on.temporaries``,
-       ``temporaries_bound``).
+       ``temporaries_bound``);
+    7. full fine-tuning with foreach AdamW without checkpointing, where the two steps are written out (spill.py
+       ``displaced_remade``: Llama-shaped layers, the residual stream's requests ≥ 10 MiB): the two steps replayed
+       through the allocator model (``two_steps_reserve``). A packed run takes the replay's blocks made again in step
+       2 (its states and the activations they displace into the chain) in place of term 2's count, and leaves the
+       foreach temporaries to it (term 1 without them, but in the states' rests band); a run with dynamic padding
+       keeps the closed forms, held over its shorter shapes, and has the replay at B × L as a lower bound.
     Terms 1's temporaries and 2 to 6 are for trained base weights (full, freeze), whose per-parameter tensors are
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
     (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``NONE``: left out).
@@ -264,22 +276,34 @@ def single_shape(
     hole = chain[0] if len(chain) == 4 else 0  # the c·V·T logits block (c < 4): the first the states fill
     in_hole = min(states_in_logits(m, train, p, r1, stranded), hole)
     grads = gradients_in_chain(m, train, p, r1)
-    remade = _relaid(m, train, p, on, grads) + _tied_relaid(m, train, p, on, grads)
+    base = max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
+    # the two steps replayed where the sequence is written out (spill.py); None elsewhere
+    displaced = displaced_remade(m, train, p) if on.relaid else None
+    if displaced is None or not train.packing:
+        remade = _relaid(m, train, p, on, grads) + _tied_relaid(m, train, p, on, grads)
+        hole_again, temporaries = _hole_remade(m, train, p, on), temporaries_unused_by_activations(m, train, p)
+        # a run with dynamic padding keeps the closed forms, held over its shorter shapes (the replay's count is not
+        # closed downwards); it meets B × L with full rows too, the packed run's step, whose replay is a lower bound
+        sequence = 0 if displaced is None else max(two_steps_reserve(m, train, p) or 0, base + displaced)
+    else:  # a packed run: what step 2 makes again, its displaced activations with the states; the temporaries placed
+        remade, hole_again, sequence = displaced, 0, two_steps_reserve(m, train, p) or 0
+        # by the replay, but where the states sit in every MLP activation segment they do get segments of their own,
+        # which ``state_rests_cached`` counts with term 1's (less the V·H one step 2's activations take)
+        temporaries = temporaries_unused_by_activations(m, train, p) if on.state_rests else 0
     return (
         max(
             step_peak,
             loss_peak
             + stranded
             - in_hole
-            + temporaries_unused_by_activations(m, train, p)
+            + temporaries
             + (state_rests_cached(m, train, p) if on.state_rests else 0)
             + (loss_tails(m, train, p) if on.loss_tails else 0),
-            max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
-            + remade
-            + _hole_remade(m, train, p, on),
+            base + remade + hole_again,
             optimizer_peak_bound(m, train, p, opt_peak, remade) if on.activations else opt_peak,
             end_of_backward_bound(m, train, p, opt_peak, on),
             temporaries_bound(m, train, p, loss_peak + stranded, on),
+            sequence,
         )
         + small_pool_excess(train, p)
         + (tied_gradient_block(p) if on.tied else 0)

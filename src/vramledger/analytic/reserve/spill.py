@@ -22,9 +22,23 @@ states spill"). ``beside``: the states that stay outside the chain (shape.py ``s
 
 from __future__ import annotations
 
+from functools import lru_cache
+
+from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
+from vramledger.analytic.activations import computes_scores
+from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
-from vramledger.analytic.reserve.full import _ADAM_INIT_GROUP, blocks_with_states, logits_blocks, remade_blocks
-from vramledger.specs import ModelSpec, TrainSpec
+from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay, one_copy_weights
+from vramledger.analytic.reserve.full import (
+    _ADAM_INIT_GROUP,
+    blocks_with_states,
+    decoder_mlp_width,
+    logits_blocks,
+    remade_blocks,
+)
+from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
+from vramledger.analytic.reserve.workspace import cublas_workspace_block
+from vramledger.specs import ModelSpec, Optimizer, TrainSpec
 
 
 def _head_gradient(p: StepParts) -> int:
@@ -100,3 +114,187 @@ def at_tied_edge(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     return (
         m.tie_word_embeddings and wb.embedding_trainable and bool(logits_blocks(m, train)) and fp32 == _head_gradient(p)
     )
+
+
+def displaced_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None:
+    """Bytes step 2 makes again up to its loss peak, full fine-tuning with AdamW without checkpointing, from
+    the two steps written out and replayed through the allocator model at the step's own size; None where the
+    sequence is not modelled (``_displacement_modelled``).
+
+    Step 1's states are cut from the blocks backward freed (CUDACachingAllocator.cpp ``get_free_block``: the smallest
+    cached block at least as large; ``alloc_found_block`` splits it), the forward's saved-activation segments before
+    the logits chain's, larger. A segment with a state inside no longer holds the request it was made for, so in
+    step 2 that request takes the next larger free block, whose own request takes the next, and so on up to the
+    largest activation blocks (c·I·T), which land in the chain's blocks: the c·V·T block first, then an fp32 one
+    (blocks of different segments never merge, ``try_merge_blocks``). Step 2's loss peak holds three fp32 blocks at
+    once, so each fp32 block a state or a displaced activation sits in is made again, whole; where every one holds
+    something the c·V·T logits block too. The mid toy model of bench/reserve/ at 4 × 1024, bf16-true: 360 MiB of
+    states in the forward's 16 and 20 MiB segments displace 505.5 MiB of step 2's activations into the chain (fourteen
+    22 MiB MLP blocks, nine 16 MiB fp32 norm inputs, six 8 MiB blocks), and two fp32 blocks are made again where the
+    states alone (S − c·V·T = 0.69 of a block) reach one.
+
+    The sequence (forward_cache.py ``_Layer``, ``trained``): each decoder layer's forward as transformers'
+    ``LlamaDecoderLayer`` runs it, the final norm, the standard loss's chain (``full.logits_blocks``), backward
+    freeing each layer's saved tensors after its weights' gradients are made, both threads' cuBLAS workspaces,
+    ``Adam._init_group``'s ``exp_avg`` and ``exp_avg_sq`` parameter by parameter (torch/optim/adam.py), the foreach
+    temporaries (``_foreach_sqrt``; fused AdamW makes none) made and freed, ``zero_grad`` freeing the gradients,
+    then step 2's forward and its loss to the peak. Left out: the weights (segments of their own, never freed), the
+    norms' weights (small pool), backward's transient activation gradients."""
+    key = _displacement_key(m, train, p)
+    return None if key is None else _two_steps(*key)[0]
+
+
+def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None:
+    """Reserved at step 2's loss peak from the same replay (``displaced_remade``): the weights' bytes (segments of
+    their own from the load, never freed) and what the two steps' sequence reserves by then: step 1's forward
+    segments, the chain's, what step 1's gradients, states and foreach temporaries needed beyond them (the
+    temporaries get segments of their own only where the cache has no block left for them: Qwen2.5-1.5B full,
+    bf16-mixed, 4 × 1024, whose states fill the chain's blocks), and what step 2 makes again. None where the sequence
+    is not modelled."""
+    key = _displacement_key(m, train, p)
+    if key is None:
+        return None
+    return p.frozen_bytes + p.trainable_bytes + p.master_bytes + _two_steps(*key)[1]
+
+
+def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Full fine-tuning (every layer trained, the head and the embedding too), AdamW (foreach, with its temporaries, or
+    fused, without), no checkpointing, the
+    standard loss, SDPA without its math kernel's length² blocks, Llama-named projections, whole weights."""
+    wb = p.weights
+    c = train.precision.compute.bytes
+    return (
+        m.family in _LLAMA_LAYERS
+        and c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC
+        and not train.adapters
+        and not train.grad_ckpt
+        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
+        and train.fsdp is None
+        and train.world_size == 1  # one process: no DDP buckets, no ZeRO partitions of the states
+        and train.zero_stage == 0
+        and not (train.offload_optimizer or train.offload_activations or train.optimizer_in_backward or train.compile)
+        and not train.images
+        and one_copy_weights(train)
+        and not m.is_moe
+        and bool(logits_blocks(m, train))
+        and not computes_scores(m, train)
+        and wb.trainable_layers == m.num_layers
+        and wb.embedding_trainable
+        and bool(p.state_bytes)
+        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
+        and not mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
+    )
+
+
+# Decoder layers the sequence writes out (transformers' LlamaDecoderLayer: two RMSNorms, SiLU-gated MLP; Mistral's and
+# Qwen2's and Qwen3's are the same, Qwen3 with q_norm and k_norm); Gemma's four norms and GELU are another sequence.
+_LLAMA_LAYERS = ("llama", "mistral", "qwen2", "qwen3")
+
+
+# ``_two_steps``' arguments: the model, its layer's projections (name, in, out), c, the bytes an element of the
+# gradient, of one state and of the temporary, autocast's weight copies, T, one cuBLAS workspace
+_Key = tuple[ModelSpec, tuple[tuple[str, int, int], ...], int, tuple[int, int, int], bool, int, int]
+
+
+def _displacement_key(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Key | None:
+    if not _displacement_modelled(m, train, p):
+        return None
+    shapes = tuple((_leaf(lin.name), lin.in_features, lin.out_features) for lin in layer_linears(m))
+    if {name for name, _, _ in shapes} != set(_NAMES):
+        return None
+    wb = p.weights
+    n = max(wb.trainable_params, 1)
+    # bytes an element of each per-parameter tensor (AdamW's two states in one, the gradient, the temporary)
+    per = (p.grad_bytes // n, p.state_bytes // (2 * n), p.step_temp_bytes // n)
+    c = train.precision.compute.bytes
+    cast = train.precision.mixed and c < wb.trainable_dtype.bytes
+    return (m, shapes, c, per, cast, train.tokens, cublas_workspace_block(p))
+
+
+@lru_cache(maxsize=1024)
+def _two_steps(
+    m: ModelSpec,
+    shapes: tuple[tuple[str, int, int], ...],
+    c: int,
+    per: tuple[int, int, int],
+    cast: bool,
+    T: int,
+    workspace: int,
+) -> tuple[int, int]:
+    """``displaced_remade``'s replay: what step 2 reserves beyond step 1's cache up to its loss peak, and the
+    sequence's reserve there."""
+    r = _Replay()
+    layer = _Layer(r, m, set(), {name: (i, o) for name, i, o in shapes}, c, False, tokens=T, trained=True,
+                   weight_casts=cast)  # fmt: skip
+    VH, L = m.vocab_size * m.hidden_size, m.num_layers
+    params = [VH] + [i * o for _, i, o in shapes] * L + ([] if m.tie_word_embeddings else [VH])
+    grad_b, state_b, temp_b = per
+    r.alloc(workspace)  # the forward thread's cuBLAS workspace, at its first matmul (never freed)
+    groups = _forward(layer, L)
+    chain = _loss(r, m, c, T, cast)
+    # step 1's backward: the loss's chain, lm_head's gradient, then each layer's weights' gradients before its saved
+    # tensors are freed (autograd frees a node's saved tensors once it has run), the embedding's last
+    *weight_cast, log_softmax, nll_grad, grad = chain
+    r.free(log_softmax)
+    r.free(nll_grad)
+    if c != 4:  # the logits' gradient cast to c bytes for lm_head's backward: the c·V·T block
+        r.free(grad)
+        grad = r.alloc(c * m.vocab_size * T)
+    r.alloc(workspace)  # the backward thread's cuBLAS workspace, at lm_head's backward
+    grads = [r.alloc(VH * grad_b)]
+    for i in (grad, *weight_cast):
+        r.free(i)
+    *layers, final = groups
+    for i in final:
+        r.free(i)
+    rows = [(i * o) for _, i, o in shapes]
+    for group in reversed(layers):
+        grads += [r.alloc(n * grad_b) for n in reversed(rows)]
+        for i in group:
+            r.free(i)
+    grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
+    if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
+        grads.append(r.alloc(VH * grad_b))
+        r.free(grads.pop(0))
+        r.free(grads.pop(-2))
+    # step 1's optimizer: Adam._init_group's states, parameter by parameter; the foreach temporaries; zero_grad
+    for n in params:
+        r.alloc(n * state_b)
+        r.alloc(n * state_b)
+    for i in [r.alloc(n * temp_b) for n in params if temp_b]:  # fused AdamW makes none
+        r.free(i)
+    for i in grads:
+        r.free(i)
+    before = r.model.reserved
+    _forward(layer, L)
+    _loss(r, m, c, T, cast)
+    return r.model.reserved - before, r.model.reserved
+
+
+def _forward(layer: _Layer, layers: int) -> list[list[int]]:
+    """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last."""
+    r = layer.r
+    start, ends = r.count, []
+    x = r.alloc(layer.c * layer.m.hidden_size * layer.T)
+    for _ in range(layers):
+        x = layer.forward(x, False)
+        ends.append(r.count)
+    layer.norm()
+    groups: list[list[int]] = [[] for _ in range(layers + 1)]
+    for i in (i for i in r.live if i > start):
+        groups[next((k for k, end in enumerate(ends) if i <= end), layers)].append(i)
+    return groups
+
+
+def _loss(r: _Replay, m: ModelSpec, c: int, T: int, cast: bool) -> list[int]:
+    """The standard loss to its peak (``full.logits_blocks``): lm_head's autocast weight copy (``cast``) and the
+    c·V·T logits (c < 4), the fp32 copy and log-softmax, the logits and the copy freed, ``nll_loss_backward``'s and
+    ``_log_softmax_backward_data``'s fp32 gradients; returns the blocks live there."""
+    V, H = m.vocab_size, m.hidden_size
+    live = [r.alloc(c * V * H)] if cast else []
+    logits = r.alloc(c * V * T) if c != 4 else None
+    copy, log_softmax = r.alloc(4 * V * T), r.alloc(4 * V * T)
+    if logits is not None:
+        r.free(logits)
+    r.free(copy)
+    return [*live, log_softmax, r.alloc(4 * V * T), r.alloc(4 * V * T)]

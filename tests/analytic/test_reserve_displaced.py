@@ -1,0 +1,151 @@
+"""Step 1's optimizer states displacing step 2's saved activations into the logits chain (full fine-tuning without
+checkpointing, analytic/reserve/spill.py ``displaced_remade`` and ``two_steps_reserve``).
+
+Truths used:
+- a hand-built allocation sequence whose reserved memory follows from CUDACachingAllocator.cpp's rules alone
+  (``get_free_block``: the smallest free block at least as large; ``alloc_found_block`` splits it; blocks of different
+  segments never merge), replayed through ``allocator/model.py``, the port;
+- bench/reserve/replay_states.jsonl and replay_grid.jsonl: real transformers steps traced on fake tensors and replayed
+  through the same port (what step 2 made again, the peak reserved).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.analytic.test_reserve import TRAIN, _records, _specs
+from vramledger.analytic.reserve import replay_excess
+from vramledger.analytic.reserve.full import blocks_with_states
+from vramledger.analytic.reserve.spill import displaced_remade, two_steps_reserve
+from vramledger.analytic.step import step_parts
+
+MiB = 2**20
+ROOT = Path(__file__).resolve().parents[2]
+STATES = ROOT / "bench" / "reserve" / "replay_states.jsonl"
+
+
+def test_states_in_the_smaller_segments_push_step_2s_largest_activations_into_an_fp32_block() -> None:
+    """The mechanism from the allocator rules alone.
+
+    Step 1's forward saves, per layer, a 16 MiB fp32 norm input and a 22 MiB MLP block (each ≥ 10 MiB: a segment of
+    its own), four layers; its loss leaves an X = 50 MiB c·V·T block and three F = 200 MiB fp32 blocks; backward frees
+    all of them. AdamW then creates four 11 MiB states: best fit cuts each from a 16 MiB segment (the smallest that
+    holds one; the 5 MiB rest holds no second). S = 44 MiB is under X: counted as if every state sat in the chain,
+    the states reach no fp32 block (``blocks_with_states`` = 0).
+
+    Step 2's forward asks again for 16, 22, 16, 22, ... MiB. The first norm input finds no 16 MiB block whole and takes
+    a 22 MiB segment (the next larger), whose MLP block then takes the next 22 MiB segment; by the third layer none
+    is left, and its two blocks are cut from X (16 + 22 of its 50 MiB), the fourth layer's from F (38 MiB). The
+    loss's c·V·T logits are cut from F's rest and freed before the gradients; the three fp32 requests at its peak find
+    two whole blocks and F, cut: a fourth 200 MiB segment. Reserved 802 + 200 = 1002 MiB, where the same steps
+    without the states reserve 802 MiB: 76 MiB of activations displaced by 44 MiB of states cost a 200 MiB block."""
+    X, F = 50 * MiB, 200 * MiB
+    layers = [(10 + 2 * i, 16 * MiB, 11 + 2 * i, 22 * MiB) for i in range(4)]
+
+    def forward(base: int) -> tuple[tuple[int, int], ...]:
+        return tuple(x for a, s, b, t in layers for x in ((base + a, s), (base + b, t)))
+
+    def loss(base: int) -> tuple[tuple[int, int], ...]:  # logits, copy, log-softmax; both freed; two gradients
+        return ((base + 1, X), (base + 2, F), (base + 3, F), (base + 1, 0), (base + 2, 0), (base + 4, F), (base + 5, F))
+
+    step1 = forward(0) + loss(0) + tuple((i, 0) for i in (3, 4, 5)) + tuple((i, 0) for i, _ in forward(0))
+
+    def run(states: int) -> tuple[int, int]:
+        opt = tuple((100 + k, 11 * MiB) for k in range(states))
+        return replay_excess(step1 + opt + forward(200) + loss(200))
+
+    (displaced, allocated), (alone, _) = run(4), run(0)
+    counted = blocks_with_states(4 * 11 * MiB, X, (F, F, F))
+    print(f"expected 1002 and 802 MiB reserved, 0 blocks counted; got {displaced // MiB}, {alone // MiB}, {counted}")
+    assert (displaced, alone, counted) == (1002 * MiB, 802 * MiB, 0)
+    assert allocated == (44 + 4 * 38 + 3 * 200) * MiB  # states, step 2's saved blocks, the loss peak's three F
+
+
+def _modelled() -> list[dict[str, Any]]:
+    states = {r["id"]: r for r in map(json.loads, STATES.read_text().splitlines())}
+    out = []
+    for rec in _records():
+        if rec["id"] not in states:
+            continue
+        m, t = _specs(rec["id"])
+        t = dataclasses.replace(t, packing=True)
+        if displaced_remade(m, t, step_parts(m, t)) is not None:
+            out.append(rec | {"states": states[rec["id"]]})
+    return out
+
+
+@pytest.mark.parametrize("rec", _modelled(), ids=lambda r: r["id"])
+def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) -> None:
+    """Where the sequence is written out (Llama-shaped layers, the residual stream's requests ≥ 10 MiB), the two steps
+    replayed reserve within 1% of the traced steps' replay at step 2's peak, and step 2 makes again what the trace's
+    step 2 makes to within one fp32 logits block (all but Qwen2.5-1.5B bf16-mixed 4 × 1024 exactly: there the
+    sequence makes 0.8 of a block more in step 2 and as much less in step 1)."""
+    m, t = _specs(rec["id"])
+    t = dataclasses.replace(t, packing=True)
+    p = step_parts(m, t)
+    F = rec["states"]["fp32_block"]
+    made = (displaced_remade(m, t, p) or 0) / F
+    reserved, replay = two_steps_reserve(m, t, p) or 0, rec["trace"]["replay_peak_reserved"]
+    traced = rec["states"]["made_in_step_2_fp32_blocks"]
+    gap = reserved / replay - 1
+    print(f"{rec['id']}: reserved {reserved / 2**30:.2f} GiB against {replay / 2**30:.2f} ({gap:+.1%}); step 2 makes "
+          f"{made:.2f} fp32 blocks against {traced:.2f}")  # fmt: skip
+    assert abs(gap) <= 0.01
+    assert abs(made - traced) < 1
+
+
+TWO_STEPS = ROOT / "bench" / "reserve" / "two_steps.jsonl"
+# Shapes of two_steps.jsonl the packed estimate still misses by more than 3%, with what the trace's replay shows.
+TWO_STEPS_MISSES = {
+    "qwen3-0.6b/full/b8/L1024/nockpt/sdpa/bf16-true/adamw_torch/packed": (
+        "the replay makes one fp32 block again in step 2, the trace none: the states (2.22 GiB) fit the 2.32 GiB c·V·T "
+        "block"
+    ),
+    "qwen2.5-1.5b/full/b5/L2277/nockpt/sdpa/bf16-true/adamw_torch/packed": (
+        "the trace's displaced activations fill 6.44 of the copy's 6.6 GB fp32 block and step 2 makes one block "
+        "again; the replay displaces a little more and makes two"
+    ),
+    "qwen3-4b/full/b2/L2048/nockpt/sdpa/bf16-true/adamw_torch/packed": (
+        "the trace's step 2 makes 119 MLP activation segments again (a state in every one: docs/reserve.md, states "
+        "in every MLP activation segment); the replay fewer"
+    ),
+}
+
+
+def _two_steps() -> list[dict[str, Any]]:
+    return [json.loads(line) for line in TWO_STEPS.read_text().splitlines()] if TWO_STEPS.exists() else []
+
+
+@pytest.mark.parametrize("rec", _two_steps(), ids=lambda r: r["id"])
+def test_packed_runs_within_3_percent_of_their_traced_replay(rec: dict[str, Any]) -> None:
+    """Packed full fine-tuning shapes beyond the grid (bench/reserve/run_two_steps.py: traced two steps replayed through
+    the allocator model): the packed estimate, which takes the two steps replayed where they are written out, within
+    3% of the trace's replay (the misses listed with what the trace shows; before the replay was used, 13 of 21
+    foreach shapes and 3 of 5 fused ones were within)."""
+    from vramledger.analytic import estimate
+    from vramledger.catalog import resolve_model
+    from vramledger.specs import Method, Optimizer, Precision, TrainSpec
+
+    m = resolve_model(rec["model"])
+    t = TrainSpec(
+        method=Method.FULL,
+        precision=Precision(rec["precision"]),
+        optimizer=Optimizer(rec["optimizer"]),
+        micro_batch=rec["micro_batch"],
+        seq_len=rec["seq_len"],
+        grad_ckpt=False,
+        packing=True,
+    )
+    led = estimate(m, t)
+    got, replay = max(led.reserved(p) for p in TRAIN), rec["replay_peak_reserved"]
+    gap = got / replay - 1
+    print(f"{rec['id']}: replay {replay / 2**30:.2f} GiB, estimate {got / 2**30:.2f} GiB ({gap:+.1%})")
+    if rec["id"] in TWO_STEPS_MISSES:
+        assert abs(gap) > 0.03, "no longer a miss: take it out of TWO_STEPS_MISSES"
+        pytest.xfail(f"{gap:+.1%}: {TWO_STEPS_MISSES[rec['id']]}")
+    assert abs(gap) <= 0.03
