@@ -253,7 +253,7 @@ def single_shape(
        through the allocator model (``two_steps_reserve``). A packed run takes the replay's blocks made again in step
        2 (its states and the activations they displace into the chain) in place of term 2's count, and leaves the
        foreach temporaries to it (term 1 without them, but in the states' rests band); a run with dynamic padding
-       keeps the closed forms, held over its shorter shapes, and has the replay at B × L as a lower bound.
+       keeps the closed forms, held over its shorter shapes; a packed run's figure is at most that (runs.py).
     Terms 1's temporaries and 2 to 6 are for trained base weights (full, freeze), whose per-parameter tensors are
     large-pool blocks the size of decoder matrices; adapters' are small, and the small pool's cached bytes
     (``small_pool_excess``) are added on top. The ``on`` terms switch off as the shape grows (``NONE``: left out).
@@ -283,8 +283,9 @@ def single_shape(
         remade = _relaid(m, train, p, on, grads) + _tied_relaid(m, train, p, on, grads)
         hole_again, temporaries = _hole_remade(m, train, p, on), temporaries_unused_by_activations(m, train, p)
         # a run with dynamic padding keeps the closed forms, held over its shorter shapes (the replay's count is not
-        # closed downwards); it meets B × L with full rows too, the packed run's step, whose replay is a lower bound
-        sequence = 0 if displaced is None else max(two_steps_reserve(m, train, p) or 0, base + displaced)
+        # closed downwards, and a lower bound from it at B × L made the estimate fall as the shape grew: Qwen2.5-1.5B
+        # bf16-true 5 × 2277 → 2405, 72.11 → 70.66 GiB); a packed run's figure is at most this one (runs.py)
+        sequence = 0
     else:  # a packed run: what step 2 makes again, its displaced activations with the states; the temporaries placed
         remade, hole_again, sequence = displaced, 0, two_steps_reserve(m, train, p) or 0
         # by the replay, but where the states sit in every MLP activation segment they do get segments of their own,
