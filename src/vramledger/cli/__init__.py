@@ -52,6 +52,14 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, a mistyped flag answered with the command's closest one and its own ``--help``."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        raise VramledgerError(_unrecognized(extra, _command_parser(parser, args.command)))
+    return args
+
+
 def _command_parser(parser: argparse.ArgumentParser, command: str) -> argparse.ArgumentParser:
     """The subcommand's own parser (its options are what a mistyped flag is compared with)."""
     for action in parser._actions:  # noqa: SLF001 - argparse keeps its subparsers only here
@@ -91,10 +99,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from vramledger.cli.common import check_outputs
 
     try:
-        parser = build_parser()
-        args, extra = parser.parse_known_args(argv)
-        if extra:
-            raise VramledgerError(_unrecognized(extra, _command_parser(parser, args.command)))
+        args = parse(build_parser(), argv)
         check_outputs(args)
         code = int(args.run(args) or EXIT_OK)
         if getattr(args, "notes", ()):  # set by resolve_inputs: printed once the command has answered

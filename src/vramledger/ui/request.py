@@ -215,6 +215,7 @@ def _dropped_files(body: Mapping[str, Any]) -> Iterator[tuple[Path | None, Path 
 
 def resolve(command: str, body: Mapping[str, Any], *, startup_config: Path | None = None) -> Setup:
     """Parse ``body`` as ``vramledger COMMAND`` would parse its flags, and resolve the specs."""
+    from vramledger.cli import parse
     from vramledger.cli.common import resolve_inputs
 
     if command not in COMMANDS:
@@ -235,7 +236,7 @@ def resolve(command: str, body: Mapping[str, Any], *, startup_config: Path | Non
             config = startup_config
         try:
             try:
-                args = cli_parser().parse_args([command, *argv])
+                args = parse(cli_parser(), [command, *argv])
             except SystemExit:  # argparse's --help/--version; refused above, so this is a safety net
                 raise VramledgerError("request: asked argparse to exit; send flags with values only") from None
             args.config, args.deepspeed = config, deepspeed
