@@ -598,6 +598,16 @@ class _ShapePeaks:
         that need no peak, runs.py ``_regions``)."""
         return step_parts(self.m, train, self.gpu)
 
+    def moments(self, train: TrainSpec) -> dict[Phase, Moment]:
+        """The step's moments at another shape (read only), for what the FSDP default pool's floors read beyond the
+        peaks (distributed/stream_pools.py ``_held_flatten_floor``)."""
+        return _moments_at(self.m, train, self.gpu)
+
+
+@lru_cache(maxsize=1024)
+def _moments_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> dict[Phase, Moment]:
+    return moments(m, train, gpu)
+
 
 @lru_cache(maxsize=4096)
 def _peaks_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[StepParts, int, int, int]:
