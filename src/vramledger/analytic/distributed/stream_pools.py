@@ -534,18 +534,34 @@ class ReserveLine(NamedTuple):
 
 
 def pooled_phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment], at: ShapePeaks | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    moments: dict[Phase, Moment],
+    at: ShapePeaks | None = None,
+    every: dict[Phase, tuple[Moment, ...]] | None = None,
 ) -> dict[Phase, list[ReserveLine]]:
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve ``phase_reserves`` of what the
     default stream holds (at least distributed/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
     of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve ``ShapePeaks``),
-    for a run with dynamic padding."""
+    for a run with dynamic padding; ``every``: every moment of each phase (analytic/step.py ``phase_moments``;
+    None: the peaks alone)."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
     default = {ph: mo.total - off[ph] for ph, mo in moments.items()}
+    # The default stream's own peak in a phase is the moment that holds the most outside the side pools, not
+    # always the phase's peak: Llama-3.2-1B, full, FSDP2 on 4 ranks, eager, checkpointing, from 1 × 3075 to 3076
+    # backward's peak moved to a moment 1.75 MiB larger with the root's 1,002 MiB unsharded parameters live in the
+    # all-gather pool, and the default pool's reserve, taken at that moment, fell by 748 MiB.
+    every = every or {}
+    stream = {ph: max(c.total - side_live(train, c) for c in every.get(ph, (mo,))) for ph, mo in moments.items()}
     # The default stream's blocks follow the engine's compute dtypes; the side pools the dtypes as loaded (an fp32
     # base's shards are cast there before their all-gather).
     engine = engine_dtypes(train)
-    base = phase_reserves(m, engine, p, default)
+    # each line is what is cached at the phase's peak: the reserve less the default stream's bytes there
+    base = {
+        ph: (n + stream[ph] - default[ph], source, basis)
+        for ph, (n, source, basis) in phase_reserves(m, engine, p, stream).items()
+    }
     pools = side_pools(m, train, p.weights).total
     # step 1's backward workspace in an fp32 logits block: a floor under the default pool
     # (distributed/fsdp_workspace.py)
