@@ -10,12 +10,14 @@ micro-batch it steps the length and reports:
 - ``PACKED``: a packed run's reserved above the padded run's at the same shape;
 - ``WORLD``: rank 0's allocated or reserved rose as a sharded setup's world size grew.
 
-Each figure is the largest over the training phases (forward, backward, optimizer), and separately over evaluation
-and generation where the setup has them. Run it niced, one group at a time (about one to three minutes a group on
-one shared core; ``--step`` trades coverage for time)::
+Each figure is the largest over the training phases (forward, backward, optimizer); the ``eval`` group sweeps the
+evaluation shape (``eval_batch`` × ``eval_seq_len``) at a 1 × 256 training step and checks the evaluation and
+generation phases instead. Run it niced, one group at a time: at ``--step 131`` a group takes two
+to six minutes on one shared core (``losses`` and ``distributed`` the longest; ``--step`` trades coverage for
+time, ``--model`` changes the model of the groups that do not name their own)::
 
-    PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group methods --step 61
-    PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group all --step 97
+    PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group methods --step 131
+    PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group distributed --step 173 --model llama-3.2-1b
 
 Groups: methods, losses, optimizers, models, distributed, eval, world. It prints one line per finding and a count
 per group; no timing is asserted.
