@@ -1,5 +1,5 @@
 """The searches behind a padded run's reserve (reserve/runs.py): the upper edge of a set of shapes closed
-downwards (``_largest_on``, searched from a guess), and the counts the planner's many (B, L) of one setup share.
+downwards (``largest_on``, searched from a guess), and the counts the planner's many (B, L) of one setup share.
 
 Truths used: a brute-force scan of every shape, written here; the same figures computed with every cache of
 runs.py emptied before each shape.
@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from vramledger.analytic.reserve import runs
-from vramledger.analytic.reserve.runs import _largest_on
+from vramledger.analytic.reserve.runs import largest_on
 from vramledger.analytic.step import _ShapePeaks, step_parts
 from vramledger.catalog import resolve_model
 from vramledger.specs import Attention, Method, Precision, TrainSpec
@@ -47,7 +47,7 @@ def test_the_edge_is_the_scans(B: int, L: int, tokens: int, square: int, drops: 
         return b * ell <= tokens and b * ell * ell <= square * 10 and ell <= stairs[b - 1]
 
     for pred in (on, lambda b, ell: b * ell <= tokens, lambda b, ell: ell <= stairs[b - 1]):
-        assert _largest_on(B, L, pred) == _scan(B, L, pred)
+        assert largest_on(B, L, pred) == _scan(B, L, pred)
 
 
 def _uncached(fn: Callable[[], int]) -> int:

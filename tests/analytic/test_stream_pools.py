@@ -5,6 +5,7 @@ bench/distributed/run_grid.py: one caching-allocator pool per CUDA stream, trace
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -111,9 +112,14 @@ def test_fsdp_peak_reserved_within_10_percent(rec: dict[str, Any]) -> None:
     """Rank 0's peak reserved (default stream + side pools) against the replay's. Before the side pools were
     modelled the estimate was 10-32% under on these configs; before the backward workspace's logits segment
     (analytic/distributed/fsdp_workspace.py) the four frozen-base rows of the mid model at 8 ranks (and FSDP1 at 2) were
-    11-13% under."""
+    11-13% under. The replay is of one shape, so it is a packed run's estimate that meets it: a run with dynamic
+    padding also holds what its shorter shapes reserve (stream_pools.py ``_held_flatten_floor``: Llama-3.2-1B
+    FSDP1 at 1 × 1024, where the fp32 logits block first holds the tied head's flattening blocks, keeps the three
+    made again at every shorter length, +28.7% here), and never less than the packed run's."""
     m, t = specs(rec)
-    got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
+    padded = estimate(m, t).peak_reserved
+    got, want = estimate(m, dataclasses.replace(t, packing=True)).peak_reserved, rec["trace"]["peak_reserved"]
+    assert padded >= got
     print(rec["id"], "estimate", got, "replay", want, f"{100 * (got - want) / want:+.1f}%")
     assert abs(got - want) <= 0.10 * want
 
@@ -147,8 +153,10 @@ def test_fsdp2_all_gather_pool_by_hand() -> None:
 
 def _default_pool(rec: dict[str, Any]) -> int:
     """The estimate's default-stream pool at its largest: the default stream's allocated bytes plus its reserve
-    line, at each phase's peak (the whole reserve where there is no side pool)."""
+    line, at each phase's peak (the whole reserve where there is no side pool). A packed run's: the replay is of one
+    shape (``test_fsdp_peak_reserved_within_10_percent``)."""
     m, t = specs(rec)
+    t = dataclasses.replace(t, packing=True)
     ledger = estimate(m, t)
     default = [i for i in ledger.items if i.label in (DEFAULT_POOL_LABEL, RESERVE_LABEL)]
     side = {i.phase: i.bytes for i in ledger.items if i.label == SIDE_POOLS_LABEL}

@@ -321,6 +321,13 @@ def _softmax_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> 
 
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
+    return {ph: max(mos, key=lambda mo: mo.total) for ph, mos in phase_moments(m, train, gpu).items()}
+
+
+def phase_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, tuple[Moment, ...]]:
+    """Every moment modelled in each phase (the peak is the largest; ``moments``): FSDP's default stream peaks at
+    the moment that holds the most outside its side streams' pools, which need not be the phase's peak
+    (distributed/stream_pools.py ``pooled_phase_reserves``)."""
     p = step_parts(m, train, gpu)
     backward = (
         _loss_backward(train, p),
@@ -331,20 +338,20 @@ def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[
     )
     for mo in backward:  # the engine's buffers before the choice: some live only at the end of backward
         add_buffers(mo, Phase.BACKWARD, p.buffers)
-    forward = _forward_moment(m, train, p)
-    add_buffers(forward, Phase.FORWARD, p.buffers)
+    forward = _forward_moments(m, train, p)
+    for mo in forward:
+        add_buffers(mo, Phase.FORWARD, p.buffers)
     if holds_grads_into_forward(train):
-        forward = max(forward, _before_forward(train, p), key=lambda mo: mo.total)
+        forward = (*forward, _before_forward(train, p))
     out = {
-        Phase.LOAD: _load_moment(m, train, p),
+        Phase.LOAD: (_load_moment(m, train, p),),
         Phase.FORWARD: forward,
-        Phase.BACKWARD: max(backward, key=lambda mo: mo.total),
-        Phase.OPTIMIZER: _optimizer_moment(train, p),
+        Phase.BACKWARD: backward,
+        Phase.OPTIMIZER: (_optimizer_moment(train, p),),
     }
-    for phase, mo in out.items():
-        if phase not in (Phase.FORWARD, Phase.BACKWARD):
-            add_buffers(mo, phase, p.buffers)
-    out.update(eval_moments(m, train, p))
+    for phase in (Phase.LOAD, Phase.OPTIMIZER):
+        add_buffers(out[phase][0], phase, p.buffers)
+    out.update({ph: (mo,) for ph, mo in eval_moments(m, train, p).items()})
     return out
 
 
@@ -369,9 +376,10 @@ def _load_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
     return load
 
 
-def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
-    """The larger of the loss (with everything saved so far) and the inside of the last decoder layer (and, for
-    LitGPT's QLoRA, lm_head beside the previous micro-step's graph: analytic/litgpt_qlora.py)."""
+def _forward_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
+    """Forward's moments, the largest its peak: the loss (with everything saved so far) and the inside of the last
+    decoder layer (and, for LitGPT's QLoRA, lm_head beside the previous micro-step's graph:
+    analytic/litgpt_qlora.py)."""
     grads_prev = _previous_grads(train, p)
     fwd = Moment(name="cross-entropy in the loss (logits, their fp32 copy and log-softmax live)", phase=Phase.FORWARD)
     add_persistent(fwd, p, train, grads=grads_prev, autocast=True, states=True)
@@ -398,7 +406,7 @@ def _forward_moment(m: ModelSpec, train: TrainSpec, p: StepParts) -> Moment:
         next_forward_moment(m, train, p, grads=grads_prev),
         convert_output_moment(m, train, p, grads=grads_prev),  # analytic/litgpt_loop.py
     )
-    return max((fwd, fwd_layer, *(mo for mo in litgpt if mo)), key=lambda mo: mo.total)
+    return (fwd, fwd_layer, *(mo for mo in litgpt if mo))
 
 
 def _before_forward(train: TrainSpec, p: StepParts) -> Moment:
@@ -598,6 +606,16 @@ class _ShapePeaks:
         that need no peak, runs.py ``_regions``)."""
         return step_parts(self.m, train, self.gpu)
 
+    def moments(self, train: TrainSpec) -> dict[Phase, Moment]:
+        """The step's moments at another shape (read only), for what the FSDP default pool's floors read beyond the
+        peaks (distributed/stream_pools.py ``_held_flatten_floor``)."""
+        return _moments_at(self.m, train, self.gpu)
+
+
+@lru_cache(maxsize=1024)
+def _moments_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> dict[Phase, Moment]:
+    return moments(m, train, gpu)
+
 
 @lru_cache(maxsize=4096)
 def _peaks_at(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[StepParts, int, int, int]:
@@ -613,7 +631,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     p = step_parts(m, train, gpu)
     if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/distributed/stream_pools.py)
         at_fsdp = _ShapePeaks(m, gpu) if engine_dtypes(train) == train else None
-        reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp)
+        reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp, phase_moments(m, train, gpu))
     else:
         # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
         totals = {ph: mo.total for ph, mo in mos.items()}

@@ -71,6 +71,7 @@ Checked against the per-stream replay of the traces in bench/distributed/grid.js
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -99,6 +100,7 @@ from vramledger.analytic.distributed.fsdp_workspace import held_floor
 from vramledger.analytic.params import embedding_params, head_params, layer_linears
 from vramledger.analytic.parts import Moment, StepParts
 from vramledger.analytic.reserve import ShapePeaks, logits_blocks, phase_reserves, replay_excess, training_peaks
+from vramledger.analytic.reserve.runs import largest_on, parts_of
 from vramledger.analytic.weights import WeightBudget
 from vramledger.ledger import Basis, Category, Phase
 from vramledger.specs import ModelSpec, Sharding, TrainSpec
@@ -389,16 +391,81 @@ def _reduce_scatter(
     return ev.reserved(), ar.reserved()
 
 
+def _held_flatten_floor(
+    m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[Phase, int], at: ShapePeaks | None
+) -> int:
+    """``_flatten_floor`` of a run: a packed run meets one shape and gets its own; a run with dynamic padding meets
+    every shape up to (B, L) and keeps the segments each made (analytic/reserve/runs.py ``held_reserved``), so it
+    gets the largest floor over them. Two things switch it off as the shape grows: ``packed`` (step 1's optimizer
+    no longer fits the segments backward freed: its peak grows with the tokens) and each flattening block once the
+    loss's fp32 logits block, cached by then, holds it. Each is on over a set of shapes closed downwards, and the
+    floor grows with the shape inside it (the loss's blocks), so the largest is at each set's upper edge. Without
+    this, Qwen2.5-0.5B full FSDP1 full_shard on 4 ranks, checkpointing, 1 × 447 → 448 fell by 778 MiB: the 4·V·T
+    logits block grew past the embedding's flattening block. ``at``: the step at another shape (None: this one)."""
+    own = _flatten_floor(m, train, p, default)
+    moments_at: Callable[[TrainSpec], dict[Phase, Moment]] | None = getattr(at, "moments", None)
+    wb = p.weights
+    blocks = flatten_blocks(m, train, wb, u=fsdp_gathered_bytes(train, wb), ranks=shard_ranks(train))
+    if train.packing or at is None or moments_at is None or not blocks:
+        return own
+    parts_at = parts_of(at)
+
+    def terms(b: int, ell: int) -> _FlattenTerms | None:
+        t = train.at_shape(b, ell)
+        shape_default = {ph: mo.total - side_live(t, mo) for ph, mo in moments_at(t).items()}
+        return _flatten_terms(m, t, parts_at(t), shape_default)
+
+    best = own
+    B, L = train.micro_batch, train.seq_len
+    for size in sorted({0, *blocks}):  # 0: the loss's blocks alone, where no flattening block is made again
+
+        def on(b: int, ell: int, size: int = size) -> bool:
+            x = terms(b, ell)
+            return x is not None and x.packed and (size == 0 or size > x.largest_cached_block)
+
+        for b, ell in largest_on(B, L, on):
+            x = terms(b, ell)
+            assert x is not None
+            best = max(best, x.floor())
+    return best
+
+
+class _FlattenTerms(NamedTuple):
+    """``flatten_pool_floor``'s inputs at one shape."""
+
+    blocks: tuple[int, ...]
+    optimizer_default: int
+    loss_blocks: int
+    largest_cached_block: int
+    packed: bool
+
+    def floor(self) -> int:
+        return flatten_pool_floor(
+            self.blocks,
+            optimizer_default=self.optimizer_default,
+            loss_blocks=self.loss_blocks,
+            largest_cached_block=self.largest_cached_block,
+            packed=self.packed,
+        )
+
+
 def _flatten_floor(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[Phase, int]) -> int:
-    """FSDP1's root flattening blocks made again from step 2 on (distributed/fsdp_root_flatten.py
-    ``flatten_pool_floor``). Step 1 holds no states until its optimizer step, so the cached bytes free when that
-    step begins are its forward's or backward's peak less the states, less what the optimizer moment holds besides
-    its states and temporaries; the optimizer's largest block is one state of the largest parameter's share (a
-    parameter is cut where its unit's shard ends: use_orig_params' sharded views); the loss's, its fp32 logits."""
+    """FSDP1's root flattening blocks made again from step 2 on at one shape (distributed/fsdp_root_flatten.py
+    ``flatten_pool_floor``)."""
+    terms = _flatten_terms(m, train, p, default)
+    return 0 if terms is None else terms.floor()
+
+
+def _flatten_terms(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[Phase, int]) -> _FlattenTerms | None:
+    """``flatten_pool_floor``'s inputs (None: no flattening). Step 1 holds no states until its optimizer step, so
+    the cached bytes free when that step begins are its forward's or backward's peak less the states, less what the
+    optimizer moment holds besides its states and temporaries; the optimizer's largest block is one state of the
+    largest parameter's share (a parameter is cut where its unit's shard ends: use_orig_params' sharded views); the
+    loss's, its fp32 logits."""
     wb, ranks = p.weights, shard_ranks(train)
     blocks = flatten_blocks(m, train, wb, u=fsdp_gathered_bytes(train, wb), ranks=ranks)
     if not blocks or Phase.OPTIMIZER not in default:
-        return 0
+        return None
     step1_peak = max(default.get(Phase.FORWARD, 0), default.get(Phase.BACKWARD, 0)) - p.state_bytes
     before_step = default[Phase.OPTIMIZER] - p.state_bytes - p.step_temp_bytes
     packed = p.state_bytes + p.step_temp_bytes >= step1_peak - before_step
@@ -409,20 +476,12 @@ def _flatten_floor(m: ModelSpec, train: TrainSpec, p: StepParts, default: dict[P
     largest_loss = min(p.logits_forward, 4 * m.vocab_size * train.tokens)  # the fp32 logits, at most
     if not p.step_temp_bytes:
         # no temporaries (fused): the states are live, so the largest cached block is the loss's, freed by then
-        return flatten_pool_floor(
-            blocks,
-            optimizer_default=default[Phase.OPTIMIZER],
-            loss_blocks=step2_on_packed_pool(m, engine_dtypes(train), p),
-            largest_cached_block=largest_loss,
-            packed=packed,
+        return _FlattenTerms(
+            blocks, default[Phase.OPTIMIZER], step2_on_packed_pool(m, engine_dtypes(train), p), largest_loss, packed
         )
-    return flatten_pool_floor(
-        blocks,
-        optimizer_default=default[Phase.OPTIMIZER],
-        loss_blocks=p.logits_forward,
-        largest_cached_block=max(largest * wb.trainable_dtype.bytes, largest_loss),  # the foreach temporaries'
-        packed=packed,
-    )
+    # the foreach temporaries' largest block, or the loss's
+    largest_cached = max(largest * wb.trainable_dtype.bytes, largest_loss)
+    return _FlattenTerms(blocks, default[Phase.OPTIMIZER], p.logits_forward, largest_cached, packed)
 
 
 def step2_on_packed_pool(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -475,25 +534,41 @@ class ReserveLine(NamedTuple):
 
 
 def pooled_phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, moments: dict[Phase, Moment], at: ShapePeaks | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    moments: dict[Phase, Moment],
+    at: ShapePeaks | None = None,
+    every: dict[Phase, tuple[Moment, ...]] | None = None,
 ) -> dict[Phase, list[ReserveLine]]:
     """The ALLOCATOR_RESERVE lines of each phase under FSDP: analytic/reserve ``phase_reserves`` of what the
     default stream holds (at least distributed/fsdp_workspace.py's floor), and the side pools' reserved bytes less what
     of them is live at the phase's peak. ``at``: the step at another shape (analytic/reserve ``ShapePeaks``),
-    for a run with dynamic padding."""
+    for a run with dynamic padding; ``every``: every moment of each phase (analytic/step.py ``phase_moments``;
+    None: the peaks alone)."""
     off = {ph: side_live(train, mo) for ph, mo in moments.items()}
     default = {ph: mo.total - off[ph] for ph, mo in moments.items()}
+    # The default stream's own peak in a phase is the moment that holds the most outside the side pools, not
+    # always the phase's peak: Llama-3.2-1B, full, FSDP2 on 4 ranks, eager, checkpointing, from 1 × 3075 to 3076
+    # backward's peak moved to a moment 1.75 MiB larger with the root's 1,002 MiB unsharded parameters live in the
+    # all-gather pool, and the default pool's reserve, taken at that moment, fell by 748 MiB.
+    every = every or {}
+    stream = {ph: max(c.total - side_live(train, c) for c in every.get(ph, (mo,))) for ph, mo in moments.items()}
     # The default stream's blocks follow the engine's compute dtypes; the side pools the dtypes as loaded (an fp32
     # base's shards are cast there before their all-gather).
     engine = engine_dtypes(train)
-    base = phase_reserves(m, engine, p, default)
+    # each line is what is cached at the phase's peak: the reserve less the default stream's bytes there
+    base = {
+        ph: (n + stream[ph] - default[ph], source, basis)
+        for ph, (n, source, basis) in phase_reserves(m, engine, p, stream).items()
+    }
     pools = side_pools(m, train, p.weights).total
     # step 1's backward workspace in an fp32 logits block: a floor under the default pool
     # (distributed/fsdp_workspace.py)
     loss_peak = training_peaks(default)[0]
     side_at_loss = next((off[ph] for ph in (Phase.BACKWARD, Phase.FORWARD) if default.get(ph) == loss_peak), 0)
     floor = held_floor(m, engine, p, loss_peak, shard_ranks(train), at, side_at_loss) if pools else 0
-    flat_floor = _flatten_floor(m, train, p, default)
+    flat_floor = _held_flatten_floor(m, train, p, default, at)
     floor_source = WORKSPACE_SOURCE
     if flat_floor > floor:
         floor, floor_source = flat_floor, FLATTEN_POOL_SOURCE

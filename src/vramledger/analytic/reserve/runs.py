@@ -42,7 +42,7 @@ from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
 # of such a run is the largest single-shape reserve, these mechanisms included, over the shapes ≤ (B, L): the
 # shorter batches of B sequences and the last, partial batch of an epoch (fewer sequences). Each mechanism is on
 # over a set of shapes closed downwards, and what it adds grows inside that set, so the largest is at a shape on
-# the set's upper edge (``_largest_on``); the set grows with (B, L), so the estimate never falls.
+# the set's upper edge (``largest_on``); the set grows with (B, L), so the estimate never falls.
 
 
 def peak_reserved(
@@ -172,7 +172,7 @@ def _regions(
     m: ModelSpec, train: TrainSpec, p: StepParts, at: ShapePeaks
 ) -> list[tuple[Switching, list[tuple[int, int]]]]:
     """Each switching mechanism (and activations with tied together) that applies, with the upper edge of the
-    shapes ≤ (B, L) where it is on (``_largest_on``). Cached: ``held_reserved`` asks for them at (B, L), and then
+    shapes ≤ (B, L) where it is on (``largest_on``). Cached: ``held_reserved`` asks for them at (B, L), and then
     ``_held_capped`` again where (B, L) is within the edges (read only)."""
     on = switches_on(m, train, p)
     regions: list[tuple[Switching, Callable[[int, int], bool]]] = []
@@ -217,7 +217,7 @@ def _regions(
     regions += [(Switching(relaid=True), on_k) for on_k in relaid]
     if (math := _math_below_window(m, train)) is not None:
         regions.append((NONE, math))
-    out = [(which, _largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
+    out = [(which, largest_on(train.micro_batch, train.seq_len, region)) for which, region in regions]
     band = workspace_band(m, train, p)
     if band:
         out.append((Switching(workspace=True), band))
@@ -304,7 +304,7 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
     return _Predicates(workspace, activations, tied)
 
 
-def _largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[int, int]]:
+def largest_on(B: int, L: int, on: Callable[[int, int], bool]) -> list[tuple[int, int]]:
     """For each micro-batch b ≤ B, the longest length ℓ ≤ L with ``on(b, ℓ)`` (``on`` holds on every smaller
     shape where it holds; micro-batches where it holds at no length are left out).
 
