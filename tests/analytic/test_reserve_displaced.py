@@ -66,6 +66,33 @@ def test_states_in_the_smaller_segments_push_step_2s_largest_activations_into_an
     assert allocated == (44 + 4 * 38 + 3 * 200) * MiB  # states, step 2's saved blocks, the loss peak's three F
 
 
+def test_a_layer_freed_node_by_node_leaves_the_mlp_rest_to_a_state_and_step_2_remakes_the_mlp_block() -> None:
+    """Why the backward's order matters (spill.py ``_backward``), from the allocator rules alone.
+
+    Forward: a 76 MiB MLP block M (a segment of its own), and a 40 MiB fp32 norm temporary freed, whose segment A then
+    holds two 20 MiB norm outputs, n_in (q's input) and n_post (gate's). Backward frees M (a later layer's), then makes
+    the layer's 47.5 MiB MLP gradient G (best fit: only M holds it; a 28.5 MiB rest), o's and q's 20 MiB gradients;
+    AdamW then makes one 20 MiB q state, ``zero_grad`` frees the gradients, step 2 asks for 76 MiB again.
+
+    Node by node (autograd releases a node's saved tensors once it has run): n_post is freed before o's gradient, which
+    takes that 20 MiB half of A (smaller than M's rest), n_in before q's, which takes the other half; the state then
+    takes M's rest, and after ``zero_grad`` M holds a state: step 2 makes a 76 MiB segment, 192 MiB in all. Freeing the
+    layer after its gradients: o's gradient takes M's rest, q's a segment of its own (20 MiB: nothing else is free),
+    the state A (freed whole, 40 MiB, the smallest then); M is whole after ``zero_grad`` and serves step 2: 136 MiB."""
+    M, A, G, Q = 76 * MiB, 40 * MiB, 95 * MiB // 2, 20 * MiB
+    forward = ((1, M), (2, A), (2, 0), (3, Q), (4, Q))  # M; A's temporary, freed; n_in, n_post cut from A
+    node_by_node = ((1, 0), (10, G), (4, 0), (11, Q), (3, 0), (12, Q))
+    whole_layer = ((1, 0), (10, G), (11, Q), (12, Q), (3, 0), (4, 0))
+    after = ((20, Q), (10, 0), (11, 0), (12, 0), (30, M))  # the q state; zero_grad; step 2's MLP block
+
+    def reserved(backward: tuple[tuple[int, int], ...]) -> int:
+        return replay_excess(forward + backward + after)[0]
+
+    got = reserved(node_by_node), reserved(whole_layer)
+    print(f"expected 192 and 136 MiB reserved; got {got[0] // MiB}, {got[1] // MiB}")
+    assert got == (192 * MiB, 136 * MiB)
+
+
 def _modelled() -> list[dict[str, Any]]:
     states = {r["id"]: r for r in map(json.loads, STATES.read_text().splitlines())}
     out = []
