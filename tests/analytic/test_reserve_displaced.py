@@ -130,10 +130,6 @@ def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) ->
 TWO_STEPS = ROOT / "bench" / "reserve" / "two_steps.jsonl"
 # Shapes of two_steps.jsonl the packed estimate still misses by more than 3%, with what the trace's replay shows.
 TWO_STEPS_MISSES = {
-    "qwen3-0.6b/full/b8/L1024/nockpt/sdpa/bf16-true/adamw_torch/packed": (
-        "the replay makes fp32 blocks again in step 2, the trace none: the states (2.22 GiB) fit the 2.32 GiB c·V·T "
-        "block (+13.0% before the node-by-node backward)"
-    ),
     "qwen2.5-1.5b/full/b5/L2277/nockpt/sdpa/bf16-true/adamw_torch/packed": (
         "the trace's displaced activations fill 6.44 of the copy's 6.6 GB fp32 block and step 2 makes one block "
         "again; the replay displaces a little more and makes two"
