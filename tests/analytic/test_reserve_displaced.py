@@ -111,7 +111,7 @@ def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) ->
     """Where the sequence is written out (Llama-shaped layers, the residual stream's requests ≥ 10 MiB), the two steps
     replayed reserve within 1% of the traced steps' replay at step 2's peak, and step 2 makes again what the trace's
     step 2 makes to within one fp32 logits block (all but Qwen2.5-1.5B bf16-mixed 4 × 1024 exactly: there 4.37 blocks
-    against 4.34, the MLP segments the states sit in; it made 5.16 and 1.5 GiB less in step 1 with its residual stream
+    against 4.34, the MLP segments the states sit in; it made 5.16 and 1.7 GiB less in step 1 with its residual stream
     in c bytes and each layer freed after its seven gradients: amp_layer.py, spill.py ``_backward``)."""
     m, t = _specs(rec["id"])
     t = dataclasses.replace(t, packing=True)
