@@ -299,6 +299,9 @@ class _Layer:
         # ``weight_casts``: autocast's c-byte copy of each trained fp32 weight, cached at its first matmul and saved by
         # it (autocast_mode.cpp ``cached_cast``)
         self.T, self.trained, self.weight_casts = tokens, trained, weight_casts
+        # ``trained``: the saved input of each projection, with the projections that save it (their matmuls), for a
+        # backward that frees it once their weights' gradients are made (spill.py ``_backward``)
+        self.inputs: dict[int, tuple[str, ...]] = {}
 
     def model_forward(self, layers: int) -> None:
         """The embedding's output (the first layer's input), ``layers`` decoder layers and the final norm (never
@@ -306,6 +309,15 @@ class _Layer:
         x = self.r.alloc(self.c * self.m.hidden_size * self.T)
         for _ in range(layers):
             x = self.forward(x, self.fused)
+        self.norm()
+
+    @property
+    def residual_bytes(self) -> int:
+        """An element of the residual stream: the embedding's output, the layers' sums."""
+        return self.c
+
+    def final_norm(self) -> None:
+        """The model's final norm, never checkpointed: its fp32 input saved, its output lm_head's input."""
         self.norm()
 
     def _drop(self, *blocks: int) -> None:
@@ -328,7 +340,11 @@ class _Layer:
         if not fused:
             r.free(q)
             r.free(k)
+        if self.trained and not fused:
+            self.inputs[normed] = ("q_proj", "k_proj", "v_proj")
         attn = r.alloc(c * self.m.q_dim * T)  # SDPA's output, saved by o_proj's lora_A (or its autocast copy)
+        if self.trained:
+            self.inputs[attn] = ("o_proj",)
         out_attn = self._linear("o_proj")
         self._drop(attn, *embedded, qkv if fused else v)
         if not self.trained:  # q, k and v's matmuls save it when their weights are trained
@@ -349,6 +365,9 @@ class _Layer:
             self._drop(gate)
             up = self._linear("up_proj")  # saved by the product
         product = r.alloc(c * width * T)  # down_proj's input: its base does not save it, lora_A saves a copy
+        if self.trained and not fused:
+            self.inputs[normed] = ("gate_proj", "up_proj")
+            self.inputs[product] = ("down_proj",)
         self._drop(act, gate if fused else up)
         down = self._linear("down_proj")
         if not self.trained:  # saved by down_proj's, gate's and up's matmuls when their weights are trained
@@ -359,10 +378,11 @@ class _Layer:
         r.free(h)
         return out
 
-    def norm(self, width: int = 0, *, saved: bool = True) -> int:
+    def norm(self, width: int = 0, *, saved: bool = True, out_bytes: int = 0) -> int:
         """LlamaRMSNorm over ``width`` features (default H): ``to(float32)`` (saved, else freed once the normalised
         product is made), ``pow(2)``, the normalised product, its cast back, the weight product (returned; freed
-        when the block is done with it)."""
+        when the block is done with it; ``out_bytes`` an element, c by default: 4 with fp32 weights under autocast,
+        which leaves ``mul`` to type promotion)."""
         r, c, n = self.r, self.c, (width or self.m.hidden_size) * self.T
         f32 = r.alloc(4 * n)
         r.free(r.alloc(4 * n))
@@ -370,7 +390,7 @@ class _Layer:
         if not saved:
             r.free(f32)
         down = r.alloc(c * n)
-        out = r.alloc(c * n)
+        out = r.alloc((out_bytes or c) * n)
         if not self.trained:  # the weight product saves it where the norm's weight is trained
             r.free(down)
         r.free(prod)
@@ -386,17 +406,20 @@ class _Layer:
         self.r.free(proj)
         return normed
 
-    def _rope(self, width: int) -> int:
+    def _rope(self, width: int, in_bytes: int = 0, out_bytes: int = 0) -> int:
         """apply_rotary_pos_emb on one of q, k: ``q * cos``, ``rotate_half`` (``neg``, ``cat``), ``* sin``, the sum
-        (returned: saved by SDPA)."""
-        r, n = self.r, self.c * width * self.T
-        cos = r.alloc(n)
-        neg = r.alloc(n // 2)
-        cat = r.alloc(n)
+        (returned: saved by SDPA). ``in_bytes``: an element of q (c by default); ``out_bytes``: of the products with
+        cos and sin, which type promotion makes fp32 where cos and sin are (under autocast with an fp32 residual
+        stream, ``LlamaRotaryEmbedding.forward`` returns them in the hidden states' dtype)."""
+        r, n = self.r, width * self.T
+        i, o = in_bytes or self.c, out_bytes or self.c
+        cos = r.alloc(o * n)
+        neg = r.alloc(i * n // 2)
+        cat = r.alloc(i * n)
         r.free(neg)
-        sin = r.alloc(n)
+        sin = r.alloc(o * n)
         r.free(cat)
-        out = r.alloc(n)
+        out = r.alloc(o * n)
         r.free(cos)
         r.free(sin)
         return out

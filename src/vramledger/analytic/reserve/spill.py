@@ -28,6 +28,7 @@ from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
 from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
+from vramledger.analytic.reserve.amp_layer import AmpLayer
 from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay, one_copy_weights
 from vramledger.analytic.reserve.full import (
     _ADAM_INIT_GROUP,
@@ -133,9 +134,11 @@ def displaced_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None
     22 MiB MLP blocks, nine 16 MiB fp32 norm inputs, six 8 MiB blocks), and two fp32 blocks are made again where the
     states alone (S − c·V·T = 0.69 of a block) reach one.
 
-    The sequence (forward_cache.py ``_Layer``, ``trained``): each decoder layer's forward as transformers'
-    ``LlamaDecoderLayer`` runs it, the final norm, the standard loss's chain (``full.logits_blocks``), backward
-    freeing each layer's saved tensors after its weights' gradients are made, both threads' cuBLAS workspaces,
+    The sequence (forward_cache.py ``_Layer``, ``trained``; under autocast with fp32 weights amp_layer.py's
+    ``AmpLayer``, whose residual stream is fp32): each decoder layer's forward as transformers' ``LlamaDecoderLayer``
+    runs it, the final norm, the standard loss's chain (``full.logits_blocks``), backward freeing each layer's saved
+    tensors node by node, each weight's gradient made before its saved input goes (``_backward``), both threads'
+    cuBLAS workspaces,
     ``Adam._init_group``'s ``exp_avg`` and ``exp_avg_sq`` parameter by parameter (torch/optim/adam.py), the foreach
     temporaries (``_foreach_sqrt``; fused AdamW makes none) made and freed, ``zero_grad`` freeing the gradients,
     then step 2's forward and its loss to the peak. Left out: the weights (segments of their own, never freed), the
@@ -224,16 +227,17 @@ def _two_steps(
     """``displaced_remade``'s replay: what step 2 reserves beyond step 1's cache up to its loss peak, and the
     sequence's reserve there."""
     r = _Replay()
-    layer = _Layer(r, m, set(), {name: (i, o) for name, i, o in shapes}, c, False, tokens=T, trained=True,
-                   weight_casts=cast)  # fmt: skip
+    by_name = {name: (i, o) for name, i, o in shapes}
+    layer = (
+        AmpLayer(r, m, by_name, c, tokens=T) if cast else _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
+    )
     VH, L = m.vocab_size * m.hidden_size, m.num_layers
     params = [VH] + [i * o for _, i, o in shapes] * L + ([] if m.tie_word_embeddings else [VH])
     grad_b, state_b, temp_b = per
     r.alloc(workspace)  # the forward thread's cuBLAS workspace, at its first matmul (never freed)
     groups = _forward(layer, L)
     chain = _loss(r, m, c, T, cast)
-    # step 1's backward: the loss's chain, lm_head's gradient, then each layer's weights' gradients before its saved
-    # tensors are freed (autograd frees a node's saved tensors once it has run), the embedding's last
+    # step 1's backward: the loss's chain, lm_head's gradient, then each layer's (``_backward``), the embedding's last
     *weight_cast, log_softmax, nll_grad, grad = chain
     r.free(log_softmax)
     r.free(nll_grad)
@@ -247,11 +251,8 @@ def _two_steps(
     *layers, final = groups
     for i in final:
         r.free(i)
-    rows = [(i * o) for _, i, o in shapes]
     for group in reversed(layers):
-        grads += [r.alloc(n * grad_b) for n in reversed(rows)]
-        for i in group:
-            r.free(i)
+        grads += _backward(layer, group, grad_b)
     grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
     if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
         grads.append(r.alloc(VH * grad_b))
@@ -271,15 +272,40 @@ def _two_steps(
     return r.model.reserved - before, r.model.reserved
 
 
+def _backward(layer: _Layer, saved: list[int], grad_b: int) -> list[int]:
+    """One decoder layer's step-1 backward: its saved tensors freed node by node, each projection's weight gradient
+    made before its saved input goes; returns the gradients' blocks.
+
+    Autograd frees a node's saved tensors once the node has run (torch/csrc/autograd/engine.cpp ``evaluate_function``:
+    ``fn.release_variables()`` after ``call_function`` unless ``keep_graph_``) and runs the nodes in the reverse of the
+    order forward made them; a saved tensor is released by the last node using it, so the layer's saved tensors go in
+    the reverse of their allocation order, and ``mm``'s backward makes the weight's gradient from the saved input
+    before that input goes (down_proj's from the MLP's product, gate's and up's from the post-attention norm's output,
+    o_proj's from SDPA's output, q's, k's and v's from the input norm's; ``layer.inputs``). So the MLP's and the
+    post-attention norm's blocks are free when the attention's gradients are made: in the trace of Qwen3-4B full,
+    bf16-true, 2 × 2048 (docs/reserve.md) o_proj's and q_proj's 20 MiB gradients are cut from the 20 MiB halves the
+    norms' c·H·T tensors free in the 40 MiB fp32 segments (best fit, CUDACachingAllocator.cpp ``get_free_block``),
+    which leaves the rests beside the MLP gradients free for ``Adam._init_group``'s q and o states. Freeing the whole
+    layer after all seven gradients put those gradients in the rests instead (their states went elsewhere, and step 2
+    found 29 more of its 76 MiB MLP blocks whole than the trace: −3.4% of its reserve). Backward's own transients
+    (activation gradients) are left out."""
+    r, sizes = layer.r, {name: fin * fout for name, (fin, fout) in layer.shapes.items()}
+    grads = []
+    for i in sorted(saved, reverse=True):  # block ids grow in allocation order
+        grads += [r.alloc(sizes[name] * grad_b) for name in reversed(layer.inputs.get(i, ()))]
+        r.free(i)
+    return grads
+
+
 def _forward(layer: _Layer, layers: int) -> list[list[int]]:
     """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last."""
     r = layer.r
     start, ends = r.count, []
-    x = r.alloc(layer.c * layer.m.hidden_size * layer.T)
+    x = r.alloc(layer.residual_bytes * layer.m.hidden_size * layer.T)
     for _ in range(layers):
         x = layer.forward(x, False)
         ends.append(r.count)
-    layer.norm()
+    layer.final_norm()
     groups: list[list[int]] = [[] for _ in range(layers + 1)]
     for i in (i for i in r.live if i > start):
         groups[next((k for k, end in enumerate(ends) if i <= end), layers)].append(i)

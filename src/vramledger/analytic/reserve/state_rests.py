@@ -48,6 +48,11 @@ downwards: a run with dynamic padding holds it at the longest shape ≤ (b, L) w
 counts it where it is on at its shape (``on_at``). Of the catalogue's models up to 8B, only Qwen2.5-1.5B (bf16-mixed,
 3628 to 3744 tokens a micro-batch)
 meets every condition at some shape; elsewhere some segments hold a state and the estimate leaves them out.
+Qwen3-4B full, bf16-true, 2 × 2048 has a state in 137 of its 144 MLP segments with the band off (its rest, 28.5 MiB, is
+larger than the residual stream's 20 MiB segments, but only 25 of those exist to take the 144 q and o states; its
+``q_norm``'s 64 MiB fp32 blocks take two of a layer's three MLP gradients, so three of its four MLP segments are whole
+at ``optimizer.step()``): a packed run gets it from the two steps replayed (spill.py ``_backward``), docs/reserve.md
+"States in every MLP segment beyond Qwen2.5-1.5B".
 """
 
 from __future__ import annotations
