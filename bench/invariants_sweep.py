@@ -19,7 +19,8 @@ time, ``--model`` changes the model of the groups that do not name their own)::
     PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group methods --step 131
     PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group distributed --step 173 --model llama-3.2-1b
 
-Groups: methods, losses, optimizers, models, distributed, eval, world. It prints one line per finding and a count
+Groups: dense (small dense models, fp32 too: the longest, about 20 minutes at ``--step 131``), methods, losses,
+optimizers, models, distributed, eval, world. It prints one line per finding and a count
 per group; no timing is asserted.
 """
 
@@ -102,6 +103,11 @@ def _setups(group: str, small: str = "qwen2.5-0.5b") -> Iterator[Setup]:
             yield "lora images=1", model, dict(method=Method.LORA, images=1)
     elif group == "distributed":
         yield from _distributed(small)
+    elif group == "dense":  # where the session-30 falls were found: small dense models, fp32 among the precisions
+        for model in ("qwen2.5-0.5b", "llama-3.2-1b", "qwen3-0.6b", "gemma-3-1b", "qwen2.5-1.5b", "llama-3.2-3b"):
+            for method in (Method.FULL, Method.LORA, Method.FREEZE):
+                yield method.value, model, dict(method=method)
+                yield f"{method.value} fp32", model, dict(method=method, precision=Precision.FP32)
     elif group == "eval":
         for method in (Method.FULL, Method.LORA):
             yield f"eval {method.value}", small, dict(method=method, eval_logits=EvalLogits.FULL)
@@ -138,7 +144,8 @@ def _distributed(model: str) -> Iterator[Setup]:
 
 
 def _variants(fields: dict[str, Any]) -> Iterator[dict[str, Any]]:
-    for precision in (Precision.BF16_MIXED, Precision.BF16):
+    precisions = (fields["precision"],) if "precision" in fields else (Precision.BF16_MIXED, Precision.BF16)
+    for precision in precisions:
         for ckpt in (False, True):
             for attn in (Attention.SDPA, Attention.EAGER):
                 yield dict(fields, precision=precision, grad_ckpt=ckpt, attn=attn)
@@ -252,7 +259,7 @@ def sweep_world(report: Callable[[str], None]) -> int:
     return found
 
 
-GROUPS = ("methods", "losses", "optimizers", "models", "distributed", "eval", "world")
+GROUPS = ("dense", "methods", "losses", "optimizers", "models", "distributed", "eval", "world")
 
 
 def main() -> None:
