@@ -19,7 +19,7 @@ time, ``--model`` changes the model of the groups that do not name their own)::
     PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group methods --step 131
     PYTHONPATH=src nice -n 15 python bench/invariants_sweep.py --group distributed --step 173 --model llama-3.2-1b
 
-Groups: dense (small dense models, fp32 too: the longest, about 20 minutes at ``--step 131``), methods, losses,
+Groups: dense (small dense models, fp32 too; the largest group), methods, losses,
 optimizers, models, distributed, eval, world. It prints one line per finding and a count
 per group; no timing is asserted.
 """
