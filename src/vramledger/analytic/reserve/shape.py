@@ -195,14 +195,15 @@ def _shorter_stranded(m: ModelSpec, parts_at: Callable[[TrainSpec], StepParts], 
 def _segment_rest(block: int) -> int:
     """What a block of at least 10 MiB leaves of the segment made for it: ``get_allocation_size`` rounds it up to
     2 MiB (kRoundLarge). Counted with adapters for the whole segments cached at the loss's peak (the logits hole and
-    the fp32 block the backward workspace took) and for the three fp32 logits blocks live at backward's peak (the
-    log-softmax output and the two gradients of ``nll_loss_backward`` and ``_log_softmax_backward_data``): each is a
-    segment of its own, so its rest is cached and free there, and no request of the loss's size fits it. A live
-    block's bytes are in the loss's peak and its rest on top: the two add up to its segment, which never shrinks as T
-    grows. Up to 2 MiB each: felt only by small models (the 2-layer toy of bench/reserve/: at 1 × 2048 and 4 × 512 a
-    31.25 MiB hole in 32 MiB and 62.5 MiB fp32 blocks in 64 MiB, 1.5 MiB free in each of the three live ones at
-    step 2's peak; without them −3.0% and −3.9% packed). Under 10 MiB the segment is kLargeBuffer's 20 MiB, shared
-    with whatever else best fit cuts from it, and is not counted here."""
+    the fp32 block the backward workspace took) and for two fp32 logits blocks live at the loss's peak, whichever it
+    is (forward's cross-entropy holds the copy and the log-softmax; backward's peak the log-softmax output and the two
+    gradients of ``nll_loss_backward`` and ``_log_softmax_backward_data``): each is a segment of its own, so its rest
+    is cached and free there, and no request of the loss's size fits it. A live block's bytes are in the loss's peak
+    and its rest on top: the two add up to its segment, which never shrinks as T grows (a rest beside a block the
+    peak lacks would fall as it grows: the third at backward's peak is left out). Up to 2 MiB each: felt only by
+    small models (the 2-layer toy of bench/reserve/: at 1 × 2048 and 4 × 512 a 31.25 MiB hole in 32 MiB and 62.5 MiB
+    fp32 blocks in 64 MiB, 1.5 MiB free in each of the three live ones at step 2's peak). Under 10 MiB the segment is
+    kLargeBuffer's 20 MiB, shared with whatever else best fit cuts from it, and is not counted here."""
     return -(-block // K_ROUND_LARGE) * K_ROUND_LARGE - block if block >= K_MIN_LARGE_ALLOC else 0
 
 
