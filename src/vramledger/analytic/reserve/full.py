@@ -226,7 +226,7 @@ def relaid_regions(
     beside: Callable[[TrainSpec], int] | None = None,
     workspace: Callable[[TrainSpec], bool] | None = None,
     grads: Callable[[TrainSpec], int] | None = None,
-    counts: dict[tuple[int, int], int] | None = None,
+    counts: dict[tuple[int, ...], int] | None = None,
 ) -> list[Callable[[int, int], bool]]:
     """For each k ≥ 1, where the states reach at least k of the blocks step 2 needs whole (``blocks_with_states``),
     for full fine-tuning with AdamW and the standard loss: a set of shapes (b, ℓ) closed downwards (the blocks grow
@@ -235,8 +235,9 @@ def relaid_regions(
     fp32 block (``workspace``, shape.py ``workspace_in_chain``: closed downwards too). ``grads``: the gradients in
     the chain at that shape (``gradients_in_chain``: the room outside the chain grows with the shape, so they do not
     grow). None with adapters, another optimizer or a chunked or fused loss. ``counts``: the blocks reached at each
-    shape (b, ℓ), filled as the searches go, for a caller that shares it between setups differing only in their
-    shape (and whose ``beside`` and ``grads`` then agree at each shape)."""
+    shape (b, ℓ), and under the key (b, ℓ, 1) whether the workspace takes an fp32 block there, filled as the searches
+    go, for a caller that shares it between setups differing only in their shape (and whose ``beside``, ``grads`` and
+    ``workspace`` then agree at each shape)."""
     wb = p.weights
     small = wb.largest_trainable_numel * wb.trainable_dtype.bytes <= K_SMALL_SIZE
     _, blocks = remade_blocks(m, train)
@@ -260,7 +261,12 @@ def relaid_regions(
         return n
 
     def lost(b: int, ell: int) -> bool:
-        return workspace is not None and workspace(train.at_shape(b, ell))
+        if workspace is None:
+            return False
+        n = memo.get((b, ell, 1))  # the same shared memo, its own key: a search asks for the same shapes again
+        if n is None:
+            n = memo[b, ell, 1] = int(workspace(train.at_shape(b, ell)))
+        return bool(n)
 
     out: list[Callable[[int, int], bool]] = []
     for k in range(1, len(blocks) + 1):

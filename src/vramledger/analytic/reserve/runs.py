@@ -246,7 +246,7 @@ def _math_below_window(m: ModelSpec, train: TrainSpec) -> Callable[[int, int], b
 @lru_cache(maxsize=16)
 def _relaid_counts(
     m: ModelSpec, shapeless: TrainSpec, states: int, at: ShapePeaks, beside: bool
-) -> dict[tuple[int, int], int]:
+) -> dict[tuple[int, ...], int]:
     """The blocks the states reach at each shape (full.py ``relaid_regions``' ``counts``), for one setup whatever its
     (B, L): ``shapeless`` (the setup at 1 × 1), the states' bytes, the steps at other shapes ``at`` reads (for the
     room beside the chain and the gradients in it) and whether the room is counted. The planner's searches ask for
