@@ -16,7 +16,6 @@ from vramledger.adapters._base import ATTN_NAMES, OPTIMIZER_NAMES
 from vramledger.cli.args import (
     MAX_BATCH,
     MAX_EVAL_BATCH,
-    MAX_TOKENS,
     count,
     fraction,
     image_size,
@@ -24,6 +23,7 @@ from vramledger.cli.args import (
     name,
     out_path,
     real,
+    tokens,
 )
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
@@ -149,8 +149,8 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=count(hi=MAX_BATCH, what="batch"), help="micro-batch size per GPU (default 1)")
     g.add_argument(
         "--seq",
-        type=count(hi=MAX_TOKENS, what="length"),
-        help="sequence length in tokens (default 2048); with --images, text tokens (the images' add to it)",
+        type=tokens(what="length"),
+        help="sequence length in tokens (default 2048; 32k = 32,768); with --images, text tokens (the images' add to it)",
     )
     g.add_argument(
         "--accum", type=count(hi=MAX_BATCH, what="step count"), help="gradient accumulation steps (default 1)"
@@ -187,9 +187,7 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"), help="evaluation batch size (adds an eval phase)"
     )
-    g.add_argument(
-        "--eval-seq", type=count(hi=MAX_TOKENS, what="length"), help="evaluation sequence length (default: --seq)"
-    )
+    g.add_argument("--eval-seq", type=tokens(what="length"), help="evaluation sequence length (default: --seq)")
     g.add_argument(
         "--eval-logits", type=name, help="what eval keeps for metrics: none (loss only) | full | argmax (default none)"
     )
