@@ -115,16 +115,6 @@ STATES_DISPLACE_ACTIVATIONS = (
     "out layers lay out otherwise (replayed: one block made again), so it is not applied under 10 MiB "
     "(docs/reserve.md, the two steps replayed)"
 )
-ADAFACTOR_TIED_SUM = (
-    "step 1's optimizer makes a 0.98 GiB segment for Adafactor's fourth fp32 temporary of the V×H embedding (t): the "
-    "fp32 logits blocks are exactly 2·t, but the tied gradients' sum sits at the start of the log-softmax's block "
-    "(1.5·t left) and the layers' gradients best fit cut from the fp32 copy's block (0.50 GiB, with 0.22 GiB of "
-    "recomputed transients freed between them) leave it in pieces under t, so only three temporaries find a block. "
-    "Whether the sum lands there depends on those gradients' span in the copy's block, which the closed form does "
-    "not place with c < 4 (full.py gradients_in_chain; its room outside the chain puts 0.38 GiB past the c·V·T "
-    "block, where the replay's span is 0.72 GiB with the holes: too short to move the sum). Traced at 2 × 2048, "
-    "1 × 4096, 4 × 1024 and 2 × 2176 (on), 2 × 2304 to 2 × 2528 (off, -1.2%)"
-)
 PADDED_TOY_MASK = (
     "an over-estimate: the padded batch's SDPA mask and K/V repeated for it (analytic/activations.py) put the "
     "estimate's allocated 152 MiB over the unpadded trace's (1606 against 1454 MiB at backward's peak), and the "
@@ -152,7 +142,6 @@ PACKED_MISSES: dict[str, str] = {
     "tiny/lora/b2/L256/nockpt/eager": TINY_LORA,
     "tiny/lora/b4/L512/nockpt/sdpa": TINY_LORA_REST,
     "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
-    "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": ADAFACTOR_TIED_SUM,
     "mid/full/b4/L1024/nockpt/sdpa/bf16-true": STATES_DISPLACE_ACTIVATIONS,
 }
 
