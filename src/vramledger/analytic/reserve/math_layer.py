@@ -71,7 +71,7 @@ class MathLayer(_Layer):
         out_attn = self._linear("o_proj")
         for i in (*embedded, v):
             r.free(i)
-        h = r.alloc(_FP32 * H * T)  # residual + attention: saved by the next norm's ``x * rsqrt``
+        r.alloc(_FP32 * H * T)  # residual + attention: saved by the next norm's ``x * rsqrt``
         r.free(out_attn)
         normed = self._stream_norm(H)
         self.inputs[normed] = ("gate_proj", "up_proj")
@@ -84,7 +84,6 @@ class MathLayer(_Layer):
         down = self._linear("down_proj")
         out = r.alloc(_FP32 * H * T)  # residual + MLP
         r.free(down)
-        del h  # saved by the post-attention norm: it stays
         return out
 
     def _math_attention(self) -> int:
