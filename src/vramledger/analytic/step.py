@@ -641,6 +641,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
         at = _ShapePeaks(m, gpu) if engine is train else None
         reserved = phase_reserves(m, engine, p, totals, at)
         reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
+    context = cuda_context_bytes(gpu)
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
@@ -659,7 +660,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
             LineItem(
                 category=Category.CUDA_CONTEXT,
                 phase=phase,
-                bytes=cuda_context_bytes(gpu),
+                bytes=context,
                 label="CUDA context",
                 source=CONTEXT_SOURCE,
                 basis=Basis.ASSUMPTION,
