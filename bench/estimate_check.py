@@ -1,9 +1,10 @@
 """Guard for speed work on the instant path: the ledgers of a few hundred random CLI setups, byte for byte against
 another checkout's (a change meant to make ``estimate`` faster must change no figure, label, source or warning).
 
-Each setup is a random ``vramledger estimate`` command line (a catalog model; full, freeze, LoRA, QLoRA or DoRA;
-precision, optimizer, checkpointing, attention, loss; batch 1-16, length 64-16384, packing; a preset; one GPU or
-DDP, ZeRO 0-3, FSDP 1/2 with offload; evaluation; a GPU for the verdict), drawn with a fixed seed. Each is parsed and
+Each setup is a random ``vramledger estimate`` command line (a catalog model; full, freeze, LoRA, QLoRA or DoRA,
+other PEFT methods from an adapter_config.json, modules_to_save; precision, optimizer, checkpointing, attention, loss;
+batch 1-16, length 64-16384, packing; a preset; one GPU or DDP, ZeRO 0-3, FSDP 1/2 with offload; evaluation and
+generation; LitGPT's code; images; a GPU for the verdict), drawn with a fixed seed. Each is parsed and
 resolved as the CLI does, and its ``--json`` ledger (or its ``error:`` line) is hashed. The setups run in one
 process, as a planner's estimates do, so a memo keyed too loosely shows up as a difference; ``--against`` also runs
 this checkout's in reverse order.
@@ -18,10 +19,12 @@ from __future__ import annotations
 
 import argparse
 import hashlib
+import json
 import os
 import random
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -30,26 +33,41 @@ OPTIMIZERS = ("adamw_torch", "adamw_torch_fused", "adamw_8bit", "paged_adamw_8bi
 PRECISIONS = ("bf16-mixed", "fp16-mixed", "bf16-true", "fp32")
 LOSSES = ("standard", "standard", "standard", "fused", "chunked", "chunked_nll")
 ATTENTION = ("sdpa", "sdpa", "eager", "flash_attention_2")
+PEFT_CONFIGS = {  # written once into CONFIG_DIR (the same paths in every checkout's run)
+    "ia3": {"peft_type": "IA3", "task_type": "CAUSAL_LM"},
+    "prefix": {"peft_type": "PREFIX_TUNING", "task_type": "CAUSAL_LM", "num_virtual_tokens": 20},
+    "prompt": {"peft_type": "PROMPT_TUNING", "task_type": "CAUSAL_LM", "num_virtual_tokens": 10},
+    "loha": {"peft_type": "LOHA", "r": 4, "target_modules": ["q_proj", "v_proj", "o_proj"]},
+}
+CONFIG_DIR = Path(tempfile.gettempdir()) / "vramledger-estimate-check"
 
 
 def setups(count: int, seed: int) -> list[list[str]]:
     """``count`` random ``estimate`` command lines (without the command), the same for a seed in every checkout."""
-    from vramledger.catalog import model_entries
+    from vramledger.catalog import model_entries, resolve_model
 
     rng = random.Random(seed)
     models = sorted(model_entries())
-    return [_setup(rng, models) for _ in range(count)]
+    vision = {name for name in models if resolve_model(name).vision is not None}
+    return [_setup(rng, models, vision) for _ in range(count)]
 
 
-def _setup(rng: random.Random, models: list[str]) -> list[str]:
-    argv = [rng.choice(models), "--json", "--gpu", rng.choice(GPUS)]
+def _setup(rng: random.Random, models: list[str], vision_models: set[str]) -> list[str]:
+    model = rng.choice(sorted(vision_models) if rng.random() < 0.1 else models)  # images asked of more of them
+    argv = [model, "--json", "--gpu", rng.choice(GPUS)]
     argv += ["--preset", rng.choice(("none", "none", "llamafactory", "hf", "trl"))]
     method = rng.choice(("full", "freeze", "lora", "lora", "qlora", "dora"))
     argv += ["--method", "lora" if method == "dora" else method]
     if method == "dora":
         argv.append("--dora")
-    if method in ("lora", "qlora", "dora") and rng.random() < 0.5:
-        argv += ["--lora-rank", str(rng.choice((4, 8, 16, 64)))]
+    if method in ("lora", "qlora") and rng.random() < 0.1:
+        argv += ["--peft-config", str(CONFIG_DIR / f"{rng.choice(sorted(PEFT_CONFIGS))}.json")]
+    elif method in ("lora", "qlora", "dora"):
+        argv += ["--lora-rank", str(rng.choice((4, 8, 16, 64)))] if rng.random() < 0.5 else []
+        argv += ["--modules-to-save", rng.choice(("lm_head", "embed_tokens,lm_head"))] if rng.random() < 0.1 else []
+    if method == "qlora" and rng.random() < 0.3:
+        argv += ["--quant", rng.choice(("nf4", "fp4", "int8"))]
+        argv += ["--legacy-bitsandbytes"] if rng.random() < 0.3 else []
     if method == "freeze":
         argv += ["--freeze-layers", str(rng.choice((1, 2, 4)))]
     argv += ["--precision", rng.choice(PRECISIONS), "--optimizer", rng.choice(OPTIMIZERS)]
@@ -62,6 +80,12 @@ def _setup(rng: random.Random, models: list[str]) -> list[str]:
         argv += ["--accum", str(rng.choice((2, 4)))]
     if rng.random() < 0.15:
         argv += ["--eval-batch", str(rng.randint(1, 16)), "--eval-logits", rng.choice(("none", "full", "argmax"))]
+        if rng.random() < 0.3:
+            argv += ["--predict-with-generate", "--max-new-tokens", str(rng.choice((16, 128)))]
+    if rng.random() < 0.1:
+        argv += ["--model-code", rng.choice(("litgpt", "lit-gpt-2023"))]
+    if model in vision_models and rng.random() < 0.5:
+        argv += ["--images", str(rng.randint(1, 2))]
     argv += _distributed(rng)
     return argv
 
@@ -114,6 +138,9 @@ def main() -> int:
     ap.add_argument("--dump", type=Path, help="write the lines of this checkout to FILE ('-': stdout)")
     ap.add_argument("--against", type=Path, help="another checkout's src: compare its ledgers with this one's")
     args = ap.parse_args()
+    CONFIG_DIR.mkdir(exist_ok=True)
+    for name, cfg in PEFT_CONFIGS.items():
+        (CONFIG_DIR / f"{name}.json").write_text(json.dumps(cfg))
     argvs = setups(args.count, args.seed)
     if args.dump is not None:
         lines = "\n".join(digests(argvs)) + "\n"
