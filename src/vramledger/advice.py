@@ -57,7 +57,7 @@ def advice_sentence(ledger: Ledger, train: TrainSpec) -> str:
     """``The biggest line at the peak (backward) is activations (3.2 GiB); gradient checkpointing (--grad-ckpt)
     would shrink it.`` — empty when the peak holds no allocated line."""
     peak = ledger.peak_phase
-    by_cat = {c: ledger.bytes_of(c, peak) for c in ledger.categories() if c.allocated and ledger.bytes_of(c, peak)}
+    by_cat = {c: n for c, n in ledger.by_category(peak).items() if c.allocated}
     if not by_cat:
         return ""
     biggest = max(by_cat, key=lambda c: by_cat[c])

@@ -18,6 +18,7 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import NamedTuple
 
 
 class Category(str, enum.Enum):
@@ -45,12 +46,16 @@ class Category(str, enum.Enum):
     @property
     def allocated(self) -> bool:
         """Counted by ``torch.cuda.memory_allocated`` (live tensors handed out by the caching allocator)."""
-        return self not in (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT, Category.MANAGED_MEMORY, Category.NCCL)
+        return self not in OUTSIDE_ALLOCATED
 
     @property
     def display(self) -> str:
         return _TITLES[self]
 
+
+OUTSIDE_ALLOCATED = (Category.ALLOCATOR_RESERVE, Category.CUDA_CONTEXT, Category.MANAGED_MEMORY, Category.NCCL)
+"""The categories ``Category.allocated`` is false for; hot loops test ``c not in OUTSIDE_ALLOCATED`` themselves (the
+property's call costs more than the test)."""
 
 _TITLES = {
     Category.WEIGHTS: "weights",
@@ -144,6 +149,30 @@ class Verdict:
     slowly, and fragmentation inside live segments can still fail it. 0 when not computed."""
 
 
+_PHASE_INDEX = {p: n for n, p in enumerate(Phase)}
+_DEVICE_ONLY = (Category.CUDA_CONTEXT, Category.MANAGED_MEMORY, Category.NCCL)
+"""On the device outside PyTorch's allocator: in the device total, not in reserved."""
+
+
+class _PhaseSums(NamedTuple):
+    """A phase's lines summed: the allocated ones, the allocator's reserve and those outside the allocator."""
+
+    allocated: int
+    reserve: int
+    outside: int
+
+    @property
+    def reserved(self) -> int:
+        return self.allocated + self.reserve
+
+    @property
+    def device(self) -> int:
+        return self.allocated + self.reserve + self.outside
+
+
+_NO_BYTES = _PhaseSums(0, 0, 0)
+
+
 @dataclass(frozen=True, kw_only=True, slots=True)
 class Ledger:
     """An itemised bill of GPU memory for one training step (and evaluation, when modelled)."""
@@ -179,37 +208,55 @@ class Ledger:
         return sum(i.bytes for i in self.items if i.phase is phase and i.category.allocated)
 
     def reserved(self, phase: Phase) -> int:
-        return self.allocated(phase) + self.bytes_of(Category.ALLOCATOR_RESERVE, phase)
+        return self._sums().get(phase, _NO_BYTES).reserved
 
     def device(self, phase: Phase) -> int:
-        return (
-            self.reserved(phase)
-            + self.bytes_of(Category.CUDA_CONTEXT, phase)
-            + self.bytes_of(Category.MANAGED_MEMORY, phase)
-            + self.bytes_of(Category.NCCL, phase)
-        )
+        return self._sums().get(phase, _NO_BYTES).device
+
+    def by_category(self, phase: Phase) -> dict[Category, int]:
+        """The bytes of each category within ``phase``, in ``Category`` order, those with none left out."""
+        sums = dict.fromkeys(Category, 0)
+        for i in self.items:
+            if i.phase is phase:
+                sums[i.category] += i.bytes
+        return {c: n for c, n in sums.items() if n}
 
     @property
     def peak_phase(self) -> Phase:
         """The phase holding the peak device total (ties go to the earlier phase)."""
-        return max(self.phases, key=lambda p: (self.device(p), self.allocated(p), -list(Phase).index(p)))
+        sums = self._sums()
+        return max(sums, key=lambda p: (sums[p].device, sums[p].allocated, -_PHASE_INDEX[p]))
 
     @property
     def peak_allocated(self) -> int:
-        return max((self.allocated(p) for p in self.phases), default=0)
+        return max((s.allocated for s in self._sums().values()), default=0)
 
     @property
     def peak_reserved(self) -> int:
-        return max((self.reserved(p) for p in self.phases), default=0)
+        return max((s.reserved for s in self._sums().values()), default=0)
 
     @property
     def device_total(self) -> int:
-        return max((self.device(p) for p in self.phases), default=0)
+        return max((s.device for s in self._sums().values()), default=0)
 
     @property
     def device_total_without_cache(self) -> int:
         """The device total with no allocator cache at any phase (``Verdict.without_cache_bytes``)."""
-        return max((self.device(p) - self.bytes_of(Category.ALLOCATOR_RESERVE, p) for p in self.phases), default=0)
+        return max((s.device - s.reserve for s in self._sums().values()), default=0)
+
+    def _sums(self) -> dict[Phase, _PhaseSums]:
+        """Each phase's sums, in ``Phase`` order, from one pass over the lines: the peaks compare every phase's, and
+        an estimate asks for them several times (a pass per phase and per term cost it a third of its time)."""
+        sums: dict[Phase, list[int]] = {}
+        for i in self.items:
+            s = sums.setdefault(i.phase, [0, 0, 0])
+            if i.category not in OUTSIDE_ALLOCATED:
+                s[0] += i.bytes
+            elif i.category is Category.ALLOCATOR_RESERVE:
+                s[1] += i.bytes
+            elif i.category in _DEVICE_ONLY:
+                s[2] += i.bytes
+        return {p: _PhaseSums(*sums[p]) for p in Phase if p in sums}
 
     def categories(self) -> tuple[Category, ...]:
         seen = {i.category for i in self.items}

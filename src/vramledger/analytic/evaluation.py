@@ -274,7 +274,7 @@ def eval_warnings(m: ModelSpec, train: TrainSpec) -> list[str]:
 def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Moment]:
     """The peak moments of Phase.EVAL (and Phase.GENERATE with ``predict_with_generate``) of the run whose training
     step is ``p``; empty when no evaluation is configured."""
-    if train.eval_batch is None and not train.predict_with_generate:
+    if not _evaluates(train):
         return {}
     sh = eval_shape(m, train)
     s = residual_bytes(train, p.weights)  # RoPE'd keys take the residual dtype (cos/sin are cast to it)
@@ -282,6 +282,11 @@ def eval_moments(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[Phase, Mo
     if train.predict_with_generate:
         out[Phase.GENERATE] = _generate_moment(m, train, p, sh, s)
     return out
+
+
+def _evaluates(train: TrainSpec) -> bool:
+    """Whether the run evaluates: an eval batch size, or generation during evaluation."""
+    return train.eval_batch is not None or train.predict_with_generate
 
 
 def _eval_base(p: StepParts, train: TrainSpec, sh: EvalShape, name: str, phase: Phase = Phase.EVAL) -> Moment:
@@ -417,6 +422,8 @@ def eval_advice(ledger: Ledger, m: ModelSpec, train: TrainSpec, p: StepParts) ->
 
     ``p``: the training step's parts; the variants tried change only evaluation settings, which ``StepParts``
     does not depend on."""
+    if not _evaluates(train):  # no evaluation moment: no peak to find
+        return None
     peak = ledger.peak_phase
     if peak not in (Phase.EVAL, Phase.GENERATE):
         return None

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from vramledger.analytic.distributed import Buffer
 from vramledger.analytic.paged import PAGED_SOURCE
 from vramledger.analytic.weights import WeightBudget
-from vramledger.ledger import Basis, Category, LineItem, Phase
+from vramledger.ledger import OUTSIDE_ALLOCATED, Basis, Category, LineItem, Phase
 from vramledger.specs import ModelSpec, TrainSpec
 
 
@@ -97,22 +97,27 @@ class Moment:
     name: str
     """What happens at this instant (the ledger's moment name of the phase)."""
     phase: Phase
-    by_category: dict[Category, list[LineItem]] = field(default_factory=dict)
+    lines: dict[Category, list[tuple[str, int, str, Basis]]] = field(default_factory=dict)
+    """(label, bytes, source, basis) of each line, by category. The ``LineItem``s are made when asked for
+    (``items``): of the moments modelled in a phase, only the one holding its peak needs them."""
 
     def add(self, cat: Category, label: str, n: int, source: str, basis: Basis = Basis.FORMULA) -> None:
         """One line of ``n`` bytes; nothing for ``n`` ≤ 0."""
         if n > 0:
-            item = LineItem(category=cat, phase=self.phase, bytes=int(n), label=label, source=source, basis=basis)
-            self.by_category.setdefault(cat, []).append(item)
+            self.lines.setdefault(cat, []).append((label, int(n), source, basis))
 
     @property
     def items(self) -> tuple[LineItem, ...]:
-        return tuple(item for items in self.by_category.values() for item in items)
+        return tuple(
+            LineItem(category=cat, phase=self.phase, bytes=n, label=label, source=source, basis=basis)
+            for cat, lines in self.lines.items()
+            for label, n, source, basis in lines
+        )
 
     @property
     def total(self) -> int:
         """Allocated bytes (managed memory is outside PyTorch's allocator)."""
-        return sum(item.bytes for cat, items in self.by_category.items() if cat.allocated for item in items)
+        return sum(n for cat, lines in self.lines.items() if cat not in OUTSIDE_ALLOCATED for _, n, _, _ in lines)
 
 
 SOURCES = {

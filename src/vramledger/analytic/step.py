@@ -323,7 +323,12 @@ def _softmax_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> 
 
 def moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, Moment]:
     """The peak moment of each phase, as lines by category."""
-    return {ph: max(mos, key=lambda mo: mo.total) for ph, mos in phase_moments(m, train, gpu).items()}
+    return _peaks(phase_moments(m, train, gpu))
+
+
+def _peaks(every: dict[Phase, tuple[Moment, ...]]) -> dict[Phase, Moment]:
+    """The largest of each phase's moments."""
+    return {ph: max(mos, key=lambda mo: mo.total) for ph, mos in every.items()}
 
 
 def phase_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> dict[Phase, tuple[Moment, ...]]:
@@ -629,11 +634,12 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
     """Line items for every phase, including the allocator reserve and the CUDA context."""
     items: list[LineItem] = []
     names: dict[Phase, str] = {}
-    mos = moments(m, train, gpu)
+    every = phase_moments(m, train, gpu)
+    mos = _peaks(every)
     p = step_parts(m, train, gpu)
     if train.fsdp is not None:  # FSDP's side streams keep pools of their own (analytic/distributed/stream_pools.py)
         at_fsdp = _ShapePeaks(m, gpu) if engine_dtypes(train) == train else None
-        reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp, phase_moments(m, train, gpu))
+        reserves = pooled_phase_reserves(m, train, p, mos, at_fsdp, every)
     else:
         # The cache's block sizes follow the dtypes the step computes in (an engine's, under DeepSpeed).
         totals = {ph: mo.total for ph, mo in mos.items()}
@@ -643,6 +649,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
         at = _ShapePeaks(m, gpu) if engine is train else None
         reserved = phase_reserves(m, engine, p, totals, at)
         reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
+    context = cuda_context_bytes(gpu)
     for phase, mo in mos.items():
         names[phase] = mo.name
         items.extend(mo.items)
@@ -661,7 +668,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
             LineItem(
                 category=Category.CUDA_CONTEXT,
                 phase=phase,
-                bytes=cuda_context_bytes(gpu),
+                bytes=context,
                 label="CUDA context",
                 source=CONTEXT_SOURCE,
                 basis=Basis.ASSUMPTION,

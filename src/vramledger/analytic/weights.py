@@ -299,6 +299,12 @@ def lm_head_quantised(train: TrainSpec) -> bool:
 def weight_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     """The parameters of ``train``'s method and their bytes: every one trained (full), the top layers (freeze), or
     adapters over a frozen, possibly quantised base (LoRA, QLoRA)."""
+    # No parameter depends on the micro-batch or the length: one budget per setup, whatever shapes a search asks for.
+    return _setup_budget(m, train.at_shape(1, 1))
+
+
+@lru_cache(maxsize=256)
+def _setup_budget(m: ModelSpec, train: TrainSpec) -> WeightBudget:
     if train.method is Method.FULL:
         return _full_budget(m, train)
     if train.method is Method.FREEZE:

@@ -67,6 +67,7 @@ def known_archs() -> tuple[str, ...]:
     return tuple(_raw()["arch_compute_capability_major"])
 
 
+@lru_cache(maxsize=64)  # pure over the bundled file; every estimate asks for its GPU's
 def device_overhead(arch: str) -> DeviceOverhead:
     """Overheads for ``arch`` (``GPUSpec.arch``: ``ampere``, ``hopper``, ``ada``, ``blackwell``...).
 
@@ -97,6 +98,7 @@ def _fig(d: dict[str, Any]) -> OverheadFigure:
     )
 
 
+@lru_cache(maxsize=64)
 def cuda_context(arch: str | None) -> OverheadFigure:
     """The CUDA context for ``arch``, else (no GPU, or an architecture without figures such as AMD's) the figure
     for any architecture (``"*"``: pytorch#109888, "around 400MB" with lazy module loading).

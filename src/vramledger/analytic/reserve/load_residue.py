@@ -87,9 +87,11 @@ def optimizer_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     if train.adapters or p.frozen_bytes or not wb.trainable_layers or m.is_moe or train.fsdp is not None:
         return 0  # FSDP's flat parameters, an MoE's fused experts: no segment per weight (as ``load_tails``)
     b = wb.trainable_dtype.bytes
-    return sum(t for t in _tails(m, b) if t < _smallest_large_tensor(m, b))
+    smallest = _smallest_large_tensor(m, b)
+    return sum(t for t in _tails(m, b) if t < smallest)
 
 
+@lru_cache(maxsize=256)
 def _smallest_large_tensor(m: ModelSpec, b: int) -> int:
     """The smallest decoder matrix above kSmallSize (1 MiB) at ``b`` bytes per element: the smallest large-pool
     per-parameter tensor (gradient, state, foreach temporary) of full fine-tuning."""
@@ -125,7 +127,8 @@ def loss_tails(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     wb = p.weights
     b = wb.trainable_dtype.bytes
     saved = train.precision.compute.bytes * min(m.hidden_size, m.q_dim) * train.tokens
-    return sum(t for t in _tails(m, b) if t < min(_smallest_large_tensor(m, b), saved))
+    smallest = min(_smallest_large_tensor(m, b), saved)
+    return sum(t for t in _tails(m, b) if t < smallest)
 
 
 def weight_tails(m: ModelSpec, dtype_bytes: int) -> tuple[int, ...]:

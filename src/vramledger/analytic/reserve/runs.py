@@ -129,7 +129,7 @@ def held_reserved(m: ModelSpec, train: TrainSpec, at: ShapePeaks, p: StepParts |
         return 0
     B = max((pts[-1][0] for _, pts in regions if pts), default=1)
     L = max((ell for _, pts in regions for _, ell in pts), default=1)
-    return _held_capped(m, replace(train, micro_batch=min(B, train.micro_batch), seq_len=min(L, train.seq_len)), at)
+    return _held_capped(m, train.at_shape(min(B, train.micro_batch), min(L, train.seq_len)), at)
 
 
 @lru_cache(maxsize=4096)
