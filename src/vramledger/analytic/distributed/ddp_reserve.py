@@ -1,48 +1,50 @@
-"""DDP full fine-tuning: step 1's optimizer peak replayed with the blocks the allocator rounds, in place of the
-single-GPU model's stand-in for it where the MLP's activation blocks are under 10 MiB.
+"""DDP full fine-tuning in bf16-mixed: step 1's optimizer peak replayed with the blocks the allocator rounds, in place
+of the single-GPU model's stand-in for it where the MLP's activation blocks are under 10 MiB.
 
 Legend: T tokens, H hidden, I MLP width, c compute-dtype bytes, b bytes of a trainable parameter (and of its
 gradient, states and foreach temporary), P the trainable parameters.
 
-What the trace shows (bench/distributed/grid.jsonl, ``run_grid.py --causes``; the mid model of bench/distributed,
-full, bf16-mixed, 1 × 1024, DDP on 2 or 8 ranks): reserved is reached at step 1's optimizer peak (3,774 MiB) and
-never grows before step 2's optimizer step; 144 MiB over the 3,630 MiB allocated, of which 108 MiB are not free at
-all: they are the rests of blocks the per-parameter tensors hold. CUDACachingAllocator.cpp ``get_allocation_size``
-rounds a request of at least 10 MiB (kMinLargeAlloc) up to 2 MiB (kRoundLarge) for its segment, and
-``alloc_found_block`` splits a block only where ``should_split`` holds: for the large pool, a rest above kSmallSize
-(1 MiB). So an fp32 MLP matrix's tensor (1024 × 2816 × 4 B = 11 MiB) in its own 12 MiB segment keeps the 1 MiB rest
-inside its block, and so does a 125 MiB V·H tensor in 126 MiB and a 4 MiB q or o tensor cut from a 5 MiB rest: the
-load's weights, 23 states, all 24 foreach temporaries (``_foreach_sqrt``, torch/optim/adam.py
-``_multi_tensor_adam``), 108 MiB in all. The rest, 33 MiB, is free in the 20 MiB kLargeBuffer segments the layers'
-5.5 MiB c·I·T blocks shared. The single-GPU step at the same shape has the same 142 MiB (so the miss is not DDP's):
-bf16-true halves every tensor (5.5 MiB MLP tensors cut from 20 MiB segments, split), which is why only bf16-mixed
-misses.
+What the trace shows (bench/distributed/grid.jsonl; the mid model of bench/distributed, full, bf16-mixed, 1 × 1024,
+DDP on 2 or 8 ranks): reserved is reached at step 1's optimizer peak (3,774 MiB), where the ledger reads it, and
+does not grow again before step 2's optimizer step; 144 MiB over the 3,630 MiB asked for, of which 109 MiB are not
+free at all: they are the rests of blocks the per-parameter tensors hold. CUDACachingAllocator.cpp
+``get_allocation_size`` rounds a request of at least 10 MiB (kMinLargeAlloc) up to 2 MiB (kRoundLarge) for its
+segment, and ``alloc_found_block`` splits a block only where ``should_split`` holds: for the large pool, a rest above
+kSmallSize (1 MiB). So an fp32 MLP matrix's tensor (1024 × 2816 × 4 B = 11 MiB) in its own 12 MiB segment keeps
+the 1 MiB rest inside its block, and so do a 125 MiB V·H tensor in 126 MiB and a 4 MiB q or o tensor cut from a
+5 MiB rest: the load's weights, 23 states, all 24 foreach temporaries (``_foreach_sqrt``, torch/optim/adam.py
+``_multi_tensor_adam``), 109 MiB in all. The other 35 MiB are free, mostly in the 20 MiB kLargeBuffer segments the
+layers' 5.5 MiB c·I·T blocks shared. The single-GPU step at the same shape holds the same 142 MiB over its requests
+(3,178 against 3,036 MiB), so the miss is not DDP's: with bf16 weights every such tensor is half as large (5.5 MiB
+MLP tensors are cut from 20 MiB segments and split), which is why only bf16-mixed missed.
 
 The single-GPU model (analytic/reserve/held_activations.py ``optimizer_peak_bound``) counts, where c·I·T < 10 MiB,
-every saved activation as cached at the optimizer's peak (433 MiB here), a stand-in that its docstring says the
-replays do not bear out. Under DDP this module replaces that term by the two steps written out (analytic/reserve/
-spill.py's sequence: ``AmpLayer`` under autocast with fp32 weights, forward_cache.py's ``_Layer`` otherwise) and
-replayed through the allocator model (allocator/model.py, a port of CUDACachingAllocator.cpp), with what a DDP
-rank allocates around it:
+every saved activation as cached at the optimizer's peak (433 MiB here), a stand-in its docstring says the replays
+do not bear out. Under DDP this module replaces that term by the two steps written out (analytic/reserve/spill.py's
+sequence: amp_layer.py's ``AmpLayer`` under autocast with fp32 weights) and replayed through the allocator model
+(allocator/model.py, a port of CUDACachingAllocator.cpp), with what a DDP rank allocates around it:
 
 - the trained weights first, one tensor each in ``named_parameters`` order (the embedding, each layer's projections,
   lm_head), from an empty cache: their segments and rests;
-- DDP's gradient bucket: torch/nn/parallel/distributed.py ``_ddp_init_helper`` takes its bucket size limits from
-  ``_BucketCapacityConfig.compute_bucket_size_limits``, which without ``find_unused_parameters`` (and under
-  ``static_graph``) is ``[sys.maxsize]``: "disable initial bucketing ... put all params in one bucket initially";
-  c10d reducer.cpp ``Reducer::initialize_buckets`` allocates that bucket's flat ``gradients`` (P·b) at construction
-  (the trace: one ``empty`` of 594 MiB for the mid model);
+- DDP's gradient bucket: torch/nn/parallel/distributed.py ``_ddp_init_helper`` takes its size limits from
+  ``_BucketCapacityConfig.compute_bucket_size_limits``, which without ``find_unused_parameters`` (or with
+  ``static_graph``) is ``[sys.maxsize]`` ("disable initial bucketing ... put all params in one bucket initially"),
+  and c10d reducer.cpp ``Reducer::initialize_buckets`` allocates that bucket's flat ``gradients`` (P·b) at
+  construction (the trace: one ``empty`` of 594 MiB for the mid model);
 - step 1's forward, loss and backward with each weight's gradient (``gradient_as_bucket_view=False``: autograd's
   own, copied into the bucket, reducer.cpp ``mark_variable_ready_dense``), both threads' cuBLAS workspaces,
   ``Adam._init_group``'s ``exp_avg`` and ``exp_avg_sq`` parameter by parameter, the foreach temporaries: step 1's
-  optimizer peak, read as reserved less requested; then ``zero_grad`` and step 2's forward and loss, whose new
-  segments go on top.
+  optimizer peak, read as reserved less requested; then ``zero_grad`` and step 2's forward, loss and backward
+  (where a tied embedding's gradient sum is made again), whose new segments go on top.
 
-The rank's reserved is then its optimizer peak (``opt_peak``, which holds every byte the replay holds and the small
-ones it leaves out: norms' weights, the small pool) plus the replay's excess there and what step 2 makes again, or
-the rest of the single-GPU closed form, whichever is larger. A packed run only (one shape): a run with dynamic
-padding keeps the closed forms, which never fall as the shape grows (as spill.py's ``displaced_remade``). Checked
-against the traces of bench/distributed/grid.jsonl and ddp_shapes.jsonl (tests/analytic/test_ddp_reserve.py).
+The rank's reserved is then its optimizer peak (``opt_peak``, which holds every byte the replay asks for and the
+small ones it leaves out: the norms' weights, the small pool) plus the replay's excess there and what step 2 makes
+again, or the rest of the single-GPU closed form, whichever is larger. On the mid model the replay holds 110 MiB of
+rests at step 1's optimizer peak and 78 MiB free (its sequence leaves out backward's transients, which the trace cuts
+from those segments): 3,816 MiB, +1.1%. A packed run only, and at most what a run with dynamic padding gets at the
+same shape: that run keeps the closed forms, which never fall as the shape grows, and the replay's excess does (as
+spill.py's ``displaced_remade``, runs.py). Checked against the traces of bench/distributed/grid.jsonl
+(tests/analytic/test_ddp_reserve.py).
 
 Not modelled: DDP's bucket rebuild. After the first iteration ``Reducer::rebuild_buckets`` frees the one bucket and
 allocates buckets of ``bucket_cap_mb`` (25 MiB) in the order gradients became ready, inside step 2's forward; the
@@ -164,7 +166,11 @@ def _optimizer_peak_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     shapes = tuple((_leaf(lin.name), lin.in_features, lin.out_features) for lin in layer_linears(m))
     c = train.precision.compute.bytes
     cast = train.precision.mixed and c < wb.trainable_dtype.bytes
-    return _two_steps(m, shapes, c, wb.trainable_dtype.bytes, per, cast, train.tokens, cublas_workspace_block(p))
+    # DDP's first-iteration bucket (none on one GPU, whose step is the same sequence without it)
+    bucket = train.world_size > 1 and train.fsdp is None and not train.zero_stage
+    return _two_steps(
+        m, shapes, c, wb.trainable_dtype.bytes, per, cast, train.tokens, cublas_workspace_block(p), bucket
+    )
 
 
 @lru_cache(maxsize=256)
@@ -177,9 +183,10 @@ def _two_steps(
     cast: bool,
     T: int,
     workspace: int,
+    bucket: bool,
 ) -> int:
     """Reserved less requested at step 1's optimizer peak, plus the segments step 2 makes up to the end of its
-    backward (the module docstring's sequence)."""
+    backward (the module docstring's sequence); ``bucket``: with DDP's one gradient bucket."""
     r = _Counted()
     by_name = {name: (i, o) for name, i, o in shapes}
     VH = m.vocab_size * m.hidden_size
@@ -187,7 +194,8 @@ def _two_steps(
     grad_b, state_b, temp_b = per
     for n in params:  # the load: each trained weight, from an empty cache
         r.alloc(n * weight_b)
-    r.alloc(sum(params) * grad_b)  # DDP's first-iteration bucket: every gradient in one
+    if bucket:  # DDP's first-iteration bucket: every gradient in one
+        r.alloc(sum(params) * grad_b)
     layer = (
         AmpLayer(r, m, by_name, c, tokens=T) if cast else _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
     )
