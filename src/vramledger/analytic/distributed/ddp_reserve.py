@@ -58,17 +58,16 @@ from dataclasses import replace
 from functools import lru_cache
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
-from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import ShapePeaks, training_peaks
 from vramledger.analytic.reserve.amp_layer import AmpLayer
-from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay, one_copy_weights
-from vramledger.analytic.reserve.full import decoder_mlp_width, logits_blocks
+from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay
+from vramledger.analytic.reserve.full import decoder_mlp_width
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
 from vramledger.analytic.reserve.runs import on_at, parts_of, peak_reserved
 from vramledger.analytic.reserve.shape import single_shape
-from vramledger.analytic.reserve.spill import _LLAMA_LAYERS, _backward, _forward, _loss
+from vramledger.analytic.reserve.spill import forward_backward, sequence_modelled
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.ledger import Phase
 from vramledger.specs import ModelSpec, Optimizer, TrainSpec
@@ -110,29 +109,15 @@ def replayed(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     has only its stand-in (held_activations.py ``optimizer_peak_bound``: c·I·T under 10 MiB, in a segment smaller
     than an MLP matrix's per-parameter tensor, ``mlp_tensors_unfit``; with bf16 weights that tensor is c·I·H bytes
     and fits the shared 20 MiB segments, and the single-GPU figure stands)."""
-    wb = p.weights
-    c = train.precision.compute.bytes
+    c, width = train.precision.compute.bytes, decoder_mlp_width(m)
     return (
         train.world_size > 1
-        and train.fsdp is None
-        and train.zero_stage == 0
         and train.packing
-        and m.family in _LLAMA_LAYERS
-        and c * decoder_mlp_width(m) * train.tokens < K_MIN_LARGE_ALLOC
-        and mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
-        and not train.adapters
-        and not train.grad_ckpt
+        and sequence_modelled(m, train, p)
+        and c * width * train.tokens < K_MIN_LARGE_ALLOC
+        and mlp_tensors_unfit(c, p.weights.trainable_dtype.bytes, m.hidden_size, width, train.tokens)
         and train.optimizer is Optimizer.ADAMW
         and bool(p.step_temp_bytes)
-        and not (train.offload_optimizer or train.offload_activations or train.optimizer_in_backward or train.compile)
-        and not train.images
-        and one_copy_weights(train)
-        and not m.is_moe
-        and bool(logits_blocks(m, train))
-        and not computes_scores(m, train)
-        and wb.trainable_layers == m.num_layers
-        and wb.embedding_trainable
-        and bool(p.state_bytes)
         and {_leaf(lin.name) for lin in layer_linears(m)} == set(_NAMES)
     )
 
@@ -200,7 +185,7 @@ def _two_steps(
         AmpLayer(r, m, by_name, c, tokens=T) if cast else _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
     )
     r.alloc(workspace)  # the forward thread's cuBLAS workspace
-    grads = _forward_backward(layer, grad_b, workspace)
+    grads = forward_backward(layer, grad_b, workspace)
     for n in params:  # Adam._init_group
         r.alloc(n * state_b)
         r.alloc(n * state_b)
@@ -208,36 +193,5 @@ def _two_steps(
     excess, before = r.excess, r.model.reserved  # step 1's optimizer peak
     for i in temporaries + grads:  # the step's end, zero_grad(set_to_none=True)
         r.free(i)
-    _forward_backward(layer, grad_b, None)
+    forward_backward(layer, grad_b, None)
     return excess + r.model.reserved - before
-
-
-def _forward_backward(layer: _Layer, grad_b: int, workspace: int | None) -> list[int]:
-    """One step's forward, loss and backward (spill.py ``_two_steps``' step 1, with the sum of a tied embedding's two
-    gradients); returns the gradients' blocks. ``workspace``: the backward thread's cuBLAS workspace, made by its
-    first matmul (step 1), None once it is."""
-    r, m, c, T = layer.r, layer.m, layer.c, layer.T
-    VH = m.vocab_size * m.hidden_size
-    groups = _forward(layer, m.num_layers)
-    *weight_cast, log_softmax, nll_grad, grad = _loss(r, m, c, T, bool(layer.weight_casts))
-    r.free(log_softmax)
-    r.free(nll_grad)
-    if c != 4:  # the logits' gradient cast to c bytes for lm_head's backward
-        r.free(grad)
-        grad = r.alloc(c * m.vocab_size * T)
-    if workspace is not None:
-        r.alloc(workspace)
-    grads = [r.alloc(VH * grad_b)]
-    for i in (grad, *weight_cast):
-        r.free(i)
-    *layers, final = groups
-    for i in final:
-        r.free(i)
-    for group in reversed(layers):
-        grads += _backward(layer, group, grad_b)
-    grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
-    if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
-        grads.append(r.alloc(VH * grad_b))
-        r.free(grads.pop(0))
-        r.free(grads.pop(-2))
-    return grads

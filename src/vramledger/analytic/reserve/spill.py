@@ -161,19 +161,30 @@ def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | Non
 
 
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Full fine-tuning (every layer trained, the head and the embedding too), AdamW (foreach, with its temporaries, or
-    fused, without), no checkpointing, the
-    standard loss, SDPA without its math kernel's length² blocks, Llama-named projections, whole weights."""
+    """The sequence (``sequence_modelled``) with AdamW (foreach, with its temporaries, or fused, without), on one
+    process, the residual stream's requests of 10 MiB or more, the MLP's per-parameter tensors fitting its blocks."""
     wb = p.weights
     c = train.precision.compute.bytes
     return (
-        m.family in _LLAMA_LAYERS
+        sequence_modelled(m, train, p)
         and c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC
+        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
+        and train.world_size == 1  # one process: no DDP buckets (distributed/ddp_reserve.py has them)
+        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
+        and not mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
+    )
+
+
+def sequence_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """What the two steps written out cover: full fine-tuning (every layer trained, the head and the embedding too),
+    no checkpointing, the standard loss, SDPA without its math kernel's length² blocks, Llama-named projections, whole
+    weights, no FSDP and no ZeRO partitions of the states."""
+    wb = p.weights
+    return (
+        m.family in _LLAMA_LAYERS
         and not train.adapters
         and not train.grad_ckpt
-        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.fsdp is None
-        and train.world_size == 1  # one process: no DDP buckets, no ZeRO partitions of the states
         and train.zero_stage == 0
         and not (train.offload_optimizer or train.offload_activations or train.optimizer_in_backward or train.compile)
         and not train.images
@@ -184,8 +195,6 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
         and wb.trainable_layers == m.num_layers
         and wb.embedding_trainable
         and bool(p.state_bytes)
-        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
-        and not mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
     )
 
 
@@ -235,16 +244,37 @@ def _two_steps(
     params = [VH] + [i * o for _, i, o in shapes] * L + ([] if m.tie_word_embeddings else [VH])
     grad_b, state_b, temp_b = per
     r.alloc(workspace)  # the forward thread's cuBLAS workspace, at its first matmul (never freed)
-    groups = _forward(layer, L)
-    chain = _loss(r, m, c, T, cast)
-    # step 1's backward: the loss's chain, lm_head's gradient, then each layer's (``_backward``), the embedding's last
-    *weight_cast, log_softmax, nll_grad, grad = chain
+    grads = forward_backward(layer, grad_b, workspace)
+    # step 1's optimizer: Adam._init_group's states, parameter by parameter; the foreach temporaries; zero_grad
+    for n in params:
+        r.alloc(n * state_b)
+        r.alloc(n * state_b)
+    for i in [r.alloc(n * temp_b) for n in params if temp_b]:  # fused AdamW makes none
+        r.free(i)
+    for i in grads:
+        r.free(i)
+    before = r.model.reserved
+    _forward(layer, L)
+    _loss(r, m, c, T, cast)
+    return r.model.reserved - before, r.model.reserved
+
+
+def forward_backward(layer: _Layer, grad_b: int, workspace: int | None) -> list[int]:
+    """One step's forward, loss and backward: the loss's chain, lm_head's gradient, then each layer's
+    (``_backward``), the embedding's last (with a tied embedding, AccumulateGrad's sum of its two); returns the
+    gradients' blocks. ``workspace``: the backward thread's cuBLAS workspace, made at lm_head's backward in step 1
+    (None from step 2 on: the handle keeps it)."""
+    r, m, c, T = layer.r, layer.m, layer.c, layer.T
+    VH = m.vocab_size * m.hidden_size
+    groups = _forward(layer, m.num_layers)
+    *weight_cast, log_softmax, nll_grad, grad = _loss(r, m, c, T, layer.weight_casts)
     r.free(log_softmax)
     r.free(nll_grad)
     if c != 4:  # the logits' gradient cast to c bytes for lm_head's backward: the c·V·T block
         r.free(grad)
         grad = r.alloc(c * m.vocab_size * T)
-    r.alloc(workspace)  # the backward thread's cuBLAS workspace, at lm_head's backward
+    if workspace is not None:
+        r.alloc(workspace)
     grads = [r.alloc(VH * grad_b)]
     for i in (grad, *weight_cast):
         r.free(i)
@@ -258,18 +288,7 @@ def _two_steps(
         grads.append(r.alloc(VH * grad_b))
         r.free(grads.pop(0))
         r.free(grads.pop(-2))
-    # step 1's optimizer: Adam._init_group's states, parameter by parameter; the foreach temporaries; zero_grad
-    for n in params:
-        r.alloc(n * state_b)
-        r.alloc(n * state_b)
-    for i in [r.alloc(n * temp_b) for n in params if temp_b]:  # fused AdamW makes none
-        r.free(i)
-    for i in grads:
-        r.free(i)
-    before = r.model.reserved
-    _forward(layer, L)
-    _loss(r, m, c, T, cast)
-    return r.model.reserved - before, r.model.reserved
+    return grads
 
 
 def _backward(layer: _Layer, saved: list[int], grad_b: int) -> list[int]:
