@@ -109,6 +109,9 @@ GRID += [("llama-3.1-8b", "fsdp1", 8, "full", "bf16-mixed", 1, 1024, True)]
 # and above (2 × 1024, 1 × 2048) (analytic/distributed/ddp_reserve.py).
 GRID += [("mid", "ddp", 2, "full", "bf16-mixed", b, L, False) for b, L in ((1, 512), (1, 1536), (2, 1024), (1, 2048))]
 GRID += [("qwen2.5-0.5b", "ddp", 2, "full", "bf16-mixed", 1, 512, False)]
+# The same under checkpointing (the rests without the saved activations' segments).
+GRID += [("mid", "ddp", 2, "full", "bf16-mixed", 1, L, True) for L in (512, 1536, 2048)]
+GRID += [("qwen2.5-0.5b", "ddp", 2, "full", "bf16-mixed", 1, 512, True)]
 
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:

@@ -55,7 +55,7 @@ the new buckets take from step 1's cache.
 from __future__ import annotations
 
 from dataclasses import replace
-from functools import lru_cache
+from functools import lru_cache, partial
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
 from vramledger.analytic.params import layer_linears
@@ -67,7 +67,7 @@ from vramledger.analytic.reserve.full import decoder_mlp_width
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
 from vramledger.analytic.reserve.runs import on_at, parts_of, peak_reserved
 from vramledger.analytic.reserve.shape import single_shape
-from vramledger.analytic.reserve.spill import forward_backward, sequence_modelled
+from vramledger.analytic.reserve.spill import _backward, _loss, forward_backward, sequence_modelled
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.ledger import Phase
 from vramledger.specs import ModelSpec, Optimizer, TrainSpec
@@ -103,19 +103,32 @@ class _Counted(_Replay):
 
 
 def replayed(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Whether ``ddp_peak_reserved`` replays the step: DDP (several ranks, no FSDP, no ZeRO) full fine-tuning of a
-    Llama-shaped model (every layer, the embedding and the head trained) with foreach AdamW, without checkpointing,
-    the standard loss, SDPA without its length² blocks, whole weights; a packed run; and where the single-GPU model
-    has only its stand-in (held_activations.py ``optimizer_peak_bound``: c·I·T under 10 MiB, in a segment smaller
-    than an MLP matrix's per-parameter tensor, ``mlp_tensors_unfit``; with bf16 weights that tensor is c·I·H bytes
-    and fits the shared 20 MiB segments, and the single-GPU figure stands)."""
+    """Whether ``ddp_peak_reserved`` replays the step at its own shape: ``_in_domain``, a packed run, and c·I·T under
+    10 MiB: where, without checkpointing, the single-GPU model has only its stand-in (held_activations.py
+    ``optimizer_peak_bound``: c·I·T in a segment smaller than an MLP matrix's per-parameter tensor,
+    ``mlp_tensors_unfit``; with bf16 weights that tensor is c·I·H bytes and fits the shared 20 MiB segments, and the
+    single-GPU figure stands) and, under checkpointing, none (the traced range: 1 × 512 to 1 × 1536 on the mid
+    model)."""
     c, width = train.precision.compute.bytes, decoder_mlp_width(m)
+    unfit = mlp_tensors_unfit(c, p.weights.trainable_dtype.bytes, m.hidden_size, width, train.tokens)
+    return (
+        train.packing
+        and _in_domain(m, train, p)
+        and c * width * train.tokens < K_MIN_LARGE_ALLOC
+        and (train.grad_ckpt or unfit)
+    )
+
+
+def _in_domain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """DDP (several ranks, no FSDP, no ZeRO) full fine-tuning of a Llama-shaped model (every layer, the embedding and
+    the head trained) with foreach AdamW, the standard loss, SDPA without its length² blocks, whole weights (spill.py
+    ``sequence_modelled``); under checkpointing, autocast with fp32 weights (the checkpointed layer is written out for
+    amp_layer.py's ``AmpLayer`` only)."""
+    cast = train.precision.mixed and train.precision.compute.bytes < p.weights.trainable_dtype.bytes
     return (
         train.world_size > 1
-        and train.packing
-        and sequence_modelled(m, train, p)
-        and c * width * train.tokens < K_MIN_LARGE_ALLOC
-        and mlp_tensors_unfit(c, p.weights.trainable_dtype.bytes, m.hidden_size, width, train.tokens)
+        and sequence_modelled(m, replace(train, grad_ckpt=False), p)
+        and (cast or not train.grad_ckpt)
         and train.optimizer is Optimizer.ADAMW
         and bool(p.step_temp_bytes)
         and {_leaf(lin.name) for lin in layer_linears(m)} == set(_NAMES)
@@ -125,22 +138,45 @@ def replayed(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
 def ddp_peak_reserved(
     m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int], at: ShapePeaks | None
 ) -> tuple[int, str] | None:
-    """A DDP rank's peak reserved where ``replayed``, with its source: the larger of step 1's optimizer peak with the
-    replay's excess and step 2's new segments on top, and the single-GPU closed form without its term for the
-    activations held at the optimizer's peak (analytic/reserve/shape.py ``single_shape``, term 3, which the replay
-    stands for), at most what a run with dynamic padding gets at the same shape (the closed forms, held over the
-    shorter shapes it meets, which never fall as the shape grows: the replay's excess does, e.g. 196 MiB at 1 × 256
-    and 172 at 1 × 384 for the mid model, so it is not held; as spill.py's ``displaced_remade``, runs.py). None
-    elsewhere (the single-GPU model's figure stands). ``allocated``: each phase's allocated bytes; ``at``: the step
-    at another shape (analytic/reserve ``ShapePeaks``)."""
-    if at is None or not replayed(m, train, p):
+    """A DDP rank's peak reserved, with its source; None where the single-GPU model's figure stands. ``allocated``:
+    each phase's allocated bytes; ``at``: the step at another shape (analytic/reserve ``ShapePeaks``).
+
+    A run with dynamic padding meets every shape up to (B, L) and keeps what each reserved (runs.py): with the closed
+    forms, it gets the replay at one token, 1 × 1 (``_one_token``), a figure that does not change with (B, L), so the
+    estimate still never falls as they grow. A packed run (``replayed``) gets the larger of step 1's optimizer peak
+    with the replay's excess and step 2's new segments on top, and the single-GPU closed form without its term for
+    the activations held at the optimizer's peak (analytic/reserve/shape.py ``single_shape``, term 3, which the replay
+    stands for), at most what the run with dynamic padding gets at the same shape (the replay's excess is not held
+    over the shorter shapes: it falls and rises with the length, e.g. 196 MiB at 1 × 256 and 172 at 1 × 384 for the
+    mid model; as spill.py's ``displaced_remade``, runs.py)."""
+    if at is None or train.world_size < 2:
         return None
     loss_peak, step_peak, opt_peak = training_peaks(allocated)
-    on = on_at(m, train, p)._replace(activations=False)
-    closed = single_shape(m, train, p, loss_peak, step_peak, opt_peak, on, parts_of(at))
-    own = max(closed, opt_peak + _optimizer_peak_excess(m, train, p))
     padded = replace(train, packing=False)
-    return min(own, peak_reserved(m, padded, *at(padded), at)), SOURCE
+    held = _one_token(m, padded, at)
+    if not replayed(m, train, p):
+        if held is None or train.packing:
+            return None
+        ours = max(peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at), held)
+    else:
+        on = on_at(m, train, p)._replace(activations=False)
+        closed = single_shape(m, train, p, loss_peak, step_peak, opt_peak, on, parts_of(at))
+        own = max(closed, opt_peak + _optimizer_peak_excess(m, train, p))
+        ours = min(own, max(peak_reserved(m, padded, *at(padded), at), held or 0))
+    # where the single-GPU figure comes out the same, it stands with its own source
+    return None if ours == peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at) else (ours, SOURCE)
+
+
+def _one_token(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int | None:
+    """The replayed reserve at 1 × 1, the shortest shape a run with dynamic padding can meet (None outside
+    ``_in_domain``): its optimizer peak plus the replay's excess. There every activation is a small-pool block, so
+    the large pool holds the per-parameter tensors alone, each of 10 MiB or more in a segment of its own with its
+    rest (the mid model: 144 MiB, the trace's excess at 1 × 1024 under checkpointing)."""
+    one = train.at_shape(1, 1)
+    p1, _, _, opt1 = at(one)
+    if not _in_domain(m, one, p1):
+        return None
+    return opt1 + _optimizer_peak_excess(m, one, p1)
 
 
 def _optimizer_peak_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
@@ -153,9 +189,9 @@ def _optimizer_peak_excess(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     cast = train.precision.mixed and c < wb.trainable_dtype.bytes
     # DDP's first-iteration bucket (none on one GPU, whose step is the same sequence without it)
     bucket = train.world_size > 1 and train.fsdp is None and not train.zero_stage
-    return _two_steps(
-        m, shapes, c, wb.trainable_dtype.bytes, per, cast, train.tokens, cublas_workspace_block(p), bucket
-    )
+    workspace = cublas_workspace_block(p)
+    key = (m, shapes, c, wb.trainable_dtype.bytes, per, cast, train.tokens, workspace, bucket, train.grad_ckpt)
+    return _two_steps(*key)
 
 
 @lru_cache(maxsize=256)
@@ -169,9 +205,11 @@ def _two_steps(
     T: int,
     workspace: int,
     bucket: bool,
+    checkpointed: bool,
 ) -> int:
     """Reserved less requested at step 1's optimizer peak, plus the segments step 2 makes up to the end of its
-    backward (the module docstring's sequence); ``bucket``: with DDP's one gradient bucket."""
+    backward (the module docstring's sequence); ``bucket``: with DDP's one gradient bucket; ``checkpointed``: each
+    decoder layer under checkpointing (``_checkpointed``)."""
     r = _Counted()
     by_name = {name: (i, o) for name, i, o in shapes}
     VH = m.vocab_size * m.hidden_size
@@ -181,11 +219,17 @@ def _two_steps(
         r.alloc(n * weight_b)
     if bucket:  # DDP's first-iteration bucket: every gradient in one
         r.alloc(sum(params) * grad_b)
-    layer = (
-        AmpLayer(r, m, by_name, c, tokens=T) if cast else _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
-    )
+    if checkpointed:
+        step = partial(_checkpointed, _CastsKept(r, m, by_name, c, tokens=T), grad_b)
+    else:
+        layer = (
+            AmpLayer(r, m, by_name, c, tokens=T)
+            if cast
+            else _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
+        )
+        step = partial(forward_backward, layer, grad_b)
     r.alloc(workspace)  # the forward thread's cuBLAS workspace
-    grads = forward_backward(layer, grad_b, workspace)
+    grads = step(workspace)
     for n in params:  # Adam._init_group
         r.alloc(n * state_b)
         r.alloc(n * state_b)
@@ -193,5 +237,72 @@ def _two_steps(
     excess, before = r.excess, r.model.reserved  # step 1's optimizer peak
     for i in temporaries + grads:  # the step's end, zero_grad(set_to_none=True)
         r.free(i)
-    forward_backward(layer, grad_b, None)
+    step(None)
     return excess + r.model.reserved - before
+
+
+class _CastsKept(AmpLayer):
+    """``AmpLayer`` that records the blocks of autocast's weight copies (``casts``, while not None): each projection's
+    first block (forward_cache.py ``_Layer._linear``)."""
+
+    casts: set[int] | None = None
+
+    def _linear(self, name: str) -> int:
+        first = self.r.count + 1
+        out = super()._linear(name)
+        if self.casts is not None:
+            self.casts.add(first)
+        return out
+
+
+def _checkpointed(layer: _CastsKept, grad_b: int, workspace: int | None) -> list[int]:
+    """One step with every decoder layer under ``torch.utils.checkpoint`` (non-reentrant); returns the gradients'
+    blocks. ``workspace``: as spill.py ``forward_backward``'s.
+
+    Forward: each layer runs whole (AmpLayer's sequence) and then keeps nothing but its output, the next layer's input,
+    which the next checkpoint saves (torch/utils/checkpoint.py: the saved-tensor hooks keep no activation), and
+    autocast's weight copies, cached until the outermost autocast exits after the loss (autocast_mode.cpp
+    ``cached_cast``; ckpt_forward.py). A simplification: a layer's transients are freed at its end rather than as
+    Python drops them. Backward: the final norm and the loss's chain as without checkpointing, then for each layer from
+    the last its forward again (the recompute, which saves, its weight copies made again) and its backward (spill.py
+    ``_backward``), its input freed after it."""
+    r, m, c, T = layer.r, layer.m, layer.c, layer.T
+    VH = m.vocab_size * m.hidden_size
+    x = r.alloc(layer.residual_bytes * m.hidden_size * T)  # the embedding's output
+    inputs: list[int] = []
+    kept: set[int] = set()
+    layer.casts = kept
+    for _ in range(m.num_layers):
+        start = r.count
+        out = layer.forward(x, False)
+        for i in [i for i in r.live if i > start and i != out and i not in kept]:
+            r.free(i)
+        inputs.append(x)
+        x = out
+    layer.casts = None
+    start = r.count
+    layer.final_norm()
+    final = [i for i in r.live if i > start]
+    *weight_cast, log_softmax, nll_grad, grad = _loss(r, m, c, T, True)
+    for i in kept:  # autocast exits after the loss
+        r.free(i)
+    r.free(log_softmax)
+    r.free(nll_grad)
+    r.free(grad)  # the logits' gradient cast to c bytes for lm_head's backward
+    grad = r.alloc(c * m.vocab_size * T)
+    if workspace is not None:
+        r.alloc(workspace)
+    grads = [r.alloc(VH * grad_b)]
+    for i in (grad, *weight_cast, *final, x):
+        r.free(i)
+    for saved in reversed(inputs):
+        start = r.count
+        layer.forward(saved, False)
+        grads += _backward(layer, sorted(i for i in r.live if i > start), grad_b)
+        r.free(saved)
+    grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
+    if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
+        grads.append(r.alloc(VH * grad_b))
+        r.free(grads.pop(0))
+        r.free(grads.pop(-2))
+    return grads
