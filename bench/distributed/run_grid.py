@@ -112,6 +112,9 @@ GRID += [("qwen2.5-0.5b", "ddp", 2, "full", "bf16-mixed", 1, 512, False)]
 # The same under checkpointing (the rests without the saved activations' segments).
 GRID += [("mid", "ddp", 2, "full", "bf16-mixed", 1, L, True) for L in (512, 1536, 2048)]
 GRID += [("qwen2.5-0.5b", "ddp", 2, "full", "bf16-mixed", 1, 512, True)]
+# An 8B shape at short lengths, where autocast's bf16 weight copies freed in backward are the cache the fp32 states
+# meet (a run with dynamic padding's one-token replay, analytic/distributed/ddp_reserve.py).
+GRID += [("llama-3.1-8b", "ddp", 8, "full", "bf16-mixed", 1, L, ckpt) for L, ckpt in ((128, False), (256, True))]
 
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:

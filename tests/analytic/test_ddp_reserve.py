@@ -35,8 +35,9 @@ def _replayed_rows() -> list[dict[str, Any]]:
 
 def test_the_replayed_rows_are_the_traced_bf16_mixed_full_ddp_ones() -> None:
     """The rows the replay takes over: DDP full fine-tuning in bf16-mixed where the MLP's c·I·T block is under 10 MiB
-    (1 × 1024: 2·2816·1024 B = 5.5 MiB; 1 × 512; 1 × 1536: 8.25 MiB; Qwen2.5-0.5B 1 × 512: 2·4864·512 B = 4.75 MiB),
-    with and without checkpointing; not bf16-true, freeze, LoRA, FSDP, nor 2 × 1024 and 1 × 2048 (11 MiB)."""
+    (1 × 1024: 2·2816·1024 B = 5.5 MiB; 1 × 512; 1 × 1536: 8.25 MiB; Qwen2.5-0.5B 1 × 512: 2·4864·512 B = 4.75 MiB;
+    Llama-3.1-8B 1 × 128 and 1 × 256), with and without checkpointing; not bf16-true, freeze, LoRA, FSDP, nor
+    2 × 1024 and 1 × 2048 (11 MiB)."""
     ids = {r["id"] for r in _replayed_rows()}
     print(sorted(ids))
     mid = "mid/ddp/{}/full/bf16-mixed/b1/L{}/{}"
@@ -50,6 +51,8 @@ def test_the_replayed_rows_are_the_traced_bf16_mixed_full_ddp_ones() -> None:
         mid.format("w2", 512, "ckpt"),
         mid.format("w2", 1536, "ckpt"),
         "qwen2.5-0.5b/ddp/w2/full/bf16-mixed/b1/L512/ckpt",
+        "llama-3.1-8b/ddp/w8/full/bf16-mixed/b1/L128/nockpt",  # 2·14336·128 B = 3.5 MiB
+        "llama-3.1-8b/ddp/w8/full/bf16-mixed/b1/L256/ckpt",
     }
 
 

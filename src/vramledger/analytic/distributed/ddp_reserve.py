@@ -1,5 +1,5 @@
-"""DDP full fine-tuning in bf16-mixed: step 1's optimizer peak replayed with the blocks the allocator rounds, in place
-of the single-GPU model's stand-in for it where the MLP's activation blocks are under 10 MiB.
+"""DDP full fine-tuning: step 1's optimizer peak replayed with the blocks the allocator rounds, in place of the
+single-GPU model's stand-in for it where the MLP's activation blocks are under 10 MiB, and under checkpointing.
 
 Legend: T tokens, H hidden, I MLP width, c compute-dtype bytes, b bytes of a trainable parameter (and of its
 gradient, states and foreach temporary), P the trainable parameters.
@@ -41,10 +41,21 @@ The rank's reserved is then its optimizer peak (``opt_peak``, which holds every 
 small ones it leaves out: the norms' weights, the small pool) plus the replay's excess there and what step 2 makes
 again, or the rest of the single-GPU closed form, whichever is larger. On the mid model the replay holds 110 MiB of
 rests at step 1's optimizer peak and 78 MiB free (its sequence leaves out backward's transients, which the trace cuts
-from those segments): 3,816 MiB, +1.1%. A packed run only, and at most what a run with dynamic padding gets at the
-same shape: that run keeps the closed forms, which never fall as the shape grows, and the replay's excess does (as
-spill.py's ``displaced_remade``, runs.py). Checked against the traces of bench/distributed/grid.jsonl
-(tests/analytic/test_ddp_reserve.py).
+from those segments): 3,816 MiB, +1.1%.
+
+Under checkpointing (torch/utils/checkpoint.py, non-reentrant) the trace holds the same rests (3,774 MiB at 1 × 1024,
+where the closed forms count none: 3,630 MiB, −3.8%); the replay runs each layer's forward and keeps its output and
+autocast's weight copies only (``_checkpointed``), recomputes it before its backward: 3,760 MiB, −0.4%.
+
+A packed run (one shape) takes that figure, at most what a run with dynamic padding gets at the same shape: that run
+keeps the closed forms, which never fall as the shape grows (the replay's excess does: 196 MiB at 1 × 256, 172 at
+1 × 384 on the mid model), and it holds the replay at one token, 1 × 1, the shortest shape it can meet, a figure that
+(B, L) does not change (``_one_token``). There every activation is a small-pool block, so what the large pool caches
+is the per-parameter tensors' rests and autocast's weight copies, freed in backward and too small for the fp32 MLP
+tensors: 144 MiB on the mid model (the trace's excess at 1 × 1024 under checkpointing), 3.2 GiB on Llama-3.1-8B,
+whose 112 MiB bf16 MLP copies cannot hold its 224 MiB fp32 states (traced at 1 × 128, 188,146 MiB: −0.5%, −1.8%
+without it; 1 × 256 under checkpointing −0.2%, −1.9% without). Checked against the traces of
+bench/distributed/grid.jsonl (tests/analytic/test_ddp_reserve.py).
 
 Not modelled: DDP's bucket rebuild. After the first iteration ``Reducer::rebuild_buckets`` frees the one bucket and
 allocates buckets of ``bucket_cap_mb`` (25 MiB) in the order gradients became ready, inside step 2's forward; the
@@ -75,9 +86,10 @@ from vramledger.specs import ModelSpec, Optimizer, TrainSpec
 SOURCE = (
     "DDP, full fine-tuning: step 1's optimizer peak replayed through the allocator model (the trained weights, "
     "DDP's one first-iteration gradient bucket, torch/nn/parallel/distributed.py compute_bucket_size_limits "
-    "[sys.maxsize]; the two steps of analytic/reserve/spill.py): blocks of 10 MiB and more rounded up to 2 MiB "
-    "keep rests of at most 1 MiB unsplit (CUDACachingAllocator.cpp get_allocation_size, should_split), in place of "
-    "the saved activations counted cached where c·I·T < 10 MiB (analytic/distributed/ddp_reserve.py)"
+    "[sys.maxsize]; the two steps of analytic/reserve/spill.py, checkpointed layers recomputed): blocks of 10 MiB "
+    "and more rounded up to 2 MiB keep rests of at most 1 MiB unsplit (CUDACachingAllocator.cpp "
+    "get_allocation_size, should_split); a packed run at its shape where c·I·T < 10 MiB, a run with dynamic "
+    "padding at one token (analytic/distributed/ddp_reserve.py)"
 )
 
 
