@@ -78,7 +78,13 @@ from vramledger.analytic.reserve.full import decoder_mlp_width
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
 from vramledger.analytic.reserve.runs import on_at, parts_of, peak_reserved
 from vramledger.analytic.reserve.shape import single_shape
-from vramledger.analytic.reserve.spill import _backward, _loss, forward_backward, sequence_modelled
+from vramledger.analytic.reserve.spill import (
+    _backward,
+    _loss,
+    embedding_gradients,
+    forward_backward,
+    sequence_modelled,
+)
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.ledger import Phase
 from vramledger.specs import ModelSpec, Optimizer, TrainSpec
@@ -312,9 +318,5 @@ def _checkpointed(layer: _CastsKept, grad_b: int, workspace: int | None) -> list
         layer.forward(saved, False)
         grads += _backward(layer, sorted(i for i in r.live if i > start), grad_b)
         r.free(saved)
-    grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
-    if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
-        grads.append(r.alloc(VH * grad_b))
-        r.free(grads.pop(0))
-        r.free(grads.pop(-2))
+    embedding_gradients(r, m, grads, grad_b)
     return grads

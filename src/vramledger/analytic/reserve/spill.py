@@ -283,12 +283,19 @@ def forward_backward(layer: _Layer, grad_b: int, workspace: int | None) -> list[
         r.free(i)
     for group in reversed(layers):
         grads += _backward(layer, group, grad_b)
-    grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
-    if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
+    embedding_gradients(r, m, grads, grad_b)
+    return grads
+
+
+def embedding_gradients(r: _Replay, m: ModelSpec, grads: list[int], grad_b: int) -> None:
+    """The embedding's gradient, last in backward (``embedding_dense_backward``), appended to ``grads`` (lm_head's
+    first); with a tied embedding AccumulateGrad's out-of-place sum of the two, which frees both."""
+    VH = m.vocab_size * m.hidden_size
+    grads.append(r.alloc(VH * grad_b))
+    if m.tie_word_embeddings:
         grads.append(r.alloc(VH * grad_b))
         r.free(grads.pop(0))
         r.free(grads.pop(-2))
-    return grads
 
 
 def _backward(layer: _Layer, saved: list[int], grad_b: int) -> list[int]:
