@@ -47,7 +47,7 @@ SETUP_KEYS = {
     "modules_to_save", "precision", "optimizer", "batch", "seq", "accum", "grad_ckpt", "attn", "loss",
     "loss_chunk", "packing", "world_size", "zero_stage", "fsdp", "fsdp_version", "offload_optimizer",
     "offload_params", "model_code", "legacy_bitsandbytes", "quant", "untie_embeddings", "prompt", "new_tokens",
-    "cache", "base_dtype", "metric", "gpu",
+    "cache", "base_dtype", "metric", "gpu", "bnb_compute",
 }  # fmt: skip
 ROW_KEYS = SETUP_KEYS | {"row", "profile", "csv_model", "csv_value", "judgement", "reading"}
 
@@ -175,15 +175,17 @@ def _model(setup: Mapping[str, Any]) -> Any:
     return m
 
 
-def _quant(text: str | None) -> Any:
-    from vramledger.specs import QuantSpec
+def _quant(text: str | None, compute: str | None = None) -> Any:
+    from vramledger.specs import DType, QuantSpec
 
     if not text:
         return None
     if text == "int8":
         return QuantSpec(bits=8)
     kind, _, dq = text.partition("-")
-    return QuantSpec(bits=4, quant_type=kind, double_quant=dq == "dq")
+    return QuantSpec(
+        bits=4, quant_type=kind, double_quant=dq == "dq", compute_dtype=DType(compute) if compute else None
+    )
 
 
 def train_spec(setup: Mapping[str, Any]) -> Any:
@@ -234,7 +236,7 @@ def train_spec(setup: Mapping[str, Any]) -> Any:
         offload_optimizer=bool(setup.get("offload_optimizer", False)),
         offload_params=bool(setup.get("offload_params", False)),
         lora=lora,
-        quant=_quant(setup.get("quant")) if method is Method.QLORA else None,
+        quant=_quant(setup.get("quant"), setup.get("bnb_compute")) if method is Method.QLORA else None,
         base_dtype=DType(base) if base else None,
         model_code=ModelCode(setup.get("model_code", "transformers")),
         legacy_bitsandbytes=bool(setup.get("legacy_bitsandbytes", False)),
@@ -250,7 +252,7 @@ def infer_spec(setup: Mapping[str, Any]) -> Any:
         prompt=int(setup.get("prompt", 16)),
         new_tokens=int(setup.get("new_tokens", 50)),
         dtype=DType(setup.get("precision", "bf16")),
-        quant=_quant(setup.get("quant")),
+        quant=_quant(setup.get("quant"), setup.get("bnb_compute")),
         attn=Attention(setup.get("attn", "sdpa")),
         cache=CacheKind(setup.get("cache", "dynamic")),
         model_code=ModelCode(setup.get("model_code", "transformers")),

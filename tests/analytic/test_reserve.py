@@ -97,12 +97,14 @@ PADDED_MASK = (
     "is 58.16 GiB allocated and 61.75 GiB reserved against the replay's 58.27 and 62.01 GiB (−0.4%)"
 )
 FP32_GQA_MATH = (
-    "a reserved over-estimate: allocated now matches the trace (16.91 GiB both: the batch of full rows runs SDPA's "
-    "math kernel, analytic/activations.py sdpa_math), but the closed form has step 1's states reach the three fp32 "
-    "logits blocks and the two 4·nh·L² attention-backward blocks and step 2 make all five again (relaid_counted, "
-    "3.70 GiB) where the replay makes two logits blocks again (2.32 GiB): 18.97 GiB against 17.91 (+5.9%, the "
-    "weights' 112 MiB of tails free at the loss peak counted, as the replay keeps them: load_residue.py loss_tails; "
-    "−8.9% before, when the estimate had the mask path)"
+    "a run with dynamic padding keeps the closed forms, whose term 1 is the maximum: step 2's loss peak (16.91 GiB, "
+    "allocated as the trace's: SDPA's math kernel, analytic/activations.py sdpa_math) + the foreach temporaries' own "
+    "segments (1.84 GiB, full.py temporaries_unused_by_activations) + the weights' tails (0.11): 18.97 GiB against the "
+    "fine envelope's 17.91 (+5.9%). At 2 × 1024 the replay gives no temporary a segment (they are cut from the freed "
+    "length² and MLP segments), but a run's shorter steps do (at 256 tokens step 1's optimizer outgrows its cache), "
+    "and runs.jsonl's run orders keep them: 18.88 GiB short first, 19.37 worst, which the estimate sits between. "
+    "Packed, the two steps replayed with the fp32 math layer (math_layer.py MathLayer): −0.6% (docs/reserve.md, fp32 "
+    "with SDPA's math kernel: the layer written out)"
 )
 STATES_DISPLACE_ACTIVATIONS = (
     "packed: step 1's states sit in the forward's segments (360 of their 610 MiB, in the 16 MiB fp32 norm inputs' "
@@ -114,16 +116,6 @@ STATES_DISPLACE_ACTIVATIONS = (
     "(test_reserve_displaced.py), but the residual stream's 8 MiB requests share 20 MiB segments, which the written-"
     "out layers lay out otherwise (replayed: one block made again), so it is not applied under 10 MiB "
     "(docs/reserve.md, the two steps replayed)"
-)
-ADAFACTOR_TIED_SUM = (
-    "step 1's optimizer makes a 0.98 GiB segment for Adafactor's fourth fp32 temporary of the V×H embedding (t): the "
-    "fp32 logits blocks are exactly 2·t, but the tied gradients' sum sits at the start of the log-softmax's block "
-    "(1.5·t left) and the layers' gradients best fit cut from the fp32 copy's block (0.50 GiB, with 0.22 GiB of "
-    "recomputed transients freed between them) leave it in pieces under t, so only three temporaries find a block. "
-    "Whether the sum lands there depends on those gradients' span in the copy's block, which the closed form does "
-    "not place with c < 4 (full.py gradients_in_chain; its room outside the chain puts 0.38 GiB past the c·V·T "
-    "block, where the replay's span is 0.72 GiB with the holes: too short to move the sum). Traced at 2 × 2048, "
-    "1 × 4096, 4 × 1024 and 2 × 2176 (on), 2 × 2304 to 2 × 2528 (off, -1.2%)"
 )
 PADDED_TOY_MASK = (
     "an over-estimate: the padded batch's SDPA mask and K/V repeated for it (analytic/activations.py) put the "
@@ -151,8 +143,6 @@ PACKED_MISSES: dict[str, str] = {
     "tiny/full/b1/L256/nockpt/sdpa": TINY_FULL,
     "tiny/lora/b2/L256/nockpt/eager": TINY_LORA,
     "tiny/lora/b4/L512/nockpt/sdpa": TINY_LORA_REST,
-    "qwen2.5-0.5b/full/b2/L1024/nockpt/sdpa/fp32": FP32_GQA_MATH,
-    "llama-3.2-1b/full/b2/L2048/ckpt/sdpa/bf16-true/adafactor": ADAFACTOR_TIED_SUM,
     "mid/full/b4/L1024/nockpt/sdpa/bf16-true": STATES_DISPLACE_ACTIVATIONS,
 }
 

@@ -104,8 +104,10 @@ PUBLISHED_META = {
     "olmo-2-7b": 7_298_617_344,
     "qwen2.5-vl-7b": 8_292_166_656,  # vision encoder included
     "qwen3-vl-4b": 4_437_815_808,  # vision encoder included
+    "bloomz-7b1": 7_069_016_064,  # bloom-7b1's model card, "Parameters: 7,069,016,064" (BloomForCausalLM, tied)
 }
-PUBLISHED_ROUNDED = {"gpt-oss-20b": "20.91B", "glm-4-9b": "9.4B"}
+# StarCoder's model card and paper (arXiv:2305.06161): 15.5B, multi-query attention (GPTBigCodeForCausalLM).
+PUBLISHED_ROUNDED = {"gpt-oss-20b": "20.91B", "glm-4-9b": "9.4B", "octocoder": "15.5B"}
 
 
 @pytest.mark.parametrize("key", sorted(PUBLISHED_META), ids=sorted(PUBLISHED_META))

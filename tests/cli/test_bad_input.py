@@ -225,3 +225,20 @@ def test_control_characters_in_a_value_stay_on_one_line(capsys) -> None:
 
 def test_a_tilde_user_that_does_not_exist(capsys) -> None:
     bad(capsys, "estimate", "~0", says="is not in the catalog")  # Path.expanduser raised RuntimeError
+
+
+# -- lengths written the way contexts are named ------------------------------------------------------------------
+def test_a_length_in_k_is_binary_thousands(capsys) -> None:
+    """`--seq 32k` is Qwen2.5's "32K context", max_position_embeddings 32768 in its config (catalog file)."""
+    assert QWEN05["max_position_embeddings"] == 32768
+    _, by_k, _ = run(capsys, "estimate", "qwen2.5-0.5b", "--seq", "32k", "--json")
+    _, by_number, _ = run(capsys, "estimate", "qwen2.5-0.5b", "--seq", "32768", "--json")
+    assert json.loads(by_k) == json.loads(by_number)
+    _, half, _ = run(capsys, "estimate", "qwen2.5-0.5b", "--seq", "1.5K", "--json")
+    _, plain, _ = run(capsys, "estimate", "qwen2.5-0.5b", "--seq", "1536", "--json")
+    assert json.loads(half) == json.loads(plain)
+
+
+@pytest.mark.parametrize("value", ["1.3k", "4kk", "k", "-2k", "nank", "infk"])
+def test_a_length_in_k_that_is_not_a_whole_count(capsys, value: str) -> None:
+    bad(capsys, "estimate", "qwen2.5-0.5b", "--seq", value, says="--seq")

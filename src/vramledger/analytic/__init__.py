@@ -126,7 +126,11 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
         }
     if train.quant is not None:
         q = train.quant
-        s["quant"] = {"bits": q.bits, "type": q.quant_type if q.bits == 4 else "int8", "double": q.double_quant}
+        quant: dict[str, object] = {"bits": q.bits, "type": q.quant_type if q.bits == 4 else "int8"}
+        quant["double"] = q.double_quant
+        if q.compute_dtype is not None:
+            quant["compute_dtype"] = q.compute_dtype.value
+        s["quant"] = quant
     if train.method is Method.FREEZE:
         s["freeze_trainable_layers"] = train.freeze_trainable_layers
     if train.distributed:

@@ -120,7 +120,7 @@ def dequant_bytes(m: ModelSpec, spec: InferSpec, *, head: bool) -> int:
         n = m.vocab_size * m.hidden_size if lm_head_quantised(t) else 0
     else:
         n = weight_budget(m, t).largest_frozen_matrix_numel
-    return dequant_transient_bytes(n, spec.dtype, spec.model_code)
+    return dequant_transient_bytes(n, spec.dtype, spec.model_code, spec.quant.compute_dtype)
 
 
 SRC_DEQUANT = "bitsandbytes matmul_4bit → MatMul4Bit: dequantize_4bit(B, state).to(A.dtype) (analytic/litgpt_qlora.py)"
@@ -275,6 +275,11 @@ def infer_ledger(
                 "attn": spec.attn.value,
                 "quant": None if spec.quant is None else spec.quant.quant_type if spec.quant.bits == 4 else "int8",
             }
+            | (
+                {"bnb_compute_dtype": spec.quant.compute_dtype.value}
+                if spec.quant is not None and spec.quant.compute_dtype is not None
+                else {}
+            )
         ),
     )
     from dataclasses import replace

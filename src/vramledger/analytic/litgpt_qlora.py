@@ -68,12 +68,15 @@ def lightning_quant_state(model_code: ModelCode) -> bool:
     return model_code.litgpt
 
 
-def dequant_transient_bytes(numel: int, compute: DType, model_code: ModelCode) -> int:
+def dequant_transient_bytes(numel: int, compute: DType, model_code: ModelCode, bnb_compute: DType | None = None) -> int:
     """Bytes alive while bitsandbytes dequantises one n-element 4-bit weight for a matmul: the state's dtype
-    (fp16 under Lightning), plus its cast to the compute dtype when they differ (see the module docstring, 2)."""
-    if not lightning_quant_state(model_code):
-        return numel * compute.bytes
-    return numel * 2 + (numel * compute.bytes if compute is not DType.FP16 else 0)
+    (fp16 under Lightning, else the dtype the weight was loaded in, ``compute``), plus its cast to the matmul's
+    dtype when they differ (see the module docstring, 2): ``bnb_4bit_compute_dtype`` where it is set apart from
+    the load dtype (``QuantSpec.compute_dtype``: ``Linear4bit.forward`` makes the input that dtype, and
+    ``MatMul4Bit`` runs ``dequantize_4bit(B, state).to(A.dtype)``, bitsandbytes ``autograd/_functions.py``)."""
+    state = DType.FP16 if lightning_quant_state(model_code) else compute
+    matmul = bnb_compute or compute
+    return numel * state.bytes + (numel * matmul.bytes if matmul is not state else 0)
 
 
 def keeps_previous_graph(train: TrainSpec) -> bool:

@@ -131,7 +131,9 @@ def step_parts(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) -> St
         dora_temp=dora_transient_bytes(train, wb),
         forward_layer_temp=dora_transient_bytes(train, wb) + _eager_scores_bytes(m, train, wb, c),
         dequant_temp=(  # analytic/litgpt_qlora.py: an fp16 copy and its cast under Lightning
-            dequant_transient_bytes(wb.largest_frozen_matrix_numel, train.precision.compute, train.model_code)
+            dequant_transient_bytes(
+                wb.largest_frozen_matrix_numel, train.precision.compute, train.model_code, train.quant.compute_dtype
+            )
             if train.quant is not None
             else 0
         ),

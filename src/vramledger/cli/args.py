@@ -42,6 +42,34 @@ def count(lo: int = 1, hi: int = MAX_COUNT, *, what: str = "integer") -> Callabl
     return parse
 
 
+KILO = 1024
+"""``32k`` is 32,768 tokens: context lengths are named in binary thousands (Qwen2.5's 32K is
+``max_position_embeddings: 32768``, Llama 3.1's 128K is 131072)."""
+
+
+def tokens(hi: int = MAX_TOKENS, *, what: str = "length") -> Callable[[str], int]:
+    """A token count in [1, hi], written ``4096``, ``4_096``, ``32k`` or ``1.5k`` (a k is 1,024 tokens)."""
+    plain = count(hi=hi, what=what)
+
+    def parse(text: str) -> int:
+        body = text.strip().replace("_", "")
+        if body[-1:] not in ("k", "K"):
+            return plain(text)
+        try:
+            thousands = float(body[:-1])
+        except ValueError:
+            thousands = math.nan
+        value = thousands * KILO
+        if not (math.isfinite(value) and value == int(value)):
+            raise argparse.ArgumentTypeError(
+                f"{text!r} is not a whole number of tokens; give a {what} in [1, {hi:,}] (32k = {32 * KILO:,})"
+            )
+        return plain(str(int(value)))
+
+    parse.__name__ = what
+    return parse
+
+
 def real(
     lo: float, hi: float, *, hi_open: bool = False, lo_open: bool = False, what: str = "number"
 ) -> Callable[[str], float]:

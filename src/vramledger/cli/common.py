@@ -16,7 +16,6 @@ from vramledger.adapters._base import ATTN_NAMES, OPTIMIZER_NAMES
 from vramledger.cli.args import (
     MAX_BATCH,
     MAX_EVAL_BATCH,
-    MAX_TOKENS,
     count,
     fraction,
     image_size,
@@ -24,11 +23,13 @@ from vramledger.cli.args import (
     name,
     out_path,
     real,
+    tokens,
 )
 from vramledger.errors import VramledgerError
 from vramledger.specs import (
     DEFAULT_HEADROOM,
     Attention,
+    DType,
     EvalLogits,
     GPUSpec,
     LoraSpec,
@@ -138,6 +139,12 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--quant", type=name, help="qlora base: nf4 | fp4 | int8 (default nf4)")
     g.add_argument("--no-double-quant", action="store_true", default=None, help="qlora without double quantisation")
     g.add_argument(
+        "--bnb-compute-dtype",
+        type=name,
+        help="4-bit base: bnb_4bit_compute_dtype fp32 | bf16 | fp16 (default: the load dtype, as LLaMA-Factory, "
+        "axolotl and TRL set it; BitsAndBytesConfig alone defaults to fp32)",
+    )
+    g.add_argument(
         "--legacy-bitsandbytes",
         action="store_true",
         default=None,
@@ -149,8 +156,9 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch", type=count(hi=MAX_BATCH, what="batch"), help="micro-batch size per GPU (default 1)")
     g.add_argument(
         "--seq",
-        type=count(hi=MAX_TOKENS, what="length"),
-        help="sequence length in tokens (default 2048); with --images, text tokens (the images' add to it)",
+        type=tokens(what="length"),
+        help="sequence length in tokens (default 2048; 32k = 32,768); with --images, text tokens (the images' add "
+        "to it)",
     )
     g.add_argument(
         "--accum", type=count(hi=MAX_BATCH, what="step count"), help="gradient accumulation steps (default 1)"
@@ -187,9 +195,7 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--eval-batch", type=count(hi=MAX_EVAL_BATCH, what="batch"), help="evaluation batch size (adds an eval phase)"
     )
-    g.add_argument(
-        "--eval-seq", type=count(hi=MAX_TOKENS, what="length"), help="evaluation sequence length (default: --seq)"
-    )
+    g.add_argument("--eval-seq", type=tokens(what="length"), help="evaluation sequence length (default: --seq)")
     g.add_argument(
         "--eval-logits", type=name, help="what eval keeps for metrics: none (loss only) | full | argmax (default none)"
     )
@@ -432,6 +438,7 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
         lora = changes.get("lora", base.lora) or LoraSpec()  # LitGPT keeps adapters in the model dtype (no upcast)
         if lora.adapter_fp32:
             changes["lora"] = dataclasses.replace(lora, adapter_fp32=False)
+    bnb_compute = _bnb_compute_dtype(getattr(args, "bnb_compute_dtype", None))
     if args.quant is not None or args.no_double_quant is not None:
         q = args.quant.strip().lower() if args.quant is not None else "nf4"
         if q not in ("nf4", "fp4", "int8"):
@@ -440,9 +447,17 @@ def _flag_changes(args: argparse.Namespace, base: TrainSpec) -> dict[str, Any]:
             bits=8 if q == "int8" else 4,
             quant_type="nf4" if q == "int8" else q,
             double_quant=not args.no_double_quant,
+            compute_dtype=bnb_compute,
         )
         if "method" not in changes and base.method is not Method.QLORA:
             changes["method"] = Method.QLORA
+    elif bnb_compute is not None:
+        quant = base.quant or (QuantSpec() if changes.get("method", base.method) is Method.QLORA else None)
+        if quant is None:
+            raise VramledgerError("--bnb-compute-dtype: only for a 4-bit base; add --method qlora or --quant nf4")
+        changes["quant"] = dataclasses.replace(quant, compute_dtype=bnb_compute)
+    if bnb_compute is not None and changes["quant"].bits != 4:
+        raise VramledgerError("--bnb-compute-dtype: only for a 4-bit base (int8 has no compute dtype); drop it")
     if getattr(args, "legacy_bitsandbytes", None) and changes.get("method", base.method) is not Method.QLORA:
         raise VramledgerError("--legacy-bitsandbytes: only for a 4-bit base; add --method qlora")
     dist = distributed_changes(args)
@@ -632,6 +647,18 @@ def add_distributed_options(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fsdp", help="PyTorch FSDP: full_shard | shard_grad_op | hybrid_shard | no_shard")
     g.add_argument("--fsdp-version", type=int, help="FSDP 1 (FullyShardedDataParallel) or 2 (fully_shard; default)")
     g.add_argument("--offload", help="to the CPU: optimizer (states, master copy) | param (also parameters) | none")
+
+
+def _bnb_compute_dtype(text: str | None) -> DType | None:
+    """``--bnb-compute-dtype``: torch's names (float32, bfloat16, float16) or ours."""
+    if text is None:
+        return None
+    key = text.strip().lower().removeprefix("torch.")
+    names = {"fp32": "fp32", "float32": "fp32", "float": "fp32", "bf16": "bf16", "bfloat16": "bf16"}
+    names |= {"fp16": "fp16", "float16": "fp16", "half": "fp16"}
+    if key not in names:
+        raise VramledgerError(f"--bnb-compute-dtype: unknown value {text!r}; choose fp32, bf16 or fp16")
+    return DType(names[key])
 
 
 def distributed_changes(args: argparse.Namespace) -> dict[str, Any]:

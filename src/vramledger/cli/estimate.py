@@ -6,7 +6,7 @@ import argparse
 import sys
 from typing import TYPE_CHECKING
 
-from vramledger.cli.args import MAX_TOKENS, count
+from vramledger.cli.args import tokens
 from vramledger.cli.common import (
     Inputs,
     add_gpu_options,
@@ -42,12 +42,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     g.add_argument(
         "--prompt",
-        type=count(hi=MAX_TOKENS, what="token count"),
+        type=tokens(what="token count"),
         help="infer: prompt tokens per sequence (default: --seq, 2048)",
     )
-    g.add_argument(
-        "--new-tokens", type=count(hi=MAX_TOKENS, what="token count"), help="infer: max_new_tokens (default 256)"
-    )
+    g.add_argument("--new-tokens", type=tokens(what="token count"), help="infer: max_new_tokens (default 256)")
     g.add_argument("--static-cache", action="store_true", help="infer: cache_implementation='static' (preallocated)")
     g.add_argument(
         "--cache",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from vramledger.cli.args import MAX_BATCH, MAX_TOKENS, count, real
+from vramledger.cli.args import MAX_BATCH, MAX_TOKENS, count, real, tokens
 from vramledger.cli.common import add_gpu_options, add_model_options, add_train_options, resolve_inputs
 from vramledger.cli.measure import add_trial_options
 from vramledger.errors import EXIT_NO, VramledgerError
@@ -31,7 +31,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--max",
         dest="upper",
-        type=count(hi=MAX_TOKENS, what="bound"),
+        type=tokens(what="bound"),
         help="upper bound (default 1024 for batch; the model's context for seq)",
     )
     p.add_argument(

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from vramledger.cli.args import MAX_BATCH, MAX_FIT_BATCH, MAX_TOKENS, count
+from vramledger.cli.args import MAX_BATCH, MAX_FIT_BATCH, count, tokens
 from vramledger.cli.common import (
     Inputs,
     add_gpu_options,
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--max-len",
-        type=count(hi=MAX_TOKENS, what="length"),
+        type=tokens(what="length"),
         help="frontier up to this length (default: the model's context)",
     )
     p.add_argument("--exact", action="store_true", help="confirm the frontier's corners by tracing (slow)")

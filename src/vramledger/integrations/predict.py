@@ -87,6 +87,9 @@ def _lora(model: Any) -> LoraSpec | None:
     )
 
 
+_DTYPE_OF = {"float32": DType.FP32, "bfloat16": DType.BF16, "float16": DType.FP16}
+
+
 def _quant(model: Any) -> QuantSpec | None:
     cfg = hf_config(model)
     q = getattr(cfg, "quantization_config", None)
@@ -98,6 +101,8 @@ def _quant(model: Any) -> QuantSpec | None:
             bits=4,
             quant_type=str(q.get("bnb_4bit_quant_type", "nf4")),
             double_quant=bool(q.get("bnb_4bit_use_double_quant", False)),
+            # to_dict() names it as torch does ("float32", BitsAndBytesConfig's default when none is given).
+            compute_dtype=_DTYPE_OF.get(str(q.get("bnb_4bit_compute_dtype", "")).removeprefix("torch.")),
         )
     if q.get("load_in_8bit"):
         return QuantSpec(bits=8)
@@ -129,7 +134,7 @@ def live_fields(model: Any) -> tuple[dict[str, Any], dict[str, str], list[str]]:
     if frozen and quant is None:
         name = _dtype_name(frozen[0].dtype)
         if name in ("float32", "bfloat16", "float16"):
-            fields["base_dtype"] = {"float32": DType.FP32, "bfloat16": DType.BF16, "float16": DType.FP16}[name]
+            fields["base_dtype"] = _DTYPE_OF[name]
             prov["base_dtype"] = f"live model: frozen weights are {name}"
     attn = getattr(hf_config(model), "_attn_implementation", None)
     if isinstance(attn, str) and attn.lower() in ATTN_NAMES:

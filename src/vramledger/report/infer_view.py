@@ -14,7 +14,9 @@ def render_infer(ledger: Ledger, concurrency: Concurrency | None = None) -> str:
     lines = [
         f"{ledger.model}  (analytic, inference)",
         f"generate: batch {s.get('batch')} × (prompt {s.get('prompt')} + {s.get('new_tokens')} new tokens), "
-        f"{s.get('dtype')}{', ' + str(s.get('quant')) if s.get('quant') else ''}, {s.get('cache')} cache, "
+        f"{s.get('dtype')}{', ' + str(s.get('quant')) if s.get('quant') else ''}"
+        f"{' computing in ' + str(s.get('bnb_compute_dtype')) if s.get('bnb_compute_dtype') else ''}, "
+        f"{s.get('cache')} cache, "
         f"attn {s.get('attn')}",
         "",
     ]

@@ -193,6 +193,12 @@ class QuantSpec:
     """``bnb_4bit_use_double_quant``: quantise the absmax constants too."""
     blocksize: int = 64
     """bitsandbytes' 4-bit block size (64 by default in ``bitsandbytes.functional.quantize_4bit``)."""
+    compute_dtype: DType | None = None
+    """``bnb_4bit_compute_dtype``: None is the dtype the weights were loaded in (what LLaMA-Factory, axolotl and
+    TRL pass); ``BitsAndBytesConfig``'s own default is float32 (transformers ``utils/quantization_config.py``), so a
+    config that names none computes in fp32: ``Linear4bit.forward`` casts the input ``x.to(self.compute_dtype)``
+    and ``MatMul4Bit`` casts the dequantised weight ``.to(A.dtype)`` (bitsandbytes ``nn/modules.py``,
+    ``autograd/_functions.py``)."""
 
     def __post_init__(self) -> None:
         if self.bits not in (4, 8):

@@ -69,6 +69,7 @@ from dataclasses import replace
 from functools import lru_cache, partial
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
+from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import ShapePeaks, training_peaks
@@ -146,6 +147,7 @@ def _in_domain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     return (
         train.world_size > 1
         and sequence_modelled(m, replace(train, grad_ckpt=False), p)
+        and not computes_scores(m, train)
         and (cast or not train.grad_ckpt)
         and train.optimizer is Optimizer.ADAMW
         and bool(p.step_temp_bytes)

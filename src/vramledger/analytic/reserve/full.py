@@ -244,7 +244,7 @@ def relaid_regions(
     if train.adapters or small or not blocks or not wb.trainable_layers:
         return []
     if train.optimizer not in _ADAM_INIT_GROUP:  # without states, the workspace's block alone (``relaid_counted``)
-        if p.state_bytes or workspace is None:
+        if large_pool_states(m, train, p) or workspace is None:
             return []
         lost_at = workspace
         return [lambda b, ell: lost_at(train.at_shape(b, ell))]
@@ -284,6 +284,22 @@ def relaid_regions(
     return out
 
 
+def large_pool_states(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes of the optimizer's states that are large-pool blocks, the only ones that can sit in the logits chain's
+    blocks: all of them but for Adafactor, whose states are vectors.
+
+    transformers ``Adafactor.step`` (optimization.py; HF's defaults, ``beta1=None``: no first moment) keeps, for a
+    matrix, the factored second moment ``exp_avg_sq_row`` (shape[:-1]) and ``exp_avg_sq_col`` (shape[-1:]), and a
+    full ``exp_avg_sq`` only for vectors (the norms' weights): fp32 vectors of V, I or H elements, each a small-pool
+    block (CUDACachingAllocator.cpp: requests up to kSmallSize, 1 MiB, are served from 2 MiB small segments) while no
+    dimension exceeds 262,144. The replays of Qwen2.5-0.5B full with Adafactor (bench/reserve/packed_adafactor.jsonl)
+    put none in the chain: step 2 makes again only the fp32 block the backward workspace took, as with SGD."""
+    if train.optimizer is not Optimizer.ADAFACTOR:
+        return p.state_bytes
+    widest = max(m.vocab_size, m.hidden_size, m.intermediate_size, m.q_dim, m.kv_dim)
+    return p.state_bytes if 4 * widest > K_SMALL_SIZE else 0
+
+
 # torch.optim.AdamW in its three implementations: states created by Adam._init_group (torch/optim/adam.py).
 _ADAM_INIT_GROUP = (Optimizer.ADAMW, Optimizer.ADAMW_FUSED, Optimizer.ADAMW_FORLOOP)
 
@@ -317,12 +333,14 @@ def relaid_counted(
     An optimizer without states (SGD without momentum) puts nothing in the chain, but the backward workspace's block is
     made again all the same: Qwen3-0.6B full, SGD, bf16-mixed, checkpointing, 2 × 1024 (c·I·T 12 MiB, 4·H·T 8 MiB, both
     under the 32 MiB workspace): the workspace sits in the fp32 copy's block from step 1's backward and step 2's
-    ``_log_softmax_backward_data`` makes a 1.16 GiB segment (8.89 GiB replayed, 7.67 estimated without it).
+    ``_log_softmax_backward_data`` makes a 1.16 GiB segment (8.89 GiB replayed, 7.67 estimated without it). So does
+    Adafactor, whose states are small-pool vectors (``large_pool_states``): Qwen2.5-0.5B full, Adafactor, bf16-true,
+    checkpointing, 2 × 1024 (6.42 GiB replayed, 5.19 estimated without it; bench/reserve/packed_adafactor.jsonl).
     """
     hole, blocks = remade_blocks(m, train)
     head = p.weights.lm_head_weight_numel * p.weights.trainable_dtype.bytes
-    if blocks and train.optimizer not in _ADAM_INIT_GROUP and not p.state_bytes:
-        return blocks[0] if workspace and blocks[0] > head else 0  # an optimizer without states
+    if blocks and train.optimizer not in _ADAM_INIT_GROUP and not large_pool_states(m, train, p):
+        return blocks[0] if workspace and blocks[0] > head else 0  # no state reaches the chain
     if train.optimizer not in _ADAM_INIT_GROUP or not blocks:
         return relaid_bytes(m, train, p)
     reached = blocks_with_states(p.state_bytes - beside + grads, hole, blocks)

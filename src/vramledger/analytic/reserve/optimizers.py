@@ -5,14 +5,18 @@ in the logits blocks (docs/reserve.md "Optimizers other than foreach AdamW")."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
 
 from vramledger.allocator.conf import K_SMALL_SIZE, allocation_size, round_size
 from vramledger.analytic.activations import computes_scores
 from vramledger.analytic.params import in_layers, layer_linears
 from vramledger.analytic.parts import StepParts, embedding_gradient_before_accumulation, tied_gradient_sum
 from vramledger.analytic.reserve.ckpt_forward import forward_block_width, forward_left_free
+from vramledger.analytic.reserve.forward_cache import _Replay
+from vramledger.analytic.reserve.freeze import workspace_in_logits
 from vramledger.analytic.reserve.full import activations_unused, decoder_mlp_width, held_room, logits_blocks
 from vramledger.analytic.reserve.switches import Switching
+from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.specs import Loss, ModelSpec, Optimizer, TrainSpec
 
 # Optimizers whose step makes no temporaries (SGD, fused AdamW, the 8-bit ones): the step's last allocations are not
@@ -177,8 +181,122 @@ def _step_temporary(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
 
 def temporaries_bound(m: ModelSpec, train: TrainSpec, p: StepParts, loss_reserved: int, on: Switching) -> int:
     """Where Adafactor's temporaries cannot pair up (``on.temporaries``): the loss's reserve (``loss_reserved``, term
-    1's loss peak + stranded) plus k segments of t made for them (see above); 0 otherwise."""
+    1's loss peak + stranded) plus k segments of t made for them (see above); where they pair up but the tied
+    gradients' sum leaves too few rests of t (``on.tied_sum``), plus the segments step 1's optimizer makes for them
+    (``tied_sum_segments``); 0 otherwise."""
     t = _step_temporary(m, train, p)
-    if not on.temporaries or not t:
+    if not t:
         return 0
-    return loss_reserved + p.step_temp_bytes // t * t
+    if on.temporaries:
+        return loss_reserved + p.step_temp_bytes // t * t
+    return loss_reserved + tied_sum_segments(m, train, p) if on.tied_sum else 0
+
+
+# Where the temporaries pair up (the fp32 4·V·T segment at least 2·t), a trained tied embedding still takes room in
+# the chain's blocks before them, under checkpointing. The replay of Llama-3.2-1B full, bf16-true, Adafactor, 2 × 2048
+# (bench/reserve/packed_adafactor.jsonl; 4·V·T = 2·t = 4·g, g the 16-bit V×H gradient): step 1's backward cuts the
+# logits gradient's 16-bit cast from the c·V·T block, the backward thread's cuBLAS workspace (where no forward block
+# holds it, freeze.py ``workspace_in_logits``) and lm_head's g from the fp32 copy's block (the older of the free fp32
+# blocks, best fit: CUDACachingAllocator.cpp ``get_free_block`` orders equal sizes by address); the recomputed layers'
+# gradients then fill the c·V·T block (the smallest free block that holds them once the cast is freed) and spill into
+# the copy's; ``embedding_dense_backward``'s g follows them, and AccumulateGrad's out-of-place sum of the two
+# (torch/csrc/autograd/input_buffer.cpp ``accumulate``: ``old_var + var``) finds no rest of g left in the copy's block
+# and is cut from the start of the log-softmax's: 1.5·t is left there, one temporary's room, not two.
+# transformers ``Adafactor.step`` (optimization.py) steps the embedding first with four fp32 temporaries live at once
+# (``grad.float()``, ``p_data_fp32.float()``, ``grad**2`` and ``+ eps``, then ``_approx_sq_grad``'s product, then
+# ``-update``): three find a block, the fourth gets a segment of its own (10.75 GiB reserved, 9.77 before the step).
+# At 2 × 2304 the copy's block holds the sum beside the other two and the temporaries pair up in the other two blocks.
+
+
+def tied_sum_segments(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+    """Bytes of the segments step 1's ``Adafactor.step`` makes for the embedding's fp32 temporaries beside the tied
+    gradients' sum and the layers' gradients in the logits chain (see above; 0 where ``tied_sum_switch`` is None).
+
+    The blocks replayed through the allocator model in program order (``_tied_sum_replay``): the chain's free blocks
+    after step 1's loss, the workspace and lm_head's gradient, every trained layer's gradients in backward order, the
+    embedding's gradient and the sum, the two V×H gradients freed, then the temporaries as ``Adafactor.step`` makes and
+    frees them. It errs towards more segments: every layer gradient is counted in the chain, where the replays put 0.37
+    to 0.42 GiB of Llama-3.2-1B's 1.81 GiB in the forward's blocks; but they also leave the recomputed layers'
+    transients freed between the gradients in the copy's block (0.10 to 0.29 GiB) and part of the c·V·T block free
+    (0.02 to 0.19 GiB), so the span counted in the copy's block is 70 to 104 MiB over the replay's at 2 × 2048,
+    2 × 2176, 2 × 2304 and 2 × 2560 (bench/reserve/packed_adafactor.jsonl). Against the replays: the same segments at
+    Llama-3.2-1B 2 × 2048, 1 × 4096, 4 × 1024 and 2 × 2176; one t more at 2 × 2240 (the count's edge is 4,574 tokens,
+    the replay's between 4,352 and 4,480) and at Llama-3.2-3B 1 × 6144, whose larger forward blocks hold more of its
+    5.25 GiB of layer gradients (at 1 × 6656 the replay's step 2 makes the second segment the count has in step 1)."""
+    if tied_sum_switch(m, train, p) is None:
+        return 0
+    return _tied_sum_replay(*_tied_sum_key(m, train, p))
+
+
+def tied_sum_switch(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, int], bool] | None:
+    """Where ``tied_sum_segments`` makes a segment at (b, ℓ), for full fine-tuning with Adafactor of a model with a
+    trained tied embedding, under checkpointing (backward frees only the recomputed layer's blocks, so the layers'
+    gradients land in the chain: ``full.gradients_in_chain``), with the standard loss (None: never). A longer
+    batch brings larger chain blocks, which hold the sum beside the other two V×H gradients, so it switches off as the
+    shape grows: a packed run counts it where it is on at its shape, a run with dynamic padding holds it at the edge
+    (runs.py), where ``temporaries_switch``'s region, below it, adds more."""
+    wb = p.weights
+    t = _step_temporary(m, train, p)
+    if not t or not train.grad_ckpt or train.loss is not Loss.STANDARD or not logits_blocks(m, train):
+        return None
+    if not (m.tie_word_embeddings and wb.embedding_trainable) or m.is_moe or not wb.trainable_layers:
+        return None
+
+    def tied_sum(b: int, ell: int) -> bool:
+        at = train.at_shape(b, ell)
+        return _tied_sum_replay(*_tied_sum_key(m, at, p)) > 0
+
+    return tied_sum
+
+
+def _tied_sum_key(
+    m: ModelSpec, train: TrainSpec, p: StepParts
+) -> tuple[tuple[int, ...], int, int, tuple[int, ...], int, int]:
+    """``_tied_sum_replay``'s arguments at ``train``'s shape: the chain's blocks, the workspace in the copy's block (0
+    where a forward block holds it), the V×H gradient g, the layers' gradients in backward order, one temporary t and
+    the fp32 copies ``Adafactor.step`` makes of a 16-bit parameter and its gradient."""
+    wb = p.weights
+    b = wb.trainable_dtype.bytes
+    ws = cublas_workspace_block(p) if workspace_in_logits(m, train, p) else 0
+    layer = [b * lin.in_features * lin.out_features for lin in reversed(layer_linears(m)) for _ in range(lin.per_layer)]
+    t = _step_temporary(m, train, p)
+    copies = p.step_temp_bytes // t - 2
+    return logits_blocks(m, train), ws, b * m.vocab_size * m.hidden_size, tuple(layer * wb.trainable_layers), t, copies
+
+
+@lru_cache(maxsize=4096)
+def _tied_sum_replay(chain: tuple[int, ...], ws: int, g: int, grads: tuple[int, ...], t: int, copies: int) -> int:
+    """Reserved bytes the temporaries add to a cache that holds only the chain's blocks (``tied_sum_segments``);
+    ``copies``: ``grad.float()`` and ``p.float()`` of a 16-bit parameter (none for fp32)."""
+    r = _Replay()
+    *hole, copy, log_softmax, backward_data = chain
+    # step 1's loss (transformers ``ForCausalLMLoss``): the logits, their fp32 copy and the log-softmax, each a
+    # segment; the logits and the copy freed before backward, whose first gradient is cut from the copy's block
+    logits = [r.alloc(x) for x in hole]
+    fp32 = [r.alloc(copy), r.alloc(log_softmax)]
+    for i in logits + fp32[:1]:
+        r.free(i)
+    nll = r.alloc(copy)
+    grad = r.alloc(backward_data)
+    r.free(nll)
+    r.free(fp32[1])
+    cast = [r.alloc(x) for x in hole]  # the logits gradient's cast for lm_head's backward
+    r.free(grad)
+    head = [r.alloc(x) for x in (ws, g) if x]  # the workspace (never freed) and lm_head's gradient
+    for i in cast:
+        r.free(i)
+    for x in grads:
+        r.alloc(x)
+    embedding = r.alloc(g)
+    r.alloc(g)  # AccumulateGrad's sum of the head's and the embedding's gradients
+    r.free(head[-1])
+    r.free(embedding)
+    before = r.model.reserved
+    for _ in range(copies):
+        r.alloc(t)
+    square, update = r.alloc(t), r.alloc(t)  # grad**2, then + eps
+    r.free(square)
+    r.alloc(t)  # _approx_sq_grad's product, while the old update lives
+    r.free(update)
+    r.alloc(t)  # -update
+    return r.model.reserved - before

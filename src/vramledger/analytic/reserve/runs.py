@@ -17,7 +17,12 @@ from vramledger.analytic.reserve.freeze import frozen_head, frozen_head_regions
 from vramledger.analytic.reserve.full import decoder_mlp_width, relaid_regions
 from vramledger.analytic.reserve.held_activations import eligibility_edges, mlp_tensors_unfit, scores_edges
 from vramledger.analytic.reserve.load_residue import loss_tails_switch
-from vramledger.analytic.reserve.optimizers import checkpointed_forward_switch, fused_relaid_switch, temporaries_switch
+from vramledger.analytic.reserve.optimizers import (
+    checkpointed_forward_switch,
+    fused_relaid_switch,
+    temporaries_switch,
+    tied_sum_switch,
+)
 from vramledger.analytic.reserve.shape import chain_gradients_at, single_shape, states_beside_chain, workspace_in_chain
 from vramledger.analytic.reserve.softcap import latest_on, softcap_remade
 from vramledger.analytic.reserve.spill import displaced_remade
@@ -160,6 +165,7 @@ def _closed_switches(m: ModelSpec, train: TrainSpec, p: StepParts) -> dict[str, 
         "activations": on.activations,
         "tied": on.tied,
         "temporaries": temporaries_switch(m, train, p),
+        "tied_sum": tied_sum_switch(m, train, p),
         "fused_relaid": fused_relaid_switch(m, train, p),
         "loss_tails": loss_tails_switch(m, train, p),
         "checkpointed_forward": checkpointed_forward_switch(m, train, p),
@@ -190,6 +196,9 @@ def _regions(
     temporaries = temporaries_switch(m, train, p)
     if temporaries is not None:
         regions.append((Switching(temporaries=True), temporaries))
+    tied_sum = tied_sum_switch(m, train, p)
+    if tied_sum is not None:
+        regions.append((Switching(tied_sum=True), tied_sum))
     fused = fused_relaid_switch(m, train, p)
     if fused is not None:
         regions.append((Switching(fused_relaid=True), fused))

@@ -25,7 +25,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
-from vramledger.analytic.activations import computes_scores
+from vramledger.analytic.activations import computes_scores, sdpa_math
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.amp_layer import AmpLayer
@@ -38,6 +38,7 @@ from vramledger.analytic.reserve.full import (
     remade_blocks,
 )
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
+from vramledger.analytic.reserve.math_layer import MathLayer
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
 from vramledger.specs import ModelSpec, Optimizer, TrainSpec
 
@@ -162,12 +163,17 @@ def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | Non
 
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """The sequence (``sequence_modelled``) with AdamW (foreach, with its temporaries, or fused, without), on one
-    process, the residual stream's requests of 10 MiB or more, the MLP's per-parameter tensors fitting its blocks."""
+    process, the MLP's per-parameter tensors fitting its blocks; SDPA without length² blocks and the residual stream's
+    requests ≥ 10 MiB, or in fp32 SDPA's math kernel at any size (math_layer.py ``MathLayer``: its 3.5 and 7 MiB
+    requests share 20 MiB segments as the trace has them, within 3% of the traced replay from 1,024 to 4,096 tokens,
+    bench/reserve/fp32_math.jsonl)."""
     wb = p.weights
     c = train.precision.compute.bytes
+    math = _math_kernel(m, train)
     return (
         sequence_modelled(m, train, p)
-        and c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC
+        and (c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC or math)
+        and (not computes_scores(m, train) or math)
         and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.world_size == 1  # one process: no DDP buckets (distributed/ddp_reserve.py has them)
         and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
@@ -177,8 +183,8 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
 
 def sequence_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """What the two steps written out cover: full fine-tuning (every layer trained, the head and the embedding too),
-    no checkpointing, the standard loss, SDPA without its math kernel's length² blocks, Llama-named projections, whole
-    weights, no FSDP and no ZeRO partitions of the states."""
+    no checkpointing, the standard loss, Llama-named projections, whole weights, no FSDP and no ZeRO partitions of the
+    states (the attention's length² blocks are the caller's to rule out or write out)."""
     wb = p.weights
     return (
         m.family in _LLAMA_LAYERS
@@ -191,11 +197,16 @@ def sequence_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
         and one_copy_weights(train)
         and not m.is_moe
         and bool(logits_blocks(m, train))
-        and not computes_scores(m, train)
         and wb.trainable_layers == m.num_layers
         and wb.embedding_trainable
         and bool(p.state_bytes)
     )
+
+
+def _math_kernel(m: ModelSpec, train: TrainSpec) -> bool:
+    """fp32 layers whose attention runs SDPA's math kernel (activations.py ``sdpa_math``), written out by
+    math_layer.py's ``MathLayer``."""
+    return sdpa_math(m, train) and train.precision.compute.bytes == 4 and not train.precision.mixed
 
 
 # Decoder layers the sequence writes out (transformers' LlamaDecoderLayer: two RMSNorms, SiLU-gated MLP; Mistral's and
@@ -204,8 +215,9 @@ _LLAMA_LAYERS = ("llama", "mistral", "qwen2", "qwen3")
 
 
 # ``_two_steps``' arguments: the model, its layer's projections (name, in, out), c, the bytes an element of the
-# gradient, of one state and of the temporary, autocast's weight copies, T, one cuBLAS workspace
-_Key = tuple[ModelSpec, tuple[tuple[str, int, int], ...], int, tuple[int, int, int], bool, int, int]
+# gradient, of one state and of the temporary, autocast's weight copies, T, one cuBLAS workspace, SDPA's math kernel's
+# (B, L) or (0, 0)
+_Key = tuple[ModelSpec, tuple[tuple[str, int, int], ...], int, tuple[int, int, int], bool, int, int, tuple[int, int]]
 
 
 def _displacement_key(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Key | None:
@@ -220,7 +232,8 @@ def _displacement_key(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Key | No
     per = (p.grad_bytes // n, p.state_bytes // (2 * n), p.step_temp_bytes // n)
     c = train.precision.compute.bytes
     cast = train.precision.mixed and c < wb.trainable_dtype.bytes
-    return (m, shapes, c, per, cast, train.tokens, cublas_workspace_block(p))
+    math = (train.micro_batch, train.seq_len) if _math_kernel(m, train) else (0, 0)
+    return (m, shapes, c, per, cast, train.tokens, cublas_workspace_block(p), math)
 
 
 @lru_cache(maxsize=1024)
@@ -232,14 +245,19 @@ def _two_steps(
     cast: bool,
     T: int,
     workspace: int,
+    math: tuple[int, int] = (0, 0),
 ) -> tuple[int, int]:
     """``displaced_remade``'s replay: what step 2 reserves beyond step 1's cache up to its loss peak, and the
     sequence's reserve there."""
     r = _Replay()
     by_name = {name: (i, o) for name, i, o in shapes}
-    layer = (
-        AmpLayer(r, m, by_name, c, tokens=T) if cast else _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
-    )
+    layer: _Layer
+    if math[0]:
+        layer = MathLayer(r, m, by_name, batch=math[0], seq_len=math[1])
+    elif cast:
+        layer = AmpLayer(r, m, by_name, c, tokens=T)
+    else:
+        layer = _Layer(r, m, set(), by_name, c, False, tokens=T, trained=True)
     VH, L = m.vocab_size * m.hidden_size, m.num_layers
     params = [VH] + [i * o for _, i, o in shapes] * L + ([] if m.tie_word_embeddings else [VH])
     grad_b, state_b, temp_b = per

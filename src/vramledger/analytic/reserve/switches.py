@@ -33,6 +33,10 @@ class Switching(NamedTuple):
     checkpointed_forward: bool = False
     """Under checkpointing, an optimizer without step temporaries: the checkpointed forward's segments free at the end
     of backward where no MLP per-parameter tensor fits their blocks (optimizers.py ``checkpointed_forward_switch``)."""
+    tied_sum: bool = False
+    """Adafactor with a trained tied embedding, under checkpointing: the segments step 1's optimizer makes for its
+    temporaries where the tied gradients' sum and the layers' gradients leave too few rests of one temporary in the
+    chain's blocks (optimizers.py ``tied_sum_switch``)."""
 
 
 NONE = Switching()
