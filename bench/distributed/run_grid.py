@@ -104,6 +104,18 @@ GRID += [
 # (analytic/distributed/fsdp_root_flatten.py), not the loss.
 GRID += [("llama-3.1-8b", "fsdp1", 8, "full", "bf16-mixed", 1, 1024, True)]
 
+# DDP full fine-tuning in bf16-mixed at more shapes: fp32 per-parameter tensors whose 2 MiB-rounded blocks keep
+# unsplit rests, with the MLP's c·I·T blocks under 10 MiB (1 × 512, 1 × 1536, Qwen2.5-0.5B 1 × 512, its head tied)
+# and above (2 × 1024, 1 × 2048) (analytic/distributed/ddp_reserve.py).
+GRID += [("mid", "ddp", 2, "full", "bf16-mixed", b, L, False) for b, L in ((1, 512), (1, 1536), (2, 1024), (1, 2048))]
+GRID += [("qwen2.5-0.5b", "ddp", 2, "full", "bf16-mixed", 1, 512, False)]
+# The same under checkpointing (the rests without the saved activations' segments).
+GRID += [("mid", "ddp", 2, "full", "bf16-mixed", 1, L, True) for L in (512, 1536, 2048)]
+GRID += [("qwen2.5-0.5b", "ddp", 2, "full", "bf16-mixed", 1, 512, True)]
+# An 8B shape at short lengths, where autocast's bf16 weight copies freed in backward are the cache the fp32 states
+# meet (a run with dynamic padding's one-token replay, analytic/distributed/ddp_reserve.py).
+GRID += [("llama-3.1-8b", "ddp", 8, "full", "bf16-mixed", 1, L, ckpt) for L, ckpt in ((128, False), (256, True))]
+
 
 def _id(row: tuple[str, str, int, str, str, int, int, bool]) -> str:
     model, engine, world, method, precision, b, L, ckpt = row

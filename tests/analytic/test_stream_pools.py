@@ -13,6 +13,7 @@ import pytest
 from tests.analytic._distributed_grid import mid_fsdp2, records, runner, specs
 from vramledger.analytic import estimate
 from vramledger.analytic.distributed import compute_view
+from vramledger.analytic.distributed.ddp_reserve import SOURCE as DDP_RESERVE_SOURCE
 from vramledger.analytic.distributed.stream_pools import DEFAULT_POOL_LABEL, RESERVE_LABEL, SIDE_POOLS_LABEL, side_pools
 from vramledger.analytic.step import step_parts
 from vramledger.catalog.hfconfig import model_spec_from_config
@@ -127,12 +128,17 @@ def test_fsdp_peak_reserved_within_10_percent(rec: dict[str, Any]) -> None:
 @pytest.mark.parametrize("rec", [pytest.param(r, id=r["id"]) for r in _records(("ddp",))])
 def test_ddp_reserve_adds_nothing_to_the_single_gpu_model(rec: dict[str, Any]) -> None:
     """DDP allocates its buckets and reduces on the default stream (reducer.cpp): one pool, so the per-rank reserve
-    misses by what the single-GPU reserve misses on the same step, and by nothing more (within 1%)."""
+    misses by what the single-GPU reserve misses on the same step, and by nothing more (within 1%); where
+    analytic/distributed/ddp_reserve.py replays the rank's step (bf16-mixed full fine-tuning), the estimate is held
+    to the trace itself instead (test_ddp_reserve.py)."""
     m, t = specs(rec)
+    ledger = estimate(m, t)
+    if any(i.source == DDP_RESERVE_SOURCE for i in ledger.items):
+        pytest.skip("the rank's step replayed: tests/analytic/test_ddp_reserve.py")
     one = rec["single_view"]
     # the single-GPU estimate of today (the recorded one predates changes to analytic/reserve/), its trace recorded
     inherited = estimate(m, compute_view(t)).peak_reserved - one["trace_peak_reserved"]
-    got, want = estimate(m, t).peak_reserved, rec["trace"]["peak_reserved"]
+    got, want = ledger.peak_reserved, rec["trace"]["peak_reserved"]
     print(rec["id"], "estimate", got, "replay", want, "inherited", inherited)
     assert abs(got - inherited - want) <= 0.01 * want
 

@@ -49,6 +49,7 @@ from vramledger.analytic.distributed import (
     rank_step_parts,
     root_flatten,
 )
+from vramledger.analytic.distributed.ddp_reserve import ddp_peak_reserved
 from vramledger.analytic.distributed.stream_pools import RESERVE_LABEL, ReserveLine, pooled_phase_reserves
 from vramledger.analytic.evaluation import eval_moments
 from vramledger.analytic.litgpt import litgpt_layer_extra_bytes_per_token, litgpt_layer_extra_scores_per_seq
@@ -647,7 +648,8 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
         # a run with dynamic padding: the reserve of the shorter shapes it meets (reserve.held_reserved), for the
         # step as it is (an engine's casts leave the single shape's form)
         at = _ShapePeaks(m, gpu) if engine is train else None
-        reserved = phase_reserves(m, engine, p, totals, at)
+        # DDP full fine-tuning: step 1's optimizer peak replayed (analytic/distributed/ddp_reserve.py)
+        reserved = phase_reserves(m, engine, p, totals, at, ddp_peak_reserved(m, engine, p, totals, at))
         reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
     context = cuda_context_bytes(gpu)
     for phase, mo in mos.items():

@@ -107,7 +107,12 @@ def training_peaks(allocated: dict[Phase, int]) -> tuple[int, int, int]:
 
 
 def phase_reserves(
-    m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int], at: ShapePeaks | None = None
+    m: ModelSpec,
+    train: TrainSpec,
+    p: StepParts,
+    allocated: dict[Phase, int],
+    at: ShapePeaks | None = None,
+    engine: tuple[int, str] | None = None,
 ) -> dict[Phase, tuple[int, str, Basis]]:
     """The ALLOCATOR_RESERVE line of each phase in ``allocated`` (LOAD excluded): (bytes, source, basis).
 
@@ -115,16 +120,20 @@ def phase_reserves(
     (``reserve_excess``). Every training phase reports that same reserved figure: the cache built by step 1 is
     still held in every later step (the trace replay shows reserved flat across phases in step 2). Evaluation
     and generation run after training steps, so they hold at least that cache; where they allocate more, the
-    stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation.
+    stated assumption of ``overhead.allocator_reserve_bytes`` covers their own fragmentation. ``engine``: the step's
+    peak reserved and its source where a data-parallel engine's model gives it (analytic/distributed/ddp_reserve.py).
     """
     loss_peak, peak, opt_peak = training_peaks(allocated)
-    reserved = peak_reserved(m, train, p, loss_peak, peak, opt_peak, at) if peak else 0
+    if engine is not None:
+        reserved, source = engine
+    else:
+        reserved, source = (peak_reserved(m, train, p, loss_peak, peak, opt_peak, at) if peak else 0), RESERVE_SOURCE
     out: dict[Phase, tuple[int, str, Basis]] = {}
     for ph, total in allocated.items():
         if ph is Phase.LOAD:
             continue
         if ph in _TRAIN_PHASES or reserved - total >= allocator_reserve_bytes(total):
-            out[ph] = (max(reserved - total, 0), RESERVE_SOURCE, Basis.FORMULA)
+            out[ph] = (max(reserved - total, 0), source, Basis.FORMULA)
         else:
             out[ph] = (allocator_reserve_bytes(total), ASSUMED_SOURCE, Basis.ASSUMPTION)
     return out

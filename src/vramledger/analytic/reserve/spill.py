@@ -162,34 +162,44 @@ def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | Non
 
 
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """Full fine-tuning (every layer trained, the head and the embedding too), AdamW (foreach, with its temporaries, or
-    fused, without), no checkpointing, the standard loss, Llama-named projections, whole weights; SDPA without length²
-    blocks and the residual stream's requests ≥ 10 MiB, or in fp32 SDPA's math kernel at any size (math_layer.py
-    ``MathLayer``: its 3.5 and 7 MiB requests share 20 MiB segments as the trace has them, within 3% of the traced
-    replay from 1,024 to 4,096 tokens, bench/reserve/fp32_math.jsonl)."""
+    """The sequence (``sequence_modelled``) with AdamW (foreach, with its temporaries, or fused, without), on one
+    process, the MLP's per-parameter tensors fitting its blocks; SDPA without length² blocks and the residual stream's
+    requests ≥ 10 MiB, or in fp32 SDPA's math kernel at any size (math_layer.py ``MathLayer``: its 3.5 and 7 MiB
+    requests share 20 MiB segments as the trace has them, within 3% of the traced replay from 1,024 to 4,096 tokens,
+    bench/reserve/fp32_math.jsonl)."""
     wb = p.weights
     c = train.precision.compute.bytes
     math = _math_kernel(m, train)
     return (
-        m.family in _LLAMA_LAYERS
+        sequence_modelled(m, train, p)
         and (c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC or math)
+        and (not computes_scores(m, train) or math)
+        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
+        and train.world_size == 1  # one process: no DDP buckets (distributed/ddp_reserve.py has them)
+        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
+        and not mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
+    )
+
+
+def sequence_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """What the two steps written out cover: full fine-tuning (every layer trained, the head and the embedding too),
+    no checkpointing, the standard loss, Llama-named projections, whole weights, no FSDP and no ZeRO partitions of the
+    states (the attention's length² blocks are the caller's to rule out or write out)."""
+    wb = p.weights
+    return (
+        m.family in _LLAMA_LAYERS
         and not train.adapters
         and not train.grad_ckpt
-        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.fsdp is None
-        and train.world_size == 1  # one process: no DDP buckets, no ZeRO partitions of the states
         and train.zero_stage == 0
         and not (train.offload_optimizer or train.offload_activations or train.optimizer_in_backward or train.compile)
         and not train.images
         and one_copy_weights(train)
         and not m.is_moe
         and bool(logits_blocks(m, train))
-        and (not computes_scores(m, train) or math)
         and wb.trainable_layers == m.num_layers
         and wb.embedding_trainable
         and bool(p.state_bytes)
-        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
-        and not mlp_tensors_unfit(c, wb.trainable_dtype.bytes, m.hidden_size, decoder_mlp_width(m), train.tokens)
     )
 
 
@@ -252,29 +262,7 @@ def _two_steps(
     params = [VH] + [i * o for _, i, o in shapes] * L + ([] if m.tie_word_embeddings else [VH])
     grad_b, state_b, temp_b = per
     r.alloc(workspace)  # the forward thread's cuBLAS workspace, at its first matmul (never freed)
-    groups = _forward(layer, L)
-    chain = _loss(r, m, c, T, cast)
-    # step 1's backward: the loss's chain, lm_head's gradient, then each layer's (``_backward``), the embedding's last
-    *weight_cast, log_softmax, nll_grad, grad = chain
-    r.free(log_softmax)
-    r.free(nll_grad)
-    if c != 4:  # the logits' gradient cast to c bytes for lm_head's backward: the c·V·T block
-        r.free(grad)
-        grad = r.alloc(c * m.vocab_size * T)
-    r.alloc(workspace)  # the backward thread's cuBLAS workspace, at lm_head's backward
-    grads = [r.alloc(VH * grad_b)]
-    for i in (grad, *weight_cast):
-        r.free(i)
-    *layers, final = groups
-    for i in final:
-        r.free(i)
-    for group in reversed(layers):
-        grads += _backward(layer, group, grad_b)
-    grads.append(r.alloc(VH * grad_b))  # embedding_dense_backward
-    if m.tie_word_embeddings:  # AccumulateGrad's out-of-place sum of the head's and the embedding's
-        grads.append(r.alloc(VH * grad_b))
-        r.free(grads.pop(0))
-        r.free(grads.pop(-2))
+    grads = forward_backward(layer, grad_b, workspace)
     # step 1's optimizer: Adam._init_group's states, parameter by parameter; the foreach temporaries; zero_grad
     for n in params:
         r.alloc(n * state_b)
@@ -287,6 +275,45 @@ def _two_steps(
     _forward(layer, L)
     _loss(r, m, c, T, cast)
     return r.model.reserved - before, r.model.reserved
+
+
+def forward_backward(layer: _Layer, grad_b: int, workspace: int | None) -> list[int]:
+    """One step's forward, loss and backward: the loss's chain, lm_head's gradient, then each layer's
+    (``_backward``), the embedding's last (with a tied embedding, AccumulateGrad's sum of its two); returns the
+    gradients' blocks. ``workspace``: the backward thread's cuBLAS workspace, made at lm_head's backward in step 1
+    (None from step 2 on: the handle keeps it)."""
+    r, m, c, T = layer.r, layer.m, layer.c, layer.T
+    VH = m.vocab_size * m.hidden_size
+    groups = _forward(layer, m.num_layers)
+    *weight_cast, log_softmax, nll_grad, grad = _loss(r, m, c, T, layer.weight_casts)
+    r.free(log_softmax)
+    r.free(nll_grad)
+    if c != 4:  # the logits' gradient cast to c bytes for lm_head's backward: the c·V·T block
+        r.free(grad)
+        grad = r.alloc(c * m.vocab_size * T)
+    if workspace is not None:
+        r.alloc(workspace)
+    grads = [r.alloc(VH * grad_b)]
+    for i in (grad, *weight_cast):
+        r.free(i)
+    *layers, final = groups
+    for i in final:
+        r.free(i)
+    for group in reversed(layers):
+        grads += _backward(layer, group, grad_b)
+    embedding_gradients(r, m, grads, grad_b)
+    return grads
+
+
+def embedding_gradients(r: _Replay, m: ModelSpec, grads: list[int], grad_b: int) -> None:
+    """The embedding's gradient, last in backward (``embedding_dense_backward``), appended to ``grads`` (lm_head's
+    first); with a tied embedding AccumulateGrad's out-of-place sum of the two, which frees both."""
+    VH = m.vocab_size * m.hidden_size
+    grads.append(r.alloc(VH * grad_b))
+    if m.tie_word_embeddings:
+        grads.append(r.alloc(VH * grad_b))
+        r.free(grads.pop(0))
+        r.free(grads.pop(-2))
 
 
 def _backward(layer: _Layer, saved: list[int], grad_b: int) -> list[int]:
