@@ -338,7 +338,9 @@ def trace_figures(model: ModelSpec, train: TrainSpec, cfg: dict[str, Any] | None
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        led = trace_step(model, train, gpu=GPU, config=cfg)
+        # The single shape without a padding mask (every row full: the packed run's step), as every reference
+        # here was traced before the trace fed a padded batch its mask (trace/step.py padding_mask).
+        led = trace_step(model, dataclasses.replace(train, packing=True), gpu=GPU, config=cfg)
     alloc = led.settings["allocator"]
     return {
         "seconds": round(time.perf_counter() - t0, 2),

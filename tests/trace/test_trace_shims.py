@@ -11,6 +11,7 @@ from tests.trace._trace_tiny import TINY, spec
 from vramledger.ledger import Category, Phase
 from vramledger.specs import Attention, Method, Precision, TrainSpec
 from vramledger.trace import trace_step
+from vramledger.trace.recorder import round_block
 from vramledger.trace.shims import autocast_as_cuda, cuda_sdpa_backend, dropout_as_cuda
 
 
@@ -62,7 +63,7 @@ def test_cuda_sdpa_backend_rules(dtype: torch.dtype, kv_heads: int, mask: bool, 
 def test_sdpa_has_no_length_squared_tensor_eager_has_fp32_scores() -> None:
     m, cfg = spec("llama"), TINY["llama"]
     b, L, h = 2, 48, m.num_heads
-    sdpa = trace_step(m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L), config=cfg)
+    sdpa = trace_step(m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L, packing=True), config=cfg)
     assert sdpa.bytes_of(Category.ATTENTION_SCORES, Phase.FORWARD) == 0
     assert sdpa.settings["sdpa_backends"] == ["flash"]
     eager = trace_step(m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L, attn=Attention.EAGER), config=cfg)
@@ -71,6 +72,19 @@ def test_sdpa_has_no_length_squared_tensor_eager_has_fp32_scores() -> None:
     # the saved bf16 probabilities (b·h·L²·2) are live at the end of forward.
     per_layer = b * h * L * L * 2
     assert eager.bytes_of(Category.ATTENTION_SCORES, Phase.FORWARD) >= m.num_layers * per_layer
+
+
+def test_a_padded_batch_gives_sdpa_a_mask_every_layer_keeps() -> None:
+    """A batch whose last row ends in a pad token: transformers builds a boolean (b, 1, L, L) mask (masking_utils
+    ``_ignore_causal_mask_sdpa`` keeps it), the flash kernel cannot take it, and torch's SDPA hands the efficient
+    kernel an additive bf16 copy per call (attention.cpp ``convert_boolean_attn_mask``), last dimension padded to
+    16 (``preprocess_mask``), which that kernel saves: b·L·⌈L⌉₁₆·2 bytes in each layer."""
+    m, cfg = spec("llama"), TINY["llama"]
+    b, L = 2, 40
+    padded = trace_step(m, TrainSpec(method=Method.LORA, micro_batch=b, seq_len=L), config=cfg)
+    assert padded.settings["sdpa_backends"] == ["efficient"]
+    per_layer = b * L * 48 * 2  # ⌈40⌉₁₆ = 48
+    assert padded.bytes_of(Category.ATTENTION_SCORES, Phase.FORWARD) == m.num_layers * round_block(per_layer)
 
 
 def test_fp32_grouped_sdpa_falls_back_to_math() -> None:

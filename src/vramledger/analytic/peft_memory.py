@@ -285,13 +285,20 @@ def peft_activation_parts(
 def _prefix_part(m: ModelSpec, train: TrainSpec, n: int, padded: bool) -> tuple[str, int]:
     """The prefix's n keys and values in every layer. transformers' SDPA mask (masking_utils ``sdpa_mask``) can
     skip the mask only when the keys are the queries' own (no past): with a prefix a mask is built, so
-    ``repeat_kv`` copies K and V to every head (as for a padded batch, activations.py); the mask itself, one
-    (L, L + n) tensor for all layers, is not counted."""
+    ``repeat_kv`` copies K and V to every head (as for a padded batch, activations.py), and every layer's SDPA
+    makes the boolean (L, L + n) mask an additive one of the compute dtype, its last dimension padded to 16, which
+    the memory-efficient kernel saves (torch attention.cpp ``convert_boolean_attn_mask``, ``preprocess_mask``; a
+    padded batch's (L, L) mask is counted in activations.py: here only the n more columns)."""
     c, L, Dq, Dkv = train.precision.compute.bytes, train.seq_len, m.q_dim, m.kv_dim
 
     # With a padded batch K/V are already repeated (activations.py): then only the n more keys and values.
     per_seq = 2 * c * Dq * n if padded else 2 * c * (Dq * (L + n) - Dkv * L)
-    return f"prefix keys/values ({n} virtual tokens, repeated to every head)", -(-per_seq // L)
+    per_seq += c * L * (_align16(L + n) - (_align16(L) if padded else 0))
+    return f"prefix keys/values ({n} virtual tokens, repeated to every head) and their mask", -(-per_seq // L)
+
+
+def _align16(n: int) -> int:
+    return -(-n // 16) * 16
 
 
 def step_train(train: TrainSpec) -> TrainSpec:

@@ -442,12 +442,18 @@ def _train_steps(model: Any, train: Any, ids: Any, steps: int, probe: Probe, res
     import torch
 
     from vramledger.specs import Precision
+    from vramledger.trace.step import padding_mask
 
     params = [q for q in model.parameters() if q.requires_grad]
     if not params:
         raise Unsupported("nothing to train: no parameter requires a gradient")
     opt = build_optimizer(train, params)
     scaler = torch.amp.GradScaler(ids.device.type) if train.precision is Precision.FP16_MIXED else None
+    # The batch the trace and the estimate price (trace/step.py padding_mask): a padded batch's worst case, every
+    # row full but the last, which ends in one pad token; packed (or one row) gets no mask.
+    mask = padding_mask(train, ids)
+    masked = {} if mask is None else {"attention_mask": mask}
+    labels = ids if mask is None else ids.masked_fill(mask == 0, -100)
     autocast = _autocast(train, ids.device)
     for step in range(steps):
         readings: dict[str, Any] = {}
@@ -455,7 +461,7 @@ def _train_steps(model: Any, train: Any, ids: Any, steps: int, probe: Probe, res
         for micro in range(train.grad_accum):
             with _phase(probe, readings, f"forward.{micro}"), autocast():
                 # Keep only the loss, as Trainer.training_step does: the logits die with the outputs.
-                loss = model(input_ids=ids, labels=ids).loss / train.grad_accum
+                loss = model(input_ids=ids, labels=labels, **masked).loss / train.grad_accum
             result["phase"] = "backward"
             with _phase(probe, readings, f"backward.{micro}"):
                 (scaler.scale(loss) if scaler else loss).backward()

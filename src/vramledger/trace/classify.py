@@ -46,7 +46,9 @@ def classify(storages: dict[int, StorageInfo], *, vocab: int, seq_len: int, back
             info.category = Category.WEIGHTS.value
             continue
         shape = info.shape
-        if len(shape) == 4 and shape[-1] == seq_len and shape[-2] == seq_len and info.phase is not Phase.OPTIMIZER:
+        # L × L, or L × ⌈L⌉₁₆: a padded batch's additive mask as SDPA pads it for the efficient kernel (shims.py).
+        square = shape[-2:] in ((seq_len, seq_len), (seq_len, -(-seq_len // 16) * 16)) if len(shape) == 4 else False
+        if square and info.phase is not Phase.OPTIMIZER:
             info.category = Category.ATTENTION_SCORES.value
             continue
         if info.phase in (Phase.FORWARD, Phase.BACKWARD) and (

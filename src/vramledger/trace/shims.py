@@ -236,6 +236,7 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
             )
             backend = cuda_sdpa_backend(q, k, v, mask, p, gqa)
             chosen.append(backend)
+            mask = cuda_sdpa_mask(mask, q, backend)
             if backend == "math":
                 # sdp_utils: math is the composite aten::_scaled_dot_product_attention_math (device
                 # independent).
@@ -254,6 +255,30 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
 
     with _Mode():
         yield chosen
+
+
+MEM_EFF_ALIGNMENT = 16
+"""The memory-efficient kernel's bias alignment (aten/src/ATen/native/transformers/attention.cpp
+``preprocess_mask``: ``mem_eff_alignment = 16``)."""
+
+
+def cuda_sdpa_mask(mask: Any, q: Any, backend: str) -> Any:
+    """The mask as torch's ``scaled_dot_product_attention`` hands it to the kernel on CUDA (attention.cpp): a
+    boolean mask becomes an additive one of the query's dtype (``convert_boolean_attn_mask``: ``at::where(
+    mask.logical_not(), -inf, 0)``), and for the memory-efficient kernel a last dimension that is not a multiple of
+    16 is padded and sliced back (``preprocess_mask`` / ``pad_bias``: the padded storage stays, saved for backward
+    with the bias). The CPU flash kernel the trace runs then saves it as the efficient kernel does."""
+    import torch
+
+    if mask is None:
+        return None
+    if mask.dtype == torch.bool:
+        mask = torch.where(mask.logical_not(), float("-inf"), torch.scalar_tensor(0.0, dtype=q.dtype))
+    last = mask.shape[-1]
+    if backend == "efficient" and last % MEM_EFF_ALIGNMENT:
+        pad = MEM_EFF_ALIGNMENT - last % MEM_EFF_ALIGNMENT
+        mask = torch.nn.functional.pad(mask, (0, pad))[..., :last]
+    return mask
 
 
 @contextmanager

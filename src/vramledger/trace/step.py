@@ -50,7 +50,7 @@ def _check_supported(train: TrainSpec) -> None:
         check_traceable(train)
 
 
-def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int) -> Any:
+def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int, attention_mask: Any = None) -> Any:
     """The chunked cross-entropy of torchtune's ``CEWithChunkedOutputLoss`` (and LitGPT's ``lm_head_chunk_size`` +
     ``chunked_cross_entropy``): the decoder's hidden states, the output layer applied per chunk of ``chunk_len``
     positions (every chunk's logits listed, as the model returns them), then per chunk ``logits.float()`` and
@@ -60,7 +60,7 @@ def chunked_loss(hf: Any, input_ids: Any, labels: Any, chunk_len: int) -> Any:
     import torch.nn.functional as F
 
     base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
-    hidden = base.model(input_ids=input_ids, use_cache=False).last_hidden_state
+    hidden = base.model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     head = base.lm_head
     chunks = [head(h) for h in hidden.split(chunk_len, dim=1)]
     del hidden
@@ -236,17 +236,21 @@ def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:
     images = image_inputs(hf, train, input_ids)  # trace/vision_inputs.py: {} without images
     input_ids = images.pop("input_ids", input_ids)
     labels = input_ids.clone()  # DataCollatorForLanguageModeling: labels = input_ids.clone()
+    mask = padding_mask(train, input_ids)
+    if mask is not None:
+        images["attention_mask"] = mask
+        labels[-1, -1] = -100  # the collator's label for a pad token
     rec.pop()
     mixed = train.precision.mixed
     compute = torch.bfloat16 if train.precision.compute.value == "bf16" else torch.float16
     amp = torch.autocast("cpu", dtype=compute) if mixed else contextlib.nullcontext()
     with amp:
         if train.loss is Loss.CHUNKED:
-            out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b))}
+            out = {"loss": chunked_loss(hf, input_ids, labels, max(1, train.loss_chunk_tokens // b), mask)}
         elif train.loss is Loss.CHUNKED_NLL:
             from vramledger.trace.trl_loss import trl_chunked_nll
 
-            out = {"loss": trl_chunked_nll(hf, input_ids, labels)}
+            out = {"loss": trl_chunked_nll(hf, input_ids, labels, mask)}
         else:
             out = run(input_ids=input_ids, labels=labels, use_cache=False, **images)
     if mixed:  # accelerate convert_outputs_to_fp32, outside the autocast context
@@ -255,8 +259,27 @@ def _forward_loss(hf: Any, run: Any, rec: Recorder, train: TrainSpec) -> Any:
             for k, v in out.items()
         }
     loss = out["loss"]
-    del out, input_ids, labels, images
+    del out, input_ids, labels, images, mask
     return loss
+
+
+def padding_mask(train: TrainSpec, input_ids: Any) -> Any:
+    """The attention mask of the worst batch of a padded run under SDPA (``padded_sdpa``: more than one sequence,
+    not packed), or None: every row full but the last, which ends in one pad token. A row shorter than the longest
+    is what makes transformers build a mask (masking_utils.py ``_ignore_causal_mask_sdpa`` skips it only when no
+    token is masked), and with it ``repeat_kv`` copies of K and V (integrations/sdpa_attention.py
+    ``use_gqa_in_sdpa``: only without a mask) and the additive mask every layer's SDPA makes of it
+    (analytic/activations.py); a batch of equal rows is the packed case. DataCollatorWithPadding pads on the right
+    (``padding_side`` "right" for training) with attention_mask 0 and, in DataCollatorForSeq2Seq, label −100."""
+    import torch
+
+    from vramledger.analytic.activations import padded_sdpa
+
+    if not padded_sdpa(train):
+        return None
+    mask = torch.ones_like(input_ids)
+    mask[-1, -1] = 0
+    return mask
 
 
 def _backward(loss: Any) -> None:

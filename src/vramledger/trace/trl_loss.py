@@ -31,7 +31,7 @@ def _chunk(h: Any, w: Any, lbl: Any, logit_scale: float, softcap: float | None) 
     return chunk_loss, chunk_correct, chunk_entropy
 
 
-def trl_chunked_nll(hf: Any, input_ids: Any, labels: Any) -> Any:
+def trl_chunked_nll(hf: Any, input_ids: Any, labels: Any, attention_mask: Any = None) -> Any:
     """The loss ``_chunked_ce_forward`` returns for ``labels`` with no ignored token (module docstring)."""
     import torch
     from torch.utils.checkpoint import checkpoint
@@ -40,7 +40,9 @@ def trl_chunked_nll(hf: Any, input_ids: Any, labels: Any) -> Any:
 
     base = hf.get_base_model() if hasattr(hf, "get_base_model") else hf
     config = base.config
-    hidden_states = base.base_model(input_ids=input_ids, use_cache=False).last_hidden_state
+    hidden_states = base.base_model(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False
+    ).last_hidden_state
     hidden = hidden_states[..., :-1, :].reshape(-1, hidden_states.size(-1))
     targets = labels[..., 1:].reshape(-1)
     del hidden_states
