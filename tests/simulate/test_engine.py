@@ -20,7 +20,7 @@ from vramledger.simulate.engine import Replayer, Unit
 from vramledger.simulate.templates import Segment, SizeRule, StepTemplates
 
 MiB = 2**20
-PER_TOKEN = SizeRule(MiB, ((1, 0),))  # L MiB
+PER_TOKEN = SizeRule(MiB, ((1, 0, 1),))  # L MiB
 FIXED = SizeRule(MiB, ())  # 1 MiB (small pool)
 
 
@@ -127,7 +127,7 @@ _rules = st.one_of(
     st.builds(
         SizeRule,
         st.integers(1, 4 * MiB),
-        st.lists(st.tuples(st.integers(1, 8), st.integers(-1, 1)), max_size=2).map(tuple),
+        st.lists(st.tuples(st.integers(1, 8), st.integers(-1, 1), st.sampled_from([1, 16])), max_size=2).map(tuple),
     ),
 )
 

@@ -58,15 +58,17 @@ _DTYPE_BYTES = {
 
 @dataclass(frozen=True, slots=True)
 class SizeRule:
-    """``bytes(L) = round512(factor × Π (a·L + c))`` over the length-dependent dimensions ``terms``."""
+    """``bytes(L) = round512(factor × Π ⌈a·L + c⌉_q)`` over the length-dependent dimensions ``terms`` (a, c, q):
+    q = 1 but for a padded batch's SDPA mask, whose last dimension the memory-efficient kernel pads to 16
+    (trace/shims.py ``cuda_sdpa_mask``)."""
 
     factor: int
-    terms: tuple[tuple[int, int], ...]
+    terms: tuple[tuple[int, int, int], ...]
 
     def at(self, length: int) -> int:
         n = self.factor
-        for a, c in self.terms:
-            n *= a * length + c
+        for a, c, q in self.terms:
+            n *= -(-(a * length + c) // q) * q
         return -(-n // BLOCK) * BLOCK if n > 0 else 0
 
 
@@ -112,12 +114,22 @@ class StepTemplates:
     versions: str
 
 
+MASK_ALIGNMENT = 16
+"""A padded batch's SDPA mask is padded to a multiple of 16 columns for the memory-efficient kernel (torch
+attention.cpp ``preprocess_mask``); at a length that is already a multiple the trace makes no padded copy, which
+the template, traced at a prime, still makes: one transient mask more at such lengths (freed at once)."""
+
+
+def _align(n: int, q: int) -> int:
+    return -(-n // q) * q
+
+
 def reference_length(model_dims: Sequence[int], batches: Sequence[int]) -> int:
-    """The smallest candidate prime ``L0`` such that none of ``L0 − 1, L0, L0 + 1, b·L0`` is a model dimension
-    (or half or twice one)."""
+    """The smallest candidate prime ``L0`` such that none of ``L0 − 1, L0, L0 + 1, b·L0`` and ``⌈L0⌉₁₆`` is a
+    model dimension (or half or twice one)."""
     dims = {d for x in model_dims if x > 0 for d in (x, 2 * x, x // 2)}
     for cand in _REFERENCE_CANDIDATES:
-        forms = {cand - 1, cand, cand + 1} | {b * cand for b in batches if b > 1}
+        forms = {cand - 1, cand, cand + 1, _align(cand, MASK_ALIGNMENT)} | {b * cand for b in batches if b > 1}
         if not forms & dims:
             return cand
     return _REFERENCE_CANDIDATES[-1]
@@ -144,13 +156,15 @@ def size_rule(shape: Sequence[int], dtype: str, nbytes: int, *, ref: int, batch:
     factor, terms = itemsize, []
     for d in shape:
         if d == ref:
-            terms.append((1, 0))
+            terms.append((1, 0, 1))
         elif d == ref + 1:
-            terms.append((1, 1))
+            terms.append((1, 1, 1))
         elif d == ref - 1:
-            terms.append((1, -1))
+            terms.append((1, -1, 1))
         elif batch > 1 and d == batch * ref:
-            terms.append((batch, 0))
+            terms.append((batch, 0, 1))
+        elif d == _align(ref, MASK_ALIGNMENT):
+            terms.append((1, 0, MASK_ALIGNMENT))
         else:
             factor *= d
     rule = SizeRule(factor, tuple(terms))
