@@ -11,7 +11,7 @@ import pytest
 from vramledger.analytic import estimate
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Ledger, Phase
-from vramledger.specs import Attention, LoraSpec, Loss, Method, Sharding, TrainSpec
+from vramledger.specs import Attention, LoraSpec, Loss, Method, Optimizer, Sharding, TrainSpec
 
 TRAIN = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
@@ -108,4 +108,26 @@ def test_modules_to_save_rests_do_not_fall_beside_the_end_of_backward() -> None:
     )
     short, long = (_reserved(estimate(m, setup.at_shape(1, ell))) for ell in (1856, 1857))
     print("1 x 1856", short, "1 x 1857", long, f"{(long - short) / 2**20:+.2f} MiB")
+    assert long >= short
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the same rests beside a flat peak, without modules_to_save: Llama-3-8B LoRA at a few tokens, where the "
+    "peak is a flat moment of backward (the logits chain is small) and the fp32 logits blocks have just passed 10 MiB "
+    "(4·V·T at T = 21: 10.3 MiB in a 12 MiB segment), so their rests shrink by 0.5 MiB a token each while the "
+    "stranded bytes grow by 0.6 MiB: −0.41 MiB from 21 to 22 tokens (found by a random draw of "
+    "test_properties.py; CI's fixed seed does not draw it)",
+)
+def test_rests_do_not_fall_beside_a_flat_backward_at_a_few_tokens() -> None:
+    m = resolve_model("llama-3-8b")
+    setup = TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=7),
+        attn=Attention.EAGER,
+        grad_ckpt=True,
+        optimizer=Optimizer.ADAMW_FUSED,
+    )
+    short, long = (_reserved(estimate(m, setup.at_shape(1, ell))) for ell in (21, 22))
+    print("1 x 21", short, "1 x 22", long, f"{(long - short) / 2**20:+.2f} MiB")
     assert long >= short
