@@ -648,7 +648,7 @@ def ledger_items(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None) -> tuple[t
         # a run with dynamic padding: the reserve of the shorter shapes it meets (reserve.held_reserved), for the
         # step as it is (an engine's casts leave the single shape's form)
         at = _ShapePeaks(m, gpu) if engine is train else None
-        # DDP full fine-tuning: step 1's optimizer peak replayed (analytic/distributed/ddp_reserve.py)
+        # full fine-tuning, one GPU or DDP: step 1's optimizer peak replayed (analytic/distributed/ddp_reserve.py)
         reserved = phase_reserves(m, engine, p, totals, at, ddp_peak_reserved(m, engine, p, totals, at))
         reserves = {ph: [ReserveLine(n, RESERVE_LABEL, s, b)] for ph, (n, s, b) in reserved.items()}
     context = cuda_context_bytes(gpu)

@@ -1,5 +1,6 @@
-"""DDP full fine-tuning: step 1's optimizer peak replayed with the blocks the allocator rounds, in place of the
-single-GPU model's stand-in for it where the MLP's activation blocks are under 10 MiB, and under checkpointing.
+"""DDP full fine-tuning, and one GPU's: step 1's optimizer peak replayed with the blocks the allocator rounds, in
+place of the single-GPU model's stand-in for it where the MLP's activation blocks are under 10 MiB, and under
+checkpointing.
 
 Legend: T tokens, H hidden, I MLP width, c compute-dtype bytes, b bytes of a trainable parameter (and of its
 gradient, states and foreach temporary), P the trainable parameters.
@@ -57,6 +58,12 @@ whose 112 MiB bf16 MLP copies cannot hold its 224 MiB fp32 states (traced at 1 �
 without it; 1 × 256 under checkpointing −0.2%, −1.9% without). Checked against the traces of
 bench/distributed/grid.jsonl (tests/analytic/test_ddp_reserve.py).
 
+One GPU: the same domain and the same replay without DDP's bucket (``_optimizer_peak_excess``: a single process
+builds no Reducer), with its own source (``SINGLE_SOURCE``). Against the single-GPU grid's traced replays
+(bench/reserve/replay_grid.jsonl, docs/reserve.md): Qwen3-0.6B full 1 × 1024 packed +8.2% → +0.3%, the 2-layer toy
+1 × 256 −7.5% → −4.9% (packed and padded: its 1 × 1 figure binds), Qwen3-1.7B 1 × 256 packed +0.1% → −0.0%; no other
+row moved.
+
 Not modelled: DDP's bucket rebuild. After the first iteration ``Reducer::rebuild_buckets`` frees the one bucket and
 allocates buckets of ``bucket_cap_mb`` (25 MiB) in the order gradients became ready, inside step 2's forward; the
 trace skips it (trace/distributed.py ``_NoRebuild``: it syncs through real tensors), so neither side counts what
@@ -97,6 +104,13 @@ SOURCE = (
     "and more rounded up to 2 MiB keep rests of at most 1 MiB unsplit (CUDACachingAllocator.cpp "
     "get_allocation_size, should_split); a packed run at its shape where c·I·T < 10 MiB, a run with dynamic "
     "padding at one token (analytic/distributed/ddp_reserve.py)"
+)
+SINGLE_SOURCE = (
+    "Full fine-tuning on one GPU: step 1's optimizer peak replayed through the allocator model (the trained weights; "
+    "the two steps of analytic/reserve/spill.py, checkpointed layers recomputed; no gradient bucket): blocks of "
+    "10 MiB and more rounded up to 2 MiB keep rests of at most 1 MiB unsplit (CUDACachingAllocator.cpp "
+    "get_allocation_size, should_split); a packed run at its shape where c·I·T < 10 MiB, a run with dynamic "
+    "padding at one token (analytic/distributed/ddp_reserve.py, the DDP rank's replay without DDP's bucket)"
 )
 
 
@@ -139,14 +153,13 @@ def replayed(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
 
 
 def _in_domain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """DDP (several ranks, no FSDP, no ZeRO) full fine-tuning of a Llama-shaped model (every layer, the embedding and
+    """One GPU or DDP (no FSDP, no ZeRO) full fine-tuning of a Llama-shaped model (every layer, the embedding and
     the head trained) with foreach AdamW, the standard loss, SDPA without its length² blocks, whole weights (spill.py
     ``sequence_modelled``); under checkpointing, autocast with fp32 weights (the checkpointed layer is written out for
     amp_layer.py's ``AmpLayer`` only)."""
     cast = train.precision.mixed and train.precision.compute.bytes < p.weights.trainable_dtype.bytes
     return (
-        train.world_size > 1
-        and sequence_modelled(m, replace(train, grad_ckpt=False), p)
+        sequence_modelled(m, replace(train, grad_ckpt=False), p)
         and not computes_scores(m, train)
         and (cast or not train.grad_ckpt)
         and train.optimizer is Optimizer.ADAMW
@@ -158,7 +171,8 @@ def _in_domain(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
 def ddp_peak_reserved(
     m: ModelSpec, train: TrainSpec, p: StepParts, allocated: dict[Phase, int], at: ShapePeaks | None
 ) -> tuple[int, str] | None:
-    """A DDP rank's peak reserved, with its source; None where the single-GPU model's figure stands. ``allocated``:
+    """A DDP rank's peak reserved, or one GPU's (the same replay without DDP's bucket, ``_optimizer_peak_excess``),
+    with its source; None where the single-GPU closed forms' figure stands. ``allocated``:
     each phase's allocated bytes; ``at``: the step at another shape (analytic/reserve ``ShapePeaks``).
 
     A run with dynamic padding meets every shape up to (B, L) and keeps what each reserved (runs.py): with the closed
@@ -169,7 +183,7 @@ def ddp_peak_reserved(
     stands for), at most what the run with dynamic padding gets at the same shape (the replay's excess is not held
     over the shorter shapes: it falls and rises with the length, e.g. 196 MiB at 1 × 256 and 172 at 1 × 384 for the
     mid model; as spill.py's ``displaced_remade``, runs.py)."""
-    if at is None or train.world_size < 2:
+    if at is None:
         return None
     loss_peak, step_peak, opt_peak = training_peaks(allocated)
     padded = replace(train, packing=False)
@@ -184,7 +198,9 @@ def ddp_peak_reserved(
         own = max(closed, opt_peak + _optimizer_peak_excess(m, train, p))
         ours = min(own, max(peak_reserved(m, padded, *at(padded), at), held or 0))
     # where the single-GPU figure comes out the same, it stands with its own source
-    return None if ours == peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at) else (ours, SOURCE)
+    if ours == peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at):
+        return None
+    return ours, SOURCE if train.world_size > 1 else SINGLE_SOURCE
 
 
 def _one_token(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int | None:

@@ -139,7 +139,9 @@ def optimizer_peak_bound(m: ModelSpec, train: TrainSpec, p: StepParts, opt_peak:
     top (the replays do not bear it out, Qwen3-0.6B full 1 × 1016 keeping 0.2 GiB of the forward's segments free, but
     what it over-counts there stands in for the optimizer's own segment rests the closed form leaves out: Qwen2.5-0.5B
     full eager 2 × 256, 0.48 GiB free at step 1's optimizer peak in 18 MiB segments of 16.6 MiB states and
-    temporaries and in the weights' segments; docs/reserve.md)."""
+    temporaries and in the weights' segments; docs/reserve.md). Where the two steps are written out for it (full
+    fine-tuning of Llama-shaped layers with foreach AdamW, SDPA), a packed run replays them in its place, on one GPU as
+    under DDP (analytic/distributed/ddp_reserve.py ``ddp_peak_reserved``)."""
     mlp = decoder_mlp_width(m)
     if train.precision.compute.bytes * mlp * train.tokens < K_MIN_LARGE_ALLOC:
         return opt_peak + p.saved_layers_bytes + p.scores_bytes + p.extra_saved_bytes
