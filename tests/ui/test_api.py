@@ -214,7 +214,7 @@ def test_meta_lists_the_catalogs(client, capsys):
     meta = json.loads(raw)
     _, out, _ = run_cli(capsys, ["gpus"])
     assert status == 200
-    assert len(meta["models"]) == 43  # the README: "the bundled catalogs (43 models, 25 GPUs)"
+    assert len(meta["models"]) == 45  # the README: "the bundled catalogs (45 models, 26 GPUs)"
     assert len(meta["gpus"]) == 26  # 25 until a100-40gb-pcie became a card of its own (docs/catalog.md)
     assert meta["startup_config"] == {"name": EXAMPLE.name}
     assert {c["value"] for c in meta["categories"]} >= {"weights", "logits_loss", "cuda_context"}
