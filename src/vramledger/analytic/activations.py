@@ -76,6 +76,17 @@ def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     return train.precision.compute.bytes
 
 
+MASK_ALIGNMENT = 16
+"""The memory-efficient kernel takes an attention bias whose last dimension is a multiple of 16: torch's SDPA pads
+one that is not and slices it back, and the padded storage is what the kernel saves (aten/src/ATen/native/
+transformers/attention.cpp ``preprocess_mask`` / ``pad_bias``, ``mem_eff_alignment = 16``)."""
+
+
+def mask_columns(n: int) -> int:
+    """The columns an additive SDPA mask of ``n`` keys occupies once padded for the memory-efficient kernel."""
+    return -(-n // MASK_ALIGNMENT) * MASK_ALIGNMENT
+
+
 def padded_sdpa(train: TrainSpec) -> bool:
     """Whether SDPA gets an explicit mask: a padded batch (more than one sequence, not packed)."""
     return train.attn is Attention.SDPA and train.micro_batch > 1 and not train.packing
@@ -450,7 +461,7 @@ def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple
             parts.append(("attention output copy read by the trained o_proj", c * Dq))
         parts.append(("attention logsumexp (fp32)", 4 * nh))
         if explicit_mask(m, train):
-            scores = c * L * (-(-L // 16) * 16)
+            scores = c * L * mask_columns(L)
     return parts, scores
 
 

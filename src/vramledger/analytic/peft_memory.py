@@ -40,6 +40,7 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
+from vramledger.analytic.activations import mask_columns
 from vramledger.analytic.params import Linear, in_layers, layer_linears
 from vramledger.analytic.peft_methods import PeftCount, peft_trainable
 from vramledger.errors import VramledgerError
@@ -293,12 +294,8 @@ def _prefix_part(m: ModelSpec, train: TrainSpec, n: int, padded: bool) -> tuple[
 
     # With a padded batch K/V are already repeated (activations.py): then only the n more keys and values.
     per_seq = 2 * c * Dq * n if padded else 2 * c * (Dq * (L + n) - Dkv * L)
-    per_seq += c * L * (_align16(L + n) - (_align16(L) if padded else 0))
+    per_seq += c * L * (mask_columns(L + n) - (mask_columns(L) if padded else 0))
     return f"prefix keys/values ({n} virtual tokens, repeated to every head) and their mask", -(-per_seq // L)
-
-
-def _align16(n: int) -> int:
-    return -(-n // 16) * 16
 
 
 def step_train(train: TrainSpec) -> TrainSpec:

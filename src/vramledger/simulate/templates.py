@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramledger.allocator.replay import AllocEvent, EventKind
+from vramledger.analytic.activations import MASK_ALIGNMENT, mask_columns
 from vramledger.ledger import Category, Phase
 from vramledger.specs import ModelSpec, TrainSpec
 
@@ -114,14 +115,9 @@ class StepTemplates:
     versions: str
 
 
-MASK_ALIGNMENT = 16
-"""A padded batch's SDPA mask is padded to a multiple of 16 columns for the memory-efficient kernel (torch
-attention.cpp ``preprocess_mask``); at a length that is already a multiple the trace makes no padded copy, which
-the template, traced at a prime, still makes: one transient mask more at such lengths (freed at once)."""
-
-
-def _align(n: int, q: int) -> int:
-    return -(-n // q) * q
+# A padded batch's SDPA mask is padded to MASK_ALIGNMENT columns for the memory-efficient kernel; at a length
+# already a multiple the trace makes no padded copy, which the template, traced at a prime, still makes: one
+# transient mask more at such lengths (freed at once).
 
 
 def reference_length(model_dims: Sequence[int], batches: Sequence[int]) -> int:
@@ -129,7 +125,7 @@ def reference_length(model_dims: Sequence[int], batches: Sequence[int]) -> int:
     model dimension (or half or twice one)."""
     dims = {d for x in model_dims if x > 0 for d in (x, 2 * x, x // 2)}
     for cand in _REFERENCE_CANDIDATES:
-        forms = {cand - 1, cand, cand + 1, _align(cand, MASK_ALIGNMENT)} | {b * cand for b in batches if b > 1}
+        forms = {cand - 1, cand, cand + 1, mask_columns(cand)} | {b * cand for b in batches if b > 1}
         if not forms & dims:
             return cand
     return _REFERENCE_CANDIDATES[-1]
@@ -163,7 +159,7 @@ def size_rule(shape: Sequence[int], dtype: str, nbytes: int, *, ref: int, batch:
             terms.append((1, -1, 1))
         elif batch > 1 and d == batch * ref:
             terms.append((batch, 0, 1))
-        elif d == _align(ref, MASK_ALIGNMENT):
+        elif d == mask_columns(ref):
             terms.append((1, 0, MASK_ALIGNMENT))
         else:
             factor *= d

@@ -15,6 +15,7 @@ every moment):
 
 from __future__ import annotations
 
+from vramledger.analytic.activations import mask_columns
 from vramledger.ledger import Category, Phase
 from vramledger.trace.recorder import StorageInfo
 
@@ -47,7 +48,7 @@ def classify(storages: dict[int, StorageInfo], *, vocab: int, seq_len: int, back
             continue
         shape = info.shape
         # L × L, or L × ⌈L⌉₁₆: a padded batch's additive mask as SDPA pads it for the efficient kernel (shims.py).
-        square = shape[-2:] in ((seq_len, seq_len), (seq_len, -(-seq_len // 16) * 16)) if len(shape) == 4 else False
+        square = shape[-2:] in ((seq_len, seq_len), (seq_len, mask_columns(seq_len))) if len(shape) == 4 else False
         if square and info.phase is not Phase.OPTIMIZER:
             info.category = Category.ATTENTION_SCORES.value
             continue

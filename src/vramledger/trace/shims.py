@@ -257,11 +257,6 @@ def sdpa_as_cuda() -> Iterator[list[str]]:
         yield chosen
 
 
-MEM_EFF_ALIGNMENT = 16
-"""The memory-efficient kernel's bias alignment (aten/src/ATen/native/transformers/attention.cpp
-``preprocess_mask``: ``mem_eff_alignment = 16``)."""
-
-
 def cuda_sdpa_mask(mask: Any, q: Any, backend: str) -> Any:
     """The mask as torch's ``scaled_dot_product_attention`` hands it to the kernel on CUDA (attention.cpp): a
     boolean mask becomes an additive one of the query's dtype (``convert_boolean_attn_mask``: ``at::where(
@@ -270,14 +265,15 @@ def cuda_sdpa_mask(mask: Any, q: Any, backend: str) -> Any:
     with the bias). The CPU flash kernel the trace runs then saves it as the efficient kernel does."""
     import torch
 
+    from vramledger.analytic.activations import mask_columns
+
     if mask is None:
         return None
     if mask.dtype == torch.bool:
         mask = torch.where(mask.logical_not(), float("-inf"), torch.scalar_tensor(0.0, dtype=q.dtype))
     last = mask.shape[-1]
-    if backend == "efficient" and last % MEM_EFF_ALIGNMENT:
-        pad = MEM_EFF_ALIGNMENT - last % MEM_EFF_ALIGNMENT
-        mask = torch.nn.functional.pad(mask, (0, pad))[..., :last]
+    if backend == "efficient" and mask_columns(last) != last:
+        mask = torch.nn.functional.pad(mask, (0, mask_columns(last) - last))[..., :last]
     return mask
 
 
