@@ -49,6 +49,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from vramledger.analytic.params import in_layers, layer_linears
+from vramledger.analytic.sdpa_mask import mask_columns
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
 from vramledger.specs.vision import ImageRule
@@ -74,17 +75,6 @@ def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
     if train.precision.mixed and (wb.embedding_trainable or train.frozen_dtype is DType.FP32):
         return 4
     return train.precision.compute.bytes
-
-
-MASK_ALIGNMENT = 16
-"""The memory-efficient kernel takes an attention bias whose last dimension is a multiple of 16: torch's SDPA pads
-one that is not and slices it back, and the padded storage is what the kernel saves (aten/src/ATen/native/
-transformers/attention.cpp ``preprocess_mask`` / ``pad_bias``, ``mem_eff_alignment = 16``)."""
-
-
-def mask_columns(n: int) -> int:
-    """The columns an additive SDPA mask of ``n`` keys occupies once padded for the memory-efficient kernel."""
-    return -(-n // MASK_ALIGNMENT) * MASK_ALIGNMENT
 
 
 def padded_sdpa(train: TrainSpec) -> bool:

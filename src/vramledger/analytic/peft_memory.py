@@ -40,9 +40,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-from vramledger.analytic.activations import mask_columns
 from vramledger.analytic.params import Linear, in_layers, layer_linears
 from vramledger.analytic.peft_methods import PeftCount, peft_trainable
+from vramledger.analytic.sdpa_mask import mask_columns
 from vramledger.errors import VramledgerError
 from vramledger.specs import DType, ModelSpec, TrainSpec
 

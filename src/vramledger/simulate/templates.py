@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vramledger.allocator.replay import AllocEvent, EventKind
-from vramledger.analytic.activations import MASK_ALIGNMENT, mask_columns
+from vramledger.analytic.sdpa_mask import MASK_ALIGNMENT, mask_columns
 from vramledger.ledger import Category, Phase
 from vramledger.specs import ModelSpec, TrainSpec
 

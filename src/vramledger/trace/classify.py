@@ -15,7 +15,7 @@ every moment):
 
 from __future__ import annotations
 
-from vramledger.analytic.activations import mask_columns
+from vramledger.analytic.sdpa_mask import mask_columns
 from vramledger.ledger import Category, Phase
 from vramledger.trace.recorder import StorageInfo
 

@@ -265,7 +265,7 @@ def cuda_sdpa_mask(mask: Any, q: Any, backend: str) -> Any:
     with the bias). The CPU flash kernel the trace runs then saves it as the efficient kernel does."""
     import torch
 
-    from vramledger.analytic.activations import mask_columns
+    from vramledger.analytic.sdpa_mask import mask_columns
 
     if mask is None:
         return None
