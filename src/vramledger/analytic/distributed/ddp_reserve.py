@@ -81,10 +81,10 @@ from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve import ShapePeaks, training_peaks
 from vramledger.analytic.reserve.amp_layer import AmpLayer
-from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay
+from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay, mask_bytes
 from vramledger.analytic.reserve.full import decoder_mlp_width
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
-from vramledger.analytic.reserve.runs import on_at, parts_of, peak_reserved
+from vramledger.analytic.reserve.runs import closed_at, lattice_envelope, on_at, parts_of, peak_reserved, replayed_at
 from vramledger.analytic.reserve.shape import single_shape
 from vramledger.analytic.reserve.spill import (
     _backward,
@@ -188,19 +188,60 @@ def ddp_peak_reserved(
     loss_peak, step_peak, opt_peak = training_peaks(allocated)
     padded = replace(train, packing=False)
     held = _one_token(m, padded, at)
-    if not replayed(m, train, p):
-        if held is None or train.packing:
-            return None
-        ours = max(peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at), held)
+    if replayed(m, train, p):
+        ours = min(_packed_own(m, train, at), _padded(m, padded, at))
+    elif held is None:
+        return None
+    elif train.packing:  # at a shape the replay does not cover, at most the run with dynamic padding's figure
+        ours = min(peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at), _padded(m, padded, at))
     else:
-        on = on_at(m, train, p)._replace(activations=False)
-        closed = single_shape(m, train, p, loss_peak, step_peak, opt_peak, on, parts_of(at))
-        own = max(closed, opt_peak + _optimizer_peak_excess(m, train, p))
-        ours = min(own, max(peak_reserved(m, padded, *at(padded), at), held or 0))
+        ours = _padded(m, train, at)
     # where the single-GPU figure comes out the same, it stands with its own source
     if ours == peak_reserved(m, train, p, loss_peak, step_peak, opt_peak, at):
         return None
     return ours, SOURCE if train.world_size > 1 else SINGLE_SOURCE
+
+
+def _packed_own(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    """A packed run's own figure at its shape (``replayed``): the larger of step 1's optimizer peak with the
+    replay's excess and the single-GPU closed form without its term for the activations held at the optimizer's
+    peak."""
+    p, loss_peak, step_peak, opt_peak = at(train)
+    on = on_at(m, train, p)._replace(activations=False)
+    closed = single_shape(m, train, p, loss_peak, step_peak, opt_peak, on, parts_of(at))
+    return max(closed, opt_peak + _optimizer_peak_excess(m, train, p))
+
+
+@lru_cache(maxsize=8192)
+def _held_closed(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
+    """The closed forms' figure of a run with dynamic padding at ``train``'s shape (runs.py ``closed_at``), held at
+    least at one token: it never falls as the shape grows."""
+    return max(closed_at(m, train, at=at), _one_token(m, train, at) or 0)
+
+
+def _padded(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    """The figure of a run with dynamic padding (``ddp_peak_reserved``'s), which a packed run's never exceeds: the
+    largest replayed figure over the shapes it meets (``_envelope``), at most the closed forms'."""
+    return max(at(train)[2], min(_held_closed(m, train, at=at), _envelope(m, train, at)))
+
+
+@lru_cache(maxsize=1024)
+def _envelope(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    """The largest figure over the shapes a run with dynamic padding meets (runs.py ``lattice_envelope``): the
+    packed run's where this replay covers the shape (plus what the padded batch's mask adds), spill.py's two steps
+    where they cover it (runs.py ``replayed_at``), the closed forms' elsewhere. The shapes this replay covers are
+    closed downwards in b·ℓ (c·I·T under 10 MiB); where it covers none, the closed forms' figure."""
+    shortest = replace(train.at_shape(1, 8), packing=True)
+    if not replayed(m, shortest, at(shortest)[0]):
+        return _held_closed(m, train, at=at)
+    return lattice_envelope(train, partial(_held_closed, m, at=at), partial(_replayed_at, m, at=at))
+
+
+def _replayed_at(m: ModelSpec, train: TrainSpec, bound: int, *, at: ShapePeaks) -> int:
+    packed = replace(train, packing=True)
+    if not replayed(m, packed, at(packed)[0]):
+        return replayed_at(m, train, bound, at=at)
+    return min(bound, _packed_own(m, packed, at) + mask_bytes(m, train, at(train)[0]))
 
 
 def _one_token(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int | None:

@@ -165,10 +165,10 @@ def spilled_chain_blocks(m: ModelSpec, train: TrainSpec, p: StepParts, *, worksp
     workspace = cublas_workspace_block(p) if workspace_lost else 0
     reached = blocks_with_states(max(spill - hole, 0) + workspace, 0, fp32)
     remade = max(reached - (1 if workspace_lost else 0), 0) * fp32[0]
-    return max(remade - _mask_bytes(m, train, p), 0) if padded_sdpa(train) else remade
+    return max(remade - mask_bytes(m, train, p), 0) if padded_sdpa(train) else remade
 
 
-def _mask_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
+def mask_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     """What a padded batch's saved activations hold beyond the same batch's without a mask: every trained layer's
     repeated K/V and the additive mask (activations.py ``layer_activations``, with and without ``packing``)."""
     wb = p.weights

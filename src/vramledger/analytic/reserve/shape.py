@@ -281,8 +281,8 @@ def single_shape(
     grads = gradients_in_chain(m, train, p, r1)
     base = max(r1 + eager_backward_segments(m, train), opt_peak + optimizer_tails(m, train, p))
     # the two steps replayed where the sequence is written out (spill.py); None elsewhere
-    displaced = displaced_remade(m, train, p) if on.relaid else None
-    if displaced is None or not train.packing:
+    displaced = displaced_remade(m, train, p) if on.relaid and train.packing else None
+    if displaced is None:
         remade = _relaid(m, train, p, on, grads) + _tied_relaid(m, train, p, on, grads)
         hole_again, temporaries = _hole_remade(m, train, p, on), temporaries_unused_by_activations(m, train, p)
         # a run with dynamic padding keeps the closed forms, held over its shorter shapes (the replay's count is not

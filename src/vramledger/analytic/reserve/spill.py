@@ -161,6 +161,19 @@ def two_steps_reserve(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | Non
     return p.frozen_bytes + p.trainable_bytes + p.master_bytes + _two_steps(*key)[1]
 
 
+def replayed_setup(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Whether some shape of the setup may have its two steps replayed (``_displacement_modelled`` and the
+    projections' names, less what depends on the shape): runs.py's envelope of a run with dynamic padding searches
+    its shapes only there."""
+    return (
+        sequence_modelled(m, train, p)
+        and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
+        and train.world_size == 1
+        and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
+        and {_leaf(lin.name) for lin in layer_linears(m)} == set(_NAMES)
+    )
+
+
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """The sequence (``sequence_modelled``) with AdamW (foreach, with its temporaries, or fused, without), on one
     process, the MLP's per-parameter tensors fitting its blocks; SDPA without length² blocks and the residual stream's

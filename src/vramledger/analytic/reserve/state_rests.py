@@ -57,7 +57,9 @@ at ``optimizer.step()``): a packed run gets it from the two steps replayed (spil
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from collections.abc import Callable
+from functools import lru_cache, partial
 
 from vramledger.allocator.conf import (
     K_LARGE_BUFFER,
@@ -111,13 +113,7 @@ def rests_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int, i
     c, H, I = train.precision.compute.bytes, m.hidden_size, m.intermediate_size  # noqa: E741
     grad, q, k = _sizes(m, train, p)
 
-    def on(b: int, ell: int) -> bool:
-        residual = round_size(c * H * b * ell)
-        piece = allocation_size(round_size(4 * H * b * ell)) - residual
-        rest = allocation_size(round_size(c * I * b * ell)) - grad
-        return residual >= K_MIN_LARGE_ALLOC and q <= piece < rest and q + k <= rest < allocation_size(residual)
-
-    return on
+    return partial(_on, c, H, I, grad, q, k)
 
 
 def band_edges(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
@@ -127,29 +123,46 @@ def band_edges(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, 
     The rest grows with T (seg is non-decreasing), so the band starts at the first ℓ whose rest holds q and k
     (found by bisection); it ends for good once r ≥ c·I·T − b·H·I reaches both c·H·T + 2 MiB + 512 B (above
     seg(c·H·T) from 10 MiB on) and 20 MiB (seg below 10 MiB): the lengths in between are scanned."""
-    on = rests_band(m, train, p)
-    if on is None:
+    if rests_band(m, train, p) is None:
         return []
     c, H, I = train.precision.compute.bytes, m.hidden_size, m.intermediate_size  # noqa: E741
     grad, q, k = _sizes(m, train, p)
+    out = []
+    for b in range(1, train.micro_batch + 1):
+        lengths = _band_lengths(c, H, I, grad, q, k, b)
+        i = bisect_right(lengths, train.seq_len)
+        if i:
+            out.append((b, lengths[i - 1]))
+    return out
+
+
+@lru_cache(maxsize=4096)
+def _band_lengths(c: int, H: int, I: int, grad: int, q: int, k: int, b: int) -> tuple[int, ...]:  # noqa: E741
+    """Every ℓ where ``rests_band`` is on at b sequences, ascending, for ``band_edges`` (one scan per setup and b:
+    the planner's searches ask for hundreds of (B, L)). The rest grows with T (seg is non-decreasing), so the band
+    starts at the first ℓ whose rest holds q and k (found by bisection); it ends for good once
+    r ≥ c·I·T − b·H·I reaches both c·H·T + 2 MiB + 512 B (above seg(c·H·T) from 10 MiB on) and 20 MiB (seg below
+    10 MiB)."""
     off_tokens = max(
         -(-(grad + K_ROUND_LARGE + K_MIN_BLOCK_SIZE) // (c * (I - H))), -(-(grad + K_LARGE_BUFFER) // (c * I))
     )
-    out = []
-    for b in range(1, train.micro_batch + 1):
+    last = -(-off_tokens // b)
 
-        def holds(ell: int, b: int = b) -> bool:
-            return allocation_size(round_size(c * I * b * ell)) - grad >= q + k
+    def holds(ell: int) -> bool:
+        return allocation_size(round_size(c * I * b * ell)) - grad >= q + k
 
-        lo, hi = 1, train.seq_len + 1  # the first ℓ ≤ L whose rest holds q and k (hi: none)
-        while lo < hi:
-            mid = (lo + hi) // 2
-            lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
-        last = min(train.seq_len, -(-off_tokens // b))
-        ell = next((ell for ell in range(last, lo - 1, -1) if on(b, ell)), 0)
-        if ell:
-            out.append((b, ell))
-    return out
+    lo, hi = 1, last + 1  # the first ℓ whose rest holds q and k (hi: none up to the end)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(mid) else (mid + 1, hi)
+    return tuple(ell for ell in range(lo, last + 1) if _on(c, H, I, grad, q, k, b, ell))
+
+
+def _on(c: int, H: int, I: int, grad: int, q: int, k: int, b: int, ell: int) -> bool:  # noqa: E741
+    residual = round_size(c * H * b * ell)
+    piece = allocation_size(round_size(4 * H * b * ell)) - residual
+    rest = allocation_size(round_size(c * I * b * ell)) - grad
+    return residual >= K_MIN_LARGE_ALLOC and q <= piece < rest and q + k <= rest < allocation_size(residual)
 
 
 def state_rests_cached(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
