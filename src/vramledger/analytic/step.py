@@ -26,6 +26,7 @@ from vramledger.analytic.activations import (
     checkpoint_reused_bytes_per_token,
     computes_scores,
     dora_transient_bytes,
+    explicit_mask,
     final_hidden_live_bytes_per_token,
     final_norm_bytes_per_token,
     first_layer_unsaved_bytes_per_token,
@@ -180,6 +181,10 @@ def _saved_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Sav
         # (transformers masking_utils eager_mask, in the dtype of the input embeddings: s·B·L² each; a second one
         # for sliding-window layers).
         masks = residual_bytes(train, wb) * B * L * L * (2 if m.sliding_layers else 1)
+    elif explicit_mask(m, train) and n_tl and not train.model_code.litgpt:
+        # and SDPA's boolean 4-D mask of a padded batch (masking_utils sdpa_mask: B·L² bytes, one per mask kind),
+        # the same tensor for every layer: held once, until the first layer's recompute in backward
+        masks = B * L * L * (2 if m.sliding_layers else 1)
     return _Saved(
         layers=n_kept * checkpoint_input_bytes_per_token(m, train, wb) * T,
         layer=layer,
