@@ -142,9 +142,10 @@ def _stream_path(cid: str, what: str) -> Path:
     return STREAMS / (cid.replace("/", "_") + f".{what}.pkl")
 
 
-def templates_of(cid: str) -> tuple[StepTemplates, float]:
-    """The config's step templates (one trace at a reference length), from .streams/ when traced before."""
-    path = _stream_path(cid, "templates")
+def templates_of(cid: str, what: str = "templates", reference: int | None = None) -> tuple[StepTemplates, float]:
+    """The config's step templates (one trace at a reference length: ``reference``, or build_templates' choice),
+    from .streams/ (``what`` names the cache) when traced before."""
+    path = _stream_path(cid, what)
     if path.exists():
         t, seconds = pickle.loads(path.read_bytes())
         return t, seconds
@@ -154,16 +155,17 @@ def templates_of(cid: str) -> tuple[StepTemplates, float]:
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        t = build_templates(model, train, config=cfg)
+        t = build_templates(model, train, config=cfg, reference=reference)
     seconds = round(time.perf_counter() - t0, 1)
     STREAMS.mkdir(exist_ok=True)
     path.write_bytes(pickle.dumps((t, seconds)))
     return t, seconds
 
 
-def traced_single(cid: str, length: int) -> dict[str, Any]:
-    """A real trace at ``length`` (two steps), replayed on an unlimited device; cached in .streams/."""
-    path = _stream_path(cid, f"L{length}")
+def traced_single(cid: str, length: int, what: str = "") -> dict[str, Any]:
+    """A real trace at ``length`` (two steps), replayed on an unlimited device; cached in .streams/ (``what``
+    prefixes the cache's name)."""
+    path = _stream_path(cid, f"{what}L{length}")
     if path.exists():
         return json.loads(path.read_text())
     import dataclasses
