@@ -131,6 +131,14 @@ def reference_length(model_dims: Sequence[int], batches: Sequence[int]) -> int:
     return _REFERENCE_CANDIDATES[-1]
 
 
+def _model_ints(model: ModelSpec) -> list[int]:
+    """The model's dimensions as the ModelSpec derives them, beside the config's (a head size the config leaves to
+    hidden_size / num_attention_heads: Qwen2.5's 64, where ⌈61⌉₁₆ = 64 made every q, k and v of the reference
+    length 61 look like the padded mask's columns, rebuilt at ⌈L⌉₁₆: Qwen2.5-0.5B LoRA 8 × 256 +12%)."""
+    ints = [getattr(model, f.name) for f in dataclasses.fields(model)]
+    return [x for x in ints if isinstance(x, int) and not isinstance(x, bool)] + [model.q_dim, model.kv_dim]
+
+
 def _config_ints(config: dict[str, Any]) -> list[int]:
     out: list[int] = []
     for v in config.values():
@@ -214,7 +222,7 @@ def build_templates(
 
     cfg = dict(config) if config is not None else hf_config(model)
     b = train.micro_batch
-    dims = _config_ints(cfg) + ([train.lora.rank] if train.lora is not None else [])
+    dims = _config_ints(cfg) + _model_ints(model) + ([train.lora.rank] if train.lora is not None else [])
     ref = reference or reference_length(dims, [b] + ([eval_batch] if eval_batch else []))
     traced = dataclasses.replace(train, seq_len=ref)
     result, events = trace_result(model, traced, config=cfg, eval_shape=(eval_batch, ref) if eval_batch else None)
