@@ -105,9 +105,9 @@ TOY_MASK_B16 = (
     "(the envelope's length), the estimate 1590 → 1630: −3.6% (packed −2.5%)"
 )
 TOY_MASK_CKPT = (
-    "2-layer toy, full 8 × 1024 under checkpointing: allocated 1053 MiB against the trace's 1062 (checkpointing holds "
-    "the b·L² boolean mask, 8 MiB, not modelled); reserved, the replay 1408 → 1436 MiB at L and 1454 at 1016 tokens "
-    "(the mask padded to 1024 columns), the estimate 1383 → 1383 (unchanged by the mask): −4.9% (packed "
+    "2-layer toy, full 8 × 1024 under checkpointing: allocated 1061 MiB against the trace's 1062 (the b·L² boolean "
+    "mask checkpointing holds, 8 MiB, counted since session 32); reserved, the replay 1408 → 1436 MiB at L and 1454 at "
+    "1016 tokens (the mask padded to 1024 columns), the estimate 1383 → 1391 (the boolean mask alone): −4.4% (packed "
     "−1.8%)"
 )
 TOY_MASK_LORA = (
