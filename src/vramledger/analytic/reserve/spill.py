@@ -355,14 +355,22 @@ def _backward(layer: _Layer, saved: list[int], grad_b: int) -> list[int]:
 
 
 def _forward(layer: _Layer, layers: int) -> list[list[int]]:
-    """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last."""
+    """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last; the
+    residual stream's blocks the model's code holds freed where it drops them (``_Layer.held_by_caller``)."""
     r = layer.r
     start, ends = r.count, []
-    x = r.alloc(layer.residual_bytes * layer.m.hidden_size * layer.T)
+    x = embedded = r.alloc(layer.residual_bytes * layer.m.hidden_size * layer.T)
+    held = layer.held_by_caller  # each input freed as the loop rebinds it, the embedding's at the model's return
     for _ in range(layers):
-        x = layer.forward(x, False)
+        out = layer.forward(x, False)
+        if held and x != embedded:
+            r.free(x)
+        x = out
         ends.append(r.count)
     layer.final_norm()
+    if held:
+        r.free(x)
+        r.free(embedded)
     groups: list[list[int]] = [[] for _ in range(layers + 1)]
     for i in (i for i in r.live if i > start):
         groups[next((k for k, end in enumerate(ends) if i <= end), layers)].append(i)
