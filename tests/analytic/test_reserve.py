@@ -81,22 +81,12 @@ PADDED_MASK = (
     "is 58.16 GiB allocated and 61.75 GiB reserved against the replay's 58.27 and 62.01 GiB (−0.4%)"
 )
 ENVELOPE_MASK_AT_1920 = (
-    "the padded run's envelope (runs.py replayed_envelope) is its 4 × 1920 shape: the packed replay there, 50.03 GiB "
-    "(the packed trace's replay 50.09 GiB: −0.1%, bench/reserve/two_steps.jsonl), plus the mask and repeated K/V a "
-    "padded batch adds (1.59 GiB); the reference's largest step is that packed shape's figure. It was +2.9% before "
-    "each layer's input was held to the layer's end (spill.py _forward), which raised every replayed shape by ~60 MiB "
-    'and put the packed ones nearer their traces (docs/reserve.md, "Under 10 MiB")'
-)
-STATES_DISPLACE_ACTIVATIONS = (
-    "packed: step 1's states sit in the forward's segments (360 of their 610 MiB, in the 16 MiB fp32 norm inputs' "
-    "and the 20 MiB segments of 8 MiB blocks) and in the chain (187.5 MiB in the c·V·T block, 62.5 in the fp32 "
-    "copy's, beside the backward thread's 32 MiB cuBLAS workspace); step 2's saved activations no longer fit the "
-    "blocks the states cut and cascade up to the chain (505.5 MiB: fourteen 22 MiB MLP blocks, nine 16 MiB norm "
-    "inputs, six 8 MiB blocks), so step 2 makes two fp32 blocks again (1000 MiB) where the count (S − c·V·T = 0.69 "
-    "of a block) gives the bound min(S, 3·4·V·T) = 594 MiB. The mechanism is spill.py displaced_remade's "
-    "(test_reserve_displaced.py), but the residual stream's 8 MiB requests share 20 MiB segments, which the written-"
-    "out layers lay out otherwise (replayed: one block made again), so it is not applied under 10 MiB "
-    "(docs/reserve.md, the two steps replayed)"
+    "the padded run's envelope (runs.py replayed_envelope) peaks at its 4 × 1920 shape: the packed replay there, "
+    "50.03 GiB (the packed trace's replay 50.09 GiB, −0.1%: bench/reserve/two_steps.jsonl), plus the mask and "
+    "repeated K/V a padded batch adds (1.59 GiB), which this reference, traced without the mask, lacks; the masked "
+    "traces' envelope there is 51.75 GiB (padded_mask.jsonl; the estimate 51.61 GiB, −0.3%, "
+    "test_reserve_padded_envelope.py). It was +2.9% before each layer's input was held to the layer's end (spill.py "
+    "_forward), which raised every replayed shape by ~60 MiB and put the packed ones nearer their traces"
 )
 PADDED_TOY_MASK = (
     "an over-estimate: the padded batch's SDPA mask and K/V repeated for it (analytic/activations.py) put the "
@@ -119,7 +109,6 @@ PACKED_MISSES: dict[str, str] = {
     "tiny/full/b1/L256/nockpt/sdpa": TINY_FULL,
     "tiny/lora/b2/L256/nockpt/eager": TINY_LORA,
     "tiny/lora/b4/L512/nockpt/sdpa": TINY_LORA_REST,
-    "mid/full/b4/L1024/nockpt/sdpa/bf16-true": STATES_DISPLACE_ACTIVATIONS,
 }
 
 

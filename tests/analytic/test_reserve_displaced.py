@@ -109,13 +109,25 @@ def _modelled() -> list[dict[str, Any]]:
     return out
 
 
+# Configs of the grid whose two steps replayed reserve more than 1% from the traced steps' replay, with the cause.
+SEQUENCE_MISSES = {
+    "tiny/full/b2/L4096/nockpt/sdpa": (
+        "−1.8% (1742 against 1774 MiB): the 2-layer toy's V·H tensors are under 10 MiB (its vocabulary is 8,000), so "
+        "lm_head's 7.8 MiB autocast copy gets a 20 MiB segment of its own in the trace where the sequence cuts it "
+        "from a freed block; the other 12 MiB in how its blocks under 10 MiB share segments (20 MiB ones, and the "
+        "small pool's 2 MiB ones); step 2 makes the same one fp32 block again"
+    ),
+}
+
+
 @pytest.mark.parametrize("rec", _modelled(), ids=lambda r: r["id"])
 def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) -> None:
-    """Where the sequence is written out (Llama-shaped layers, the residual stream's requests ≥ 10 MiB), the two steps
-    replayed reserve within 1% of the traced steps' replay at step 2's peak, and step 2 makes again what the trace's
-    step 2 makes to within one fp32 logits block (all but Qwen2.5-1.5B bf16-mixed 4 × 1024 exactly: there 4.37 blocks
-    against 4.34, the MLP segments the states sit in; it made 5.16 and 1.7 GiB less in step 1 with its residual stream
-    in c bytes and each layer freed after its seven gradients: amp_layer.py, spill.py ``_backward``)."""
+    """Where the sequence is written out (Llama-shaped layers), the two steps replayed reserve within 1% of the
+    traced steps' replay at step 2's peak, and step 2 makes again what the trace's step 2 makes to within one fp32
+    logits block (all but Qwen2.5-1.5B bf16-mixed 4 × 1024 exactly: there 4.37 blocks against 4.34, the MLP segments
+    the states sit in; it made 5.16 and 1.7 GiB less in step 1 with its residual stream in c bytes and each layer
+    freed after its seven gradients: amp_layer.py, spill.py ``_backward``). Under 10 MiB residual requests too (the
+    mid toy at 2 × 1024 and 4 × 1024: the trace's two and three fp32 blocks made again)."""
     m, t = _specs(rec["id"])
     t = dataclasses.replace(t, packing=True)
     p = step_parts(m, t)
@@ -126,8 +138,11 @@ def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) ->
     gap = reserved / replay - 1
     print(f"{rec['id']}: reserved {reserved / 2**30:.2f} GiB against {replay / 2**30:.2f} ({gap:+.1%}); step 2 makes "
           f"{made:.2f} fp32 blocks against {traced:.2f}")  # fmt: skip
-    assert abs(gap) <= 0.01
     assert abs(made - traced) < 1
+    if rec["id"] in SEQUENCE_MISSES:
+        assert abs(gap) > 0.01, "no longer a miss: take it out of SEQUENCE_MISSES"
+        pytest.xfail(SEQUENCE_MISSES[rec["id"]])
+    assert abs(gap) <= 0.01
 
 
 def test_a_trained_layers_input_lives_to_the_layers_end() -> None:
@@ -165,7 +180,13 @@ def test_a_trained_layers_input_lives_to_the_layers_end() -> None:
 
 TWO_STEPS = ROOT / "bench" / "reserve" / "two_steps.jsonl"
 # Shapes of two_steps.jsonl the packed estimate still misses by more than 3%, with what the trace's replay shows.
-TWO_STEPS_MISSES: dict[str, str] = {}
+TWO_STEPS_MISSES = {
+    "qwen2.5-0.5b/full/b1/L512/nockpt/sdpa/bf16-mixed/adamw_torch/packed": (
+        "not replayed: at 512 tokens the MLP's fp32 per-parameter tensors (16.6 MiB) do not fit its c·I·T blocks "
+        "(4.75 MiB; held_activations.py mlp_tensors_unfit), and the closed forms are under by as much as before the "
+        "two steps were replayed under 10 MiB (bf16-true 1 × 256, the same regime: −0.1%)"
+    ),
+}
 
 
 def _two_steps() -> list[dict[str, Any]]:
