@@ -72,6 +72,29 @@ SHAPES: tuple[tuple[str, str, str, int, int], ...] = (
     ("qwen3-1.7b", "bf16-true", "adamw_torch_fused", 4, 2048),
     ("llama-3.2-3b", "bf16-true", "adamw_torch_fused", 4, 768),
     ("qwen2.5-0.5b", "bf16-true", "adamw_torch_fused", 8, 1024),
+    # the residual stream's requests under 10 MiB (c·H·T < kMinLargeAlloc: they share 20 MiB segments), replayed once
+    # each layer's input lives to the layer's end (docs/reserve.md, "Under 10 MiB")
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 4, 512),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 2, 1024),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 8, 256),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 1, 1024),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 5, 1000),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch_fused", 4, 512),
+    ("qwen2.5-0.5b", "bf16-mixed", "adamw_torch", 4, 512),
+    ("qwen2.5-0.5b", "bf16-mixed", "adamw_torch", 2, 1024),
+    ("qwen2.5-0.5b", "bf16-mixed", "adamw_torch", 8, 256),
+    ("qwen3-0.6b", "bf16-true", "adamw_torch", 2, 1024),
+    ("llama-3.2-1b", "bf16-true", "adamw_torch", 1, 1024),
+    ("llama-3.2-1b", "bf16-true", "adamw_torch", 2, 1024),
+    ("llama-3.2-1b", "bf16-true", "adamw_torch", 4, 512),
+    ("llama-3.2-1b", "bf16-mixed", "adamw_torch", 2, 1024),
+    ("llama-3.2-1b", "bf16-mixed", "adamw_torch", 1, 1024),
+    ("qwen3-0.6b", "bf16-mixed", "adamw_torch", 2, 1024),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 2, 512),
+    ("qwen2.5-0.5b", "bf16-true", "adamw_torch", 1, 256),
+    ("qwen2.5-0.5b", "bf16-mixed", "adamw_torch", 1, 512),
+    # the shape where Qwen3-1.7B bf16-true 4 × 2048's padded envelope peaks (tests/analytic/test_reserve.py)
+    ("qwen3-1.7b", "bf16-true", "adamw_torch", 4, 1920),
 )
 
 

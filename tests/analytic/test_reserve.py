@@ -81,17 +81,6 @@ TEMPS_OVER = (
     "Qwen3-1.7B 4 × 2048 +8.8% → +2.9%); Gemma 3's layers (four norms, GELU; 9 MiB residual requests) are not "
     "written out (docs/reserve.md, the two steps replayed)"
 )
-STATES_DISPLACE_ACTIVATIONS = (
-    "packed: step 1's states sit in the forward's segments (360 of their 610 MiB, in the 16 MiB fp32 norm inputs' "
-    "and the 20 MiB segments of 8 MiB blocks) and in the chain (187.5 MiB in the c·V·T block, 62.5 in the fp32 "
-    "copy's, beside the backward thread's 32 MiB cuBLAS workspace); step 2's saved activations no longer fit the "
-    "blocks the states cut and cascade up to the chain (505.5 MiB: fourteen 22 MiB MLP blocks, nine 16 MiB norm "
-    "inputs, six 8 MiB blocks), so step 2 makes two fp32 blocks again (1000 MiB) where the count (S − c·V·T = 0.69 "
-    "of a block) gives the bound min(S, 3·4·V·T) = 594 MiB. The mechanism is spill.py displaced_remade's "
-    "(test_reserve_displaced.py), but the residual stream's 8 MiB requests share 20 MiB segments, which the written-"
-    "out layers lay out otherwise (replayed: one block made again), so it is not applied under 10 MiB "
-    "(docs/reserve.md, the two steps replayed)"
-)
 # The toy models' padded runs against the masked envelope (runs_padded.jsonl): the estimate allocates what the masked
 # trace does (its ledger's peak), and the replay's reserved grows with the mask more than the estimate's; each from an
 # estimate already under the packed single shape. Measured: the trace's reserved packed → padded at L (the masked
@@ -135,7 +124,6 @@ PACKED_MISSES: dict[str, str] = {
     "tiny/full/b1/L256/nockpt/sdpa": TINY_FULL,
     "tiny/lora/b2/L256/nockpt/eager": TINY_LORA,
     "tiny/lora/b4/L512/nockpt/sdpa": TINY_LORA_REST,
-    "mid/full/b4/L1024/nockpt/sdpa/bf16-true": STATES_DISPLACE_ACTIVATIONS,
 }
 
 

@@ -109,13 +109,25 @@ def _modelled() -> list[dict[str, Any]]:
     return out
 
 
+# Configs of the grid whose two steps replayed reserve more than 1% from the traced steps' replay, with the cause.
+SEQUENCE_MISSES = {
+    "tiny/full/b2/L4096/nockpt/sdpa": (
+        "−1.8% (1742 against 1774 MiB): the 2-layer toy's V·H tensors are under 10 MiB (its vocabulary is 8,000), so "
+        "lm_head's 7.8 MiB autocast copy gets a 20 MiB segment of its own in the trace where the sequence cuts it "
+        "from a freed block; the other 12 MiB in how its blocks under 10 MiB share segments (20 MiB ones, and the "
+        "small pool's 2 MiB ones); step 2 makes the same one fp32 block again"
+    ),
+}
+
+
 @pytest.mark.parametrize("rec", _modelled(), ids=lambda r: r["id"])
 def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) -> None:
-    """Where the sequence is written out (Llama-shaped layers, the residual stream's requests ≥ 10 MiB), the two steps
-    replayed reserve within 1% of the traced steps' replay at step 2's peak, and step 2 makes again what the trace's
-    step 2 makes to within one fp32 logits block (all but Qwen2.5-1.5B bf16-mixed 4 × 1024 exactly: there 4.37 blocks
-    against 4.34, the MLP segments the states sit in; it made 5.16 and 1.7 GiB less in step 1 with its residual stream
-    in c bytes and each layer freed after its seven gradients: amp_layer.py, spill.py ``_backward``)."""
+    """Where the sequence is written out (Llama-shaped layers), the two steps replayed reserve within 1% of the
+    traced steps' replay at step 2's peak, and step 2 makes again what the trace's step 2 makes to within one fp32
+    logits block (all but Qwen2.5-1.5B bf16-mixed 4 × 1024 exactly: there 4.37 blocks against 4.34, the MLP segments
+    the states sit in; it made 5.16 and 1.7 GiB less in step 1 with its residual stream in c bytes and each layer
+    freed after its seven gradients: amp_layer.py, spill.py ``_backward``). Under 10 MiB residual requests too (the
+    mid toy at 2 × 1024 and 4 × 1024: the trace's two and three fp32 blocks made again)."""
     m, t = _specs(rec["id"])
     t = dataclasses.replace(t, packing=True)
     p = step_parts(m, t)
@@ -126,16 +138,53 @@ def test_the_two_steps_replayed_against_the_traced_steps(rec: dict[str, Any]) ->
     gap = reserved / replay - 1
     print(f"{rec['id']}: reserved {reserved / 2**30:.2f} GiB against {replay / 2**30:.2f} ({gap:+.1%}); step 2 makes "
           f"{made:.2f} fp32 blocks against {traced:.2f}")  # fmt: skip
-    assert abs(gap) <= 0.01
     assert abs(made - traced) < 1
+    if rec["id"] in SEQUENCE_MISSES:
+        assert abs(gap) > 0.01, "no longer a miss: take it out of SEQUENCE_MISSES"
+        pytest.xfail(SEQUENCE_MISSES[rec["id"]])
+    assert abs(gap) <= 0.01
+
+
+def test_a_trained_layers_input_lives_to_the_layers_end() -> None:
+    """What the sequence takes from transformers' ``LlamaModel.forward`` (spill.py ``_forward``, forward_cache.py
+    ``_Layer.held_by_caller``), in a real trace: with trained bf16 weights nothing saves the residual stream (each
+    RMSNorm saves its fp32 cast), so each block lives while Python holds it. A layer's input is freed only after the
+    layer's second residual sum (``hidden_states = decoder_layer(hidden_states, ...)`` rebinds it once the layer
+    returns), and the embedding's output only after the final norm's (``inputs_embeds`` is held to the model's
+    return). Freed at the attention's residual sum instead, as the LoRA sequence has it, the mid toy's two steps
+    replayed made one fp32 logits block again in step 2 where its trace makes two (docs/reserve.md, "Under 10 MiB")."""
+    pytest.importorskip("transformers")
+    from tests.trace._trace_tiny import TINY
+    from vramledger.catalog.hfconfig import model_spec_from_config
+    from vramledger.specs import Method, Precision, TrainSpec
+    from vramledger.trace import trace_events
+
+    cfg = TINY["llama"]
+    model = model_spec_from_config(cfg, name="tiny-llama", source="tests/trace/_trace_tiny.py")
+    spec = TrainSpec(method=Method.FULL, precision=Precision.BF16, micro_batch=2, seq_len=48, packing=True)
+    events = [e for e in trace_events(model, spec, config=cfg) if e.step == 1 and e.phase.value == "forward"]
+    allocated = {e.storage: (k, e) for k, e in enumerate(events) if e.kind == "alloc"}
+    freed = {e.storage: k for k, e in enumerate(events) if e.kind == "free"}
+    sums = {  # each decoder layer's two residual sums (``add`` on the module of the layer itself)
+        n: [k for k, e in allocated.values() if e.op == "add" and e.module == f"model.layers.{n}"] for n in (0, 1)
+    }
+    embedded = next(s for s, (_, e) in allocated.items() if e.module == "model.embed_tokens")
+    norm = max(k for k, e in allocated.values() if e.module == "model.norm")
+    layer1_input = next(s for s, (k, _) in allocated.items() if k == sums[0][1])
+    print(f"residual sums {sums}; layer 1's input freed at {freed[layer1_input]}; the embedding's output freed at "
+          f"{freed[embedded]}, the final norm's last request at {norm}")  # fmt: skip
+    assert all(len(v) == 2 for v in sums.values())
+    assert freed[layer1_input] > sums[1][1]
+    assert freed[embedded] > norm
 
 
 TWO_STEPS = ROOT / "bench" / "reserve" / "two_steps.jsonl"
 # Shapes of two_steps.jsonl the packed estimate still misses by more than 3%, with what the trace's replay shows.
 TWO_STEPS_MISSES = {
-    "qwen2.5-1.5b/full/b5/L2277/nockpt/sdpa/bf16-true/adamw_torch/packed": (
-        "the trace's displaced activations fill 6.44 of the copy's 6.6 GB fp32 block and step 2 makes one block "
-        "again; the replay displaces a little more and makes two"
+    "qwen2.5-0.5b/full/b1/L512/nockpt/sdpa/bf16-mixed/adamw_torch/packed": (
+        "not replayed: at 512 tokens the MLP's fp32 per-parameter tensors (16.6 MiB) do not fit its c·I·T blocks "
+        "(4.75 MiB; held_activations.py mlp_tensors_unfit), and the closed forms are under by as much as before the "
+        "two steps were replayed under 10 MiB (bf16-true 1 × 256, the same regime: −0.1%)"
     ),
 }
 

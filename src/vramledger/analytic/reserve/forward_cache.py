@@ -316,6 +316,19 @@ class _Layer:
         """An element of the residual stream: the embedding's output, the layers' sums."""
         return self.c
 
+    @property
+    def held_by_caller(self) -> bool:
+        """Whether the residual stream's blocks live as long as Python holds them, no norm saving them (a trained
+        c-byte layer: its norms save their fp32 casts, not their inputs; spill.py ``_forward``). transformers'
+        ``LlamaModel.forward`` holds a layer's input x while the layer runs (``hidden_states =
+        decoder_layer(hidden_states, ...)`` rebinds it only once the layer returns), the last layer's output until
+        the final norm returns (``hidden_states = self.norm(hidden_states)``) and the embedding's output to its own
+        return (``inputs_embeds``); ``LlamaDecoderLayer.forward``'s ``residual`` goes at the layer's return, before
+        x. In the trace of the mid toy model of bench/reserve/ (full, bf16-true, 4 × 1024) each layer's input is freed
+        right after its output's residual sum, and the embedding's output after the final norm. The LoRA sequence
+        (not ``trained``) still frees x at the attention's residual sum, as its figures were measured with."""
+        return self.trained and not self.checkpointed
+
     def final_norm(self) -> None:
         """The model's final norm, never checkpointed: its fp32 input saved, its output lm_head's input."""
         self.norm()
@@ -351,7 +364,7 @@ class _Layer:
             r.free(normed)
         h = r.alloc(c * H * T)  # residual + attention
         r.free(out_attn)
-        if not self.checkpointed:
+        if not self.checkpointed and not self.held_by_caller:
             r.free(x)
         normed = self.norm(saved=not self.checkpointed)
         if fused:

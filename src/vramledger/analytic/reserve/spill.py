@@ -24,7 +24,6 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
 from vramledger.analytic.activations import computes_scores, sdpa_math
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
@@ -176,16 +175,18 @@ def replayed_setup(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
 
 def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     """The sequence (``sequence_modelled``) with AdamW (foreach, with its temporaries, or fused, without), on one
-    process, the MLP's per-parameter tensors fitting its blocks; SDPA without length² blocks and the residual stream's
-    requests ≥ 10 MiB, or in fp32 SDPA's math kernel at any size (math_layer.py ``MathLayer``: its 3.5 and 7 MiB
-    requests share 20 MiB segments as the trace has them, within 3% of the traced replay from 1,024 to 4,096 tokens,
-    bench/reserve/fp32_math.jsonl)."""
+    process, the MLP's per-parameter tensors fitting its blocks; SDPA without length² blocks, or in fp32 SDPA's math
+    kernel (math_layer.py ``MathLayer``: its 3.5 and 7 MiB requests share 20 MiB segments as the trace has them,
+    within 3% of the traced replay from 1,024 to 4,096 tokens, bench/reserve/fp32_math.jsonl). At any size of the
+    residual stream's requests: under 10 MiB (kMinLargeAlloc) they share 20 MiB segments, which the sequence lays out
+    as the trace does once each layer's input lives to the layer's end (``_Layer.held_by_caller``): the packed
+    shapes of bench/reserve/two_steps.jsonl under 10 MiB (Qwen2.5-0.5B, Qwen3-0.6B, Llama-3.2-1B; bf16-true and
+    bf16-mixed) replayed within 1.0% of their traces (docs/reserve.md, "Under 10 MiB")."""
     wb = p.weights
     c = train.precision.compute.bytes
     math = _math_kernel(m, train)
     return (
         sequence_modelled(m, train, p)
-        and (c * m.hidden_size * train.tokens >= K_MIN_LARGE_ALLOC or math)
         and (not computes_scores(m, train) or math)
         and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.world_size == 1  # one process: no DDP buckets (distributed/ddp_reserve.py has them)
@@ -355,14 +356,22 @@ def _backward(layer: _Layer, saved: list[int], grad_b: int) -> list[int]:
 
 
 def _forward(layer: _Layer, layers: int) -> list[list[int]]:
-    """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last."""
+    """One forward's saved tensors, by layer (the embedding's output with the first), the final norm's last; the
+    residual stream's blocks the model's code holds freed where it drops them (``_Layer.held_by_caller``)."""
     r = layer.r
     start, ends = r.count, []
-    x = r.alloc(layer.residual_bytes * layer.m.hidden_size * layer.T)
+    x = embedded = r.alloc(layer.residual_bytes * layer.m.hidden_size * layer.T)
+    held = layer.held_by_caller  # each input freed as the loop rebinds it, the embedding's at the model's return
     for _ in range(layers):
-        x = layer.forward(x, False)
+        out = layer.forward(x, False)
+        if held and x != embedded:
+            r.free(x)
+        x = out
         ends.append(r.count)
     layer.final_norm()
+    if held:
+        r.free(x)
+        r.free(embedded)
     groups: list[list[int]] = [[] for _ in range(layers + 1)]
     for i in (i for i in r.live if i > start):
         groups[next((k for k, end in enumerate(ends) if i <= end), layers)].append(i)
