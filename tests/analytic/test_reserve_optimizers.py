@@ -161,14 +161,16 @@ def test_the_checkpointed_forwards_segments_stay_cached_beside_the_mlp_gradients
 
 def test_forward_left_free_for_llama_3_2_1b_by_hand() -> None:
     """Llama-3.2-1B (H 2048, I 8192, 16 layers) full, bf16-mixed, SGD, checkpointing, 2 × 1024 (T 2048): the inputs
-    16·4·H·T (fp32 residual), the last layer's transients 3·2·I·T + 2·4·H·T, the copies as in
+    16·4·H·T (fp32 residual) and the padded batch's boolean mask B·L² (every checkpointed layer's input, held until
+    backward), the last layer's transients 3·2·I·T + 2·4·H·T, the copies as in
     ``test_casts_unused_for_llama_3_2_1b_by_hand``; less q, k, v and o's fp32 gradients (no larger than a 32 MiB
     block), the backward thread's 32 MiB cuBLAS workspace (Hopper) and the last ``down_proj``'s copy (2·H·I). The
     replay of the traced step keeps 1.44 GiB of whole 32 MiB blocks free at step 2's end of backward."""
     H, I, T, n = 2048, 8192, 2048, 16  # noqa: E741
     copies = 2 * n * (2 * H * H + 2 * H * 512 + 3 * H * I)
     fitting = 4 * n * (2 * H * H + 2 * H * 512)
-    expected = n * 4 * H * T + (3 * 2 * I + 2 * 4 * H) * T + copies - fitting - 32 * MiB - 2 * H * I
+    mask = 2 * 1024 * 1024
+    expected = n * 4 * H * T + mask + (3 * 2 * I + 2 * 4 * H) * T + copies - fitting - 32 * MiB - 2 * H * I
     m = resolve_model("llama-3.2-1b")
     train = TrainSpec(method=Method.FULL, optimizer=Optimizer.SGD, micro_batch=2, seq_len=1024, grad_ckpt=True)
     got = forward_left_free(m, train, step_parts(m, train))

@@ -5,6 +5,8 @@ this rebuilds each one from its config with the installed transformers and compa
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from vramledger.catalog import model_entries
@@ -23,6 +25,12 @@ def test_the_new_families_are_stored_built() -> None:
 @pytest.mark.parametrize("key", META, ids=META)
 def test_stored_build_equals_a_fresh_one(key: str) -> None:
     entry = model_entries()[key]
-    fresh = model_spec_from_config(entry.config, name=entry.hub_id, source="test")
-    assert spec_to_json(fresh) == entry.meta_build
-    assert entry.spec().inventory == fresh.inventory
+    fresh = spec_to_json(model_spec_from_config(entry.config, name=entry.hub_id, source="test"))
+    # every built figure equal; the transformers version the stored build names is its provenance, not a figure
+    assert _figures(fresh) == _figures(entry.meta_build)
+    assert entry.spec().inventory.total_params == fresh["inventory"]["total_params"]
+
+
+def _figures(build: dict[str, Any]) -> dict[str, Any]:
+    inventory = {k: v for k, v in build["inventory"].items() if k != "transformers_version"}
+    return build | {"inventory": inventory}
