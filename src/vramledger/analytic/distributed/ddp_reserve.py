@@ -175,14 +175,14 @@ def ddp_peak_reserved(
     with its source; None where the single-GPU closed forms' figure stands. ``allocated``:
     each phase's allocated bytes; ``at``: the step at another shape (analytic/reserve ``ShapePeaks``).
 
-    A run with dynamic padding meets every shape up to (B, L) and keeps what each reserved (runs.py): with the closed
-    forms, it gets the replay at one token, 1 × 1 (``_one_token``), a figure that does not change with (B, L), so the
-    estimate still never falls as they grow. A packed run (``replayed``) gets the larger of step 1's optimizer peak
-    with the replay's excess and step 2's new segments on top, and the single-GPU closed form without its term for
-    the activations held at the optimizer's peak (analytic/reserve/shape.py ``single_shape``, term 3, which the replay
-    stands for), at most what the run with dynamic padding gets at the same shape (the replay's excess is not held
-    over the shorter shapes: it falls and rises with the length, e.g. 196 MiB at 1 × 256 and 172 at 1 × 384 for the
-    mid model; as spill.py's ``displaced_remade``, runs.py)."""
+    A run with dynamic padding meets every shape up to (B, L) and keeps what each reserved (runs.py): the largest
+    replayed figure over those shapes (``_envelope``, runs.py ``lattice_envelope``), at most the closed forms held at
+    least at the replay at one token, 1 × 1 (``_one_token``), so the estimate never falls as they grow. A packed run
+    (``replayed``) gets the larger of step 1's optimizer peak with the replay's excess and step 2's new segments on
+    top, and the single-GPU closed form without its term for the activations held at the optimizer's peak
+    (analytic/reserve/shape.py ``single_shape``, term 3, which the replay stands for), at most what the run with
+    dynamic padding gets at the same shape (the replay's excess falls and rises with the length, e.g. 196 MiB at
+    1 × 256 and 172 at 1 × 384 for the mid model; as spill.py's ``displaced_remade``, runs.py)."""
     if at is None:
         return None
     loss_peak, step_peak, opt_peak = training_peaks(allocated)
@@ -238,6 +238,8 @@ def _envelope(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
 
 
 def _replayed_at(m: ModelSpec, train: TrainSpec, bound: int, *, at: ShapePeaks) -> int:
+    """This replay's packed figure at ``train``'s shape plus the padded batch's mask, at most ``bound``; spill.py's
+    two steps where this replay does not cover the shape (runs.py ``replayed_at``)."""
     packed = replace(train, packing=True)
     if not replayed(m, packed, at(packed)[0]):
         return replayed_at(m, train, bound, at=at)

@@ -107,6 +107,7 @@ _LATTICE = 64
 
 
 def _lattice_length(k: int) -> int:
+    """The lattice's k-th length: 2^(k/64) rounded up to a multiple of 8 (every power of two ≥ 8 among them)."""
     return 8 * math.ceil(2 ** (k / _LATTICE) / 8)
 
 
@@ -175,6 +176,8 @@ def closed_at(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
 
 
 def replayed_at(m: ModelSpec, train: TrainSpec, bound: int, *, at: ShapePeaks) -> int:
+    """The replayed figure at ``train``'s shape (``replayed_envelope``), at most ``bound``; ``bound`` itself where the
+    two steps are not replayed there."""
     packed = replace(train, packing=True)
     pp, loss_peak, step_peak, opt_peak = at(packed)
     if displaced_remade(m, packed, pp) is None:
