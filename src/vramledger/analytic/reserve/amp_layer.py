@@ -47,11 +47,6 @@ class AmpLayer(_Layer):
     def residual_bytes(self) -> int:
         return _FP32
 
-    @property
-    def held_by_caller(self) -> bool:
-        """The fp32 stream is saved by each norm's ``x * rsqrt``: held to backward."""
-        return False
-
     def final_norm(self) -> None:
         """The final norm on the fp32 stream and lm_head's autocast copy of its output (saved by lm_head's matmul);
         the fp32 output is dropped once the loss has its logits (freed here: its 4·H·T is small beside them)."""

@@ -326,8 +326,10 @@ class _Layer:
         return (``inputs_embeds``); ``LlamaDecoderLayer.forward``'s ``residual`` goes at the layer's return, before
         x. In the trace of the mid toy model of bench/reserve/ (full, bf16-true, 4 × 1024) each layer's input is freed
         right after its output's residual sum, and the embedding's output after the final norm. The LoRA sequence
-        (not ``trained``) still frees x at the attention's residual sum, as its figures were measured with."""
-        return self.trained and not self.checkpointed
+        (not ``trained``) still frees x at the attention's residual sum, as its figures were measured with. Not for an
+        fp32 stream (autocast's with fp32 weights, amp_layer.py; fp32 layers, math_layer.py): ``LlamaRMSNorm``'s
+        ``to(torch.float32)`` returns x itself and ``x * rsqrt`` saves it, so autograd holds it to backward."""
+        return self.trained and not self.checkpointed and self.residual_bytes != 4
 
     def final_norm(self) -> None:
         """The model's final norm, never checkpointed: its fp32 input saved, its output lm_head's input."""

@@ -52,11 +52,6 @@ class MathLayer(_Layer):
     def residual_bytes(self) -> int:
         return _FP32
 
-    @property
-    def held_by_caller(self) -> bool:
-        """The fp32 stream is saved by each norm's ``x * rsqrt``: held to backward."""
-        return False
-
     def final_norm(self) -> None:
         """The final norm on the fp32 stream; its output is lm_head's input, saved by lm_head's matmul."""
         self._stream_norm(self.m.hidden_size)
