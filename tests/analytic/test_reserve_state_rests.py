@@ -124,7 +124,7 @@ def test_a_padded_run_holds_the_band_and_a_packed_run_leaves_it_out() -> None:
     packed = max(estimate(model, dataclasses.replace(train, packing=True)).reserved(ph) for ph in TRAIN)
     at_936 = max(estimate(model, dataclasses.replace(train, seq_len=936)).reserved(ph) for ph in TRAIN)
     print(f"padded {padded / 1e9:.2f} GB, packed {packed / 1e9:.2f} GB, padded 4 x 936 {at_936 / 1e9:.2f} GB")
-    assert padded == at_936 >= 0.97 * 52.25e9
+    assert padded >= at_936 >= 0.97 * 52.25e9
     assert packed < 0.97 * 52.25e9
 
 

@@ -176,7 +176,13 @@ def mask_bytes(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
     unmasked = layer_activations(m, replace(train, packing=True), wb)
     per_layer = (masked.per_token - unmasked.per_token) * train.tokens
     per_layer += (masked.scores_per_seq - unmasked.scores_per_seq) * train.micro_batch
-    return wb.trainable_layers * per_layer
+    if not train.grad_ckpt:
+        return wb.trainable_layers * per_layer
+    # Under checkpointing one layer is recomputed at a time, and the checkpoints keep the boolean mask, the same
+    # tensor for every layer (step.py ``_saved_activations``): once.
+    B, L = train.micro_batch, train.seq_len
+    kept = B * L * L * (2 if m.sliding_layers else 1) if padded_sdpa(train) and wb.trainable_layers else 0
+    return per_layer + kept
 
 
 def one_copy_weights(train: TrainSpec) -> bool:

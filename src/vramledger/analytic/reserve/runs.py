@@ -92,7 +92,8 @@ def peak_reserved(
     closed = max(single, held_reserved(m, train, at, p))
     if not replayed_setup(m, train, p):
         return closed
-    return max(step_peak, min(closed, replayed_envelope(m, train, at)))
+    # the closed forms bound the replayed figure, which adds the padded batch's mask and repeated K/V (``closed_at``)
+    return max(step_peak, min(closed + mask_bytes(m, train, p), replayed_envelope(m, train, at)))
 
 
 # A run with dynamic padding where the two steps are replayed at each shape (spill.py ``displaced_remade``): the
@@ -169,10 +170,18 @@ def lattice_envelope(
 @lru_cache(maxsize=8192)
 def closed_at(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
     """The closed forms' figure of a run with dynamic padding at ``train``'s shape (``peak_reserved`` without the
-    replayed envelope)."""
+    replayed envelope), plus what the padded batch's mask and repeated K/V add (forward_cache.py ``mask_bytes``),
+    the bound of the replayed figure there (``replayed_at``), which adds them too.
+
+    The closed forms count those bytes where they are allocated, at the loss peak; the step's peak reserved is its
+    optimizer's, where they are freed, so the closed figure was the packed batch's (the 8-layer toy, full 2 × 1024:
+    3911 MiB both ways). The replay of the padded run (bench/reserve/runs_padded.jsonl) keeps their segments to the
+    optimizer's peak: 4082 MiB at 2 × 1016 against 3990 packed. Bounded by the closed forms without them, the
+    replayed figure (4071 MiB) was cut to 3911, −4.2%; bounded with them, −2.2% (and three 2-layer toy runs,
+    −3.6…−4.4% → −1.2…−2.9%; docs/reserve.md)."""
     p, loss_peak, step_peak, opt_peak = at(train)
     single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True), parts_of(at))
-    return max(single, held_reserved(m, train, at, p))
+    return max(single, held_reserved(m, train, at, p)) + mask_bytes(m, train, p)
 
 
 def replayed_at(m: ModelSpec, train: TrainSpec, bound: int, *, at: ShapePeaks) -> int:
