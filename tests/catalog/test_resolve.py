@@ -177,6 +177,56 @@ def test_model_type_unknown_to_transformers(tmp_path: Path) -> None:
         resolve_model(str(path))
 
 
+def test_a_config_file_is_named_by_its_file_or_its_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without ``_name_or_path``: a file named for its model by its stem, a config.json by its folder, also when the
+    path is relative (the folder of ``config.json`` is then ``.``, whose name is empty)."""
+    (tmp_path / "acme-small.json").write_text(json.dumps(QWEN25_05B))
+    (tmp_path / "acme-tiny").mkdir()
+    (tmp_path / "acme-tiny" / "config.json").write_text(json.dumps(QWEN25_05B))
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model("acme-small.json").name == "acme-small"
+    monkeypatch.chdir(tmp_path / "acme-tiny")
+    assert resolve_model("config.json").name == "acme-tiny"
+
+
+def test_a_config_json_written_by_transformers_with_an_infinite_float(tmp_path: Path) -> None:
+    """transformers 5 writes inf as ``{"__float__": "Infinity"}`` (Bamba's default ``time_step_limit`` is
+    ``(0.0, inf)``) and reads it back as a float; so do we: the model builds, and counts what transformers' own
+    meta-device build of the same config holds."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    small = {
+        "hidden_size": 256,
+        "intermediate_size": 512,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "vocab_size": 1000,
+        "mamba_n_heads": 8,
+        "mamba_d_head": 64,
+        "attn_layer_indices": [1],
+    }
+    cfg = transformers.BambaConfig(**small)
+    path = tmp_path / "config.json"
+    cfg.to_json_file(str(path))
+    assert '"__float__": "Infinity"' in path.read_text()
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(cfg)
+    assert count_params(resolve_model(str(path))) == sum(p.numel() for p in model.parameters())
+
+
+def test_a_field_transformers_validates_is_one_line_naming_it(tmp_path: Path) -> None:
+    pytest.importorskip("transformers")
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({**QWEN25_05B, "model_type": "bamba", "time_step_limit": [0.0, "inf"]}))
+    with pytest.raises(
+        VramledgerError,
+        match=r"transformers rejected the config \(Validation error for field "
+        r"'time_step_limit'[^\n]*; fix the named field$",
+    ):
+        resolve_model(str(path))
+
+
 # --- GPUs ---------------------------------------------------------------------------------------------------
 
 

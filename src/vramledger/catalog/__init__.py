@@ -153,8 +153,28 @@ def load_config_file(path: Path) -> ModelSpec:
     raw = load_mapping_text(read_text(path, "model"), "model", path.with_suffix(".json"))
     if not isinstance(raw, dict):
         raise VramledgerError(f"model: {path}: expected a JSON object (a config.json); pass another config.json")
-    name = raw.get("_name_or_path") or _repo_id_of_snapshot(path) or path.parent.name
-    return model_spec_from_config(raw, name=str(name), source=str(path))
+    # a file named for its model (olmo2.json) by its own name; a config.json by its folder's, even when the path is
+    # relative (Path("config.json").parent.name is "")
+    own = path.stem if path.name != "config.json" else path.resolve().parent.name
+    name = raw.get("_name_or_path") or _repo_id_of_snapshot(path) or own
+    return model_spec_from_config(_special_floats(raw), name=str(name), source=str(path))
+
+
+# transformers 5 writes the floats JSON cannot hold as tagged objects (configuration_utils.py
+# ``PreTrainedConfig._encode_special_floats``: ``{"__float__": "Infinity"}``, "-Infinity", "NaN"; Bamba's
+# ``time_step_limit`` is ``[0.0, inf]``) and reads them back with ``_decode_special_floats``.
+_FLOAT_TAGS = {"Infinity": float("inf"), "-Infinity": float("-inf"), "NaN": float("nan")}
+
+
+def _special_floats(obj: Any) -> Any:
+    """``obj`` with transformers' tagged special floats decoded (``_FLOAT_TAGS``)."""
+    if isinstance(obj, dict):
+        if obj.keys() == {"__float__"} and obj["__float__"] in _FLOAT_TAGS:
+            return _FLOAT_TAGS[obj["__float__"]]
+        return {k: _special_floats(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_special_floats(v) for v in obj]
+    return obj
 
 
 def resolve_model(name: str) -> ModelSpec:

@@ -82,14 +82,16 @@ def _native_twin(auto_map: Any) -> str:
 def hf_config_object(cfg: Mapping[str, Any], where: str) -> Any:
     """transformers' config object for a config.json mapping (defaults filled in by its class)."""
     model_type = _check_buildable(cfg, where)
+    from huggingface_hub.errors import StrictDataclassError  # transformers 5's configs validate their fields
     from transformers import AutoConfig
 
     fields = {k: v for k, v in cfg.items() if k not in _NOT_ARCHITECTURE and k != "model_type"}
     try:
         with _quiet_transformers():
             return AutoConfig.for_model(model_type, **fields)
-    except (TypeError, ValueError) as exc:
-        raise VramledgerError(f"{where}: transformers rejected the config ({exc}); fix the named field") from None
+    except (TypeError, ValueError, StrictDataclassError) as exc:
+        said = " ".join(str(exc).split())  # the validation errors span lines
+        raise VramledgerError(f"{where}: transformers rejected the config ({said}); fix the named field") from None
 
 
 def _model_class(hf_cfg: Any, where: str) -> Any:
