@@ -105,7 +105,9 @@ CASES = [
         id="torch2.1-capacty-lerf#73",
     ),
     pytest.param(
-        # vllm-project/vllm#2140 (torch 2.1.2: another process's line, no "this process" line)
+        # vllm-project/vllm#2140 (torch 2.1.2: one process's line, no "this process" line). The line is this process
+        # as NVML numbers it (a container's pid namespace): 21.65 GiB beside the 21.32 GiB PyTorch reserves, with
+        # 4 MiB of 21.67 GiB free, cannot be another process; so the step did not fit (own_process_line)
         "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 518.00 MiB. GPU 0 has a total capacty "
         "of 21.67 GiB of which 4.06 MiB is free. Process 2417585 has 21.65 GiB memory in use. Of the allocated "
         "memory 21.32 GiB is allocated by PyTorch, and 1018.00 KiB is reserved by PyTorch but unallocated. If "
@@ -121,8 +123,8 @@ CASES = [
             reserved_bytes=b(21.32, GiB) + b(1018, KiB),
             wording="torch 2.1",
         ),
-        Diagnosis.OTHER_PROCESSES,
-        id="torch2.1-other-process-vllm#2140",
+        Diagnosis.CAPACITY,
+        id="torch2.1-own-process-line-vllm#2140",
     ),
     pytest.param(
         # pytorch/pytorch#16417, comment of 2024-03-13 (torch >= 2.2: expandable_segments hint)
@@ -213,3 +215,48 @@ def test_a_message_cut_short_keeps_what_it_has() -> None:
 
 def test_text_without_an_oom_message() -> None:
     assert parse_message("RuntimeError: CUDA error: device-side assert triggered") is None
+
+
+def test_a_process_line_that_must_be_this_process_is_taken_for_it() -> None:
+    """vllm-project/vllm#2140: the only process line holds more than the device's used memory less PyTorch's own
+    reserve, so it is this process (its pid is the host's), not another one holding the GPU."""
+    text = (
+        "torch.cuda.OutOfMemoryError: CUDA out of memory. Tried to allocate 518.00 MiB. GPU 0 has a total capacty "
+        "of 21.67 GiB of which 4.06 MiB is free. Process 2417585 has 21.65 GiB memory in use. Of the allocated "
+        "memory 21.32 GiB is allocated by PyTorch, and 1018.00 KiB is reserved by PyTorch but unallocated."
+    )
+    msg = parse_message(text)
+    assert msg is not None
+    pm = diagnose(Evidence(source="test", message=msg))
+    assert (pm.own_pid_inferred, pm.process_bytes, pm.other_processes_bytes) == (2417585, b(21.65, GiB), None)
+    assert pm.diagnosis is Diagnosis.CAPACITY
+
+
+def test_another_process_beside_this_one_still_holds_the_memory() -> None:
+    """Built from the format string (torch >= 2.2), two servers on one 23.52 GiB card as in a log where a second
+    copy of a job was started: the 1.75 GiB line holds this process's 1.29 GiB reserve, and the 21.48 GiB one is
+    another process, which leaves 212.69 MiB free for the 256 MiB asked."""
+    text = (
+        "CUDA out of memory. Tried to allocate 256.00 MiB. GPU 0 has a total capacity of 23.52 GiB of which 212.69 "
+        "MiB is free. Process 224599 has 21.48 GiB memory in use. Process 277412 has 1.75 GiB memory in use. Of the "
+        "allocated memory 1.15 GiB is allocated by PyTorch, and 143.83 MiB is reserved by PyTorch but unallocated."
+    )
+    msg = parse_message(text)
+    assert msg is not None
+    pm = diagnose(Evidence(source="test", message=msg))
+    assert (pm.own_pid_inferred, pm.other_processes_bytes) == (277412, b(21.48, GiB))
+    assert pm.diagnosis is Diagnosis.OTHER_PROCESSES
+
+
+def test_lines_that_fit_beside_the_reserve_are_left_as_other_processes() -> None:
+    """A process line that, with this process's reserve, fits the used memory may be another process: nothing is
+    inferred (a card shared with a 458 MiB process, the message's own line for this one cut off)."""
+    text = (
+        "CUDA out of memory. Tried to allocate 876.00 MiB. GPU 0 has a total capacity of 23.68 GiB of which 251.06 "
+        "MiB is free. Process 2612630 has 458.00 MiB memory in use. Of the allocated memory 22.65 GiB is allocated by "
+        "PyTorch, and 77.68 MiB is reserved by PyTorch but unallocated."
+    )
+    msg = parse_message(text)
+    assert msg is not None
+    pm = diagnose(Evidence(source="test", message=msg))
+    assert (pm.own_pid_inferred, pm.other_processes_bytes) == (None, b(458, MiB))

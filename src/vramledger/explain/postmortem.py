@@ -118,11 +118,38 @@ class PostMortem:
     largest_free_block_bytes: int | None
     """The largest free cached block of the pool the request comes from (snapshot only)."""
     other_processes_bytes: int | None
+    own_pid_inferred: int | None = None
+    """The ``Process p has P`` line taken for this process (``own_process_line``): the message had no
+    ``this process`` line, and the figures say one of the listed processes is this one."""
     diagnosis: Diagnosis
     reason: str
     comparison: Comparison | None = None
     fixes: tuple[Fix, ...] = ()
     notes: tuple[str, ...] = ()
+
+
+# ``format_size`` prints two decimals of the unit: a figure in GiB is exact to ±5.12 MiB.
+_PRINTED = 6 * 2**20
+
+
+def own_process_line(lines: tuple[tuple[int, int], ...], reserved: int, used: int) -> int | None:
+    """The pid of the ``Process p has P memory in use`` line that is this process, where the message has no
+    ``this process`` line; None where the figures do not say.
+
+    ``reportProcessMemoryInfo`` (c10/cuda/CUDACachingAllocator.cpp) lists NVML's processes on the device and words
+    the one whose pid equals ``getpid()`` as ``Including non-PyTorch memory, this process has P``. NVML reports the
+    host's pids, so in a container with a pid namespace of its own (Docker's default) no pid matches and this
+    process is listed as another one (nvidia-docker#179, "the driver is not aware of the PID namespace"). Every
+    process's NVML figure is part of the device's used memory (capacity − free), and this process's is at least
+    what PyTorch reserves; so when the listed figures plus the reserve exceed the used memory (beyond the message's
+    rounding), one of the lines is this process: the smallest that holds the reserve."""
+    if not lines:
+        return None
+    slack = _PRINTED * (len(lines) + 3)
+    if sum(b for _, b in lines) + reserved <= used + slack:
+        return None
+    holding = [(b, pid) for pid, b in lines if b + _PRINTED >= reserved]
+    return min(holding)[1] if holding else None
 
 
 def _first(*values: int | None) -> int | None:
@@ -140,7 +167,15 @@ def diagnose(ev: Evidence, *, comparison: Comparison | None = None, fixes: tuple
     capacity = _first(ev.capacity_bytes, msg.capacity_bytes if msg else None)
     allowed = _first(ev.allowed_bytes, msg.allowed_bytes if msg else None)
     free = _first(ev.free_bytes, snap.oom_device_free_bytes if snap else None, msg.free_bytes if msg else None)
-    others = sum(b for _, b in msg.other_processes) if msg and msg.other_processes else None
+    lines = msg.other_processes if msg else ()
+    process = msg.process_bytes if msg else None
+    own_pid = None
+    if process is None and reserved is not None and capacity is not None and free is not None:
+        own_pid = own_process_line(lines, reserved, capacity - free)
+        if own_pid is not None:
+            process = next(b for pid, b in lines if pid == own_pid)
+            lines = tuple(line for line in lines if line[0] != own_pid)
+    others = sum(b for _, b in lines) if lines else None
     cached_free = None if reserved is None or allocated is None else reserved - allocated
     largest = None
     if snap is not None:
@@ -148,14 +183,15 @@ def diagnose(ev: Evidence, *, comparison: Comparison | None = None, fixes: tuple
         largest = snap.largest_free_small_bytes if small else snap.largest_free_block_bytes
     cause, reason = _cause(requested, capacity, allowed, free, allocated, cached_free, largest, others)
     notes = []
-    if msg is not None and msg.process_bytes is not None and reserved is not None:
-        notes.append(f"non_pytorch_bytes={msg.process_bytes - reserved}")
+    if process is not None and reserved is not None:
+        notes.append(f"non_pytorch_bytes={process - reserved}")
     return PostMortem(
         evidence=ev,
         requested_bytes=requested,
         capacity_bytes=capacity,
         free_bytes=free,
-        process_bytes=msg.process_bytes if msg else None,
+        process_bytes=process,
+        own_pid_inferred=own_pid,
         allowed_bytes=allowed,
         allocated_bytes=allocated,
         reserved_bytes=reserved,

@@ -111,7 +111,10 @@ def _figures(pm: PostMortem) -> list[tuple[str, str]]:
             if pm.reserved_bytes is not None
             else ""
         )
-        rows.append(("this process (NVML)", fmt_bytes(pm.process_bytes) + extra))
+        label = (
+            "this process (NVML)" if pm.own_pid_inferred is None else f"this process (NVML pid {pm.own_pid_inferred})"
+        )
+        rows.append((label, fmt_bytes(pm.process_bytes) + extra))
     if pm.other_processes_bytes is not None:
         rows.append(("other processes", fmt_bytes(pm.other_processes_bytes)))
     rows += [
@@ -137,6 +140,15 @@ def render_postmortem(pm: PostMortem) -> str:
     lines = [f"out of memory: {TITLES[pm.diagnosis]}  ({pm.evidence.source})", wrap("  " + reason_text(pm)), ""]
     lines.append("the failure")
     lines += [f"  {k:<32}{v}" for k, v in _figures(pm)]
+    if pm.own_pid_inferred is not None:
+        lines.append(
+            wrap(
+                f"  (the message has no 'this process' line; process {pm.own_pid_inferred}'s is taken for it: the "
+                "listed processes and PyTorch's reserve exceed the GPU's used memory, as when a container's pids "
+                "differ from the host's that NVML reports)",
+                3,
+            )
+        )
     shares = pm.evidence.shares
     if shares:
         total = sum(s.bytes for s in shares)
@@ -202,6 +214,7 @@ def postmortem_to_dict(pm: PostMortem) -> dict[str, Any]:
         "reserved_unallocated_bytes": pm.cached_free_bytes,
         "largest_free_block_bytes": pm.largest_free_block_bytes,
         "other_processes_bytes": pm.other_processes_bytes,
+        "own_pid_inferred": pm.own_pid_inferred,
         "diagnosis": pm.diagnosis.value,
         "reason": reason_text(pm),
         "wording": msg.wording if msg else None,
