@@ -47,8 +47,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
+from typing import NamedTuple
 
-from vramledger.analytic.params import in_layers, layer_linears
+from vramledger.analytic.params import Linear, in_layers, layer_linears
 from vramledger.analytic.sdpa_mask import mask_columns
 from vramledger.analytic.weights import WeightBudget
 from vramledger.specs import Attention, DType, Method, ModelSpec, TrainSpec
@@ -65,6 +66,9 @@ class LayerActivations:
     """Bytes per sequence that grow with L² (eager scores; the additive mask of padded SDPA)."""
     detail: tuple[tuple[str, int], ...]
     """(part, bytes per token) for the breakdown shown to users."""
+    merged_bytes: int = 0
+    """Bytes that do not grow with B·L: the merged expert weights of PEFT's ParamWrapper (``merged_experts``), in a
+    layer that holds the experts."""
 
 
 def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
@@ -235,12 +239,12 @@ def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
 
         # PEFT 0.21 tuners/lora/layer.py ParamWrapper (target_parameters, which its MoE conversion uses for fused
         # experts) adds B·A to the whole 3-D weight in every forward: one merged copy per adapted layer.
-        fused = [a.linear for a in weight_budget(m, train).adapted if not a.linear.lora_targetable]
-        n = sum(in_layers(m, lin) * lin.per_layer * lin.in_features * lin.out_features for lin in fused)
-        if n:
+        merged_bytes = merged_experts(m, train, weight_budget(m, train)).one_layer
+        if merged_bytes:
             merged = (
-                f"; PEFT adapts the fused experts through ParamWrapper, which builds a merged copy of each adapted "
-                f"expert weight per forward ({n:,} elements over the model), not counted here"
+                "; PEFT adapts the fused experts through ParamWrapper, which builds a merged copy of each adapted "
+                "expert weight per forward, saved for backward (counted: every trained layer's, or the recomputed "
+                "one's under checkpointing)"
             )
     return (
         f"{m.family}: no formula here; weights, gradients and optimizer state are exact (built on the meta device: "
@@ -271,6 +275,8 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         parts.append(_linear_inputs(m, train))
     if train.adapters:
         parts.append(("LoRA inputs and dropout masks", _adapter_inputs_bytes(m, train, wb)))
+        wrapped = _param_wrapper_inputs(m, train, wb)
+        parts.append(("inputs kept for the experts' and router's LoRA (ParamWrapper)", wrapped))
     if train.quant is not None and train.quant.bits == 4 and train.matmul4bit_keeps_input:
         parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
     attention, scores = _attention_parts(m, train, base_trains)
@@ -282,7 +288,70 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         from vramledger.analytic.peft_memory import peft_activation_parts
 
         parts += peft_activation_parts(m, train, s, explicit_mask(m, train), _INPUT_OF)
-    return LayerActivations(per_token=sum(b for _, b in parts), scores_per_seq=scores, detail=tuple(parts))
+    return LayerActivations(
+        per_token=sum(b for _, b in parts),
+        scores_per_seq=scores,
+        detail=tuple(parts),
+        merged_bytes=merged_experts(m, train, wb).one_layer,
+    )
+
+
+# PEFT 0.21 targets a model's fused expert weights (3-D ``nn.Parameter``s, which its MoE conversion of "all-linear"
+# adds as ``target_parameters``) and a bare router weight through ``ParamWrapper`` (tuners/lora/layer.py). Each
+# forward, ``_activate_lora`` registers a parametrization on the wrapped parameter: with one adapter and E > 1
+# experts ``_LoraFactorsProxy.forward`` returns ``torch.baddbmm(W, lhs, rhs, alpha=scaling)``, autocast off (with
+# several adapters ``_LoraParameterProxy``: W + the whole delta), a merged copy of the whole expert stack in W's
+# dtype, which the experts' matmuls (transformers 5's ``grouped_mm`` experts implementation, or the eager loop's
+# ``W[e]`` views) save for backward, and whose gradient backward makes whole before ``baddbmm``'s backward reduces it
+# to the factors'. The matmuls then also keep their inputs, which a frozen expert weight needs no gradient from: the
+# tokens gathered for each of their k experts (``hidden_states[token_idx]``, k·H per token) for ``gate_up_proj``, the
+# activated product (k·I) for ``down_proj``, the normed hidden state (H) for the router. Traced (a Qwen3-30B-A3B
+# layer, LoRA r 8 all-linear, 1 × 1024 tokens, transformers 5.24, peft 0.21.2): 1152 MiB of merged copies
+# (768 + 384) and 48.5 MiB of inputs (32 + 12 + 4 + 0.5 for the router's merged weight) per layer beyond the same
+# run with LoRA on the attention alone; the gradient of the 384 MiB copy at the backward's peak under checkpointing.
+
+
+class MergedExperts(NamedTuple):
+    """PEFT ParamWrapper's merged weights (``_LoraFactorsProxy``): in one layer that holds them, over every trained
+    layer, and what their gradients add in that layer's backward beyond the layer's saved set."""
+
+    one_layer: int
+    all_layers: int
+    backward_extra: int
+    """Backward takes the layer's matmuls in reverse and makes each merged weight's gradient whole while the copies
+    of the matmuls not yet reached are saved and the ones done are freed: the most of (its size − the sizes after it
+    in forward order). The traced Qwen3-30B-A3B layer: down_proj's 384 MiB gradient beside both copies, then
+    gate_up_proj's 768 MiB beside its own copy alone: 384 MiB either way."""
+
+
+def _wrapped(wb: WeightBudget) -> list[Linear]:
+    """The parameters PEFT adapts through ParamWrapper: the ones ``all-linear`` does not pick as modules."""
+    return [a.linear for a in wb.adapted if not a.linear.lora_targetable]
+
+
+def merged_experts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> MergedExperts:
+    """The merged copies of ``_wrapped``'s parameters, in the frozen weights' dtype (``merged_bytes``)."""
+    if not train.adapters:
+        return MergedExperts(0, 0, 0)
+    w = train.frozen_dtype.bytes
+    order = {lin.name: i for i, lin in enumerate(layer_linears(m))}  # forward order (PEFT lists in its own)
+    wrapped = sorted(_wrapped(wb), key=lambda lin: order.get(lin.name, len(order)))
+    sizes = [(lin.per_layer * lin.in_features * lin.out_features * w, lin) for lin in wrapped]
+    if not sizes:
+        return MergedExperts(0, 0, 0)
+    share = wb.trainable_layers / m.num_layers  # layers_to_transform: the adapted share of the layers
+    every = sum(round(in_layers(m, lin) * share) * b for b, lin in sizes)
+    after = [sum(b for b, _ in sizes[i + 1 :]) for i in range(len(sizes))]
+    extra = max(b - rest for (b, _), rest in zip(sizes, after, strict=True))
+    return MergedExperts(one_layer=sum(b for b, _ in sizes), all_layers=every, backward_extra=max(extra, 0))
+
+
+def _param_wrapper_inputs(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
+    """Per token, what the matmuls of ParamWrapper-adapted parameters keep for their weight's gradient
+    (``merged_experts``' comment): each expert stack's input for its k experts, the router's input."""
+    c = train.precision.compute.bytes
+    k = m.experts_per_token or 1
+    return sum((k if lin.per_layer > 1 else 1) * lin.in_features * c for lin in _wrapped(wb))
 
 
 # Which linears' inputs come after eager attention's softmax in a sequential decoder layer (o_proj, the MLP's).

@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vramledger.analytic.activations import residual_bytes
+from vramledger.analytic.activations import merged_experts, residual_bytes
 from vramledger.analytic.kv_cache import SRC_LEGACY, decode_step_extra
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.parts import Moment, StepParts, add_persistent
@@ -303,6 +303,12 @@ def _eval_base(p: StepParts, train: TrainSpec, sh: EvalShape, name: str, phase: 
     return mo
 
 
+MERGED = (
+    "PEFT ParamWrapper (tuners/lora/layer.py _LoraFactorsProxy): every forward, no_grad too, merges each adapted "
+    "expert stack (baddbmm(W, lhs, rhs)), cached for the layer's forward (analytic/activations.py merged_experts)"
+)
+
+
 def _eval_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s: int) -> Moment:
     """The eval forward's peak: at the loss, in the top decoder layer, or in the concatenation of kept predictions."""
     B, L = sh.batch, sh.length
@@ -360,6 +366,8 @@ def _eval_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape, s:
         sq,
         "eager_attention_forward: (2c+4)·nh·L² per sequence; sdpa: torch convert_boolean_attn_mask c·L²",
     )
+    merged = merged_experts(m, train, p.weights).one_layer
+    b.add(Category.TEMPORARIES, "merged expert weights (one layer)", merged, MERGED)
     cands.append(b)
 
     if sh.kept_per_step and sh.steps_kept > 1:
@@ -392,6 +400,8 @@ def _generate_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape
     )
     pre.add(Category.TEMPORARIES, "one layer's working set", tok, "as the eval forward, at the prompt length")
     pre.add(Category.ATTENTION_SCORES, "one layer's length² tensors", sq, "as the eval forward")
+    merged = merged_experts(m, train, p.weights).one_layer
+    pre.add(Category.TEMPORARIES, "merged expert weights (one layer)", merged, MERGED)
     end = _eval_base(p, train, sh, f"generate: last of {N} decode steps", Phase.GENERATE)
     end.add(Category.KV_CACHE, f"KV cache of {L}+{N}-1 tokens ({kind.display})", kv.at_end, SRC_CACHE)
     end.add(
@@ -402,6 +412,7 @@ def _generate_moment(m: ModelSpec, train: TrainSpec, p: StepParts, sh: EvalShape
         if kind is CacheKind.LEGACY
         else "DynamicLayer.update: torch.cat([keys, new]) holds the old and the new tensor",
     )
+    end.add(Category.TEMPORARIES, "merged expert weights (one layer)", merged, MERGED)
     end.add(
         Category.LOGITS_LOSS,
         "last-token logits (compute dtype and fp32 copy)",

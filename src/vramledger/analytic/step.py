@@ -32,6 +32,7 @@ from vramledger.analytic.activations import (
     first_layer_unsaved_bytes_per_token,
     head_input_bytes_per_token,
     layer_activations,
+    merged_experts,
     residual_bytes,
     rope_bytes_per_token,
     runs_eager,
@@ -162,13 +163,16 @@ def _saved_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> _Sav
     n_tl = wb.trainable_layers
     n_kept = offloaded_layers(train, n_tl)  # analytic/loop.py: activation offloading keeps two layers' worth
     la = layer_activations(m, train, wb)
-    layer = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T  # analytic/litgpt.py
+    # analytic/litgpt.py; PEFT ParamWrapper's merged expert weights in a layer holding them (activations.py)
+    layer = (la.per_token + litgpt_layer_extra_bytes_per_token(m, train, wb)) * T + la.merged_bytes
+    merged = merged_experts(m, train, wb)
+    kept_merged = merged.all_layers * n_kept // n_tl if n_tl else 0
     layer_scores = (la.scores_per_seq + litgpt_layer_extra_scores_per_seq(m, train)) * B
     extra = (final_norm_bytes_per_token(m, train, wb) + rope_bytes_per_token(m, train, wb)) * T if n_tl else 0
     if not train.grad_ckpt:
         unsaved = first_layer_unsaved_bytes_per_token(m, train, wb) * T if n_tl else 0
         return _Saved(
-            layers=n_kept * layer - unsaved,
+            layers=n_kept * (layer - la.merged_bytes) + kept_merged - unsaved,
             layer=layer,
             recompute=0,
             scores=n_tl * layer_scores,
@@ -317,7 +321,8 @@ def _layer_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> in
         return 0
     c = train.precision.compute.bytes
     I = m.moe_intermediate_size * m.experts_per_token if m.is_moe else m.intermediate_size  # noqa: E741
-    return _hidden_state_grads(m, train, wb) + 3 * c * I * train.tokens
+    # the gradients of PEFT ParamWrapper's merged expert weights, made whole one at a time (activations.py)
+    return _hidden_state_grads(m, train, wb) + 3 * c * I * train.tokens + merged_experts(m, train, wb).backward_extra
 
 
 def _softmax_backward_temp(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
@@ -345,6 +350,7 @@ def phase_moments(m: ModelSpec, train: TrainSpec, gpu: GPUSpec | None = None) ->
     backward = (
         _loss_backward(train, p),
         _top_layer_backward(train, p),
+        *_bottom_layer_backward(m, train, p),
         *_softmax_backward(train, p),
         *_layer_gradient(m, train, p),
         *_end_of_backward(m, train, p),
@@ -484,6 +490,41 @@ def _top_layer_backward(train: TrainSpec, p: StepParts) -> Moment:
         "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients",
     )
     return mo
+
+
+def _bottom_layer_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:
+    """The backward of the lowest trained layer with experts, where PEFT's ParamWrapper adapts them (activations.py
+    ``merged_experts``): the autograd engine runs the layers top-down, so the layers above have their gradients
+    by then, beside the layer's saved set (recomputed under checkpointing) with its merged expert weights and their
+    gradients made whole. Their adapters are large (Qwen3-30B-A3B, r 8: 0.47 B trainable parameters, 1.9 GB of
+    fp32 gradients), so this moment, not the top layer's, is the backward's peak: the trace of a 2-layer
+    Qwen3-30B-A3B under checkpointing peaks in layer 0's ``_grouped_mm`` backward with layer 1's gradients. Where no
+    merged weights are made the moment is the top layer's plus the other layers' adapter gradients, a few MB,
+    and is not added (not checked against the traces there)."""
+    n = p.weights.trainable_layers
+    merged = merged_experts(m, train, p.weights)
+    if n < 2 or not merged.one_layer:
+        return ()
+    name = "backward of the bottom trained layer" + (" (recomputed)" if train.grad_ckpt else "")
+    mo = Moment(name=name, phase=Phase.BACKWARD)
+    # the lowest layer with experts (DeepSeek's first layers are dense): the expert layers above it are done
+    k = merged.all_layers // merged.one_layer
+    grads = max(_previous_grads(train, p), p.grad_bytes * (k - 1) // k)
+    _add_backward_persistent(mo, p, train, grads=grads, top_layer=True)
+    if train.grad_ckpt:
+        mo.add(Category.ACTIVATIONS, "its checkpointed input", p.saved_layers_bytes // n, SOURCES["ckpt"])
+        mo.add(Category.ACTIVATIONS, "the layer recomputed", p.recompute_bytes, SOURCES["acts"])
+    else:
+        mo.add(Category.ACTIVATIONS, "saved by the bottom layer", p.layer_bytes, SOURCES["acts"])
+    mo.add(Category.ACTIVATIONS, "RoPE tables", p.rope_saved_bytes, SOURCES["acts"])
+    mo.add(
+        Category.TEMPORARIES,
+        "gradients of hidden states, MLP intermediates and the merged expert weights",
+        p.layer_backward_temp,
+        "one layer's backward: grad in/out (2·s·H·T) + 3·c·I·T MLP gradients + PEFT ParamWrapper's merged weights' "
+        "gradients, one at a time (analytic/activations.py merged_experts)",
+    )
+    return (mo,)
 
 
 def _softmax_backward(train: TrainSpec, p: StepParts) -> tuple[Moment, ...]:

@@ -126,14 +126,21 @@ def build_meta_model(hf_cfg: Any, *, where: str, attn: str | None = None, dtype:
         kwargs["attn_implementation"] = attn
     if dtype is not None:
         kwargs["dtype"] = dtype
-    with torch.device("meta"), _quiet_transformers():
-        try:
-            return auto.from_config(hf_cfg, **kwargs)
-        except (AssertionError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
-            raise VramledgerError(
-                f"{where}: transformers could not build {hf_cfg.model_type!r} from this config "
-                f"({type(exc).__name__}: {exc}); fix the config field it names"
-            ) from None
+    with torch.device("meta"), _quiet_transformers(), build_errors(hf_cfg.model_type, where):
+        return auto.from_config(hf_cfg, **kwargs)
+
+
+@contextmanager
+def build_errors(model_type: str, where: str) -> Iterator[None]:
+    """A config transformers' classes reject while building (an assertion on a field, a shape that does not
+    divide) as one line naming it, not a traceback."""
+    try:
+        yield
+    except (AssertionError, ValueError, TypeError, KeyError, AttributeError, RuntimeError) as exc:
+        raise VramledgerError(
+            f"{where}: transformers could not build {model_type!r} from this config "
+            f"({type(exc).__name__}: {exc}); fix the config field it names"
+        ) from None
 
 
 @contextmanager

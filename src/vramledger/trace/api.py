@@ -48,6 +48,10 @@ def _trace(
         # transformers 5 warns that `is_gradient_checkpointing` (read by PEFT while preparing the model) is
         # renamed: nothing a user of the trace can act on
         warnings.filterwarnings("ignore", message=r".*is_gradient_checkpointing.*", category=FutureWarning)
+        # transformers 5's MoE conversion of a LoRA config (_convert_peft_config_moe) gives gate_up_proj rank 2r in
+        # rank_pattern/alpha_pattern, which PEFT 0.21 applies to the target_parameters but reports as matching no
+        # module: the ranks are as counted (activations.py merged_experts, the trainable count equal)
+        warnings.filterwarnings("ignore", message=r"The following (rank|alpha)_pattern keys did not match any targeted")
         # The language model sees the images' tokens too (analytic/vision.py lm_view).
         check_traceable(model, train)
         result = run_trace(model, lm_view(model, train), config=config, eval_shape=eval_shape)

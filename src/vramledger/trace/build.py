@@ -117,7 +117,10 @@ def _from_config(model: ModelSpec, hf_cfg: Any, attn: str, dtype: Any) -> Any:
         from vramledger.catalog.inventory import build_meta_model
 
         return build_meta_model(hf_cfg, where=f"model {model.name}", attn=attn, dtype=dtype)
-    return AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=dtype)
+    from vramledger.catalog.inventory import build_errors
+
+    with build_errors(hf_cfg.model_type, f"model {model.name}"):
+        return AutoModelForCausalLM.from_config(hf_cfg, attn_implementation=attn, dtype=dtype)
 
 
 def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str]) -> Any:

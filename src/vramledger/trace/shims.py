@@ -14,6 +14,7 @@ Why each exists (tracing.md, checked again here with torch 2.13):
 - Optimizer: PyTorch defaults to foreach on CUDA and to single-tensor on CPU (torch/optim/optimizer.py
   ``_default_to_fused_or_foreach``): ``make_optimizer`` sets the implementation explicitly.
 - Packed sequences: see ``no_packed_sequences``.
+- Grouped matmuls: see ``grouped_mm_as_cuda``.
 """
 
 from __future__ import annotations
@@ -275,6 +276,35 @@ def cuda_sdpa_mask(mask: Any, q: Any, backend: str) -> Any:
     if backend == "efficient" and mask_columns(last) != last:
         mask = torch.nn.functional.pad(mask, (0, mask_columns(last) - last))[..., :last]
     return mask
+
+
+@contextmanager
+def grouped_mm_as_cuda() -> Iterator[None]:
+    """Let ``aten._grouped_mm`` take the dtypes CUDA's kernel takes. transformers 5's default experts implementation
+    (integrations/moe.py ``_grouped_mm``) calls it with the expert weights' dtype, fp32 for full fine-tuning under
+    mixed precision; torch 2.13's CUDA kernel runs bf16 on its CUTLASS path and any other dtype on
+    ``_grouped_mm_fallback`` (aten/src/ATen/native/cuda/GroupedBlas.cpp), the CPU kernel too, but the meta function
+    fake tensors use (torch/_meta_registrations.py ``_meta_grouped_mm_common``) accepts bf16 only. For other dtypes
+    this returns the output the kernels allocate (``_create_grouped_mm_output_tensor``: the input's dtype), beneath
+    autograd, which records the op's backward as usual. Enter it inside the fake mode and outside the recorder, so
+    the recorder sees ``_grouped_mm`` and its output."""
+    import torch
+    from torch._meta_registrations import _create_grouped_mm_output_tensor
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    grouped = torch.ops.aten._grouped_mm.default
+
+    class _Mode(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            kwargs = kwargs or {}
+            if func is grouped and torch.bfloat16 not in (args[0].dtype, args[1].dtype):
+                names = ("mat_a", "mat_b", "offs", "bias", "out_dtype")
+                a = dict(zip(names, args, strict=False)) | kwargs
+                return _create_grouped_mm_output_tensor(a["mat_a"], a["mat_b"], a.get("offs"), a.get("out_dtype"))
+            return func(*args, **kwargs)
+
+    with _Mode():
+        yield
 
 
 @contextmanager

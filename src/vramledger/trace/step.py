@@ -138,11 +138,18 @@ def _enter_modes(stack: contextlib.ExitStack, rec: Recorder, *, fake: bool) -> l
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from vramledger.trace.recorder import dispatch_mode
-    from vramledger.trace.shims import autocast_as_cuda, dropout_as_cuda, no_packed_sequences, sdpa_as_cuda
+    from vramledger.trace.shims import (
+        autocast_as_cuda,
+        dropout_as_cuda,
+        grouped_mm_as_cuda,
+        no_packed_sequences,
+        sdpa_as_cuda,
+    )
 
     stack.enter_context(no_packed_sequences())
     if fake:
         stack.enter_context(FakeTensorMode())
+        stack.enter_context(grouped_mm_as_cuda())  # beneath the recorder: it records the op's output
     stack.enter_context(dispatch_mode(rec))
     chosen: list[str] = stack.enter_context(sdpa_as_cuda())
     stack.enter_context(dropout_as_cuda())
