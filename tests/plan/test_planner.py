@@ -144,3 +144,22 @@ def test_write_config_llamafactory(lora_plan, tmp_path) -> None:  # type: ignore
     assert cfg["cutoff_len"] == 2048
     assert cfg["disable_gradient_checkpointing"] is (not best.train.grad_ckpt)
     assert cfg["finetuning_type"] == "lora"
+
+
+def test_lora_on_an_moe_model_offers_targets_without_the_experts() -> None:
+    """Qwen3-30B-A3B, LoRA all-linear: PEFT adapts the fused experts (ParamWrapper, merged copies every forward);
+    the remedy names the modules instead, which PEFT does not convert, and prices exactly what naming them on the
+    command line gives. A dense model has no such remedy."""
+    from vramledger.analytic.weights import weight_budget
+    from vramledger.plan.remedies import adapter_variants
+    from vramledger.specs import LoraSpec
+
+    m = resolve_model("qwen3-30b-a3b")
+    t = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=8), micro_batch=1, seq_len=4096)
+    (v,) = [v for v in adapter_variants(m, t) if v.change.setting == "LoRA targets"]
+    assert v.train.lora is not None and v.train.lora.targets == ("q_proj", "k_proj", "v_proj", "o_proj")
+    assert all(a.linear.lora_targetable for a in weight_budget(m, v.train).adapted)
+    named = dataclasses.replace(t, lora=LoraSpec(rank=8, targets=("q_proj", "k_proj", "v_proj", "o_proj")))
+    assert estimate(m, v.train).peak_allocated == estimate(m, named).peak_allocated < estimate(m, t).peak_allocated
+    dense = resolve_model("qwen3-8b")
+    assert not [v for v in adapter_variants(dense, t) if v.change.setting == "LoRA targets"]

@@ -242,7 +242,28 @@ def adapter_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:
     if t.lora.rank > 8:
         r = max(8, t.lora.rank // 2)
         out.append(_v(m, t, "adapters", "LoRA rank", t.lora.rank, r, lora=dataclasses.replace(t.lora, rank=r)))
-    return out
+    return out + _expert_free_targets(m, t)
+
+
+def _expert_free_targets(m: ModelSpec, t: TrainSpec) -> list[Variant]:
+    """``all-linear`` on an MoE model whose fused experts PEFT adapts through ParamWrapper (analytic/activations.py
+    ``merged_experts``: their adapters, states and a merged copy of every expert stack per forward) → the modules
+    ``all-linear`` would pick without the conversion, named: PEFT converts only ``all-linear`` (transformers 5
+    ``_convert_peft_config_moe``), so named targets adapt no expert stack (and on DeepSeek the dense and shared-expert
+    MLPs instead)."""
+    assert t.lora is not None
+    if not t.lora.all_linear or t.peft_config is not None:
+        return []
+    from vramledger.analytic.params import layer_linears
+    from vramledger.analytic.weights import weight_budget
+
+    if all(a.linear.lora_targetable for a in weight_budget(m, t).adapted):
+        return []
+    names = tuple(dict.fromkeys(lin.name.split(".")[-1] for lin in layer_linears(m) if lin.lora_targetable))
+    if not names:
+        return []
+    lora = dataclasses.replace(t.lora, targets=names)
+    return [_v(m, t, "adapters", "LoRA targets", "all-linear", ",".join(names) + " (no experts)", lora=lora)]
 
 
 def offload_variants(m: ModelSpec, t: TrainSpec) -> list[Variant]:

@@ -386,6 +386,7 @@ function changeFlags(c) {
     case "model": return { model: c.after };
     case "adapters": {
       if (c.setting === "LoRA rank") return { lora_rank: Number(c.after) };
+      if (c.setting === "LoRA targets") return null; // no targets control on the page: --lora-targets
       const out = { method: c.after.split(" ")[0] };
       const r = /r(\d+)/.exec(c.after);
       if (r) out.lora_rank = Number(r[1]);
