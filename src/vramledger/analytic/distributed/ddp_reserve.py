@@ -84,7 +84,15 @@ from vramledger.analytic.reserve.amp_layer import AmpLayer
 from vramledger.analytic.reserve.forward_cache import _NAMES, _Layer, _leaf, _Replay, mask_bytes
 from vramledger.analytic.reserve.full import decoder_mlp_width
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
-from vramledger.analytic.reserve.runs import closed_at, lattice_envelope, on_at, parts_of, peak_reserved, replayed_at
+from vramledger.analytic.reserve.runs import (
+    closed_at,
+    closed_below,
+    lattice_envelope,
+    on_at,
+    parts_of,
+    peak_reserved,
+    replay_figure,
+)
 from vramledger.analytic.reserve.shape import single_shape
 from vramledger.analytic.reserve.spill import (
     _backward,
@@ -219,31 +227,45 @@ def _held_closed(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
     return max(closed_at(m, train, at=at), _one_token(m, train, at) or 0)
 
 
+def _held_below(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
+    """At most ``_held_closed``, a fraction of its cost (runs.py ``closed_below``), for runs.py's
+    ``lattice_envelope``."""
+    return max(closed_below(m, train, at=at), _one_token(m, train, at) or 0)
+
+
 def _padded(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     """The figure of a run with dynamic padding (``ddp_peak_reserved``'s), which a packed run's never exceeds: the
     largest replayed figure over the shapes it meets (``_envelope``), at most the closed forms'."""
-    return max(at(train)[2], min(_held_closed(m, train, at=at), _envelope(m, train, at)))
+    envelope = _envelope(m, train, at)
+    if envelope <= _held_below(m, train, at=at):  # then at most the closed forms' too
+        return max(at(train)[2], envelope)
+    return max(at(train)[2], min(_held_closed(m, train, at=at), envelope))
 
 
 @lru_cache(maxsize=1024)
 def _envelope(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     """The largest figure over the shapes a run with dynamic padding meets (runs.py ``lattice_envelope``): the
     packed run's where this replay covers the shape (plus what the padded batch's mask adds), spill.py's two steps
-    where they cover it (runs.py ``replayed_at``), the closed forms' elsewhere. The shapes this replay covers are
+    where they cover it (runs.py ``replay_figure``), the closed forms' elsewhere. The shapes this replay covers are
     closed downwards in b·ℓ (c·I·T under 10 MiB); where it covers none, the closed forms' figure."""
     shortest = replace(train.at_shape(1, 8), packing=True)
     if not replayed(m, shortest, at(shortest)[0]):
         return _held_closed(m, train, at=at)
-    return lattice_envelope(train, partial(_held_closed, m, at=at), partial(_replayed_at, m, at=at))
+    return lattice_envelope(
+        train,
+        partial(_held_below, m, at=at),
+        partial(_held_closed, m, at=at),
+        partial(_replay_figure, m, at=at),
+    )
 
 
-def _replayed_at(m: ModelSpec, train: TrainSpec, bound: int, *, at: ShapePeaks) -> int:
-    """This replay's packed figure at ``train``'s shape plus the padded batch's mask, at most ``bound``; spill.py's
-    two steps where this replay does not cover the shape (runs.py ``replayed_at``)."""
+def _replay_figure(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int | None:
+    """This replay's packed figure at ``train``'s shape plus the padded batch's mask, before the closed forms' bound;
+    spill.py's two steps where this replay does not cover the shape (runs.py ``replay_figure``)."""
     packed = replace(train, packing=True)
     if not replayed(m, packed, at(packed)[0]):
-        return replayed_at(m, train, bound, at=at)
-    return min(bound, _packed_own(m, packed, at) + mask_bytes(m, train, at(train)[0]))
+        return replay_figure(m, train, at=at)
+    return _packed_own(m, packed, at) + mask_bytes(m, train, at(train)[0])
 
 
 def _one_token(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int | None:

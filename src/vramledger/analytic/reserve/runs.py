@@ -89,11 +89,14 @@ def peak_reserved(
         pp, lp, sp, op = at(padded)
         return min(own, peak_reserved(m, padded, pp, lp, sp, op, at))
     single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True), parts_at)
-    closed = max(single, held_reserved(m, train, at, p))
     if not replayed_setup(m, train, p):
-        return closed
-    # the closed forms bound the replayed figure, which adds the padded batch's mask and repeated K/V (``closed_at``)
-    return max(step_peak, min(closed + mask_bytes(m, train, p), replayed_envelope(m, train, at)))
+        return max(single, held_reserved(m, train, at, p))
+    # the closed forms bound the replayed figure, which adds the padded batch's mask and repeated K/V (``closed_at``);
+    # the held reserve is asked for only where the single shape's figure leaves the minimum open
+    envelope, mask = replayed_envelope(m, train, at), mask_bytes(m, train, p)
+    if envelope <= single + mask:
+        return max(step_peak, envelope)
+    return max(step_peak, min(max(single, held_reserved(m, train, at, p)) + mask, envelope))
 
 
 # A run with dynamic padding where the two steps are replayed at each shape (spill.py ``displaced_remade``): the
@@ -138,16 +141,27 @@ def _envelope(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     packed = replace(train, packing=True)
     if displaced_remade(m, packed, at(packed)[0]) is None:  # the replayed shapes are closed upwards in b·ℓ
         return closed_at(m, train, at=at)
-    return lattice_envelope(train, partial(closed_at, m, at=at), partial(replayed_at, m, at=at))
+    return lattice_envelope(
+        train, partial(closed_below, m, at=at), partial(closed_at, m, at=at), partial(replay_figure, m, at=at)
+    )
 
 
 def lattice_envelope(
-    train: TrainSpec, bound: Callable[[TrainSpec], int], replayed: Callable[[TrainSpec, int], int]
+    train: TrainSpec,
+    below: Callable[[TrainSpec], int],
+    bound: Callable[[TrainSpec], int],
+    replayed: Callable[[TrainSpec], int | None],
 ) -> int:
-    """The largest ``replayed(t, bound(t))`` over the shapes t = (b, ℓ), b ≤ B and ℓ on the lattice up to the first
-    point ≥ L (``train``'s (B, L)), searched down from (B, L⁺): ``bound`` never falls as the shape grows and is at
-    least ``replayed`` at its shape, so the search stops along ℓ, and then along b, where it is no more than the
-    largest found."""
+    """The largest figure over the shapes t = (b, ℓ), b ≤ B and ℓ on the lattice up to the first point ≥ L
+    (``train``'s (B, L)): ``replayed(t)`` at most ``bound(t)``, or ``bound(t)`` where ``replayed`` is None. Searched
+    down from (B, L⁺): ``bound`` never falls as the shape grows and is at least the figure at its shape, so the search
+    stops along ℓ, and then along b, where it is no more than the largest found.
+
+    ``below(t)`` is at most ``bound(t)`` and costs a fraction of it (the closed forms without the reserve held over
+    shorter shapes, which is rarely the larger): where it is above the largest found the search goes on without
+    ``bound(t)``, and where the replayed figure is no more than it, that figure is the shape's; ``bound(t)`` is
+    asked for only where either is in doubt. The shapes visited and the figure are those of the search on ``bound``
+    alone."""
     top = _lattice_at_or_above(train.seq_len)
     best = 0
     for b in range(train.micro_batch, 0, -1):
@@ -157,21 +171,39 @@ def lattice_envelope(
             if ell == last:
                 continue
             t = train.at_shape(b, ell)
-            most = bound(t)
-            if most <= best:
-                break
+            low = below(t)
+            most = None
+            if low <= best:
+                most = bound(t)
+                if most <= best:
+                    break
             last = ell
-            best = max(best, replayed(t, most))
+            figure = replayed(t)
+            if figure is not None and figure <= low:  # the bound is at least ``low``: the figure is the shape's
+                best = max(best, figure)
+                continue
+            most = bound(t) if most is None else most
+            best = max(best, most if figure is None else min(most, figure))
         if not last:  # even b sequences of the longest length stay below: so do fewer
             break
     return best
 
 
 @lru_cache(maxsize=8192)
+def closed_below(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
+    """``closed_at`` without the reserve held over shorter shapes (``held_reserved``): the single shape's closed
+    forms plus the mask, at most ``closed_at`` and a fraction of its cost (``held_reserved`` searches the switching
+    mechanisms' edges), for ``lattice_envelope``'s search."""
+    p, loss_peak, step_peak, opt_peak = at(train)
+    single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True), parts_of(at))
+    return single + _mask_at(m, train, at)
+
+
+@lru_cache(maxsize=8192)
 def closed_at(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
     """The closed forms' figure of a run with dynamic padding at ``train``'s shape (``peak_reserved`` without the
     replayed envelope), plus what the padded batch's mask and repeated K/V add (forward_cache.py ``mask_bytes``),
-    the bound of the replayed figure there (``replayed_at``), which adds them too.
+    the bound of the replayed figure there (``replay_figure``), which adds them too.
 
     The closed forms count those bytes where they are allocated, at the loss peak; the step's peak reserved is its
     optimizer's, where they are freed, so the closed figure was the packed batch's (the 8-layer toy, full 2 × 1024:
@@ -179,20 +211,26 @@ def closed_at(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int:
     optimizer's peak: 4082 MiB at 2 × 1016 against 3990 packed. Bounded by the closed forms without them, the
     replayed figure (4071 MiB) was cut to 3911, −4.2%; bounded with them, −2.2% (and three 2-layer toy runs,
     −3.6…−4.4% → −1.2…−2.9%; docs/reserve.md)."""
-    p, loss_peak, step_peak, opt_peak = at(train)
-    single = single_shape(m, train, p, loss_peak, step_peak, opt_peak, Switching(relaid=True), parts_of(at))
-    return max(single, held_reserved(m, train, at, p)) + mask_bytes(m, train, p)
+    held = held_reserved(m, train, at, at(train)[0]) + _mask_at(m, train, at)
+    return max(closed_below(m, train, at=at), held)
 
 
-def replayed_at(m: ModelSpec, train: TrainSpec, bound: int, *, at: ShapePeaks) -> int:
-    """The replayed figure at ``train``'s shape (``replayed_envelope``), at most ``bound``; ``bound`` itself where the
-    two steps are not replayed there."""
+def replay_figure(m: ModelSpec, train: TrainSpec, *, at: ShapePeaks) -> int | None:
+    """The replayed figure at ``train``'s shape (``replayed_envelope``) before the closed forms' bound: the packed
+    run's own figure plus the padded batch's mask; None where the two steps are not replayed there (the closed forms'
+    figure is the shape's)."""
     packed = replace(train, packing=True)
     pp, loss_peak, step_peak, opt_peak = at(packed)
     if displaced_remade(m, packed, pp) is None:
-        return bound
+        return None
     own = single_shape(m, packed, pp, loss_peak, step_peak, opt_peak, on_at(m, packed, pp), parts_of(at))
-    return min(bound, own + mask_bytes(m, train, at(train)[0]))
+    return own + _mask_at(m, train, at)
+
+
+@lru_cache(maxsize=8192)
+def _mask_at(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
+    """forward_cache.py ``mask_bytes`` at ``train``'s shape (the envelope's searches ask again at the same shapes)."""
+    return mask_bytes(m, train, at(train)[0])
 
 
 def parts_of(at: ShapePeaks) -> Callable[[TrainSpec], StepParts]:
@@ -243,13 +281,21 @@ def _held_capped(m: ModelSpec, train: TrainSpec, at: ShapePeaks) -> int:
     p = at(train)[0]
     also = _switches(m, train, p)
     shapeless = train.at_shape(1, 1)
+    # the regions share many edges: each shape's mechanisms are found once, each (shape, mechanisms) reserve read once
+    mechanisms: dict[tuple[int, int], dict[str, bool]] = {}
+    seen: set[tuple[int, int, Switching]] = set()
     for which, points in _regions(m, train, p, at):
         # (b, ℓ_b) with ℓ_(b+1) = ℓ_b lies under (b + 1, ℓ_b): the reserve grows with b, so it is left out
         edge = [pt for pt, nxt in zip(points, [*points[1:], (0, 0)], strict=False) if nxt[1] < pt[1]]
         for b, ell in edge:
+            named = mechanisms.get((b, ell))
+            if named is None:
+                named = mechanisms[b, ell] = {name: True for name, holds in also.items() if holds(b, ell)}
             # the shape's own reserve: every mechanism on there, not only the region's
-            on = which._replace(relaid=True, **{name: True for name, holds in also.items() if holds(b, ell)})
-            best = max(best, _shape_reserve(m, shapeless, b, ell, at, on))
+            on = which._replace(relaid=True, **named)
+            if (b, ell, on) not in seen:
+                seen.add((b, ell, on))
+                best = max(best, _shape_reserve(m, shapeless, b, ell, at, on))
     return best
 
 
