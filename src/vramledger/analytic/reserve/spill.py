@@ -136,10 +136,10 @@ def displaced_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None
     states alone (S − c·V·T = 0.69 of a block) reach one.
 
     The sequence (forward_cache.py ``_Layer``, ``trained``; under autocast with fp32 weights amp_layer.py's
-    ``AmpLayer``, whose residual stream is fp32): each decoder layer's forward as transformers' ``LlamaDecoderLayer``
-    runs it, the final norm, the standard loss's chain (``full.logits_blocks``), backward freeing each layer's saved
-    tensors node by node, each weight's gradient made before its saved input goes (``_backward``), both threads'
-    cuBLAS workspaces,
+    ``AmpLayer``, whose residual stream is fp32; Gemma 3's, gemma_layer.py): each decoder layer's forward as
+    transformers' ``LlamaDecoderLayer`` (or ``Gemma3DecoderLayer``) runs it, the final norm, the standard loss's
+    chain (``full.logits_blocks``), backward freeing each layer's saved tensors node by node, each weight's gradient
+    made before its saved input goes (``_backward``), both threads' cuBLAS workspaces,
     ``Adam._init_group``'s ``exp_avg`` and ``exp_avg_sq`` parameter by parameter (torch/optim/adam.py), the foreach
     temporaries (``_foreach_sqrt``; fused AdamW makes none) made and freed, ``zero_grad`` freeing the gradients,
     then step 2's forward and its loss to the peak. Left out: the weights (segments of their own, never freed), the
