@@ -95,6 +95,22 @@ SHAPES: tuple[tuple[str, str, str, int, int], ...] = (
     ("qwen2.5-0.5b", "bf16-mixed", "adamw_torch", 1, 512),
     # the shape where Qwen3-1.7B bf16-true 4 × 2048's padded envelope peaks (tests/analytic/test_reserve.py)
     ("qwen3-1.7b", "bf16-true", "adamw_torch", 4, 1920),
+    # Gemma 3's layer written out (analytic/reserve/gemma_layer.py; docs/reserve.md, "Gemma 3's layer"): the grid's
+    # shape, the sliding window's edge (L = 512), one sequence of 4096 tokens (the sliding layers' L² masks), and
+    # shapes the MLP-fit condition leaves to the closed forms (1 × 1024, 2 × 1024 bf16-mixed)
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 4, 1024),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 2, 1024),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 4, 512),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 8, 512),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 2, 2048),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 1, 2048),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 1, 4096),
+    ("gemma-3-1b", "bf16-true", "adamw_torch", 1, 1024),
+    ("gemma-3-1b", "bf16-mixed", "adamw_torch", 4, 1024),
+    ("gemma-3-1b", "bf16-mixed", "adamw_torch", 4, 512),
+    ("gemma-3-1b", "bf16-mixed", "adamw_torch", 2, 2048),
+    ("gemma-3-1b", "bf16-mixed", "adamw_torch", 2, 1024),
+    ("gemma-3-1b", "bf16-mixed", "adamw_torch", 1, 1024),
 )
 
 

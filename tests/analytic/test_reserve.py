@@ -73,14 +73,6 @@ TINY_LORA_REST = (
     "peak at short lengths and a third rest would make the figure fall as the blocks grow), with the small pool's and "
     "20 MiB segments' free bytes of TINY_LORA: −2.9% with the third rest, −3.3% without"
 )
-TEMPS_OVER = (
-    "term 1 (step 2's loss peak) adds the foreach temporaries' own segments (c·I·T > b·H·I: 1.86 GiB packed) and is "
-    "the maximum, where the replay gives no temporary a segment (36 MiB of _foreach_sqrt rests free at step 2's "
-    "peak). Llama-shaped layers replay the two steps instead, packed and, over the shapes a run with dynamic padding "
-    "meets, padded (spill.py two_steps_reserve, runs.py replayed_envelope: Llama-3.2-1B 4 × 1024 +6.0% → +2.0%, "
-    "Qwen3-1.7B 4 × 2048 +8.8% → +2.9%); Gemma 3's layers (four norms, GELU; 9 MiB residual requests) are not "
-    "written out (docs/reserve.md, the two steps replayed)"
-)
 # The 2-layer toy's LoRA run against the masked envelope (runs_padded.jsonl): the estimate allocates what the masked
 # trace does (its ledger's peak), and the replay's reserved grows with the mask more than the estimate's. (The full
 # fine-tuning toys' four such misses closed in session 33, when the closed forms' bound on a padded shape's replay
@@ -93,7 +85,6 @@ TOY_MASK_LORA = (
 KNOWN_MISSES: dict[str, str] = {
     "tiny/full/b1/L256/nockpt/sdpa": TINY_FULL,
     "tiny/lora/b2/L256/nockpt/eager": TINY_LORA,
-    "gemma-3-1b/full/b4/L1024/nockpt/sdpa/bf16-true": TEMPS_OVER,
     "tiny/lora/b4/L512/nockpt/sdpa": TOY_MASK_LORA,
 }
 # The same grid estimated as packed runs (``packing``: every step B × L, the single-shape replay the reference).

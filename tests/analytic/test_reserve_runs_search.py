@@ -100,7 +100,8 @@ def test_the_lattice_search_is_the_largest_figure_over_every_shape(
 ) -> None:
     """``lattice_envelope`` against a scan of every lattice shape (b ≤ B, ℓ ≤ L⁺): the largest figure, each at most its
     shape's bound (the bound itself where there is none). The bound never falls as (b, ℓ) grows; the cheap one below it
-    (``below``, which lets the search skip the bound) is anything under it; the figures anything, above the bound too."""
+    (``below``, which lets the search skip the bound) is anything under it; the figures anything, above the bound
+    too."""
     train = TrainSpec(method=Method.FULL, micro_batch=B, seq_len=L)
     asked: list[tuple[int, int]] = []
 

@@ -279,7 +279,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         parts.append(("inputs kept for the experts' and router's LoRA (ParamWrapper)", wrapped))
     if train.quant is not None and train.quant.bits == 4 and train.matmul4bit_keeps_input:
         parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
-    attention, scores = _attention_parts(m, train, base_trains)
+    attention, scores = _attention_parts(m, train, base_trains, s)
     parts += attention
     parts += _mlp_parts(m, train, base_trains)
     if m.resid_dropout > 0:  # GPT-2: a bool mask after attention and after the MLP (``resid_dropout``)
@@ -480,10 +480,14 @@ def attention_saved_bytes(m: ModelSpec, train: TrainSpec) -> int:
     return sum(b for _, b in parts)
 
 
-def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple[list[tuple[str, int]], int]:
-    """Attention's saved parts per token, and its length² bytes per sequence (eager scores, padded SDPA's mask)."""
+def _attention_parts(
+    m: ModelSpec, train: TrainSpec, base_trains: bool, resid: int = 0
+) -> tuple[list[tuple[str, int]], int]:
+    """Attention's saved parts per token, and its length² bytes per sequence (eager scores, padded SDPA's mask);
+    ``resid``: an element of the residual stream (``residual_bytes``; c by default)."""
     Dq, Dkv, nh = m.q_dim, m.kv_dim, m.num_heads
     c = train.precision.compute.bytes
+    resid = resid or c
     L = train.seq_len
     parts: list[tuple[str, int]] = []
     if m.qk_norm:
@@ -510,8 +514,14 @@ def _attention_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> tuple
             return parts, 4 * nh * L * L
         # FalconAttention._split_heads (new_decoder_architecture) broadcasts K and V to every query head and
         # flattens them: copies of nh heads, whatever the mask.
-        repeat = (explicit_mask(m, train) or falcon_new_decoder(m)) and m.num_kv_heads != m.num_heads
+        grouped = m.num_kv_heads != m.num_heads
+        repeat = grouped and ((explicit_mask(m, train) and repeat_kv_copies(m)) or falcon_new_decoder(m))
         kv = 2 * (Dq if repeat else Dkv)
+        if grouped and explicit_mask(m, train) and not repeat_kv_copies(m):
+            # one K/V head: ``repeat_kv`` makes views, but autocast casts an fp32 k (RoPE's products with an fp32
+            # stream's cos and sin) from the expanded view, a c-byte copy with every query head; v (a c-byte
+            # projection output) stays a view (traced: gemma-3-1b's sliding layers, a tiny one-K/V-head Llama)
+            kv += Dq - Dkv if train.precision.mixed and resid == 4 else 0
         parts.append(("q, k, v, output" + (" (k/v repeated: explicit mask)" if repeat else ""), c * (2 * Dq + kv)))
         if v_views_fused_qkv(m):
             # Phi-3: v is a slice of qkv_proj's output, so SDPA keeping v keeps the whole fused tensor alive.
@@ -541,6 +551,16 @@ def attention_output_copied(m: ModelSpec) -> bool:
     fresh contiguous (B, nh, L, hd) tensor, and the transpose copies (traced: bench/published's tiny Phi and GPT-NeoX,
     c·Dq per token more than the other families when dense trains)."""
     return m.rotary_dim > 0
+
+
+def repeat_kv_copies(m: ModelSpec) -> bool:
+    """Whether transformers' ``repeat_kv`` (modeling_llama.py and the models that copy it, SDPA's path with a mask:
+    integrations/sdpa_attention.py ``sdpa_attention_forward``) copies K and V to every query head: more than one K/V
+    head and fewer than the query heads. ``hidden_states[:, :, None, :, :].expand(b, kv, n_rep, L, hd).reshape(b,
+    kv * n_rep, L, hd)`` with one K/V head merges a size-1 dimension into the expanded one, a view with a zero stride:
+    nothing is allocated, and SDPA's kernel keeps the view (traced: gemma-3-1b's sliding layers, a padded batch of a
+    one-K/V-head Llama; tests/trace/test_crosscheck.py)."""
+    return 1 < m.num_kv_heads < m.num_heads
 
 
 def falcon_new_decoder(m: ModelSpec) -> bool:

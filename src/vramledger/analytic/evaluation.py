@@ -59,7 +59,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from vramledger.analytic.activations import merged_experts, residual_bytes
+from vramledger.analytic.activations import merged_experts, repeat_kv_copies, residual_bytes
 from vramledger.analytic.kv_cache import SRC_LEGACY, decode_step_extra
 from vramledger.analytic.logits import logits_bytes
 from vramledger.analytic.parts import Moment, StepParts, add_persistent
@@ -171,7 +171,7 @@ def layer_working_set(m: ModelSpec, train: TrainSpec, *, batch: int, length: int
         attn += 2 * c * Dq if m.num_kv_heads != m.num_heads else 0
         sq = (2 * c + 4) * m.num_heads * length * length * batch
     elif train.attn is Attention.SDPA and batch > 1:
-        attn += 2 * c * Dq if m.num_kv_heads != m.num_heads else 0  # repeat_kv: no GQA kernel with a mask
+        attn += 2 * c * Dq if repeat_kv_copies(m) else 0  # repeat_kv: no GQA kernel with a mask
         sq = c * length * (-(-length // 16) * 16) * batch
     tokens = batch * length
     if attn * tokens + sq > mlp * tokens:

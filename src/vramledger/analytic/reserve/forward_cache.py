@@ -322,6 +322,14 @@ class _Layer:
         """An element of the residual stream: the embedding's output, the layers' sums."""
         return self.c
 
+    def embed(self) -> int:
+        """The embedding's output, the first layer's input (spill.py ``_forward``)."""
+        return self.r.alloc(self.residual_bytes * self.m.hidden_size * self.T)
+
+    def forward_done(self) -> None:
+        """The model's forward returns after the final norm: what it held for every layer goes (none here: Gemma 3's
+        sliding mask, gemma_layer.py)."""
+
     @property
     def held_by_caller(self) -> bool:
         """Whether the residual stream's blocks live as long as Python holds them, no norm saving them (a trained

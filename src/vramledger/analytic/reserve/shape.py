@@ -250,8 +250,8 @@ def single_shape(
     6. Adafactor: its temporaries' own segments where they cannot pair up in the logits blocks (``on.temporaries``,
        ``temporaries_bound``);
     7. full fine-tuning with foreach AdamW without checkpointing, where the two steps are written out (spill.py
-       ``displaced_remade``: Llama-shaped layers, SDPA without length² blocks, or fp32 layers running SDPA's
-       math kernel, math_layer.py): the two steps replayed
+       ``displaced_remade``: Llama-shaped layers or Gemma 3's (gemma_layer.py), SDPA without length² blocks, or
+       fp32 layers running SDPA's math kernel, math_layer.py): the two steps replayed
        through the allocator model (``two_steps_reserve``). A packed run takes the replay's blocks made again in step
        2 (its states and the activations they displace into the chain) in place of term 2's count, and leaves the
        foreach temporaries and the c·V·T logits hole to it (term 1 without them, but the temporaries in the states'

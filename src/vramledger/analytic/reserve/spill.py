@@ -36,6 +36,7 @@ from vramledger.analytic.reserve.full import (
     logits_blocks,
     remade_blocks,
 )
+from vramledger.analytic.reserve.gemma_layer import GemmaAmpLayer, GemmaLayer
 from vramledger.analytic.reserve.held_activations import mlp_tensors_unfit
 from vramledger.analytic.reserve.math_layer import MathLayer
 from vramledger.analytic.reserve.workspace import cublas_workspace_block
@@ -135,10 +136,10 @@ def displaced_remade(m: ModelSpec, train: TrainSpec, p: StepParts) -> int | None
     states alone (S − c·V·T = 0.69 of a block) reach one.
 
     The sequence (forward_cache.py ``_Layer``, ``trained``; under autocast with fp32 weights amp_layer.py's
-    ``AmpLayer``, whose residual stream is fp32): each decoder layer's forward as transformers' ``LlamaDecoderLayer``
-    runs it, the final norm, the standard loss's chain (``full.logits_blocks``), backward freeing each layer's saved
-    tensors node by node, each weight's gradient made before its saved input goes (``_backward``), both threads'
-    cuBLAS workspaces,
+    ``AmpLayer``, whose residual stream is fp32; Gemma 3's, gemma_layer.py): each decoder layer's forward as
+    transformers' ``LlamaDecoderLayer`` (or ``Gemma3DecoderLayer``) runs it, the final norm, the standard loss's
+    chain (``full.logits_blocks``), backward freeing each layer's saved tensors node by node, each weight's gradient
+    made before its saved input goes (``_backward``), both threads' cuBLAS workspaces,
     ``Adam._init_group``'s ``exp_avg`` and ``exp_avg_sq`` parameter by parameter (torch/optim/adam.py), the foreach
     temporaries (``_foreach_sqrt``; fused AdamW makes none) made and freed, ``zero_grad`` freeing the gradients,
     then step 2's forward and its loss to the peak. Left out: the weights (segments of their own, never freed), the
@@ -165,7 +166,7 @@ def replayed_setup(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     projections' names, less what depends on the shape): runs.py's envelope of a run with dynamic padding searches
     its shapes only there."""
     return (
-        sequence_modelled(m, train, p)
+        _written_out(m, train, p)
         and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.world_size == 1
         and bool(p.step_temp_bytes) == (train.optimizer is Optimizer.ADAMW)
@@ -186,7 +187,7 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
     c = train.precision.compute.bytes
     math = _math_kernel(m, train)
     return (
-        sequence_modelled(m, train, p)
+        _written_out(m, train, p)
         and (not computes_scores(m, train) or math)
         and train.optimizer in (Optimizer.ADAMW, Optimizer.ADAMW_FUSED)
         and train.world_size == 1  # one process: no DDP buckets (distributed/ddp_reserve.py has them)
@@ -196,13 +197,30 @@ def _displacement_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool
 
 
 def sequence_modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
-    """What the two steps written out cover: full fine-tuning (every layer trained, the head and the embedding too),
-    no checkpointing, the standard loss, Llama-named projections, whole weights, no FSDP and no ZeRO partitions of the
-    states (the attention's length² blocks are the caller's to rule out or write out)."""
+    """What the two steps written out with Llama's layer cover (distributed/ddp_reserve.py's replay among them):
+    full fine-tuning (every layer trained, the head and the embedding too), no checkpointing, the standard loss,
+    Llama-named projections, whole weights, no FSDP and no ZeRO partitions of the states (the attention's length²
+    blocks are the caller's to rule out or write out)."""
+    return m.family in _LLAMA_LAYERS and _one_full_step(m, train, p)
+
+
+def _written_out(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """``sequence_modelled``, or Gemma 3's layer (gemma_layer.py) in bf16 compute (bf16-true, or bf16-mixed's
+    autocast), no layer repeating K/V at any length (one K/V head, or as many as the query heads)."""
+    if not _gemma(m):
+        return sequence_modelled(m, train, p)
+    c = train.precision.compute.bytes
+    return c == 2 and not 1 < m.num_kv_heads < m.num_heads and _one_full_step(m, train, p)
+
+
+def _gemma(m: ModelSpec) -> bool:
+    return m.family in _GEMMA_LAYERS
+
+
+def _one_full_step(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     wb = p.weights
     return (
-        m.family in _LLAMA_LAYERS
-        and not train.adapters
+        not train.adapters
         and not train.grad_ckpt
         and train.fsdp is None
         and train.zero_stage == 0
@@ -224,13 +242,15 @@ def _math_kernel(m: ModelSpec, train: TrainSpec) -> bool:
 
 
 # Decoder layers the sequence writes out (transformers' LlamaDecoderLayer: two RMSNorms, SiLU-gated MLP; Mistral's and
-# Qwen2's and Qwen3's are the same, Qwen3 with q_norm and k_norm); Gemma's four norms and GELU are another sequence.
+# Qwen2's and Qwen3's are the same, Qwen3 with q_norm and k_norm); Gemma 3's text decoder (four norms, GELU, the scaled
+# embedding, sliding layers) is gemma_layer.py's. Gemma 2 caps its attention logits, which SDPA refuses: eager only.
 _LLAMA_LAYERS = ("llama", "mistral", "qwen2", "qwen3")
+_GEMMA_LAYERS = ("gemma3_text",)
 
 
 # ``_two_steps``' arguments: the model, its layer's projections (name, in, out), c, the bytes an element of the
-# gradient, of one state and of the temporary, autocast's weight copies, T, one cuBLAS workspace, SDPA's math kernel's
-# (B, L) or (0, 0)
+# gradient, of one state and of the temporary, autocast's weight copies, T, one cuBLAS workspace, (B, L) for the layers
+# that need it (SDPA's math kernel's length² blocks, Gemma 3's sliding mask) or (0, 0)
 _Key = tuple[ModelSpec, tuple[tuple[str, int, int], ...], int, tuple[int, int, int], bool, int, int, tuple[int, int]]
 
 
@@ -246,8 +266,9 @@ def _displacement_key(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Key | No
     per = (p.grad_bytes // n, p.state_bytes // (2 * n), p.step_temp_bytes // n)
     c = train.precision.compute.bytes
     cast = train.precision.mixed and c < wb.trainable_dtype.bytes
-    math = (train.micro_batch, train.seq_len) if _math_kernel(m, train) else (0, 0)
-    return (m, shapes, c, per, cast, train.tokens, cublas_workspace_block(p), math)
+    by_shape = _math_kernel(m, train) or _gemma(m)
+    batch = (train.micro_batch, train.seq_len) if by_shape else (0, 0)
+    return (m, shapes, c, per, cast, train.tokens, cublas_workspace_block(p), batch)
 
 
 @lru_cache(maxsize=1024)
@@ -259,15 +280,18 @@ def _two_steps(
     cast: bool,
     T: int,
     workspace: int,
-    math: tuple[int, int] = (0, 0),
+    batch: tuple[int, int] = (0, 0),
 ) -> tuple[int, int]:
     """``displaced_remade``'s replay: what step 2 reserves beyond step 1's cache up to its loss peak, and the
     sequence's reserve there."""
     r = _Replay()
     by_name = {name: (i, o) for name, i, o in shapes}
     layer: _Layer
-    if math[0]:
-        layer = MathLayer(r, m, by_name, batch=math[0], seq_len=math[1])
+    if _gemma(m):
+        gemma = GemmaAmpLayer if cast else GemmaLayer
+        layer = gemma(r, m, by_name, c, batch=batch[0], seq_len=batch[1])
+    elif batch[0]:
+        layer = MathLayer(r, m, by_name, batch=batch[0], seq_len=batch[1])
     elif cast:
         layer = AmpLayer(r, m, by_name, c, tokens=T)
     else:
@@ -360,7 +384,7 @@ def _forward(layer: _Layer, layers: int) -> list[list[int]]:
     residual stream's blocks the model's code holds freed where it drops them (``_Layer.held_by_caller``)."""
     r = layer.r
     start, ends = r.count, []
-    x = embedded = r.alloc(layer.residual_bytes * layer.m.hidden_size * layer.T)
+    x = embedded = layer.embed()
     held = layer.held_by_caller  # each input freed as the loop rebinds it, the embedding's at the model's return
     for _ in range(layers):
         out = layer.forward(x, False)
@@ -371,6 +395,8 @@ def _forward(layer: _Layer, layers: int) -> list[list[int]]:
     layer.final_norm()
     if held:
         r.free(x)
+    layer.forward_done()
+    if held:
         r.free(embedded)
     groups: list[list[int]] = [[] for _ in range(layers + 1)]
     for i in (i for i in r.live if i > start):
