@@ -11,7 +11,7 @@ import pytest
 from vramledger.analytic import estimate
 from vramledger.catalog import resolve_model
 from vramledger.ledger import Ledger, Phase
-from vramledger.specs import Attention, LoraSpec, Loss, Method, Optimizer, Sharding, TrainSpec
+from vramledger.specs import Attention, LoraSpec, Loss, Method, Optimizer, Precision, Sharding, TrainSpec
 
 TRAIN = (Phase.FORWARD, Phase.BACKWARD, Phase.OPTIMIZER)
 
@@ -130,4 +130,24 @@ def test_rests_do_not_fall_beside_a_flat_backward_at_a_few_tokens() -> None:
     )
     short, long = (_reserved(estimate(m, setup.at_shape(1, ell))) for ell in (21, 22))
     print("1 x 21", short, "1 x 22", long, f"{(long - short) / 2**20:+.2f} MiB")
+    assert long >= short
+
+
+@pytest.mark.xfail(
+    strict=True,
+    raises=AssertionError,
+    reason="the same rests, on MoE models with LoRA on the experts since their merged copies are counted (session "
+    "33): the backward's peak is the lowest expert layer's moment, whose blocks grow with ℓ beside the constant "
+    "merged expert stacks, and the cuBLAS workspace mechanism's reserve is held at its region's upper edge "
+    "(runs.py held_reserved), which at b = 3 ends at ℓ = 682 while the shape's own figure falls from ℓ = 681 to 682 "
+    "as the rests shrink: Qwen3-30B-A3B QLoRA 3 × 681 → 778 −1.9 MiB (of 43.2 GiB); DeepSeek-V2-Lite LoRA eager "
+    "1 × 723 → 820 −0.04 MiB (bench/invariants_sweep.py --group models)",
+)
+def test_moe_expert_lora_rests_do_not_fall_at_the_workspace_edge() -> None:
+    from vramledger.specs import QuantSpec
+
+    m = resolve_model("qwen3-30b-a3b")
+    setup = TrainSpec(method=Method.QLORA, lora=LoraSpec(), quant=QuantSpec(), precision=Precision.BF16, grad_ckpt=True)
+    short, long = (_reserved(estimate(m, setup.at_shape(3, ell))) for ell in (681, 778))
+    print("3 x 681", short, "3 x 778", long, f"{(long - short) / 2**20:+.2f} MiB")
     assert long >= short
