@@ -331,14 +331,13 @@ def _wrapped(wb: WeightBudget) -> list[Linear]:
 
 def merged_experts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> MergedExperts:
     """The merged copies of ``_wrapped``'s parameters, in the frozen weights' dtype (``merged_bytes``)."""
-    if not train.adapters:
+    wrapped = _wrapped(wb) if train.adapters else []
+    if not wrapped:
         return MergedExperts(0, 0, 0)
     w = train.frozen_dtype.bytes
     order = {lin.name: i for i, lin in enumerate(layer_linears(m))}  # forward order (PEFT lists in its own)
-    wrapped = sorted(_wrapped(wb), key=lambda lin: order.get(lin.name, len(order)))
+    wrapped.sort(key=lambda lin: order.get(lin.name, len(order)))
     sizes = [(lin.per_layer * lin.in_features * lin.out_features * w, lin) for lin in wrapped]
-    if not sizes:
-        return MergedExperts(0, 0, 0)
     share = wb.trainable_layers / m.num_layers  # layers_to_transform: the adapted share of the layers
     every = sum(round(in_layers(m, lin) * share) * b for b, lin in sizes)
     after = [sum(b for b, _ in sizes[i + 1 :]) for i in range(len(sizes))]
