@@ -36,16 +36,36 @@ from vramledger.specs import ModelSpec
 _FP32 = 4
 
 
-class AmpLayer(_Layer):
+class Fp32Stream(_Layer):
+    """What a trained layer under autocast with fp32 weights does on its fp32 residual stream, whatever the layer:
+    its norms and autocast's cast of each projection's input (AmpLayer here; gemma_layer.py's GemmaAmpLayer)."""
+
+    @property
+    def residual_bytes(self) -> int:
+        return _FP32
+
+    def _stream_norm(self) -> int:
+        """RMSNorm on the fp32 stream (Gemma3RMSNorm's ``x.float()`` and ``type_as`` are no-ops there): ``pow(2)``,
+        the normalised product (saved), the fp32 weight product (returned)."""
+        r, n = self.r, self.m.hidden_size * self.T
+        r.free(r.alloc(_FP32 * n))
+        r.alloc(_FP32 * n)
+        return r.alloc(_FP32 * n)
+
+    def _cast_linear(self, name: str) -> int:
+        """A projection of an fp32 input: autocast's c-byte copy of it (saved by the matmul), the weight's copy and
+        the output (returned)."""
+        cast = self.r.alloc(self.c * self.shapes[name][0] * self.T)
+        self.inputs[cast] = (name,)
+        return self._linear(name)
+
+
+class AmpLayer(Fp32Stream):
     """One trained decoder layer under autocast with fp32 weights, at T tokens (see the module docstring); each
     projection's saved input is recorded in ``inputs`` for spill.py's backward."""
 
     def __init__(self, r: _Replay, m: ModelSpec, shapes: dict[str, tuple[int, int]], c: int, *, tokens: int) -> None:
         super().__init__(r, m, set(), shapes, c, False, tokens=tokens, trained=True, weight_casts=True)
-
-    @property
-    def residual_bytes(self) -> int:
-        return _FP32
 
     def final_norm(self) -> None:
         """The final norm on the fp32 stream and lm_head's autocast copy of its output (saved by lm_head's matmul);
@@ -85,21 +105,6 @@ class AmpLayer(_Layer):
         out = r.alloc(_FP32 * H * T)  # residual + MLP
         r.free(down)
         return out
-
-    def _stream_norm(self) -> int:
-        """RMSNorm on the fp32 stream: ``pow(2)``, the normalised product (saved), the fp32 weight product
-        (returned)."""
-        r, n = self.r, self.m.hidden_size * self.T
-        r.free(r.alloc(_FP32 * n))
-        r.alloc(_FP32 * n)
-        return r.alloc(_FP32 * n)
-
-    def _cast_linear(self, name: str) -> int:
-        """A projection of an fp32 input: autocast's c-byte copy of it (saved by the matmul), the weight's copy and
-        the output (returned)."""
-        cast = self.r.alloc(self.c * self.shapes[name][0] * self.T)
-        self.inputs[cast] = (name,)
-        return self._linear(name)
 
     def _head(self, name: str, width: int) -> int:
         """q's or k's projection and, with Qwen3's ``q_norm``/``k_norm``, its norm (the c-byte path, the weight

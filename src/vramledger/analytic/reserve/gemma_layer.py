@@ -55,6 +55,7 @@ repeats K/V (more than one K/V head, fewer than the query heads: gemma-3-4b and 
 
 from __future__ import annotations
 
+from vramledger.analytic.reserve.amp_layer import Fp32Stream
 from vramledger.analytic.reserve.forward_cache import _Layer, _Replay
 from vramledger.specs import ModelSpec
 
@@ -225,7 +226,7 @@ class GemmaLayer(_Layer):
         return out
 
 
-class GemmaAmpLayer(GemmaLayer):
+class GemmaAmpLayer(Fp32Stream, GemmaLayer):
     """One trained Gemma 3 decoder layer under autocast with fp32 weights (bf16-mixed): the fp32 stream, autocast's
     casts of each projection's fp32 input and of the weights (see the module docstring)."""
 
@@ -234,10 +235,6 @@ class GemmaAmpLayer(GemmaLayer):
     ) -> None:
         super().__init__(r, m, shapes, c, batch=batch, seq_len=seq_len)
         self.weight_casts = True
-
-    @property
-    def residual_bytes(self) -> int:
-        return _FP32
 
     def final_norm(self) -> None:
         """The final norm on the fp32 stream, the sliding mask freed, lm_head's autocast copy of the norm's output
@@ -284,18 +281,3 @@ class GemmaAmpLayer(GemmaLayer):
         product = r.alloc(c * width * T)
         self.inputs[product] = ("down_proj",)
         return self._linear("down_proj")
-
-    def _stream_norm(self) -> int:
-        """``Gemma3RMSNorm`` on the fp32 stream: ``x.float()`` and ``type_as`` are no-ops (x is saved), ``pow(2)``,
-        the normalised product (saved), the product with ``1 + weight`` (returned)."""
-        r, n = self.r, self.m.hidden_size * self.T
-        r.free(r.alloc(_FP32 * n))
-        r.alloc(_FP32 * n)
-        return r.alloc(_FP32 * n)
-
-    def _cast_linear(self, name: str) -> int:
-        """A projection of an fp32 input: autocast's c-byte copy of it (saved by the matmul), the weight's copy and
-        the output (returned)."""
-        cast = self.r.alloc(self.c * self.shapes[name][0] * self.T)
-        self.inputs[cast] = (name,)
-        return self._linear(name)
