@@ -24,6 +24,7 @@ from vramledger.analytic.reserve import replay_excess
 from vramledger.analytic.reserve.full import blocks_with_states
 from vramledger.analytic.reserve.spill import displaced_remade, two_steps_reserve
 from vramledger.analytic.step import step_parts
+from vramledger.specs import Method, Optimizer, Precision, TrainSpec
 
 MiB = 2**20
 ROOT = Path(__file__).resolve().parents[2]
@@ -212,6 +213,19 @@ TWO_STEPS_MISSES = {
 }
 
 
+def two_steps_train(rec: dict[str, Any]) -> TrainSpec:
+    """The packed full fine-tuning setup of a bench/reserve/two_steps.jsonl record."""
+    return TrainSpec(
+        method=Method.FULL,
+        precision=Precision(rec["precision"]),
+        optimizer=Optimizer(rec["optimizer"]),
+        micro_batch=rec["micro_batch"],
+        seq_len=rec["seq_len"],
+        grad_ckpt=False,
+        packing=True,
+    )
+
+
 def _two_steps() -> list[dict[str, Any]]:
     return [json.loads(line) for line in TWO_STEPS.read_text().splitlines()] if TWO_STEPS.exists() else []
 
@@ -224,18 +238,8 @@ def test_packed_runs_within_3_percent_of_their_traced_replay(rec: dict[str, Any]
     foreach shapes and 3 of 5 fused ones were within)."""
     from vramledger.analytic import estimate
     from vramledger.catalog import resolve_model
-    from vramledger.specs import Method, Optimizer, Precision, TrainSpec
 
-    m = resolve_model(rec["model"])
-    t = TrainSpec(
-        method=Method.FULL,
-        precision=Precision(rec["precision"]),
-        optimizer=Optimizer(rec["optimizer"]),
-        micro_batch=rec["micro_batch"],
-        seq_len=rec["seq_len"],
-        grad_ckpt=False,
-        packing=True,
-    )
+    m, t = resolve_model(rec["model"]), two_steps_train(rec)
     led = estimate(m, t)
     got, replay = max(led.reserved(p) for p in TRAIN), rec["replay_peak_reserved"]
     gap = got / replay - 1

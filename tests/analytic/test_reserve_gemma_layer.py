@@ -17,13 +17,14 @@ from typing import Any
 
 import pytest
 
+from tests.analytic.test_reserve_displaced import two_steps_train
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.reserve.forward_cache import _leaf, _Replay
 from vramledger.analytic.reserve.gemma_layer import GemmaAmpLayer, GemmaLayer
 from vramledger.analytic.reserve.spill import _forward, displaced_remade, two_steps_reserve
 from vramledger.analytic.step import step_parts
 from vramledger.catalog import resolve_model
-from vramledger.specs import Method, Optimizer, Precision, TrainSpec
+from vramledger.specs import Method, Precision, TrainSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 TWO_STEPS = ROOT / "bench" / "reserve" / "two_steps.jsonl"
@@ -110,25 +111,13 @@ def _gemma_shapes() -> list[dict[str, Any]]:
     return [r for r in rows if r["model"].startswith("gemma-3")]
 
 
-def _train(rec: dict[str, Any]) -> TrainSpec:
-    return TrainSpec(
-        method=Method.FULL,
-        precision=Precision(rec["precision"]),
-        optimizer=Optimizer(rec["optimizer"]),
-        micro_batch=rec["micro_batch"],
-        seq_len=rec["seq_len"],
-        grad_ckpt=False,
-        packing=True,
-    )
-
-
 @pytest.mark.parametrize("rec", _gemma_shapes(), ids=lambda r: r["id"])
 def test_the_two_steps_replayed_against_gemma_3_traces(rec: dict[str, Any]) -> None:
     """gemma-3-1b's packed shapes traced (bench/reserve/two_steps.jsonl): where the two steps are replayed with
     Gemma 3's layer, they reserve within 1% of the traced steps' replay (the MLP-fit condition leaves some shapes to
     the closed forms: spill.py ``_displacement_modelled``; the packed estimate's 3% is
     test_reserve_displaced.py's)."""
-    m, t = resolve_model(rec["model"]), _train(rec)
+    m, t = resolve_model(rec["model"]), two_steps_train(rec)
     p = step_parts(m, t)
     reserved = two_steps_reserve(m, t, p)
     if reserved is None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from vramledger.explain.oom_message import find_messages, parse_message
-from vramledger.explain.postmortem import Diagnosis, Evidence, diagnose
+from vramledger.explain.postmortem import Diagnosis, Evidence, PostMortem, diagnose
 
 KiB, MiB, GiB = 2**10, 2**20, 2**30
 
@@ -217,6 +217,12 @@ def test_text_without_an_oom_message() -> None:
     assert parse_message("RuntimeError: CUDA error: device-side assert triggered") is None
 
 
+def _diagnosed(text: str) -> PostMortem:
+    msg = parse_message(text)
+    assert msg is not None
+    return diagnose(Evidence(source="test", message=msg))
+
+
 def test_a_process_line_that_must_be_this_process_is_taken_for_it() -> None:
     """vllm-project/vllm#2140: the only process line holds more than the device's used memory less PyTorch's own
     reserve, so it is this process (its pid is the host's), not another one holding the GPU."""
@@ -225,9 +231,7 @@ def test_a_process_line_that_must_be_this_process_is_taken_for_it() -> None:
         "of 21.67 GiB of which 4.06 MiB is free. Process 2417585 has 21.65 GiB memory in use. Of the allocated "
         "memory 21.32 GiB is allocated by PyTorch, and 1018.00 KiB is reserved by PyTorch but unallocated."
     )
-    msg = parse_message(text)
-    assert msg is not None
-    pm = diagnose(Evidence(source="test", message=msg))
+    pm = _diagnosed(text)
     assert (pm.own_pid_inferred, pm.process_bytes, pm.other_processes_bytes) == (2417585, b(21.65, GiB), None)
     assert pm.diagnosis is Diagnosis.CAPACITY
 
@@ -241,9 +245,7 @@ def test_another_process_beside_this_one_still_holds_the_memory() -> None:
         "MiB is free. Process 224599 has 21.48 GiB memory in use. Process 277412 has 1.75 GiB memory in use. Of the "
         "allocated memory 1.15 GiB is allocated by PyTorch, and 143.83 MiB is reserved by PyTorch but unallocated."
     )
-    msg = parse_message(text)
-    assert msg is not None
-    pm = diagnose(Evidence(source="test", message=msg))
+    pm = _diagnosed(text)
     assert (pm.own_pid_inferred, pm.other_processes_bytes) == (277412, b(21.48, GiB))
     assert pm.diagnosis is Diagnosis.OTHER_PROCESSES
 
@@ -256,7 +258,5 @@ def test_lines_that_fit_beside_the_reserve_are_left_as_other_processes() -> None
         "MiB is free. Process 2612630 has 458.00 MiB memory in use. Of the allocated memory 22.65 GiB is allocated by "
         "PyTorch, and 77.68 MiB is reserved by PyTorch but unallocated."
     )
-    msg = parse_message(text)
-    assert msg is not None
-    pm = diagnose(Evidence(source="test", message=msg))
+    pm = _diagnosed(text)
     assert (pm.own_pid_inferred, pm.other_processes_bytes) == (None, b(458, MiB))
