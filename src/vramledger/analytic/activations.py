@@ -36,8 +36,10 @@ Model code read (transformers 5.23):
   frozen ``nn.Linear`` (``TrainSpec.matmul4bit_keeps_input``: the LitGPT codes ran the old one). Under the
   old one each distinct input of the quantised linears stays alive: the attention input (q/k/v), o_proj's input
   (eager attention only: with SDPA it is the kernel's saved output), the MLP input (gate/up) and down's input,
-  c bytes each, unless an adapter already keeps that very tensor (no dropout, adapters in the compute dtype). The
-  trace runs the same rule (trace/shims.py ``matmul4bit_saves_input``).
+  c bytes each, unless an adapter already keeps that very tensor (``adapters_share_input``). The trace runs the same
+  rule (trace/shims.py ``bnb_linear4bit``).
+- PEFT ``lora.bnb.Linear4bit.forward`` (LoRA over a 4-bit base): no cast of the input under autocast, so with no
+  dropout ``lora_A`` saves the input itself, once for the adapters reading it (``adapters_share_input``).
 
 Checked against ``shared/notes/tracing.md`` (Llama-3-8B shape, pure bf16, sdpa without mask): full fine-tuning
 16H + 4Dq + 4Dkv + 8I = 200,704 bytes per token per layer (+ 4·nh logsumexp), matching the traced figure.
@@ -184,6 +186,28 @@ def input_of(m: ModelSpec, name: str) -> str:
     return "attn_in" if group == "mlp_in" and m.shared_block_input else group
 
 
+def adapters_share_input(train: TrainSpec, wb: WeightBudget, group: str) -> bool:
+    """Whether the LoRA adapters on linears reading ``group`` pass that very tensor to ``lora_A`` (so it is saved
+    once, and is the tensor the linear reads) rather than a copy of their own.
+
+    PEFT 0.21 ``lora.Linear.forward`` casts the input to the adapter's dtype (``_cast_input_dtype``): no copy only
+    in pure precision with adapters in the compute dtype, and no dropout. Over a 4-bit base PEFT runs
+    ``lora.bnb.Linear4bit.forward``, which casts only without autocast (``requires_conversion = not
+    torch.is_autocast_enabled()``): under autocast ``lora_A`` reads the input as it is, and autocast casts it (a
+    copy of each adapter's own) only where it is not in the compute dtype already: the layer's and the MLP's inputs
+    are in the residual stream's dtype (``residual_bytes``), attention's output and the down projection's input
+    in the compute dtype."""
+    lora = train.lora
+    assert lora is not None
+    if lora.dropout > 0:
+        return False
+    if not train.precision.mixed:
+        return not lora.adapter_fp32
+    if train.method is not Method.QLORA or train.quant is None or train.quant.bits != 4:
+        return False
+    return group in ("attn_out", "mlp_out") or residual_bytes(train, wb) == 2
+
+
 def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, skip: tuple[str, ...] = ()) -> int:
     """Per token per layer: the inputs that bitsandbytes' MatMul4Bit saves (see the module docstring).
 
@@ -194,8 +218,8 @@ def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, ski
         return 0  # expert projections are not nn.Linear: bitsandbytes does not quantise them
     assert train.lora is not None
     c = train.precision.compute.bytes
-    same_tensor = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
-    kept_by_adapter = {input_of(m, a.linear.name) for a in wb.adapted} if same_tensor else set()
+    adapted_groups = {input_of(m, a.linear.name) for a in wb.adapted}
+    kept_by_adapter = {g for g in adapted_groups if adapters_share_input(train, wb, g)}
     kept_by_adapter |= set(skip)
     if not (train.attn is Attention.EAGER or m.attn_logit_softcapping or attention_output_copied(m)):
         # SDPA's flash/efficient kernels (and flash-attn) write their output as (B, L, nh, hd) and return a
@@ -451,7 +475,6 @@ def _adapter_inputs_bytes(
     """
     adapter = 0
     assert train.lora is not None
-    shares_input = train.lora.dropout == 0 and not train.precision.mixed and not train.lora.adapter_fp32
     seen: set[str] = set() if runs_eager(m, train) or attention_output_copied(m) else {"attn_out"}
     for a in wb.adapted:
         if not a.linear.lora_targetable:
@@ -462,7 +485,7 @@ def _adapter_inputs_bytes(
         if groups is not None and group not in groups:
             continue
         per_token = _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
-        if shares_input and group:
+        if group and adapters_share_input(train, wb, group):
             if group in seen:
                 per_token -= train.precision.compute.bytes * a.linear.in_features
             seen.add(group)

@@ -103,9 +103,11 @@ def build_on_meta(model: ModelSpec, train: TrainSpec, config: Mapping[str, Any])
     elif train.adapters:
         hf = _apply_lora(hf, train, trainable_dt, warnings)
     if train.method is Method.QLORA:
+        four_bit = train.quant is not None and train.quant.bits == 4
         warnings.append(
             "bitsandbytes quantised layers do not run on fake tensors: the base was traced in "
             f"{train.frozen_dtype.value} and its quantised weight bytes replaced by the analytic figure"
+            + (", each linear run as Linear4bit runs it (its weight dequantised for every matmul)" if four_bit else "")
         )
     return hf, warnings
 

@@ -361,39 +361,119 @@ def no_packed_sequences() -> Iterator[None]:
 
 
 @contextmanager
-def matmul4bit_saves_input(modules: list[Any]) -> Iterator[None]:
-    """Run the frozen linears a QLoRA base quantises through an autograd function that keeps what bitsandbytes'
-    ``MatMul4Bit`` keeps (``bitsandbytes/autograd/_functions.py``: ``ctx.tensors = (A, B)`` whenever A or B needs
-    grad; backward ``grad_A = grad_output @ dequantize(B)``), on the bf16 weights the trace holds. A frozen
-    ``nn.Linear`` would save nothing; MatMul4Bit keeps its input A. Restores each module's ``forward`` on exit."""
+def bnb_linear4bit(
+    modules: list[Any],
+    *,
+    lora_layers: list[Any],
+    keeps_input: bool,
+    state_dtype: Any,
+    compute_dtype: Any,
+    blocksize: int,
+    nested: bool,
+) -> Iterator[None]:
+    """Run each frozen linear a 4-bit QLoRA base quantises as bitsandbytes' ``Linear4bit`` runs it, on the bf16
+    stand-in weight the trace holds (its bytes are swapped for the 4-bit figure afterwards: trace/api.py).
+
+    bitsandbytes 0.49.2 (``nn/modules.py`` ``Linear4bit.forward``; ``autograd/_functions.py`` ``MatMul4Bit``;
+    ``functional.py`` ``dequantize_4bit``), for a matmul of more than one token:
+    - the input is cast to ``compute_dtype`` (``x.to(self.compute_dtype)``) and the output back to the input's dtype;
+    - forward: ``linear(A, dequantize_4bit(B, state).to(A.dtype).t(), bias)``: the weight dequantised in the
+      state's dtype (the dtype it was loaded in), cast to A's dtype where they differ, both alive during the cast;
+      with double quantisation ``dequantize_4bit`` first dequantises the absmax constants into an fp32 tensor of
+      numel / blocksize elements, alive until it returns;
+    - ``ctx.tensors = (None, B)``: nothing saved but the 4-bit weight (before 0.43.2 ``(A, B)``: ``keeps_input``);
+    - backward: ``matmul(grad_output, dequantize_4bit(B, state).to(grad_output.dtype).t())``, the same temporaries.
+    bitsandbytes 0.50 runs the forward through ``gemm_4bit``, whose CUDA dispatch dequantises into A's dtype and
+    calls ``F.linear`` past 1536 rows (``backends/cuda/ops.py`` ``_dequant_linear_fallback``) and may take its fused
+    kernel, with nothing dequantised, below (by GPU architecture): this shim counts the dequantised weight always.
+    ``lora_layers``: PEFT's LoRA layers over those linears, which run PEFT 0.21's ``lora.bnb.Linear4bit.forward``
+    (``tuners/lora/bnb.py``, defined only where bitsandbytes is installed) in place of ``lora.Linear.forward``: it
+    clones the base layer's output ("As per Tim Dettmers, for 4bit, we need to defensively clone here"), and casts
+    the input to the adapter's dtype, and the adapter's output back, only without autocast
+    (``requires_conversion = not torch.is_autocast_enabled()``; CPU autocast stands for CUDA's in the trace).
+    DoRA's layer reads the base weight through ``dequantize_module_weight`` (``peft/utils/integrations.py``), which
+    for a ``Params4bit`` returns ``dequantize_4bit(weight.data, weight.quant_state)``: a new tensor in the state's
+    dtype, here too. Restores each module's ``forward`` and PEFT's function on exit."""
     import torch
 
-    class _MatMul4BitLike(torch.autograd.Function):
+    def dequantised(B: Any, dtype: Any) -> Any:
+        absmax = torch.empty(B.numel() // blocksize, dtype=torch.float32) if nested else None
+        state = torch.empty(B.shape, dtype=state_dtype)
+        del absmax
+        return state.to(dtype)
+
+    class _MatMul4Bit(torch.autograd.Function):
         @staticmethod
         def forward(ctx: Any, A: Any, B: Any, bias: Any) -> Any:
-            out = torch.nn.functional.linear(A, B, bias)
-            ctx.save_for_backward(A, B)
+            out = torch.nn.functional.linear(A, dequantised(B, A.dtype), bias)
+            ctx.save_for_backward(A if keeps_input else None, B)
             return out
 
         @staticmethod
         def backward(ctx: Any, grad_output: Any) -> Any:
             _, B = ctx.saved_tensors
-            return grad_output @ B.to(grad_output.dtype), None, None
+            return torch.matmul(grad_output, dequantised(B, grad_output.dtype)), None, None
 
     def make_forward(mod: Any) -> Any:
         def forward(x: Any) -> Any:
-            if not torch.is_grad_enabled() or not x.requires_grad:
-                return torch.nn.functional.linear(x, mod.weight, mod.bias)
-            return _MatMul4BitLike.apply(x, mod.weight, mod.bias)
+            inp_dtype = x.dtype
+            x = x.to(compute_dtype or inp_dtype)
+            bias = None if mod.bias is None else mod.bias.to(x.dtype)
+            return _MatMul4Bit.apply(x, mod.weight, bias).to(inp_dtype)
 
         return forward
 
-    saved = [(mod, mod.__dict__.get("forward")) for mod in modules]
+    def make_lora_forward(layer: Any) -> Any:
+        def forward(x: Any, *args: Any, **kwargs: Any) -> Any:
+            # PEFT 0.21.2 tuners/lora/bnb.py Linear4bit.forward, the unmerged path with adapters enabled
+            result = layer.base_layer(x, *args, **kwargs)
+            result = result.clone()
+            for active_adapter in layer.active_adapters:
+                if active_adapter not in layer.lora_A:
+                    continue
+                lora_A = layer.lora_A[active_adapter]
+                lora_B = layer.lora_B[active_adapter]
+                dropout = layer.lora_dropout[active_adapter]
+                scaling = layer.scaling[active_adapter]
+                requires_conversion = not torch.is_autocast_enabled("cpu")
+                if requires_conversion:
+                    expected_dtype = result.dtype
+                    x = layer._cast_input_dtype(x, lora_A.weight.dtype)
+                if active_adapter not in layer.lora_variant:
+                    output = lora_B(lora_A(dropout(x))) * scaling
+                    if requires_conversion:
+                        output = output.to(expected_dtype)
+                    result = result + output
+                else:
+                    result = layer.lora_variant[active_adapter].forward(
+                        layer, active_adapter=active_adapter, x=x, result=result, **kwargs
+                    )
+                    if requires_conversion:
+                        result = result.to(expected_dtype)
+            return result
+
+        return forward
+
+    from peft.tuners.lora import dora
+
+    quantised = {id(mod) for mod in modules}
+    original_dequantize = dora.dequantize_module_weight
+
+    def dequantize_module_weight(module: Any) -> Any:
+        if id(module) in quantised:
+            return dequantised(module.weight, state_dtype)
+        return original_dequantize(module)
+
+    saved = [(mod, mod.__dict__.get("forward")) for mod in [*modules, *lora_layers]]
     for mod in modules:
         mod.forward = make_forward(mod)
+    for layer in lora_layers:
+        layer.forward = make_lora_forward(layer)
+    dora.dequantize_module_weight = dequantize_module_weight
     try:
         yield
     finally:
+        dora.dequantize_module_weight = original_dequantize
         for mod, old in saved:
             if old is None:
                 del mod.forward

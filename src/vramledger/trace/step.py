@@ -172,19 +172,32 @@ def _load(stack: contextlib.ExitStack, hf: Any, model: ModelSpec, train: TrainSp
 
 
 def _quantise(stack: contextlib.ExitStack, hf: Any, rec: Recorder, train: TrainSpec) -> list[tuple[int, int, int]]:
-    """The linears a QLoRA base would quantise (their bytes are replaced later: trace/api.py); in 4 bits, under a
-    bitsandbytes that keeps them (``TrainSpec.matmul4bit_keeps_input``), their inputs saved for backward as its
-    ``MatMul4Bit`` saves them."""
+    """The linears a QLoRA base would quantise (their bytes are replaced later: trace/api.py); in 4 bits each runs
+    as bitsandbytes' ``Linear4bit`` does, with PEFT's LoRA layer for it (trace/shims.py ``bnb_linear4bit``): the
+    weight dequantised for each matmul, forward and backward, its input saved only under a bitsandbytes that keeps
+    it (``TrainSpec.matmul4bit_keeps_input``)."""
     import torch
 
-    from vramledger.trace.shims import matmul4bit_saves_input
+    from vramledger.trace.build import torch_dtype
+    from vramledger.trace.shims import bnb_linear4bit
 
     quantised = _quantised_linears(hf, rec) if train.method is Method.QLORA else []
-    if quantised and train.quant is not None and train.quant.bits == 4 and train.matmul4bit_keeps_input:
+    quant = train.quant
+    if quantised and quant is not None and quant.bits == 4:
         quantised_ids = {sid for sid, _, _ in quantised}
+        modules = [m for m in hf.modules() if isinstance(m, torch.nn.Linear) and rec.sid_of(m.weight) in quantised_ids]
+        bases = {id(m) for m in modules}
+        lora_layers = [m for m in hf.modules() if id(getattr(m, "base_layer", None)) in bases and hasattr(m, "lora_A")]
+        load = torch_dtype(train.frozen_dtype)
         stack.enter_context(
-            matmul4bit_saves_input(
-                [m for m in hf.modules() if isinstance(m, torch.nn.Linear) and rec.sid_of(m.weight) in quantised_ids]
+            bnb_linear4bit(
+                modules,
+                lora_layers=lora_layers,
+                keeps_input=train.matmul4bit_keeps_input,
+                state_dtype=load,
+                compute_dtype=torch_dtype(quant.compute_dtype) if quant.compute_dtype is not None else load,
+                blocksize=quant.blocksize,
+                nested=quant.double_quant,
             )
         )
     return quantised
