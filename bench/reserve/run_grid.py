@@ -99,8 +99,7 @@ def _r(
     return Row(name, method, b, L, ckpt, attn, precision, optimizer)
 
 
-# QLoRA is left out: bitsandbytes layers do not run on fake tensors, so a QLoRA trace is the bf16 step with its
-# weight bytes swapped (trace/api.py _apply_quantisation), without the dequantised weights of each matmul.
+# QLoRA has its own grid (qlora_grid.py): its trace runs each 4-bit linear as a stand-in of bitsandbytes' Linear4bit.
 GRID: list[Row] = [
     # The first 35: checked since analytic/reserve/ was written.
     _r("llama-3.2-1b", "lora", 2, 2048, True),

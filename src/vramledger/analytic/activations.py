@@ -186,6 +186,14 @@ def input_of(m: ModelSpec, name: str) -> str:
     return "attn_in" if group == "mlp_in" and m.shared_block_input else group
 
 
+def peft_casts_adapter_input(train: TrainSpec) -> bool:
+    """Whether PEFT casts a LoRA layer's input to the adapter's dtype (``_cast_input_dtype``, a copy where the dtypes
+    differ): ``lora.Linear.forward`` always does; over a 4-bit base ``lora.bnb.Linear4bit.forward`` only without
+    autocast (PEFT 0.21 ``tuners/lora/bnb.py``: ``requires_conversion = not torch.is_autocast_enabled()``)."""
+    four_bit = train.method is Method.QLORA and train.quant is not None and train.quant.bits == 4
+    return not (four_bit and train.precision.mixed)
+
+
 def adapters_share_input(train: TrainSpec, wb: WeightBudget, group: str) -> bool:
     """Whether the LoRA adapters on linears reading ``group`` pass that very tensor to ``lora_A`` (so it is saved
     once, and is the tensor the linear reads) rather than a copy of their own.
@@ -203,7 +211,7 @@ def adapters_share_input(train: TrainSpec, wb: WeightBudget, group: str) -> bool
         return False
     if not train.precision.mixed:
         return not lora.adapter_fp32
-    if train.method is not Method.QLORA or train.quant is None or train.quant.bits != 4:
+    if peft_casts_adapter_input(train):
         return False
     return group in ("attn_out", "mlp_out") or residual_bytes(train, wb) == 2
 
@@ -571,8 +579,16 @@ def attention_output_copied(m: ModelSpec) -> bool:
     the (B, L, nh, hd) layout, and the module's ``transpose(1, 2).contiguous()`` is a no-op; partial rotary
     (``PhiAttention`` and ``GPTNeoXAttention``: ``torch.cat((query_rot, query_pass), dim=-1)``) makes the query a
     fresh contiguous (B, nh, L, hd) tensor, and the transpose copies (traced: bench/published's tiny Phi and GPT-NeoX,
-    c·Dq per token more than the other families when dense trains)."""
-    return m.rotary_dim > 0
+    c·Dq per token more than the other families when dense trains). transformers 5's ``Phi3`` writes full rotary the
+    same way (``modeling_phi3.py`` ``apply_rotary_pos_emb``: ``torch.cat([(q_rot * cos) + (rotate_half(q_rot) *
+    sin), q_pass], dim=-1)`` with an empty ``q_pass``): traced, Phi-3-mini LoRA bf16-true 1 × 512, whose adapters
+    keep o_proj's input, held c·Dq per token and layer more than the estimate without it."""
+    return m.rotary_dim > 0 or m.family in _CAT_ROTARY
+
+
+# Families whose transformers 5.24 ``apply_rotary_pos_emb`` concatenates the rotated part with the rest even at full
+# rotary (``q_embed = torch.cat([...], dim=-1)``) among those the catalog builds as dense decoders.
+_CAT_ROTARY = frozenset({"phi3", "glm", "glm4", "nemotron"})
 
 
 def repeat_kv_copies(m: ModelSpec) -> bool:

@@ -59,7 +59,13 @@ from functools import lru_cache
 
 from vramledger.allocator.blocks import Block
 from vramledger.allocator.model import CachingAllocatorModel
-from vramledger.analytic.activations import computes_scores, explicit_mask, layer_activations, padded_sdpa
+from vramledger.analytic.activations import (
+    computes_scores,
+    explicit_mask,
+    layer_activations,
+    padded_sdpa,
+    peft_casts_adapter_input,
+)
 from vramledger.analytic.params import layer_linears
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import blocks_with_states, logits_blocks
@@ -102,7 +108,7 @@ def checkpointed_forward_cache(
         not train.grad_ckpt
         or not _modelled(m, train, p)
         or computes_scores(m, train)
-        or not (gathered_per_layer or one_copy_weights(train))
+        or not (gathered_per_layer or one_copy_weights(train) or _four_bit_whole(train))
     ):
         return None
     if train.loss is not Loss.STANDARD:  # TRL's chunked_nll under checkpointing: trl.py's own chain
@@ -193,6 +199,14 @@ def one_copy_weights(train: TrainSpec) -> bool:
     return train.quant is None and not sharded
 
 
+def _four_bit_whole(train: TrainSpec) -> bool:
+    """A 4-bit base, not sharded or offloaded: its layers run the sequence with PEFT's 4-bit LoRA layer (``_Layer``
+    ``clone``); the weight each matmul dequantises is a block of the weight's size, not of T's, left out of the
+    per-token figure."""
+    sharded = train.zero_stage >= 3 or (train.fsdp is not None and train.fsdp.shards_params) or train.offload_params
+    return train.quant is not None and train.quant.bits == 4 and not sharded
+
+
 def _modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
     wb = p.weights
     return bool(train.adapters and wb.adapted and not m.is_moe and not p.dora_temp and train.loss in _LOSSES_ABOVE)
@@ -201,18 +215,18 @@ def _modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
 def _per_token(m: ModelSpec, train: TrainSpec, p: StepParts, *, checkpointed: bool) -> int | None:
     wb = p.weights
     c = train.precision.compute.bytes
-    cast = wb.trainable_dtype.bytes == 4 and c != 4
-    return _free_at_end(m, wb.adapted, wb.trainable_layers, c, cast, checkpointed)
+    cast = wb.trainable_dtype.bytes == 4 and c != 4 and peft_casts_adapter_input(train)
+    return _free_at_end(m, wb.adapted, wb.trainable_layers, c, cast, checkpointed, _four_bit_whole(train))
 
 
 @lru_cache(maxsize=256)
 def _free_at_end(
-    m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool, checkpointed: bool
+    m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast: bool, checkpointed: bool, clone: bool
 ) -> int | None:
     """Reserved − allocated after ``layers`` decoder layers' forward and the final norm at ``T_REF`` tokens,
     replayed from an empty cache (what else the step's cache holds is counted elsewhere); 0 (None under
     checkpointing) where the projections are not named like Llama's or Phi-3's (Phi-3's under checkpointing)."""
-    layer = _sequence(m, adapted, c, cast, checkpointed)
+    layer = _sequence(m, adapted, c, cast, checkpointed, clone)
     if layer is None:
         return None if checkpointed else 0
     before = layer.r.free_bytes
@@ -236,7 +250,9 @@ def _spill(m: ModelSpec, adapted: tuple[Adapted, ...], layers: int, c: int, cast
     return reserved[1] - reserved[0]
 
 
-def _sequence(m: ModelSpec, adapted: tuple[Adapted, ...], c: int, cast: bool, checkpointed: bool) -> _Layer | None:
+def _sequence(
+    m: ModelSpec, adapted: tuple[Adapted, ...], c: int, cast: bool, checkpointed: bool, clone: bool = False
+) -> _Layer | None:
     """A decoder layer's sequence on an empty replay; None where the projections are not named like Llama's or
     Phi-3's (Phi-3's under checkpointing)."""
     # by leaf name: a multimodal model's decoder names them by path (``self_attn.q_proj``)
@@ -244,7 +260,9 @@ def _sequence(m: ModelSpec, adapted: tuple[Adapted, ...], c: int, cast: bool, ch
     fused = set(shapes) == set(_FUSED)
     if (not fused and set(shapes) != set(_NAMES)) or (fused and checkpointed):
         return None
-    return _Layer(_Replay(), m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed, fused)
+    layer = _Layer(_Replay(), m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed, fused)
+    layer.clone = clone
+    return layer
 
 
 def _leaf(name: str) -> str:
@@ -308,6 +326,8 @@ class _Layer:
         # ``trained``: the saved input of each projection, with the projections that save it (their matmuls), for a
         # backward that frees it once their weights' gradients are made (spill.py ``_backward``)
         self.inputs: dict[int, tuple[str, ...]] = {}
+        # PEFT's 4-bit LoRA layer (``lora.bnb.Linear4bit.forward``): ``result = result.clone()`` of the base output
+        self.clone = False
 
     def model_forward(self, layers: int) -> None:
         """The embedding's output (the first layer's input), ``layers`` decoder layers and the final norm (never
@@ -462,6 +482,10 @@ class _Layer:
         base = r.alloc(c * fout * T)
         if name not in self.adapted:
             return base
+        if self.clone:
+            copy = r.alloc(c * fout * T)
+            r.free(base)
+            base = copy
         x32 = r.alloc(4 * fin * T) if self.cast else 0
         if self.cast:
             self._drop(r.alloc(c * fin * T))  # autocast's copy for lora_A: saved, dropped under checkpointing

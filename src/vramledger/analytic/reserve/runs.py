@@ -32,6 +32,8 @@ from vramledger.analytic.reserve.state_rests import band_edges, rests_band
 from vramledger.analytic.reserve.switches import NONE, ShapePeaks, Switching
 from vramledger.analytic.reserve.workspace import (
     cublas_workspace_block,
+    dequantised_block,
+    rival_holds_workspace,
     workspace_band,
     workspace_band_on,
     workspace_rivals_per_token,
@@ -438,9 +440,12 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
         # eager's scores ∝ b·ℓ², DoRA's weight norm constant (StepParts.forward_layer_temp)
         scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
 
+        dequantised = dequantised_block(train, p)
+
         def workspace(b: int, ell: int) -> bool:
-            layer_temp = p.dora_temp + scores * b * ell * ell // (B * L * L)
-            return max(per_token * b * ell, layer_temp) < ws and softmax32(b, ell) <= ws
+            layer_temp = max(p.dora_temp + scores * b * ell * ell // (B * L * L), dequantised)
+            held = rival_holds_workspace(m, train, p, b * ell) if dequantised else per_token * b * ell >= ws
+            return not held and layer_temp < ws and softmax32(b, ell) <= ws
 
         def softmax32(b: int, ell: int) -> int:
             """Eager's fp32 softmax, freed once cast back (transformers ``eager_attention_forward``:

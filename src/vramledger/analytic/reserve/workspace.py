@@ -7,9 +7,11 @@ from collections.abc import Callable
 from functools import partial
 
 from vramledger.allocator.conf import K_MIN_LARGE_ALLOC
+from vramledger.analytic.activations import adapters_share_input, input_of, peft_casts_adapter_input
+from vramledger.analytic.litgpt_qlora import lightning_quant_state
 from vramledger.analytic.parts import StepParts
 from vramledger.analytic.reserve.full import decoder_mlp_width
-from vramledger.specs import Attention, Loss, ModelSpec, TrainSpec
+from vramledger.specs import Attention, DType, Loss, Method, ModelSpec, TrainSpec
 
 
 def workspace_band(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[tuple[int, int]]:
@@ -72,7 +74,7 @@ def _band(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Band | None:
     ws = cublas_workspace_block(p)
     per_token = max(workspace_rivals_per_token(m, train, p))
     V, nh = m.vocab_size, m.num_heads
-    if p.dora_temp >= ws:
+    if max(p.dora_temp, dequantised_block(train, p)) >= ws:
         return None
 
     def top(b: int) -> int:  # longer, a block forward freed holds the workspace
@@ -112,17 +114,63 @@ def cublas_workspace_block(p: StepParts) -> int:
 
 def workspace_rivals_per_token(m: ModelSpec, train: TrainSpec, p: StepParts) -> list[int]:
     """Bytes per token of the blocks forward frees that could take the backward thread's workspace instead of a
-    logits block: the fp32 norm intermediates (4·H), PEFT's fp32 casts of an adapted layer's input (4·in, with
-    fp32 adapters), under checkpointing a layer's c·I MLP intermediates."""
+    logits block: ``attention_rivals_per_token`` and the later ones: PEFT's fp32 casts of an adapted layer's input
+    (4·in, with fp32 adapters, where PEFT casts it: ``peft_casts_adapter_input``), PEFT's scaled adapter output
+    (c·out, freed once added to the base output), a layer's c·I MLP intermediates under checkpointing or where
+    nothing keeps the MLP's product (``mlp_product_freed``). QLoRA's
+    dequantised weight is a rival of a fixed size (``dequantised_block``)."""
     wb = p.weights
-    out = [4 * m.hidden_size]
-    if m.qk_norm:  # Qwen3's q_norm over the query heads (Qwen3RMSNorm's fp32 intermediates): 4·nh·hd
-        out.append(4 * m.q_dim)
-    if wb.trainable_dtype.bytes == 4:
+    out = attention_rivals_per_token(m)
+    if wb.trainable_dtype.bytes == 4 and peft_casts_adapter_input(train):
         out.append(4 * max((a.linear.in_features for a in wb.adapted), default=0))
-    if train.grad_ckpt:
+    out.append(train.precision.compute.bytes * max((a.linear.out_features for a in wb.adapted), default=0))
+    if train.grad_ckpt or mlp_product_freed(m, train, p):
         out.append(train.precision.compute.bytes * decoder_mlp_width(m))
     return out
+
+
+def mlp_product_freed(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
+    """Adapters: whether forward frees each layer's c·I MLP product (the down projection's input) once the down
+    projection has read it. A frozen ``nn.Linear`` saves no input, nor does bitsandbytes' 4-bit matmul from 0.43.2
+    (``ctx.tensors = (None, B)``), so only an adapter on the down projection that hands ``lora_A`` that very tensor
+    keeps it (``adapters_share_input``). The trace replay of Qwen2.5-1.5B, QLoRA on q and v, 1 × 4096, puts the
+    backward thread's workspace in the last layer's product block (bench/reserve/qlora_grid.py)."""
+    if m.is_moe or not train.adapters or train.method not in (Method.LORA, Method.QLORA):
+        return False
+    down = [a for a in p.weights.adapted if input_of(m, a.linear.name) == "mlp_out"]
+    if down:
+        return not adapters_share_input(train, p.weights, "mlp_out")
+    return not (train.method is Method.QLORA and train.matmul4bit_keeps_input)
+
+
+def attention_rivals_per_token(m: ModelSpec) -> list[int]:
+    """The rivals attention frees, before the MLP: the fp32 norm intermediates (4·H) and Qwen3's q_norm over the query
+    heads (Qwen3RMSNorm's fp32 intermediates, 4·nh·hd)."""
+    return [4 * m.hidden_size, *([4 * m.q_dim] if m.qk_norm else [])]
+
+
+def rival_holds_workspace(m: ModelSpec, train: TrainSpec, p: StepParts, tokens: int) -> bool:
+    """Whether a block forward frees at ``tokens`` tokens per micro-batch still holds the backward thread's workspace.
+
+    Under QLoRA each of the MLP's matmuls dequantises its weight after attention's blocks were freed, and best fit
+    cuts it from the smallest free block that holds it, which can be one of them: the trace replay of Qwen3-0.6B,
+    QLoRA, 2 × 2048 (q_norm's 4·nh·hd·T block exactly 32 MiB, a 6 MiB dequantised weight) puts the workspace in a
+    logits block (bench/reserve/qlora_grid.py). So attention's rivals hold it only with a dequantised weight cut
+    from them."""
+    ws = cublas_workspace_block(p)
+    early = attention_rivals_per_token(m)
+    later = workspace_rivals_per_token(m, train, p)[len(early) :]
+    return max(early) * tokens - dequantised_block(train, p) >= ws or max(later) * tokens >= ws
+
+
+def dequantised_block(train: TrainSpec, p: StepParts) -> int:
+    """QLoRA: the largest weight bitsandbytes dequantises for one matmul (``dequantize_4bit``, in the quantisation
+    state's dtype), a block forward frees after each matmul, that rivals the logits blocks for the workspace; 0
+    without a 4-bit base."""
+    if train.quant is None or train.quant.bits != 4:
+        return 0
+    state = DType.FP16 if lightning_quant_state(train.model_code) else train.frozen_dtype
+    return p.weights.largest_frozen_matrix_numel * state.bytes
 
 
 def workspace_lost(m: ModelSpec, train: TrainSpec, p: StepParts) -> int:
