@@ -66,6 +66,9 @@ ROWS: list[Row] = [
     ("qwen2.5-7b", 1, 1024, False, "sdpa", "all", "bf16-true"),
     ("gemma-2-2b", 2, 1024, True, "eager", "all", "bf16-mixed"),
     ("phi-3-mini", 2, 1024, False, "sdpa", "all", "bf16-mixed"),
+    # DoRA under autocast: the stream and the 4-bit linears' outputs in fp32 (activations.py quantised_outputs_fp32)
+    ("llama-3.2-1b", 1, 2048, False, "sdpa", "dora", "bf16-mixed"),
+    ("qwen2.5-0.5b", 2, 1024, True, "sdpa", "dora", "bf16-mixed"),
 ]
 
 

@@ -50,6 +50,10 @@ CASES = {
     "bf16-true, dropout": dataclasses.replace(
         BASE, precision=Precision.BF16, lora=LoraSpec(adapter_fp32=False, dropout=0.05)
     ),
+    "bf16-mixed, embedding trained": dataclasses.replace(BASE, lora=LoraSpec(modules_to_save=("embed_tokens",))),
+    "bf16-true, DoRA": dataclasses.replace(
+        BASE, precision=Precision.BF16, lora=LoraSpec(dora=True, adapter_fp32=False)
+    ),
 }
 
 
@@ -108,13 +112,22 @@ def test_the_stand_in_follows_peft_and_bitsandbytes_sources() -> None:
     assert "weight = dequantize_module_weight(base_layer)" in inspect.getsource(dora.DoraLinearLayer.forward)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="QLoRA + DoRA under autocast: PEFT's 4-bit layer does not cast the DoRA result back (requires_conversion "
-    "is off under autocast), so every adapted linear returns fp32 and the residual stream turns fp32; the estimate "
-    "counts them in bf16 (README Known limits)",
-)
-def test_qlora_dora_under_autocast(model) -> None:  # type: ignore[no-untyped-def]
-    t = dataclasses.replace(BASE, lora=LoraSpec(dora=True))
+DORA_AMP = {
+    "bf16-mixed, DoRA": dataclasses.replace(BASE, lora=LoraSpec(dora=True)),
+    "bf16-mixed, DoRA, checkpointing": dataclasses.replace(BASE, lora=LoraSpec(dora=True), grad_ckpt=True),
+}
+
+
+@pytest.mark.parametrize("case", list(DORA_AMP), ids=list(DORA_AMP))
+def test_qlora_dora_under_autocast_follows_the_fp32_outputs(model, case: str) -> None:  # type: ignore[no-untyped-def]
+    """PEFT's 4-bit layer leaves DoRA's result in fp32 under autocast and the 4-bit linears return their input's
+    dtype, so the stream and every linear but o_proj run in fp32 (activations.py ``quantised_outputs_fp32``); the
+    estimate was 20% under the trace before it followed them. Never under here; over by at most DoRA's weight-sized
+    transients (the fp32 identity and weight copies of ``dora_transient_bytes``, counted for the largest layer at
+    every recomputed one: +5.8% on this 4-layer toy's checkpointed backward, +0.1% on Qwen2.5-0.5B 2 × 512)."""
+    t = DORA_AMP[case]
     tr, es = trace_step(model, t, config=CFG), estimate(model, t)
-    assert abs(es.peak_allocated / tr.peak_allocated - 1) <= 0.03
+    for ph in (Phase.FORWARD, Phase.BACKWARD):
+        gap = es.allocated(ph) / tr.allocated(ph) - 1
+        print(f"{case} {ph.value}: trace {tr.allocated(ph):,} analytic {es.allocated(ph):,} ({gap:+.2%})")
+        assert -0.005 <= gap <= 0.06

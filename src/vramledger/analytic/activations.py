@@ -80,6 +80,10 @@ def residual_bytes(train: TrainSpec, wb: WeightBudget) -> int:
         return 4
     if train.precision.mixed and (wb.embedding_trainable or train.frozen_dtype is DType.FP32):
         return 4
+    if train.precision.mixed and train.lora is not None and train.lora.dora and not peft_casts_adapter_input(train):
+        # QLoRA with DoRA under autocast: PEFT's 4-bit layer leaves the DoRA result (fp32 magnitude × ...) in fp32
+        # (``requires_conversion`` is off under autocast), and o_proj's adds it to the stream
+        return 4
     return train.precision.compute.bytes
 
 
@@ -147,12 +151,12 @@ def _norm_bytes(m: ModelSpec, s: int, trainable: bool, width: int, amp: bool = F
     return 4 * width + (s * width if trainable else 0)
 
 
-def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int) -> int:
+def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int, base_bytes: int = 0) -> int:
     """Saved by one LoRA adapter per token: its input cast (and dropout mask), and lora_A's output.
 
     DoRA (PEFT ``tuners/lora/dora.py`` ``DoraLinearLayer.forward``): ``(m - 1) * base_result + m * lora_result``
-    with a trainable magnitude m saves the base result (c·out) and the adapter result (out in the adapter's
-    compute dtype).
+    with a trainable magnitude m saves the base result (c·out, or ``base_bytes`` an element: fp32 where a 4-bit base
+    returns fp32, ``quantised_outputs_fp32``) and the adapter result (out in the adapter's compute dtype).
     """
     assert train.lora is not None
     lora = train.lora
@@ -164,7 +168,7 @@ def _adapter_bytes(train: TrainSpec, in_features: int, out_features: int) -> int
         cast = 4 if (lora.adapter_fp32 or c == 4) else c
         mid = cast
     mask = in_features if lora.dropout > 0 else 0
-    dora = (c + mid) * out_features if lora.dora else 0
+    dora = ((base_bytes or c) + mid) * out_features if lora.dora else 0
     return cast * in_features + mask + mid * lora.rank + dora
 
 
@@ -194,6 +198,16 @@ def peft_casts_adapter_input(train: TrainSpec) -> bool:
     return not (four_bit and train.precision.mixed)
 
 
+def quantised_outputs_fp32(train: TrainSpec, wb: WeightBudget) -> bool:
+    """Whether a 4-bit base's linears return fp32 under autocast: bitsandbytes' ``Linear4bit.forward`` casts its
+    output back to the input's dtype (``matmul_4bit(...).to(inp_dtype)``), so with an fp32 residual stream
+    (``residual_bytes``) every linear reading it, or reading what they make (the MLP's product), returns fp32, where
+    an ``nn.Linear`` under autocast returns bf16; o_proj reads SDPA's bf16 output. Traced: Llama-3.2-1B QLoRA with
+    DoRA, bf16-mixed, 1 × 512 (tests/trace/test_qlora_trace.py)."""
+    four_bit = train.method is Method.QLORA and train.quant is not None and train.quant.bits == 4
+    return four_bit and train.precision.mixed and residual_bytes(train, wb) == 4
+
+
 def adapters_share_input(train: TrainSpec, wb: WeightBudget, group: str) -> bool:
     """Whether the LoRA adapters on linears reading ``group`` pass that very tensor to ``lora_A`` (so it is saved
     once, and is the tensor the linear reads) rather than a copy of their own.
@@ -213,7 +227,9 @@ def adapters_share_input(train: TrainSpec, wb: WeightBudget, group: str) -> bool
         return not lora.adapter_fp32
     if peft_casts_adapter_input(train):
         return False
-    return group in ("attn_out", "mlp_out") or residual_bytes(train, wb) == 2
+    if group == "mlp_out":  # the MLP's product, fp32 where the 4-bit linears return fp32
+        return not quantised_outputs_fp32(train, wb)
+    return group == "attn_out" or residual_bytes(train, wb) == 2
 
 
 def quantised_inputs_bytes(m: ModelSpec, train: TrainSpec, wb: WeightBudget, skip: tuple[str, ...] = ()) -> int:
@@ -313,7 +329,7 @@ def layer_activations(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> Layer
         parts.append(("inputs kept by bitsandbytes MatMul4Bit", quantised_inputs_bytes(m, train, wb)))
     attention, scores = _attention_parts(m, train, base_trains, s)
     parts += attention
-    parts += _mlp_parts(m, train, base_trains)
+    parts += _mlp_parts(m, train, base_trains, quantised_outputs_fp32(train, wb))
     if m.resid_dropout > 0:  # GPT-2: a bool mask after attention and after the MLP (``resid_dropout``)
         parts.append(("residual dropout masks", 2 * H))
     if train.peft_config is not None:  # a PEFT method from adapter_config.json: analytic/peft_memory.py
@@ -425,7 +441,7 @@ def softmax_backward_freed_bytes_per_token(m: ModelSpec, train: TrainSpec, wb: W
     if train.adapters:
         freed += _adapter_inputs_bytes(m, train, wb, groups=_AFTER_SOFTMAX)
     freed += c * m.q_dim  # v repeated to nh heads, saved by the matmul with the probabilities
-    freed += sum(b for _, b in _mlp_parts(m, train, base_trains))
+    freed += sum(b for _, b in _mlp_parts(m, train, base_trains, quantised_outputs_fp32(train, wb)))
     if m.resid_dropout > 0:  # GPT-2's two residual dropout masks, after attention and after the MLP
         freed += 2 * H
     return freed
@@ -492,7 +508,8 @@ def _adapter_inputs_bytes(
         group = input_of(m, a.linear.name)
         if groups is not None and group not in groups:
             continue
-        per_token = _adapter_bytes(train, a.linear.in_features, a.linear.out_features)
+        base_bytes = 4 if quantised_outputs_fp32(train, wb) and group != "attn_out" else 0
+        per_token = _adapter_bytes(train, a.linear.in_features, a.linear.out_features, base_bytes)
         if group and adapters_share_input(train, wb, group):
             if group in seen:
                 per_token -= train.precision.compute.bytes * a.linear.in_features
@@ -606,8 +623,10 @@ def falcon_new_decoder(m: ModelSpec) -> bool:
     return m.family == "falcon" and m.norms_per_layer == 2
 
 
-def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> list[tuple[str, int]]:
-    """The MLP's saved parts per token: routed experts and the router, GPT-2's NewGELU, or a gated MLP."""
+def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool, fp32_outputs: bool = False) -> list[tuple[str, int]]:
+    """The MLP's saved parts per token: routed experts and the router, GPT-2's NewGELU, or a gated MLP
+    (``fp32_outputs``: a 4-bit base's gate and up return fp32, ``quantised_outputs_fp32``, and so does the
+    activation of the gate)."""
     H, I = m.hidden_size, m.intermediate_size
     c = train.precision.compute.bytes
     if m.is_moe:
@@ -629,6 +648,8 @@ def _mlp_parts(m: ModelSpec, train: TrainSpec, base_trains: bool) -> list[tuple[
         else:
             gelu, proj_in = 4 * c * I, c * I
         return [("MLP activation (NewGELU)", gelu + (proj_in if base_trains else 0))]
+    if fp32_outputs:
+        return [("MLP gate/act/up (fp32: the 4-bit linears return their input's dtype)", 4 * I * 3)]
     return [("MLP gate/act/up/product", c * I * (4 if base_trains else 3))]
 
 

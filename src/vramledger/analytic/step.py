@@ -496,7 +496,7 @@ def _bottom_layer_backward(m: ModelSpec, train: TrainSpec, p: StepParts) -> tupl
     """The backward of the lowest trained layer with experts, where PEFT's ParamWrapper adapts them (activations.py
     ``merged_experts``): the autograd engine runs the layers top-down, so the layers above have their gradients
     by then, beside the layer's saved set (recomputed under checkpointing) with its merged expert weights and their
-    gradients made whole. Their adapters are large (Qwen3-30B-A3B, r 8: 1.0 B trainable parameters, 4.0 GB of
+    gradients made whole. Their adapters are large (Qwen3-30B-A3B, r 8: 498 M trainable parameters, 2.0 GB of
     fp32 gradients), so this moment, not the top layer's, is the backward's peak: the trace of a 2-layer
     Qwen3-30B-A3B under checkpointing peaks in layer 0's ``_grouped_mm`` backward with layer 1's gradients. Where no
     merged weights are made the moment is the top layer's plus the other layers' adapter gradients, a few MB,
