@@ -119,7 +119,8 @@ def _lora(r: Reader, method: Method, family: str | None) -> None:
         r.used.update(("lora_r", "lora_target_modules", "lora_dropout", "use_dora", "lora_target_parameters"))
         return
     rank = r.integer("lora_r", 16)
-    targets = r.names("lora_target_modules")
+    # an empty list is PEFT's "no module" (tuners/lora/config.py target_modules), beside target parameters
+    targets = () if r.value("lora_target_modules") == [] else r.names("lora_target_modules")
     if targets is None:
         targets = PEFT_DEFAULT_TARGETS.get(family or "", ("q_proj", "v_proj"))
         tprov = f"peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: {','.join(targets)}"
