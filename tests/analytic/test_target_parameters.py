@@ -110,3 +110,18 @@ def test_paramwrapper_refuses_dropout_and_dora(changes: dict[str, Any]) -> None:
     """PEFT 0.21 tuners/lora/layer.py ``ParamWrapper``: ``ValueError`` for lora_dropout != 0 and use_dora."""
     with pytest.raises(VramledgerError, match="ParamWrapper does not work with"):
         LoraSpec(rank=8, parameters=EXPERTS, **changes)
+
+
+def test_gpt_oss_expert_inputs_by_hand() -> None:
+    """gpt-oss stores its experts (E, in, out) for ``x @ W`` (modeling_gpt_oss.py ``GptOssExperts``: gate_up_proj
+    (E, H, 2I), ``current_state @ self.gate_up_proj[expert_idx]``): the wrapped gate_up keeps its k = 4 experts'
+    H-wide inputs (2880), not 2I; down_proj its I-wide ones (2880). Adapted in layers 22 and 23 of 24 (the
+    axolotl example's comment), they count for 2/24 of every trained layer: (4·2880 + 4·2880)·2 B · 2/24."""
+    pytest.importorskip("transformers")
+    from vramledger.analytic.activations import layer_activations
+
+    m = resolve_model("gpt-oss-20b")
+    parameters = tuple(f"{i}.{p}" for i in (22, 23) for p in EXPERTS)
+    train = TrainSpec(method=Method.LORA, lora=LoraSpec(rank=8, parameters=parameters))
+    parts = dict(layer_activations(m, train, weight_budget(m, train)).detail)
+    assert parts["inputs kept for the experts' and router's LoRA (ParamWrapper)"] == (4 * 2880 + 4 * 2880) * 2 * 2 // 24
