@@ -243,7 +243,7 @@ def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
         if merged_bytes:
             merged = (
                 "; PEFT adapts the fused experts through ParamWrapper, which builds a merged copy of each adapted "
-                "expert weight per forward, saved for backward (counted: every trained layer's, or the recomputed "
+                "expert weight per forward, saved for backward (counted: every adapted layer's, or the recomputed "
                 "one's under checkpointing)"
             )
     return (
