@@ -123,7 +123,7 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     for lin in picked:
         p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
-    named = _parameter_adapters(m, linears, lora) if lora.parameters else []
+    named = _parameter_adapters(m, linears, lora) if lora.parameters else []  # raises for a name matching nothing
     if lora.all_linear and m.family in _PEFT_MOE_CONVERTED:
         # PEFT adds the named parameters to the ones its conversion adapts (a set): the same weights, at its ranks
         out += _converted_moe_adapters(linears, lora.rank)
