@@ -46,6 +46,15 @@ SPECS = {
         grad_accum=4,
     ),
     "full-fp32": TrainSpec(method=Method.FULL, precision=Precision.FP32, attn=Attention.EAGER),
+    # PEFT target_parameters: axolotl and TRL lora_target_parameters, with and without target modules
+    "lora-parameters": TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=8, targets=("q_proj",), parameters=("mlp.experts.down_proj",)),
+    ),
+    "lora-parameters-alone": TrainSpec(
+        method=Method.LORA,
+        lora=LoraSpec(rank=8, targets=(), parameters=("mlp.experts.gate_up_proj", "mlp.experts.down_proj")),
+    ),
 }
 # what each target can express (see writers.py for why the others are refused)
 CASES = [
@@ -61,6 +70,10 @@ CASES = [
     ("axolotl", "qlora"),
     ("axolotl", "full-zero3"),
     ("axolotl", "full-fp32"),
+    ("trl", "lora-parameters"),
+    ("trl", "lora-parameters-alone"),
+    ("axolotl", "lora-parameters"),
+    ("axolotl", "lora-parameters-alone"),
 ]
 
 
@@ -84,6 +97,8 @@ def test_refuses_what_a_format_cannot_say() -> None:
         write_config("llama-3-8b", TrainSpec(loss=Loss.CHUNKED), "llamafactory")
     with pytest.raises(VramledgerError, match="method freeze cannot be written as a axolotl config|method freeze"):
         write_config("llama-3-8b", TrainSpec(method=Method.FREEZE), "axolotl")
+    with pytest.raises(VramledgerError, match="LoRA target parameters .* cannot be written as a llamafactory"):
+        write_config("llama-3-8b", SPECS["lora-parameters"], "llamafactory")
 
 
 def test_cli_convert_from_another_format(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

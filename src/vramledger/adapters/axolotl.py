@@ -131,6 +131,7 @@ LORA_KEYS = (
     "lora_dropout",
     "peft_use_dora",
     "lora_modules_to_save",
+    "lora_target_parameters",
 )
 """The keys that make the LoraSpec, in the order its provenance names them."""
 IGNORED_ATTENTION = ("xformers_attention", "flex_attention", "s2_attention")
@@ -244,19 +245,26 @@ def _lora(r: Reader, adapter: str) -> None:
             "lora_target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]"
         )
     targets = ("all",) if r.flag("lora_target_linear", False) else r.names("lora_target_modules")
-    if targets is None:
-        raise VramledgerError(f"{r.source}: set lora_target_linear: true or lora_target_modules (axolotl needs one)")
-    r.used.add("lora_target_modules")
+    # loaders/adapter.py _build_peft_lora_config: LoraConfig(target_modules=cfg.lora_target_modules or [],
+    # target_parameters=cfg.lora_target_parameters or []), which PEFT matches as analytic/target_parameters.py reads
+    parameters = r.names("lora_target_parameters") or ()
+    if targets is None and not parameters:
+        raise VramledgerError(
+            f"{r.source}: set lora_target_linear: true, lora_target_modules or lora_target_parameters (axolotl needs "
+            "one)"
+        )
+    r.used.update(("lora_target_modules", "lora_target_parameters"))
     alpha = r.number("lora_alpha")
     r.set(
         "lora",
         LoraSpec(
             rank=rank,
             alpha=alpha if alpha is not None else float(rank),
-            targets=targets,
+            targets=targets or (),
             dropout=r.number("lora_dropout", 0.0),
             dora=bool(r.flag("peft_use_dora", False)),
             modules_to_save=r.names("lora_modules_to_save") or (),
+            parameters=parameters,
         ),
         r.file(*[k for k in LORA_KEYS if r.has(k)]),
     )
@@ -265,7 +273,6 @@ def _lora(r: Reader, adapter: str) -> None:
         # loaders/adapter.py load_lora: PeftModel.from_pretrained(model, cfg.lora_model_dir, is_trainable=True)
         resumed_adapter(r, "lora_model_dir", lora_dir, r.fields.get("method", Method.LORA))
     r.ignore("peft_layers_to_transform", "adapters on a subset of layers are not modelled")
-    r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
 
 
 def _precision(r: Reader, method: Method, eight: bool) -> Precision:

@@ -107,6 +107,10 @@ def check_peft_config(raw: Any, where: str) -> dict[str, Any]:
         )
         if not ok:
             raise _bad(where, key, "a module name, a list of names or a regular expression", value)
+    parameters = cfg.get("target_parameters")
+    if parameters is not None and not (isinstance(parameters, list) and all(isinstance(v, str) for v in parameters)):
+        # tuners/lora/config.py LoraConfig.__post_init__: "`target_parameters` must be a list of strings or None."
+        raise _bad(where, "target_parameters", "a list of parameter names or null", parameters)
     for key in _FLAGS:
         value = cfg.get(key)
         if value is not None and not isinstance(value, bool):
@@ -147,11 +151,17 @@ def peft_changes(cfg: Mapping[str, Any], method: Method, lora: LoraSpec | None) 
     if cfg["peft_type"] == "LORA":
         get: dict[str, Any] = {k: (cfg.get(k) if cfg.get(k) is not None else d) for k, d in _LORA_DEFAULTS.items()}
         targets = cfg.get("target_modules")
+        parameters = tuple(cfg.get("target_parameters") or ())
+        if targets == []:  # PEFT: no modules, only the target parameters
+            default: tuple[str, ...] = ()
+        else:
+            default = _LORA_DEFAULT_TARGETS
         changes["lora"] = dataclasses.replace(
             lora or LoraSpec(),
             rank=int(get["r"]),
             alpha=float(get["lora_alpha"]),
-            targets=_names(targets) if targets else _LORA_DEFAULT_TARGETS,
+            parameters=parameters,
+            targets=_names(targets) if targets else default,
             dropout=float(get["lora_dropout"]),
             dora=bool(cfg.get("use_dora") or False),
             modules_to_save=tuple(cfg.get("modules_to_save") or ()),

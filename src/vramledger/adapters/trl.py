@@ -51,7 +51,7 @@ HARMLESS = hf.HARMLESS_HF | frozenset(
 )
 
 
-LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "use_dora", "lora_modules_to_save")
+LORA_KEYS = ("lora_r", "lora_alpha", "lora_dropout", "use_dora", "lora_modules_to_save", "lora_target_parameters")
 """The keys that make the LoraSpec besides its targets, in the order its provenance names them."""
 UNMODELLED_SHAPES: tuple[tuple[str, str], ...] = (
     ("padding_free", "padding-free batches are modelled as padded ones of max_length"),
@@ -116,10 +116,11 @@ def _method(r: Reader) -> Method:
 
 def _lora(r: Reader, method: Method, family: str | None) -> None:
     if method not in (Method.LORA, Method.QLORA):
-        r.used.update(("lora_r", "lora_target_modules", "lora_dropout", "use_dora"))
+        r.used.update(("lora_r", "lora_target_modules", "lora_dropout", "use_dora", "lora_target_parameters"))
         return
     rank = r.integer("lora_r", 16)
-    targets = r.names("lora_target_modules")
+    # an empty list is PEFT's "no module" (tuners/lora/config.py target_modules), beside target parameters
+    targets = () if r.value("lora_target_modules") == [] else r.names("lora_target_modules")
     if targets is None:
         targets = PEFT_DEFAULT_TARGETS.get(family or "", ("q_proj", "v_proj"))
         tprov = f"peft utils/constants.py TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING: {','.join(targets)}"
@@ -134,11 +135,12 @@ def _lora(r: Reader, method: Method, family: str | None) -> None:
             dropout=r.number("lora_dropout", 0.05),
             dora=r.flag("use_dora", False),
             modules_to_save=r.names("lora_modules_to_save") or (),
+            # trainer/utils.py get_peft_config: LoraConfig(target_parameters=model_args.lora_target_parameters)
+            parameters=r.names("lora_target_parameters") or (),
         ),
         "; ".join(p for p in (_present(r, *LORA_KEYS), tprov) if p)
         + " (defaults: trainer/model_config.py lora_r=16, lora_alpha=32, lora_dropout=0.05)",
     )
-    r.ignore("lora_target_parameters", "LoRA on parameters (MoE experts) is not modelled")
 
 
 def _precision(r: Reader, method: Method, flags: hf.TrainerFlags) -> None:

@@ -87,6 +87,12 @@ def to_llamafactory(model: str, t: TrainSpec) -> dict[str, Any]:
                 "llamafactory",
                 "keep the default adapter dtype",
             )
+        if t.lora.parameters:  # hparams/finetuning_args.py has no target_parameters
+            raise _no(
+                "LoRA target parameters (PEFT target_parameters)",
+                "llamafactory",
+                "write it as trl or axolotl (lora_target_parameters), or drop --lora-target-parameters",
+            )
         out |= {
             "lora_rank": t.lora.rank,
             "lora_alpha": t.lora.alpha,
@@ -155,6 +161,8 @@ def to_trl(model: str, t: TrainSpec) -> dict[str, Any]:
             "lora_target_modules": "all-linear" if t.lora.all_linear else list(t.lora.targets),
             "use_dora": t.lora.dora,
         }
+        if t.lora.parameters:
+            out["lora_target_parameters"] = list(t.lora.parameters)
     half = t.precision.compute.value
     out |= {"bf16": half == "bf16", "fp16": half == "fp16"}
     # the load dtype decides whether trainable weights are fp32 (mixed) or half (true)
@@ -215,8 +223,10 @@ def to_axolotl(model: str, t: TrainSpec) -> dict[str, Any]:
         }
         if t.lora.all_linear:
             out["lora_target_linear"] = True
-        else:
+        elif t.lora.targets:
             out["lora_target_modules"] = list(t.lora.targets)
+        if t.lora.parameters:
+            out["lora_target_parameters"] = list(t.lora.parameters)
         ok = {
             Precision.BF16_MIXED: {"bf16": True},
             Precision.FP16_MIXED: {"bf16": False, "fp16": True},

@@ -124,6 +124,8 @@ def _settings(m: ModelSpec, train: TrainSpec) -> dict[str, object]:
             "dropout": train.lora.dropout,
             "dora": train.lora.dora,
         }
+        if train.lora.parameters:
+            s["lora"]["target_parameters"] = list(train.lora.parameters)  # type: ignore[index]
     if train.quant is not None:
         q = train.quant
         quant: dict[str, object] = {"bits": q.bits, "type": q.quant_type if q.bits == 4 else "int8"}

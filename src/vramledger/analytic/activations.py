@@ -291,7 +291,7 @@ def activation_basis(m: ModelSpec, train: TrainSpec) -> str | None:
         if merged_bytes:
             merged = (
                 "; PEFT adapts the fused experts through ParamWrapper, which builds a merged copy of each adapted "
-                "expert weight per forward, saved for backward (counted: every trained layer's, or the recomputed "
+                "expert weight per forward, saved for backward (counted: every adapted layer's, or the recomputed "
                 "one's under checkpointing)"
             )
     return (
@@ -395,10 +395,15 @@ def merged_experts(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> MergedEx
 
 def _param_wrapper_inputs(m: ModelSpec, train: TrainSpec, wb: WeightBudget) -> int:
     """Per token, what the matmuls of ParamWrapper-adapted parameters keep for their weight's gradient
-    (``merged_experts``' comment): each expert stack's input for its k experts, the router's input."""
+    (``merged_experts``' comment): each expert stack's input for its k experts, the router's input. A parameter
+    adapted in only some of the trained layers (DeepSeek's MoE layers, a layer-indexed target parameter) counts
+    for its share of them, as ``_adapter_inputs_bytes`` counts adapters."""
     c = train.precision.compute.bytes
     k = m.experts_per_token or 1
-    return sum((k if lin.per_layer > 1 else 1) * lin.in_features * c for lin in _wrapped(wb))
+    n = max(wb.trainable_layers, 1)
+    return sum(
+        (k if lin.per_layer > 1 else 1) * lin.in_features * c * min(in_layers(m, lin), n) // n for lin in _wrapped(wb)
+    )
 
 
 # Which linears' inputs come after eager attention's softmax in a sequential decoder layer (o_proj, the MLP's).

@@ -59,7 +59,6 @@ prompt embeddings are used elementwise or looked up."""
 _LORA_UNMODELLED = (
     "rank_pattern",
     "layers_to_transform",
-    "target_parameters",
     "trainable_token_indices",
     "exclude_modules",
     "layer_replication",
@@ -169,7 +168,8 @@ def check_lora_fields(cfg: dict[str, Any]) -> None:
         if cfg.get(key):
             raise VramledgerError(
                 f"peft config: {key} is not modelled by `estimate` (the LoRA formulas take r, lora_alpha, "
-                "target_modules, lora_dropout, use_dora, modules_to_save); `vramledger trace --peft-config` runs it"
+                "target_modules, target_parameters, lora_dropout, use_dora, modules_to_save); `vramledger trace "
+                "--peft-config` runs it"
             )
     target = cfg.get("target_modules")
     if isinstance(target, str) and target.lower() not in ("all-linear", "all", "all_linear"):

@@ -36,6 +36,12 @@ from vramledger.analytic.params import (
     layer_params,
     linears_numel,
 )
+from vramledger.analytic.target_parameters import (
+    formula_parameter_targets,
+    peft_names,
+    unknown_error,
+    wrapper_params,
+)
 from vramledger.errors import VramledgerError
 from vramledger.specs import DType, LoraSpec, Method, ModelCode, ModelSpec, QuantSpec, TrainSpec
 from vramledger.specs.model import CheckpointQuant
@@ -117,8 +123,12 @@ def adapted_linears(m: ModelSpec, train: TrainSpec) -> tuple[Adapted, ...]:
     for lin in picked:
         p = lora.rank * (lin.in_features + lin.out_features) + (lin.out_features if lora.dora else 0)
         out.append(Adapted(linear=lin, params=p * lin.per_layer))
+    named = _parameter_adapters(m, linears, lora) if lora.parameters else []  # raises for a name matching nothing
     if lora.all_linear and m.family in _PEFT_MOE_CONVERTED:
+        # PEFT adds the named parameters to the ones its conversion adapts (a set): the same weights, at its ranks
         out += _converted_moe_adapters(linears, lora.rank)
+    else:
+        out += named
     return tuple(out)
 
 
@@ -206,16 +216,22 @@ _PEFT_MOE_CONVERTED = ("mixtral", "qwen3_moe")
 
 
 def _converted_moe_adapters(linears: tuple[Linear, ...], r: int) -> list[Adapted]:
-    """ParamWrapper adapters (tuners/lora/layer.py): lora_A (rank·E, in), lora_B (out, rank·E) per 3-D weight;
-    the router, a bare (E, H) parameter, gets r·(H + E)."""
+    """ParamWrapper adapters (analytic/target_parameters.py ``wrapper_params``) on the router and both expert
+    stacks, ``gate_up_proj`` at rank 2r."""
     out = []
     for lin in linears:
-        if lin.name == "gate":
-            out.append(Adapted(linear=lin, params=r * (lin.in_features + lin.out_features)))
-        elif lin.name in ("experts.gate_up_proj", "experts.down_proj"):
+        if lin.name in ("gate", "experts.gate_up_proj", "experts.down_proj"):
             rank = 2 * r if lin.name.endswith("gate_up_proj") else r
-            out.append(Adapted(linear=lin, params=rank * lin.per_layer * (lin.in_features + lin.out_features)))
+            out.append(Adapted(linear=lin, params=wrapper_params(lin, rank)))
     return out
+
+
+def _parameter_adapters(m: ModelSpec, linears: tuple[Linear, ...], lora: LoraSpec) -> list[Adapted]:
+    """ParamWrapper adapters on the parameters ``lora.parameters`` name, at rank r (target_parameters.py)."""
+    return [
+        Adapted(linear=lin, params=wrapper_params(lin, lora.rank))
+        for lin in formula_parameter_targets(m, linears, lora)
+    ]
 
 
 def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
@@ -224,7 +240,8 @@ def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
     assert m.inventory is not None
     linears = layer_linears(m)
     attention = any(lin.name.split(".")[-1] in ("q_proj", "qkv_proj", "query_key_value", "Wqkv") for lin in linears)
-    if m.inventory.model_class.endswith("ForCausalLM") and attention and all(lin.lora_targetable for lin in linears):
+    dense = all(lin.lora_targetable for lin in linears) and not lora.parameters
+    if m.inventory.model_class.endswith("ForCausalLM") and attention and dense:
         # Dense attention text model: PEFT adapts exactly the nn.Linear modules named (all of them for all-linear;
         # the output layer is no decoder-layer linear), r·(in + out) each, so no torch is needed. (State-space
         # layers go to PEFT, which refuses some of their modules: tuners/lora/model.py Mamba checks.)
@@ -240,8 +257,16 @@ def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
     from vramledger.catalog.inventory import peft_adapters
 
     found = peft_adapters(
-        m.inventory, rank=lora.rank, targets=None if lora.all_linear else lora.targets, dora=lora.dora
+        m.inventory,
+        rank=lora.rank,
+        targets=None if lora.all_linear else lora.targets,
+        dora=lora.dora,
+        parameters=peft_names(lora),
     )
+    if found.unmatched:
+        unknown = [given for given, t in zip(lora.parameters, peft_names(lora), strict=True) if t in found.unmatched]
+        choices = ", ".join(lin.name for lin in linears if not lin.lora_targetable)
+        raise unknown_error(unknown, m.family, choices)
     return tuple(
         Adapted(
             linear=Linear(
@@ -255,7 +280,7 @@ def _inventory_adapted(m: ModelSpec, lora: LoraSpec) -> tuple[Adapted, ...]:
             ),
             params=params,
         )
-        for lin, params in found
+        for lin, params in found.adapted
     )
 
 

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import replace
 from functools import lru_cache
-from typing import Any
+from typing import Any, NamedTuple
 
 from vramledger.catalog.checkpoint_quant import checkpoint_quant
 from vramledger.catalog.vision_config import vision_spec
@@ -326,17 +326,28 @@ def generic_model_spec(cfg: Mapping[str, Any], *, name: str, source: str) -> Mod
     )
 
 
+class PeftAdapters(NamedTuple):
+    """What ``get_peft_model`` adapted on the meta device."""
+
+    adapted: tuple[tuple[InventoryLinear, int], ...]
+    """Each adapted weight (as in the inventory; the layers holding an adapter) with its adapter parameters in one
+    layer."""
+    unmatched: tuple[str, ...]
+    """The target parameters that matched no parameter."""
+
+
 @lru_cache(maxsize=256)
 def peft_adapters(
-    inv: ModuleInventory, *, rank: int, targets: tuple[str, ...] | None, dora: bool
-) -> tuple[tuple[InventoryLinear, int], ...]:
+    inv: ModuleInventory, *, rank: int, targets: tuple[str, ...] | None, dora: bool, parameters: tuple[str, ...] = ()
+) -> PeftAdapters:
     """What PEFT's LoRA adapts in the decoder layers, from ``get_peft_model`` on the meta device: each adapted
     weight (as in the inventory) with the adapter parameters of one copy in one layer.
 
     PEFT decides the targets itself (tuners_utils.py ``_maybe_include_all_linear_layers``; for MoE models whose
     transformers-5 experts are fused 3-D parameters, utils/transformers_weight_conversion.py
     ``_convert_peft_config_moe`` adds them as ``target_parameters`` with rank 2r for ``gate_up_proj``), so its
-    answer is taken rather than re-derived. ``targets`` None means ``all-linear``.
+    answer is taken rather than re-derived. ``targets`` None means ``all-linear``; ``parameters`` are PEFT's
+    ``target_parameters`` (analytic/target_parameters.py), each of which must match a parameter.
     """
     import json
 
@@ -348,7 +359,11 @@ def peft_adapters(
     hf_cfg = hf_config_object(json.loads(inv.config_json), where)
     model = build_meta_model(hf_cfg, where=where)
     cfg = LoraConfig(
-        r=rank, target_modules="all-linear" if targets is None else list(targets), use_dora=dora, task_type="CAUSAL_LM"
+        r=rank,
+        target_modules="all-linear" if targets is None else list(targets),
+        target_parameters=list(parameters) or None,
+        use_dora=dora,
+        task_type="CAUSAL_LM",
     )
     import warnings
 
@@ -363,13 +378,14 @@ def peft_adapters(
             peft_model = get_peft_model(model, cfg)
         except ValueError as exc:
             raise VramledgerError(f"--lora-targets: PEFT rejected the targets ({exc})") from None
+    unmatched = _unmatched_parameter_targets(peft_model, parameters)
     layers = decoder_layers(peft_model, inv.decoder_layers)
     inside = {id(m) for layer in layers for m in layer.modules()}
     # Paths inside a decoder layer (no index, so equal layers group), then adapters outside the layers (PEFT's
     # all-linear also picks a vision tower's linears), once each under their full path.
     modules = [pair for layer in layers for pair in layer.named_modules()]
     modules += [(path, m) for path, m in peft_model.named_modules() if id(m) not in inside]
-    found: dict[tuple[str, int, int, int], int] = {}
+    found: dict[tuple[str, int, int, int, bool, bool], int] = {}
     for path, module in modules:
         if not hasattr(module, "lora_A") or "default" not in getattr(module, "lora_A", {}):
             continue
@@ -379,21 +395,39 @@ def peft_adapters(
             parts.append(magnitude["default"])
         params = sum(p.numel() for part in parts for p in part.parameters())
         name = path.replace(".base_layer", "")
-        if getattr(module, "parameter_name", None):  # a ParamWrapper around a 3-D expert parameter
+        wrapped = transposed = False
+        if getattr(module, "parameter_name", None):  # a ParamWrapper around a parameter (3-D experts, a router)
             name = f"{name}.{module.parameter_name}"
+            wrapped = True
+            # transformers' experts stored (E, in, out) for ``x @ W`` (integrations/moe.py use_experts_implementation
+            # ``is_transposed``: GptOssExperts), which the inventory read as (E, out, in)
+            transposed = bool(getattr(module.get_base_layer(), "is_transposed", False))
         a_in, b_out = parts[0].weight.shape[1], parts[1].weight.shape[0]
-        key = (name, params, a_in, b_out)
+        key = (name, params, a_in, b_out, wrapped, transposed)
         found[key] = found.get(key, 0) + 1
     by_name = {lin.name: lin for lin in inv.linears}
     out = []
-    for (name, params, a_in, b_out), n in found.items():
+    for (name, params, a_in, b_out, wrapped, transposed), n in found.items():
         # A router held as a bare parameter (DeepseekV3TopkRouter.weight) is no inventory linear: its adapter's
         # shapes give in and out.
         base = by_name.get(name) or InventoryLinear(
-            name=name, in_features=a_in, out_features=b_out, bias=False, layers=n
+            name=name, in_features=a_in, out_features=b_out, bias=False, layers=n, is_linear=not wrapped
         )
+        if transposed:
+            base = replace(base, in_features=base.out_features, out_features=base.in_features)
         out.append((replace(base, layers=n), params))
-    return tuple(out)
+    return PeftAdapters(adapted=tuple(out), unmatched=unmatched)
+
+
+def _unmatched_parameter_targets(peft_model: Any, parameters: tuple[str, ...]) -> tuple[str, ...]:
+    """The target parameters that match no parameter PEFT wrapped (PEFT itself only warns), by its rule
+    (tuners_utils.py ``_inject_parameters``: the key or a dotted suffix of it)."""
+    keys = [
+        f"{path.replace('.base_layer', '')}.{module.parameter_name}"
+        for path, module in peft_model.named_modules()
+        if getattr(module, "parameter_name", None)
+    ]
+    return tuple(t for t in parameters if not any(k == t or k.endswith(f".{t}") for k in keys))
 
 
 def spec_to_json(spec: ModelSpec) -> dict[str, Any]:

@@ -123,6 +123,13 @@ def add_train_options(p: argparse.ArgumentParser) -> None:
     g.add_argument(
         "--lora-targets", type=name, help="comma-separated module names, or 'all' (default all linear layers)"
     )
+    g.add_argument(
+        "--lora-target-parameters",
+        type=name,
+        metavar="NAMES",
+        help="comma-separated parameters adapted through PEFT's ParamWrapper (target_parameters), e.g. "
+        "mlp.experts.gate_up_proj,mlp.experts.down_proj",
+    )
     g.add_argument("--lora-dropout", type=fraction, help="LoRA dropout (default 0)")
     g.add_argument("--dora", action="store_true", default=None, help="weight-decomposed LoRA")
     g.add_argument(
@@ -281,6 +288,9 @@ def _lora_from_flags(args: argparse.Namespace, base: LoraSpec | None) -> LoraSpe
         "alpha": args.lora_alpha,
         "targets": tuple(t.strip() for t in args.lora_targets.split(",") if t.strip())
         if args.lora_targets is not None
+        else None,
+        "parameters": tuple(t.strip() for t in args.lora_target_parameters.split(",") if t.strip())
+        if getattr(args, "lora_target_parameters", None) is not None
         else None,
         "dropout": args.lora_dropout,
         "dora": args.dora,

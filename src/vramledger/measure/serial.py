@@ -46,7 +46,7 @@ def train_from_dict(raw: dict[str, Any]) -> TrainSpec:
             kw[key] = _ENUMS[key](value)
         elif key == "lora" and value is not None:
             lora = dict(value)
-            for key_ in ("targets", "modules_to_save"):
+            for key_ in ("targets", "modules_to_save", "parameters"):
                 if key_ in lora:
                     lora[key_] = tuple(lora[key_])
             kw[key] = LoraSpec(**lora)

@@ -281,6 +281,8 @@ def build_model(spec: dict[str, Any], train: Any, device: Any) -> tuple[Any, dic
     elif train.method in (Method.LORA, Method.QLORA):
         import peft
 
+        from vramledger.analytic.target_parameters import peft_names
+
         lora = train.lora
         targets: Any = "all-linear" if lora.all_linear else list(lora.targets)
         lcfg = peft.LoraConfig(
@@ -288,6 +290,7 @@ def build_model(spec: dict[str, Any], train: Any, device: Any) -> tuple[Any, dic
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
             target_modules=targets,
+            target_parameters=list(peft_names(lora)) or None,  # analytic/target_parameters.py
             use_dora=lora.dora,
             task_type="CAUSAL_LM",
         )

@@ -262,7 +262,7 @@ def _expert_free_targets(m: ModelSpec, t: TrainSpec) -> list[Variant]:
     names = tuple(dict.fromkeys(lin.name.split(".")[-1] for lin in layer_linears(m) if lin.lora_targetable))
     if not names:
         return []
-    lora = dataclasses.replace(t.lora, targets=names)
+    lora = dataclasses.replace(t.lora, targets=names, parameters=())  # named target parameters are experts too
     return [_v(m, t, "adapters", "LoRA targets", "all-linear", ",".join(names) + " (no experts)", lora=lora)]
 
 

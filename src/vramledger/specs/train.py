@@ -151,8 +151,14 @@ class LoraSpec:
     """Modules trained in full beside the adapters (PEFT ``modules_to_save``, axolotl ``lora_modules_to_save``,
     LLaMA-Factory ``additional_target``): ``embed_tokens`` and/or ``lm_head``. PEFT's ``ModulesToSaveWrapper``
     keeps the frozen original and trains a copy, with its gradient and optimizer state."""
+    parameters: tuple[str, ...] = ()
+    """PEFT's ``target_parameters`` (axolotl and TRL ``lora_target_parameters``): parameters adapted through
+    ``ParamWrapper`` rather than modules, named as PEFT matches them, the whole path or a dotted suffix of it
+    (``mlp.experts.gate_up_proj``, ``23.mlp.experts.down_proj``): fused 3-D expert weights, a bare router weight."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.parameters, str):
+            object.__setattr__(self, "parameters", tuple(t.strip() for t in self.parameters.split(",") if t.strip()))
         if isinstance(self.rank, bool) or not isinstance(self.rank, int):
             raise VramledgerError(f"lora rank must be an integer (got {self.rank!r}); try --lora-rank 16")
         if isinstance(self.targets, str):
@@ -163,8 +169,15 @@ class LoraSpec:
             raise VramledgerError(f"lora alpha must be a finite number ≥ 0 (got {self.alpha}); e.g. twice the rank")
         if not (math.isfinite(self.dropout) and 0.0 <= self.dropout < 1.0):
             raise VramledgerError(f"lora dropout must be in [0, 1) (got {self.dropout})")
-        if not self.targets:
+        if not self.targets and not self.parameters:
             raise VramledgerError("lora targets are empty; pass --lora-targets all or e.g. q_proj,v_proj")
+        if self.parameters and (self.dropout > 0 or self.dora):
+            # PEFT 0.21 tuners/lora/layer.py ParamWrapper.__init__/update_layer raise ValueError for both
+            what = f"lora_dropout {self.dropout}" if self.dropout > 0 else "use_dora"
+            raise VramledgerError(
+                f"lora target parameters: PEFT's ParamWrapper does not work with {what}; set lora_dropout 0 and "
+                "use_dora false, or drop the target parameters"
+            )
 
     @property
     def all_linear(self) -> bool:

@@ -132,6 +132,7 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
         from peft import LoraConfig, get_peft_model
     except ImportError as exc:  # pragma: no cover
         raise MissingDependencyError("peft", "trace") from exc
+    from vramledger.analytic.target_parameters import peft_names
     from vramledger.trace.vision_inputs import tower_exclusion
 
     lora = train.lora
@@ -148,6 +149,7 @@ def _apply_lora(hf: Any, train: TrainSpec, trainable_dt: Any, warnings: list[str
         lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int, accepts float
         lora_dropout=lora.dropout,
         target_modules=targets,
+        target_parameters=list(peft_names(lora)) or None,  # analytic/target_parameters.py
         modules_to_save=list(lora.modules_to_save) or None,
         exclude_modules=tower_exclusion(hf, train),  # trace/vision_inputs.py: None unless --freeze-vision-tower
         use_dora=lora.dora,
