@@ -441,11 +441,11 @@ def switches_on(m: ModelSpec, train: TrainSpec, p: StepParts) -> _Predicates:
         scores, B, L = p.forward_layer_temp - p.dora_temp, train.micro_batch, train.seq_len
 
         dequantised = dequantised_block(train, p)
+        held = rival_holds_workspace(m, train, p) if dequantised else lambda tokens: per_token * tokens >= ws
 
         def workspace(b: int, ell: int) -> bool:
             layer_temp = max(p.dora_temp + scores * b * ell * ell // (B * L * L), dequantised)
-            held = rival_holds_workspace(m, train, p, b * ell) if dequantised else per_token * b * ell >= ws
-            return not held and layer_temp < ws and softmax32(b, ell) <= ws
+            return not held(b * ell) and layer_temp < ws and softmax32(b, ell) <= ws
 
         def softmax32(b: int, ell: int) -> int:
             """Eager's fp32 softmax, freed once cast back (transformers ``eager_attention_forward``:

@@ -149,8 +149,8 @@ def attention_rivals_per_token(m: ModelSpec) -> list[int]:
     return [4 * m.hidden_size, *([4 * m.q_dim] if m.qk_norm else [])]
 
 
-def rival_holds_workspace(m: ModelSpec, train: TrainSpec, p: StepParts, tokens: int) -> bool:
-    """Whether a block forward frees at ``tokens`` tokens per micro-batch still holds the backward thread's workspace.
+def rival_holds_workspace(m: ModelSpec, train: TrainSpec, p: StepParts) -> Callable[[int], bool]:
+    """Whether a block forward frees, at a micro-batch of so many tokens, still holds the backward thread's workspace.
 
     Under QLoRA each of the MLP's matmuls dequantises its weight after attention's blocks were freed, and best fit
     cuts it from the smallest free block that holds it, which can be one of them: the trace replay of Qwen3-0.6B,
@@ -159,8 +159,9 @@ def rival_holds_workspace(m: ModelSpec, train: TrainSpec, p: StepParts, tokens: 
     from them."""
     ws = cublas_workspace_block(p)
     early = attention_rivals_per_token(m)
-    later = workspace_rivals_per_token(m, train, p)[len(early) :]
-    return max(early) * tokens - dequantised_block(train, p) >= ws or max(later) * tokens >= ws
+    later = max(workspace_rivals_per_token(m, train, p)[len(early) :])
+    cut, first = dequantised_block(train, p), max(early)
+    return lambda tokens: first * tokens - cut >= ws or later * tokens >= ws
 
 
 def dequantised_block(train: TrainSpec, p: StepParts) -> int:
