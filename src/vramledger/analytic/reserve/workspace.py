@@ -117,8 +117,8 @@ def workspace_rivals_per_token(m: ModelSpec, train: TrainSpec, p: StepParts) -> 
     logits block: ``attention_rivals_per_token`` and the later ones: PEFT's fp32 casts of an adapted layer's input
     (4·in, with fp32 adapters, where PEFT casts it: ``peft_casts_adapter_input``), PEFT's scaled adapter output
     (c·out, freed once added to the base output), a layer's c·I MLP intermediates under checkpointing or where
-    nothing keeps the MLP's product (``mlp_product_freed``). QLoRA's
-    dequantised weight is a rival of a fixed size (``dequantised_block``)."""
+    nothing keeps the MLP's product (``mlp_product_freed``). QLoRA's dequantised weight is a rival of a fixed size
+    (``dequantised_block``)."""
     wb = p.weights
     out = attention_rivals_per_token(m)
     if wb.trainable_dtype.bytes == 4 and peft_casts_adapter_input(train):
