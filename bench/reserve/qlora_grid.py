@@ -69,6 +69,15 @@ ROWS: list[Row] = [
     # DoRA under autocast: the stream and the 4-bit linears' outputs in fp32 (activations.py quantised_outputs_fp32)
     ("llama-3.2-1b", 1, 2048, False, "sdpa", "dora", "bf16-mixed"),
     ("qwen2.5-0.5b", 2, 1024, True, "sdpa", "dora", "bf16-mixed"),
+    # other shapes of the same models, around the workspace's edges (its rivals against 32 MiB)
+    ("qwen2.5-0.5b", 2, 256, False, "sdpa", "all", "bf16-mixed"),
+    ("qwen2.5-0.5b", 3, 1024, False, "sdpa", "all", "bf16-mixed"),
+    ("llama-3.2-1b", 1, 1024, False, "sdpa", "all", "bf16-mixed"),
+    ("llama-3.2-1b", 1, 4096, False, "sdpa", "all", "bf16-mixed"),
+    ("qwen3-0.6b", 2, 1536, False, "sdpa", "all", "bf16-mixed"),
+    ("qwen3-0.6b", 3, 2048, False, "sdpa", "all", "bf16-mixed"),
+    ("llama-3-8b", 1, 2048, False, "sdpa", "all", "bf16-mixed"),
+    ("qwen2.5-7b", 4, 512, True, "sdpa", "all", "bf16-mixed"),
 ]
 
 
