@@ -190,12 +190,16 @@ def input_of(m: ModelSpec, name: str) -> str:
     return "attn_in" if group == "mlp_in" and m.shared_block_input else group
 
 
+def _four_bit_under_autocast(train: TrainSpec) -> bool:
+    """QLoRA on a 4-bit base (bitsandbytes ``Linear4bit``, PEFT's ``lora.bnb.Linear4bit``) under autocast."""
+    return train.method is Method.QLORA and train.quant is not None and train.quant.bits == 4 and train.precision.mixed
+
+
 def peft_casts_adapter_input(train: TrainSpec) -> bool:
     """Whether PEFT casts a LoRA layer's input to the adapter's dtype (``_cast_input_dtype``, a copy where the dtypes
     differ): ``lora.Linear.forward`` always does; over a 4-bit base ``lora.bnb.Linear4bit.forward`` only without
     autocast (PEFT 0.21 ``tuners/lora/bnb.py``: ``requires_conversion = not torch.is_autocast_enabled()``)."""
-    four_bit = train.method is Method.QLORA and train.quant is not None and train.quant.bits == 4
-    return not (four_bit and train.precision.mixed)
+    return not _four_bit_under_autocast(train)
 
 
 def quantised_outputs_fp32(train: TrainSpec, wb: WeightBudget) -> bool:
@@ -204,8 +208,7 @@ def quantised_outputs_fp32(train: TrainSpec, wb: WeightBudget) -> bool:
     (``residual_bytes``) every linear reading it, or reading what they make (the MLP's product), returns fp32, where
     an ``nn.Linear`` under autocast returns bf16; o_proj reads SDPA's bf16 output. Traced: Llama-3.2-1B QLoRA with
     DoRA, bf16-mixed, 1 × 512 (tests/trace/test_qlora_trace.py)."""
-    four_bit = train.method is Method.QLORA and train.quant is not None and train.quant.bits == 4
-    return four_bit and train.precision.mixed and residual_bytes(train, wb) == 4
+    return _four_bit_under_autocast(train) and residual_bytes(train, wb) == 4
 
 
 def adapters_share_input(train: TrainSpec, wb: WeightBudget, group: str) -> bool:

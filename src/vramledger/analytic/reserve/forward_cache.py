@@ -195,16 +195,19 @@ def one_copy_weights(train: TrainSpec) -> bool:
     """The base's weights are whole tensors on the device, each in its own block: not quantised (bitsandbytes
     dequantises a weight-sized block for every matmul), not sharded or flattened (ZeRO-3's partitions, FSDP's flat
     parameters, gathered per layer), not offloaded."""
-    sharded = train.zero_stage >= 3 or (train.fsdp is not None and train.fsdp.shards_params) or train.offload_params
-    return train.quant is None and not sharded
+    return train.quant is None and not _sharded(train)
 
 
 def _four_bit_whole(train: TrainSpec) -> bool:
     """A 4-bit base, not sharded or offloaded: its layers run the sequence with PEFT's 4-bit LoRA layer (``_Layer``
     ``clone``); the weight each matmul dequantises is a block of the weight's size, not of T's, left out of the
     per-token figure."""
-    sharded = train.zero_stage >= 3 or (train.fsdp is not None and train.fsdp.shards_params) or train.offload_params
-    return train.quant is not None and train.quant.bits == 4 and not sharded
+    return train.quant is not None and train.quant.bits == 4 and not _sharded(train)
+
+
+def _sharded(train: TrainSpec) -> bool:
+    """The base's weights sharded, flattened or offloaded (ZeRO-3, FSDP sharding parameters, parameter offload)."""
+    return train.zero_stage >= 3 or (train.fsdp is not None and train.fsdp.shards_params) or train.offload_params
 
 
 def _modelled(m: ModelSpec, train: TrainSpec, p: StepParts) -> bool:
@@ -260,9 +263,8 @@ def _sequence(
     fused = set(shapes) == set(_FUSED)
     if (not fused and set(shapes) != set(_NAMES)) or (fused and checkpointed):
         return None
-    layer = _Layer(_Replay(), m, {_leaf(a.linear.name) for a in adapted}, shapes, c, cast, checkpointed, fused)
-    layer.clone = clone
-    return layer
+    adapted_names = {_leaf(a.linear.name) for a in adapted}
+    return _Layer(_Replay(), m, adapted_names, shapes, c, cast, checkpointed, fused, clone=clone)
 
 
 def _leaf(name: str) -> str:
@@ -314,6 +316,7 @@ class _Layer:
         tokens: int = T_REF,
         trained: bool = False,
         weight_casts: bool = False,
+        clone: bool = False,
     ) -> None:
         self.r, self.m, self.adapted, self.shapes, self.c, self.cast = r, m, adapted, shapes, c, cast
         self.checkpointed, self.fused = checkpointed, fused
@@ -326,8 +329,9 @@ class _Layer:
         # ``trained``: the saved input of each projection, with the projections that save it (their matmuls), for a
         # backward that frees it once their weights' gradients are made (spill.py ``_backward``)
         self.inputs: dict[int, tuple[str, ...]] = {}
-        # PEFT's 4-bit LoRA layer (``lora.bnb.Linear4bit.forward``): ``result = result.clone()`` of the base output
-        self.clone = False
+        # ``clone``: PEFT's 4-bit LoRA layer (``lora.bnb.Linear4bit.forward``): ``result = result.clone()`` of the base
+        # output
+        self.clone = clone
 
     def model_forward(self, layers: int) -> None:
         """The embedding's output (the first layer's input), ``layers`` decoder layers and the final norm (never
